@@ -1,0 +1,3 @@
+from podrun.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""`podrun exec` and `podrun validate`: load the spec, plan it, then print the plan or launch it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+
+from podrun import jobstore, paths, sync
+from podrun.errors import UsageError
+from podrun.launch import Launch, say
+from podrun.output import Terminal
+from podrun.plan import plan, render
+from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, load_spec
+from podrun.targets import resolve_workers
+
+
+def validate(spec_path: str) -> JobSpec:
+    spec = load_spec(spec_path)
+    say(f"{spec_path}: valid; job {spec.name!r} on {spec.target.kind} workers")
+    return spec
+
+
+def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str]) -> int:
+    spec = load_spec(spec_path)
+    extra_env = parse_env_overrides(env_overrides)
+    workers = resolve_workers(spec)
+    selected = parse_worker_selection(worker_selection, len(workers))
+    tree = sync.scan(spec.workdir)
+    job_id = jobstore.new_job_id(spec.name)
+    code_dir = paths.remote_code_dir(spec.name, tree.digest)
+    plans = [worker_plan for worker_plan in plan(spec, workers, job_id, code_dir, extra_env, os.environ)
+             if worker_plan.worker.index in selected]
+    if dry_run:
+        sys.stdout.write(render(plans))
+        return 0
+    record = jobstore.JobRecord(
+        id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
+        workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address) for p in plans])
+    record.create()
+    say(f"job {job_id}: {len(plans)} {spec.target.kind} worker(s); logs in {record.dir}")
+    return asyncio.run(Launch(plans, tree, record, Terminal(), spec.name).run())
+
+
+def parse_env_overrides(assignments: list[str]) -> dict[str, str]:
+    env = {}
+    for assignment in assignments:
+        key, equals, value = assignment.partition("=")
+        if not equals or not re.match(ENV_KEY_PATTERN, key):
+            raise UsageError(f"--env {assignment!r}: expected KEY=VALUE with KEY a variable name")
+        if key in RESERVED_ENV:
+            raise UsageError(f"--env {key}: set by podrun on every worker and cannot be overridden")
+        env[key] = value
+    return env
+
+
+def parse_worker_selection(selection: str | None, count: int) -> set[int]:
+    """`--worker` as gcloud takes it: "all", or indexes and ranges such as 0,2-3."""
+    if selection is None or selection == "all":
+        return set(range(count))
+    chosen = set()
+    for part in selection.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise UsageError(f"--worker {selection!r}: expected 'all' or indexes like 0,2-3") from None
+        if not 0 <= first <= last < count:
+            raise UsageError(f"--worker {selection!r}: this target has workers 0 to {count - 1}")
+        chosen.update(range(first, last + 1))
+    return chosen

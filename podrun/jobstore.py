@@ -1,0 +1,120 @@
+"""The launcher's job store: PODRUN_HOME/jobs/<JOB_ID>/ holds job.json and every worker's log.
+
+job.json is replaced atomically, so a launcher killed mid-write leaves the previous version; an
+entry that cannot be read anyway is skipped by `podrun jobs` and named by `podrun logs`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from podrun import paths
+from podrun.errors import PodrunError
+
+RUNNING, SUCCEEDED, FAILED, STOPPED, LOST = "running", "succeeded", "failed", "stopped", "lost"
+RECORD_FILE = "job.json"
+
+
+@dataclass
+class WorkerRecord:
+    index: int
+    address: str
+    exit_code: int | None = None
+    signal: str | None = None
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str
+    target: str  # e.g. "local:2"
+    spec_path: str
+    workers: list[WorkerRecord]
+    state: str = RUNNING
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    exit_code: int | None = None
+    summary: str | None = None  # why it failed or stopped, one line
+    launcher: dict = field(default_factory=lambda: _process_identity(os.getpid()))
+
+    @property
+    def dir(self) -> Path:
+        return paths.jobs_dir() / self.id
+
+    def log_path(self, index: int) -> Path:
+        return self.dir / f"w{index}.log"
+
+    def current_state(self) -> str:
+        """The state, with a running job whose launcher has died shown as lost."""
+        if self.state == RUNNING and _process_identity(self.launcher.get("pid", 0)) != self.launcher:
+            return LOST
+        return self.state
+
+    def create(self) -> None:
+        self.dir.mkdir(parents=True, mode=0o700)
+        os.chmod(paths.jobs_dir(), 0o700)
+        self.save()
+
+    def save(self) -> None:
+        temporary = self.dir / f".{RECORD_FILE}.{os.getpid()}"
+        temporary.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(temporary, self.dir / RECORD_FILE)
+
+    def finish(self, state: str, exit_code: int, summary: str | None = None) -> None:
+        self.state, self.exit_code, self.summary, self.ended_at = state, exit_code, summary, time.time()
+        self.save()
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def load(job_id: str) -> JobRecord:
+    path = paths.jobs_dir() / job_id / RECORD_FILE
+    try:
+        return _from_json(path.read_text())
+    except FileNotFoundError:
+        raise PodrunError(f"no job {job_id!r} in {paths.jobs_dir()}; `podrun jobs` lists them") from None
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise PodrunError(f"job {job_id!r}: its record {path} is unreadable ({error})") from None
+
+
+def all_jobs() -> list[JobRecord]:
+    """Every readable job, oldest first."""
+    records = []
+    root = paths.jobs_dir()
+    for entry in root.iterdir() if root.is_dir() else ():
+        try:
+            records.append(_from_json((entry / RECORD_FILE).read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # half-created or damaged: not a job we can show
+    return sorted(records, key=lambda record: record.started_at)
+
+
+def newest() -> JobRecord:
+    records = all_jobs()
+    if not records:
+        raise PodrunError(f"no jobs yet in {paths.jobs_dir()}; start one with `podrun exec JOB.yaml`")
+    return records[-1]
+
+
+def _from_json(text: str) -> JobRecord:
+    data = json.loads(text)
+    data["workers"] = [WorkerRecord(**worker) for worker in data["workers"]]
+    return JobRecord(**data)
+
+
+def _process_identity(pid: int) -> dict:
+    """pid plus the kernel's start time of that process, so a reused pid is not mistaken for it."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            # field 22, counted after the command name, which may itself hold spaces
+            start_ticks = handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return {}
+    return {"pid": pid, "start": start_ticks}

@@ -1,0 +1,225 @@
+"""Run a planned job on every worker at once: connect, ship code, setup, run; fail fast; stop cleanly.
+
+Each step runs the agent (podrun/agent.py) on every worker in parallel. The first worker to fail
+is reported with its last lines and every other worker is told to stop; Ctrl-C and SIGTERM do the
+same. The agents themselves stop their process trees, also when podrun dies without telling them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from podrun import jobstore, sync
+from podrun.errors import PodrunError
+from podrun.output import Terminal, WorkerOutput
+from podrun.plan import WorkerPlan
+from podrun.transport import agent_command, agent_source
+
+STOP_GRACE_S = 5.0
+INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@dataclass
+class StepResult:
+    index: int
+    code: int
+    signal: str | None = None
+    problem: str | None = None  # set when the agent could not report an exit (start failure, lost link)
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0
+
+    def describe(self) -> str:
+        if self.problem:
+            return self.problem
+        if self.signal:
+            return f"was killed by {self.signal} (exit code {self.code})"
+        return f"exited with code {self.code}"
+
+
+class WorkerStep:
+    """One step of the job (setup or run) on one worker, through the agent."""
+
+    def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput):
+        self.plan = plan
+        self.step = step
+        self.command = command
+        self.output = output
+        self.channel = None
+        self.events: list[dict] = []
+        self.diagnostics: list[str] = []  # stderr lines that are not agent events
+
+    async def start(self) -> None:
+        worker = self.plan.worker
+        config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
+                  "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S}
+        self.channel = await worker.transport.start(agent_command(worker.transport.python))
+        self.channel.stdin.write(agent_source() + json.dumps(config).encode() + b"\n")
+        await self.channel.stdin.drain()
+
+    def stop(self) -> None:
+        if self.channel and not self.channel.stdin.is_closing():
+            self.channel.stdin.write(b"stop\n")
+
+    async def finish(self) -> StepResult:
+        await asyncio.gather(self._pump_output(), self._read_events())
+        agent_code = await self.channel.wait()
+        self.output.close()
+        exited = next((event for event in self.events if event.get("event") == "exited"), None)
+        index = self.plan.worker.index
+        if exited:
+            return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
+        errors = [event["message"] for event in self.events if event.get("event") == "error"]
+        detail = (errors or self.diagnostics or [f"the agent ended with code {agent_code} and no report"])[-1]
+        return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
+
+    async def _pump_output(self) -> None:
+        while chunk := await self.channel.stdout.read(65536):
+            self.output.feed(chunk)
+
+    async def _read_events(self) -> None:
+        while line := await self.channel.stderr.readline():
+            text = line.decode(errors="replace").rstrip("\n")
+            try:
+                event = json.loads(text)
+            except ValueError:
+                event = None
+            if isinstance(event, dict) and "event" in event:
+                self.events.append(event)
+            elif text.strip():
+                self.diagnostics.append(text)
+
+
+class Launch:
+    """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
+
+    def __init__(self, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
+                 terminal: Terminal, name: str):
+        self.plans = plans
+        self.tree = tree
+        self.record = record
+        self.terminal = terminal
+        self.name = name
+        self.interrupted = asyncio.Event()
+        self.interrupt_signal: signal.Signals | None = None
+        self.logs = {plan.worker.index: open(record.log_path(plan.worker.index), "ab", buffering=0)
+                     for plan in plans}
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in INTERRUPTED_EXIT:
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        transports = [plan.worker.transport for plan in self.plans]
+        try:
+            await self._until_interrupted(asyncio.gather(*(t.connect() for t in transports)))
+            shipped = await self._until_interrupted(sync.ship(self.tree, self.name, [p.worker for p in self.plans]))
+            if shipped is not None:
+                say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
+                    else "code unchanged on every worker")
+            steps = [("setup", lambda plan: plan.setup)] if self.plans[0].setup else []
+            steps.append(("run", lambda plan: plan.run))
+            for step, command_of in steps:
+                if self.interrupted.is_set():
+                    break
+                failure = await self._run_step(step, command_of)
+                if failure:
+                    return self._finish_failed(step, failure)
+            if self.interrupted.is_set():
+                return self._finish_interrupted()
+            self.record.finish(jobstore.SUCCEEDED, 0)
+            say(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
+            return 0
+        except PodrunError as error:
+            self.record.finish(jobstore.FAILED, 1, str(error))
+            raise
+        finally:
+            for signum in INTERRUPTED_EXIT:
+                loop.remove_signal_handler(signum)
+            await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+            for log in self.logs.values():
+                log.close()
+
+    async def _run_step(self, step: str, command_of) -> StepResult | None:
+        """Run one step everywhere; returns the first failure, after every worker has stopped."""
+        worker_steps = [WorkerStep(plan, step, command_of(plan), WorkerOutput(
+            plan.worker.index, self.terminal, self.logs[plan.worker.index])) for plan in self.plans]
+        await asyncio.gather(*(ws.start() for ws in worker_steps))
+        finishing = {asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
+        interrupt = asyncio.ensure_future(self.interrupted.wait())
+        failure = None
+        stopping = False
+        while finishing:
+            done, _ = await asyncio.wait([*finishing, interrupt], return_when=asyncio.FIRST_COMPLETED)
+            for task in done & finishing.keys():
+                finishing.pop(task)
+                result = task.result()
+                self._record_exit(result)
+                if result.failed and not stopping:
+                    failure = result
+                    self._report_failure(step, result)
+            if not stopping and (failure or self.interrupted.is_set()):
+                stopping = True
+                for ws in finishing.values():
+                    ws.stop()
+        interrupt.cancel()
+        return failure
+
+    async def _until_interrupted(self, work):
+        """Await `work`, abandoning it (None) if the user interrupts first."""
+        task = asyncio.ensure_future(work)
+        interrupt = asyncio.ensure_future(self.interrupted.wait())
+        await asyncio.wait([task, interrupt], return_when=asyncio.FIRST_COMPLETED)
+        interrupt.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+        return task.result()
+
+    def _on_signal(self, signum: signal.Signals) -> None:
+        if self.interrupted.is_set():
+            say("second interrupt: exiting now; the workers stop on their own")
+            self.record.finish(jobstore.STOPPED, INTERRUPTED_EXIT[signum], "interrupted twice")
+            sys.stdout.flush()
+            raise SystemExit(INTERRUPTED_EXIT[signum])
+        self.interrupt_signal = signum
+        self.interrupted.set()
+        say(f"{signal.Signals(signum).name}: stopping the job on every worker (again to exit at once)")
+
+    def _record_exit(self, result: StepResult) -> None:
+        worker = self.record.workers[[w.index for w in self.record.workers].index(result.index)]
+        worker.exit_code, worker.signal = result.code, result.signal
+        self.record.save()
+
+    def _report_failure(self, step: str, result: StepResult) -> None:
+        plan = next(p for p in self.plans if p.worker.index == result.index)
+        lines = [f"worker {result.index} ({plan.worker.address}) {result.describe()} in {step}"]
+        if result.tail:
+            lines.append(f"last lines of worker {result.index}:")
+            lines += [f"  {line}" for line in result.tail]
+        say("\n".join(lines))
+
+    def _finish_failed(self, step: str, failure: StepResult) -> int:
+        summary = f"worker {failure.index} {failure.describe()} in {step}"
+        self.record.finish(jobstore.FAILED, failure.code, summary)
+        say(f"job {self.record.id} failed: {summary}; every other worker was stopped")
+        return failure.code
+
+    def _finish_interrupted(self) -> int:
+        code = INTERRUPTED_EXIT[self.interrupt_signal]
+        self.record.finish(jobstore.STOPPED, code, f"stopped by {self.interrupt_signal.name}")
+        say(f"job {self.record.id} stopped on every worker")
+        return code
+
+
+def say(message: str) -> None:
+    """podrun's own messages go to stderr, so stdout carries only the workers' output."""
+    print(f"podrun: {message}", file=sys.stderr, flush=True)
+

@@ -1,0 +1,118 @@
+"""`podrun logs`, `podrun jobs` and `podrun stop`: read the job store, now or while a job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+
+from podrun import jobstore
+from podrun.errors import PodrunError, UsageError
+from podrun.output import Terminal, WorkerOutput
+
+FOLLOW_POLL_S = 0.1
+READ_SIZE = 1 << 16
+
+
+def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | None) -> int:
+    record = jobstore.load(job_id) if job_id else jobstore.newest()
+    indexes = [w.index for w in record.workers]
+    if worker is not None and worker not in indexes:
+        raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
+    chosen = [worker] if worker is not None else indexes
+    terminal = Terminal(prefixed=worker is None)
+    outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
+    offsets = {index: _start_offset(record.log_path(index), tail) for index in chosen}
+    while True:
+        finished = record.current_state() != jobstore.RUNNING  # read before the logs: no lost tail
+        for index in chosen:
+            offsets[index] = _copy_new(record.log_path(index), offsets[index], outputs[index])
+        if not follow or finished:
+            break
+        time.sleep(FOLLOW_POLL_S)
+        record = jobstore.load(record.id)
+    for output in outputs.values():
+        output.close()
+    return 0
+
+
+def list_jobs(as_json: bool) -> int:
+    records = jobstore.all_jobs()
+    if as_json:
+        rows = [{**asdict(record), "state": record.current_state()} for record in records]
+        print(json.dumps(rows, indent=1))
+        return 0
+    header = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
+    rows = [header] + [_row(record) for record in records]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def stop_job(job_id: str) -> int:
+    record = jobstore.load(job_id)
+    state = record.current_state()
+    if state != jobstore.RUNNING:
+        raise PodrunError(f"job {job_id} is not running (it is {state})")
+    os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
+    while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:
+        time.sleep(FOLLOW_POLL_S)
+    print(f"podrun: job {job_id} is {record.current_state()}")
+    return 0
+
+
+def _row(record: jobstore.JobRecord) -> tuple[str, ...]:
+    codes = ",".join("-" if w.exit_code is None else str(w.exit_code) for w in record.workers)
+    end = record.ended_at or (time.time() if record.current_state() == jobstore.RUNNING else None)
+    duration = _duration(end - record.started_at) if end else "-"
+    started = datetime.fromtimestamp(record.started_at).strftime("%Y-%m-%d %H:%M:%S")
+    return record.id, record.name, record.target, record.current_state(), codes, started, duration
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _start_offset(path: Path, tail: int | None) -> int:
+    """0, or the offset where the last `tail` lines of the file begin."""
+    if tail is None or not path.exists():
+        return 0
+    with open(path, "rb") as handle:
+        end = position = handle.seek(0, os.SEEK_END)
+        newlines = 0
+        while position > 0:
+            size = min(READ_SIZE, position)
+            position -= size
+            handle.seek(position)
+            block = handle.read(size)
+            if position + size == end and block.endswith(b"\n"):
+                block = block[:-1]  # the final newline ends the last line, it does not start one
+            for offset in range(len(block) - 1, -1, -1):
+                if block[offset] == 10:
+                    newlines += 1
+                    if newlines == tail:
+                        return position + offset + 1
+        return 0
+
+
+def _copy_new(path: Path, offset: int, output: WorkerOutput) -> int:
+    """Feed what the log gained since `offset` to the output; returns the new offset."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return offset
+    with handle:
+        handle.seek(offset)
+        while chunk := handle.read(READ_SIZE):
+            output.feed(chunk)
+            offset += len(chunk)
+    return offset

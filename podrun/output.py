@@ -1,0 +1,74 @@
+"""Worker output: every byte to the worker's log, whole lines to the terminal with a `[wI]` prefix.
+
+All workers write through one Terminal, a whole line at a time, so a line is never split between
+workers. A carriage return ends a line in the live view too, so progress bars stream instead of
+piling up; the log keeps the bytes exactly as the worker wrote them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import deque
+from typing import BinaryIO
+
+LINE_BREAK = re.compile(rb"\r\n|\n|\r")
+MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
+COLOURS = (36, 33, 35, 32, 34, 31)
+
+
+class Terminal:
+    def __init__(self, stream: BinaryIO | None = None, prefixed: bool = True):
+        self.stream = stream or sys.stdout.buffer
+        self.prefixed = prefixed
+        self.colour = self.stream.isatty()
+
+    def prefix(self, index: int) -> bytes:
+        if not self.prefixed:
+            return b""
+        label = f"[w{index}]"
+        if self.colour:
+            label = f"\x1b[{COLOURS[index % len(COLOURS)]}m{label}\x1b[0m"
+        return label.encode() + b" "
+
+    def write_lines(self, prefix: bytes, lines: list[bytes]) -> None:
+        self.stream.write(b"".join(prefix + line + b"\n" for line in lines))
+        self.stream.flush()
+
+
+class WorkerOutput:
+    """One worker's stream: logged, split into lines, shown prefixed, its last lines kept."""
+
+    def __init__(self, index: int, terminal: Terminal | None, log: BinaryIO | None, keep: int = 20):
+        self.terminal = terminal
+        self.prefix = terminal.prefix(index) if terminal else b""
+        self.log = log
+        self.pending = b""
+        self.last_lines: deque[bytes] = deque(maxlen=keep)
+
+    def feed(self, data: bytes) -> None:
+        if self.log:
+            self.log.write(data)
+        self.pending += data
+        # a trailing \r may be the first half of \r\n: wait for the next byte before ending the line
+        end = max(self.pending.rfind(b"\n"), self.pending.rfind(b"\r", 0, len(self.pending) - 1))
+        if end >= 0:
+            complete, self.pending = self.pending[:end + 1], self.pending[end + 1:]
+            self._show(LINE_BREAK.split(complete)[:-1])
+        while len(self.pending) >= MAX_LINE:
+            piece, self.pending = self.pending[:MAX_LINE], self.pending[MAX_LINE:]
+            self._show([piece])
+
+    def close(self) -> None:
+        """Show what is left of an unterminated last line."""
+        if self.pending:
+            self._show(LINE_BREAK.split(self.pending.rstrip(b"\r")))
+            self.pending = b""
+
+    def tail(self) -> list[str]:
+        return [line.decode(errors="replace") for line in self.last_lines]
+
+    def _show(self, lines: list[bytes]) -> None:
+        self.last_lines.extend(lines)
+        if self.terminal and lines:
+            self.terminal.write_lines(self.prefix, lines)

@@ -1,0 +1,96 @@
+"""What every worker runs: its environment and commands (GUIDE section 4). Pure: no I/O.
+
+`podrun exec --dry-run` prints the plan; `podrun exec` executes the same plan.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from podrun.errors import SpecError
+from podrun.spec import DEFAULT_RDZV_PORT, JobSpec
+from podrun.targets import Worker
+
+SECRET_SHOWN_AS = "<secret>"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    worker: Worker
+    cwd: str  # the code directory, relative to the worker's root
+    env: dict[str, str]
+    setup: str | None
+    run: str
+    secret_keys: frozenset[str]
+
+    def shown_env(self) -> dict[str, str]:
+        return {key: SECRET_SHOWN_AS if key in self.secret_keys else value for key, value in self.env.items()}
+
+
+def plan(spec: JobSpec, workers: list[Worker], job_id: str, code_dir: str,
+         extra_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> list[WorkerPlan]:
+    """One WorkerPlan per worker, in worker order. `extra_env` is `--env K=V` from the command line;
+    `launcher_env` supplies secret_env keys that the spec names but does not set."""
+    user_env = {**spec.env, **_secrets_from_launcher(spec, launcher_env), **extra_env}
+    secret_keys = frozenset(key for key in user_env if spec.is_secret(key))
+    port = spec.torchrun.port if spec.torchrun else DEFAULT_RDZV_PORT
+    master_addr = workers[0].internal_ip
+    plans = []
+    for worker in workers:
+        env = {
+            "PJRT_DEVICE": spec.pjrt_device,
+            "PODRUN_JOB_ID": job_id,
+            "PODRUN_WORKER": str(worker.index),
+            "PODRUN_NUM_WORKERS": str(len(workers)),
+            "PODRUN_WORKER_IPS": ",".join(w.internal_ip for w in workers),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(port),
+            **user_env,
+        }
+        run = spec.run
+        if spec.torchrun:
+            run = (f"torchrun --nnodes={len(workers)} --node_rank={worker.index}"
+                   f" --nproc_per_node={spec.torchrun.nproc_per_node}"
+                   f" --rdzv_endpoint={master_addr}:{port} {run}")
+        if spec.docker:
+            run = _in_docker(spec, job_id, worker.index, list(env), run)
+        plans.append(WorkerPlan(worker, code_dir, env, spec.setup, run, secret_keys))
+    return plans
+
+
+def render(plans: list[WorkerPlan]) -> str:
+    """The plan as the shell script each worker effectively runs, secrets hidden."""
+    blocks = []
+    for worker_plan in plans:
+        worker = worker_plan.worker
+        lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
+                 f"cd {worker.transport.root}/{worker_plan.cwd}"]
+        lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
+        if worker_plan.setup:
+            lines.append(f"{worker_plan.setup}  # setup")
+        lines.append(worker_plan.run)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> dict[str, str]:
+    missing = [key for key in spec.secret_env if key not in spec.env]
+    for position, key in enumerate(spec.secret_env):
+        if key in missing and key not in launcher_env:
+            raise SpecError(spec.path, f"secret_env.{position}",
+                            f"{key} is neither set in env nor in podrun's environment; export it first")
+    return {key: launcher_env[key] for key in missing}
+
+
+def _in_docker(spec: JobSpec, job_id: str, index: int, env_keys: list[str], run: str) -> str:
+    docker = spec.docker
+    # --net=host: workers rendezvous on the host's addresses; the code dir is mounted at its own path
+    argv = ["docker", "run", "--rm", "--net=host", f"--name=podrun-{job_id}-w{index}"]
+    if spec.target.kind == "tpu":
+        argv.append("--privileged")  # the container needs /dev/accel* and the TPU runtime's sysfs
+    argv += [f"--env={key}" for key in env_keys]  # values come from the agent's environment, not argv
+    argv += [*docker.args, docker.image]
+    mount = '-v "$PWD:$PWD" -w "$PWD"'
+    return f"{shlex.join(argv[:5])} {mount} {shlex.join(argv[5:])} sh -c {shlex.quote(run)}"

@@ -1,0 +1,219 @@
+"""The job spec (GUIDE section 3): parse a YAML job file into a validated JobSpec.
+
+Every problem becomes one SpecError line naming the file, the dotted field path and what is expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
+                      ValidationError, model_validator)
+
+from podrun.errors import SpecError
+
+DEFAULT_LOCAL_WORKERS = 2
+DEFAULT_RDZV_PORT = 29500
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Set by podrun on every worker (GUIDE section 4); a spec may not override them through `env`.
+RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
+                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT")
+SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TpuTarget(_Model):
+    name: str = Field(description="TPU VM name")
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
+
+
+class LocalTarget(_Model):
+    workers: int = Field(DEFAULT_LOCAL_WORKERS, ge=1, le=256)
+
+
+class Target(_Model):
+    """Where the job runs: exactly one of tpu, hosts, local."""
+
+    tpu: Optional[TpuTarget] = None
+    hosts: Optional[list[str]] = Field(None, min_length=1, description="user@host:port entries")
+    local: Optional[LocalTarget] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Target:
+        given = [kind for kind in ("tpu", "hosts", "local") if kind in self.model_fields_set]
+        if len(given) != 1:
+            got = " and ".join(given) if given else "none"
+            raise ValueError(f"expected exactly one of tpu, hosts, local (got {got})")
+        if self.local is None and given == ["local"]:  # `local:` with no value: the defaults
+            self.local = LocalTarget()
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "tpu" if self.tpu else "hosts" if self.hosts else "local"
+
+
+class SshOptions(_Model):
+    user: Optional[str] = None
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: Optional[str] = None
+
+
+class Torchrun(_Model):
+    nproc_per_node: Union[Annotated[int, Field(ge=1)], Literal["auto", "gpu", "cpu"]] = 1
+    port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="rendezvous port on worker 0")
+
+
+class Docker(_Model):
+    image: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list, description="extra `docker run` arguments")
+
+
+def _env_value(value: Any) -> str:
+    # bool is an int in Python, and YAML reads `yes`/`on` as booleans: make the user say which
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        got = "a boolean (quote it)" if isinstance(value, bool) else f"a {_yaml_kind(value)}"
+        raise ValueError(f"expected a string or number, got {got}")
+    return str(value)
+
+
+def _not_reserved(key: str) -> str:
+    if key in RESERVED_ENV:
+        raise ValueError("set by podrun on every worker (GUIDE section 4); remove it from env")
+    return key
+
+
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+EnvKey = Annotated[str, Field(pattern=ENV_KEY_PATTERN)]
+UserEnvKey = Annotated[EnvKey, AfterValidator(_not_reserved)]
+
+
+class JobSpec(_Model):
+    """A podrun job: where it runs and what runs on every worker."""
+
+    name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="default: the file's stem")
+    target: Target = Field(default_factory=lambda: Target(local=LocalTarget()))
+    ssh: SshOptions = Field(default_factory=SshOptions)
+    workdir: str = Field(".", description="shipped to every worker; relative to the spec file")
+    setup: Optional[str] = Field(None, description="runs on every worker before run")
+    run: str = Field(min_length=1, description="the command; with torchrun: the script and its args")
+    env: dict[UserEnvKey, EnvValue] = Field(default_factory=dict)
+    secret_env: list[EnvKey] = Field(default_factory=list)
+    device: Optional[Literal["TPU", "CUDA", "ROCM", "CPU"]] = Field(None, description="PJRT_DEVICE")
+    torchrun: Optional[Torchrun] = None
+    docker: Optional[Docker] = None
+    _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
+
+    @property
+    def pjrt_device(self) -> str:
+        return self.device or {"tpu": "TPU", "hosts": "CUDA", "local": "CPU"}[self.target.kind]
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def is_secret(self, key: str) -> bool:
+        return key in self.secret_env or bool(SECRET_KEY_PATTERN.search(key))
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read, validate and resolve a job file: `name` defaults to the stem, `workdir` becomes absolute."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(path, None, "no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpecError(path, None, f"cannot read: {error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError(path, None, _yaml_problem(error)) from None
+    if not isinstance(data, dict):
+        raise SpecError(path, None, f"expected a mapping of job fields (run, target, ...), got {_yaml_kind(data)}")
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise _spec_error(path, error) from None
+    workdir = (path.parent / Path(spec.workdir).expanduser()).resolve()
+    if not workdir.is_dir():
+        raise SpecError(path, "workdir", f"expected an existing directory, {workdir} is not one")
+    name = spec.name or path.stem
+    if not re.match(NAME_PATTERN, name):
+        raise SpecError(path, "name", f"the file's stem {name!r} is not a valid job name; set name: (letters, digits, . _ -)")
+    resolved = spec.model_copy(update={"name": name, "workdir": str(workdir)})
+    resolved._path = path
+    return resolved
+
+
+def json_schema() -> dict:
+    schema = JobSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "podrun job spec"
+    return schema
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return f"{where}not valid YAML: {problem}"
+
+
+def _yaml_kind(value: Any) -> str:
+    kinds = {type(None): "nothing", bool: "boolean", int: "number", float: "number",
+             str: "string", list: "list", dict: "mapping"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _spec_error(path: Path, error: ValidationError) -> SpecError:
+    first = error.errors()[0]
+    loc = [str(part) for part in first["loc"] if part != "[key]"]
+    field = ".".join(loc) or None
+    kind, message = first["type"], first["msg"]
+    if kind == "extra_forbidden":
+        known = _field_names(loc[:-1])
+        nearest = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f"did you mean {nearest[0]!r}?" if nearest else f"expected one of: {', '.join(known)}"
+        expected = f"unknown field; {hint}"
+    elif kind == "missing":
+        expected = "required field is missing"
+    else:
+        expected = message.removeprefix("Value error, ").replace("Input should be", "expected")
+        if kind != "value_error" and "input" in first and not isinstance(first["input"], (dict, list)):
+            expected += f", got {first['input']!r}"
+    more = error.error_count() - 1
+    return SpecError(path, field, expected + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
+
+
+def _field_names(loc: list[str]) -> list[str]:
+    """The valid field names of the model found at `loc` inside JobSpec."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        nested = _model_in(annotation)
+        if nested is None:
+            return []
+        model = nested
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,73 @@
+"""Transports: start a shell command on one worker, with its stdin, stdout and stderr as streams.
+
+Local workers and SSH workers differ only here; launch, sync and logs use the Transport interface.
+A command runs in the worker's root: the login directory over SSH, a per-worker directory locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from abc import ABC, abstractmethod
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+
+class Channel(Protocol):
+    """A command running on a worker (asyncio.subprocess.Process has this shape)."""
+
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+
+    async def wait(self) -> int: ...
+
+
+class Transport(ABC):
+    python: str  # the interpreter that runs the agent on the worker
+    root: str  # the directory commands start in, as shown to the user
+
+    async def connect(self) -> None:
+        """Open what start() needs (one connection per worker per job)."""
+
+    @abstractmethod
+    async def start(self, command: str) -> Channel:
+        """Start `command` (a shell string) in the worker's root."""
+
+    async def close(self) -> None:
+        """Close the connection; the worker side stops what it ran unless it was detached."""
+
+
+class LocalTransport(Transport):
+    """A local CPU worker: a process tree on this machine, rooted in its own directory."""
+
+    def __init__(self, root: Path):
+        self.root_path = root
+        self.root = str(root)
+        self.python = sys.executable
+
+    async def connect(self) -> None:
+        self.root_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    async def start(self, command: str) -> Channel:
+        return await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, cwd=self.root_path,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
+
+
+@cache
+def agent_source() -> bytes:
+    return resources.files("podrun").joinpath("agent.py").read_bytes()
+
+
+def agent_command(python: str) -> str:
+    """The command that starts the agent: it reads its own source from stdin, then the step."""
+    size = len(agent_source())
+    bootstrap = (f"import os,sys\nb=b''\nwhile len(b)<{size}:\n c=os.read(0,{size}-len(b))\n"
+                 f" if not c:sys.exit('podrun agent: short read')\n b+=c\n"
+                 f"exec(compile(b,'podrun-agent','exec'),{{'__name__':'__main__'}})")
+    return f"exec {shlex.quote(python)} -c {shlex.quote(bootstrap)}"
