@@ -1,48 +1,31 @@
 """The command line (GUIDE section 2). Each command parses, calls one function, and returns its exit code.
 
-Only typer and the standard library load at start-up; each command imports what it needs, so
-`podrun --help`, `podrun jobs` and `podrun logs` stay fast.
+Only argparse loads at start-up; each command imports what it needs, so `podrun --help`,
+`podrun jobs` and `podrun logs` start about as fast as Python itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import List, Optional
 
-import typer
-
-from podrun.errors import PodrunError
-
-app = typer.Typer(
-    help="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers from one YAML job spec.",
-    add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False)
+from podrun.errors import USAGE_EXIT_CODE, PodrunError
 
 
-@app.command("exec")
-def exec_command(
-    spec: str = typer.Argument(..., metavar="JOB.yaml", help="the job spec"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print each worker's environment and commands; start nothing"),
-    worker: Optional[str] = typer.Option(None, "--worker", help="run on these workers only: 'all' or e.g. 0,2-3"),
-    env: List[str] = typer.Option([], "--env", metavar="K=V", help="add or override an environment variable"),
-) -> int:
-    """Ship the workdir and run the job on every worker; stream their output."""
+def _exec(args: argparse.Namespace) -> int:
     from podrun.job import execute
 
-    return execute(spec, dry_run, worker, env)
+    return execute(args.spec, args.dry_run, args.worker, args.env)
 
 
-@app.command()
-def validate(spec: str = typer.Argument(..., metavar="JOB.yaml")) -> int:
-    """Check a job spec; touches nothing."""
-    from podrun.job import validate as validate_spec
+def _validate(args: argparse.Namespace) -> int:
+    from podrun.job import validate
 
-    validate_spec(spec)
+    validate(args.spec)
     return 0
 
 
-@app.command()
-def schema() -> int:
-    """Print the job spec's JSON Schema, for editors (yaml-language-server)."""
+def _schema(args: argparse.Namespace) -> int:
     import json
 
     from podrun.spec import json_schema
@@ -51,51 +34,76 @@ def schema() -> int:
     return 0
 
 
-@app.command()
-def logs(
-    job_id: Optional[str] = typer.Argument(None, metavar="[JOB_ID]", help="default: the newest job"),
-    worker: Optional[int] = typer.Option(None, "--worker", help="only this worker's output, unprefixed"),
-    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
-    tail: Optional[int] = typer.Option(None, "--tail", min=0, help="start with the last N lines of each worker"),
-) -> int:
-    """Show a job's output, per worker, now or as it runs."""
+def _logs(args: argparse.Namespace) -> int:
     from podrun.logs import show_logs
 
-    return show_logs(job_id, worker, follow, tail)
+    return show_logs(args.job_id, args.worker, args.follow, args.tail)
 
 
-@app.command()
-def jobs(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> int:
-    """List jobs: state, workers' exit codes, start and duration."""
+def _jobs(args: argparse.Namespace) -> int:
     from podrun.logs import list_jobs
 
-    return list_jobs(as_json)
+    return list_jobs(args.json)
 
 
-@app.command()
-def stop(job_id: str = typer.Argument(..., metavar="JOB_ID")) -> int:
-    """Stop a running job on every worker."""
+def _stop(args: argparse.Namespace) -> int:
     from podrun.logs import stop_job
 
-    return stop_job(job_id)
+    return stop_job(args.job_id)
 
 
-def main() -> None:
-    try:  # typer 0.2x vendors click; older releases use click itself
-        from typer._click.exceptions import ClickException
-    except ImportError:
-        from click.exceptions import ClickException
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="podrun",
+        description="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers "
+                    "from one YAML job spec.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    def command(name: str, handler, summary: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=summary, description=summary)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    exec_ = command("exec", _exec, "ship the workdir and run the job on every worker; stream their output")
+    exec_.add_argument("spec", metavar="JOB.yaml", help="the job spec")
+    exec_.add_argument("--dry-run", action="store_true",
+                       help="print each worker's environment and commands; start nothing")
+    exec_.add_argument("--worker", metavar="LIST", help="run on these workers only: 'all' or e.g. 0,2-3")
+    exec_.add_argument("--env", action="append", default=[], metavar="K=V",
+                       help="add or override an environment variable (repeatable)")
+
+    command("validate", _validate, "check a job spec; touches nothing").add_argument("spec", metavar="JOB.yaml")
+    command("schema", _schema, "print the job spec's JSON Schema, for editors (yaml-language-server)")
+
+    logs = command("logs", _logs, "show a job's output, per worker, now or as it runs")
+    logs.add_argument("job_id", nargs="?", metavar="JOB_ID", help="default: the newest job")
+    logs.add_argument("--worker", type=_count, metavar="I", help="only this worker's output, unprefixed")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    logs.add_argument("--tail", type=_count, metavar="N", help="start with the last N lines of each worker")
+
+    command("jobs", _jobs, "list jobs: state, workers' exit codes, start and duration").add_argument(
+        "--json", action="store_true", help="machine-readable")
+    command("stop", _stop, "stop a running job on every worker").add_argument("job_id", metavar="JOB_ID")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # bad usage: argparse prints it and exits 2
+    if not hasattr(args, "handler"):
+        parser.print_help(sys.stderr)
+        sys.exit(USAGE_EXIT_CODE)
     try:
-        code = app(standalone_mode=False)
+        code = args.handler(args)
     except PodrunError as error:
         print(f"podrun: error: {error}", file=sys.stderr)
         code = error.exit_code
-    except ClickException as error:  # bad usage: click's message, exit 2
-        error.show()
-        code = error.exit_code
-    except (typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         code = 130
-    except typer.Exit as error:
-        code = error.exit_code
-    sys.exit(code or 0)
+    sys.exit(code)

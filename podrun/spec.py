@@ -83,7 +83,7 @@ class Docker(_Model):
 def _env_value(value: Any) -> str:
     # bool is an int in Python, and YAML reads `yes`/`on` as booleans: make the user say which
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        got = "a boolean (quote it)" if isinstance(value, bool) else f"a {_yaml_kind(value)}"
+        got = "a boolean (quote it)" if isinstance(value, bool) else _yaml_kind(value)
         raise ValueError(f"expected a string or number, got {got}")
     return str(value)
 
@@ -172,9 +172,9 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 
 
 def _yaml_kind(value: Any) -> str:
-    kinds = {type(None): "nothing", bool: "boolean", int: "number", float: "number",
-             str: "string", list: "list", dict: "mapping"}
-    return kinds.get(type(value), type(value).__name__)
+    kinds = {type(None): "nothing", bool: "a boolean", int: "a number", float: "a number",
+             str: "a string", list: "a list", dict: "a mapping"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
 
 
 def _spec_error(path: Path, error: ValidationError) -> SpecError:

@@ -1,0 +1,127 @@
+"""Helpers: run the real podrun CLI, find a job's processes, wait for output lines (never sleeps)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_ID_LINE = re.compile(r"^podrun: job (\S+): ", re.MULTILINE)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A fresh PODRUN_HOME for the test, also seen by the podrun subprocesses."""
+    path = tmp_path / "podrun-home"
+    monkeypatch.setenv("PODRUN_HOME", str(path))
+    # as with an activated virtualenv: the workers find this interpreter's torchrun
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return path
+
+
+@pytest.fixture
+def job_file(tmp_path):
+    """Write a job spec and its workdir `code/` (with optional files); returns the spec's path.
+    The spec gets `workdir: code` unless it names a workdir itself."""
+
+    def write(spec: str, files: dict[str, str] | None = None, name: str = "job") -> Path:
+        workdir = tmp_path / "code"
+        workdir.mkdir(exist_ok=True)
+        for relative, content in (files or {}).items():
+            (workdir / relative).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / relative).write_text(content)
+        path = tmp_path / f"{name}.yaml"
+        spec = textwrap.dedent(spec)
+        path.write_text(spec if "workdir:" in spec else spec.rstrip("\n") + "\nworkdir: code\n")
+        return path
+
+    return write
+
+
+def podrun(*args: str, timeout: float = 120, text: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real CLI to completion, capturing its output (as bytes when text=False)."""
+    return subprocess.run([sys.executable, "-m", "podrun", *map(str, args)], capture_output=True, text=text,
+                          timeout=timeout, cwd=REPO, **kwargs)
+
+
+def job_id_in(stderr: str) -> str:
+    match = JOB_ID_LINE.search(stderr)
+    assert match, f"no job id announced in:\n{stderr}"
+    return match.group(1)
+
+
+def processes_of_job(job_id: str) -> list[str]:
+    """Every live process whose environment carries PODRUN_JOB_ID=job_id (what `ps e` shows)."""
+    marker = f"PODRUN_JOB_ID={job_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in environ and state != "Z":
+            found.append(f"{entry} {command}")
+    return found
+
+
+def stderr_lines_without_traceback(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+class Background:
+    """podrun running in the background; its output lines arrive in a queue as they are printed."""
+
+    def __init__(self, *args: str):
+        self.process = subprocess.Popen([sys.executable, "-m", "podrun", *map(str, args)], cwd=REPO,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> str:
+        """The first line, printed so far or until `timeout`, that matches `pattern`; fails if the output
+        ends or time runs out first."""
+        for line in self.lines:
+            if re.search(pattern, line):
+                return line
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line matching {pattern!r} within {timeout}s; got:\n"
+                                     + "\n".join(self.lines)) from None
+            if line is None:
+                raise AssertionError(f"output ended before {pattern!r}; got:\n" + "\n".join(self.lines))
+            self.lines.append(line)
+            if re.search(pattern, line):
+                return line
+
+    def finish(self, timeout: float = 60) -> int:
+        code = self.process.wait(timeout=timeout)
+        while (line := self._queue.get(timeout=timeout)) is not None:
+            self.lines.append(line)
+        return code
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)

@@ -1,0 +1,107 @@
+"""`podrun jobs`, `podrun logs` (now, tail, follow) and `podrun stop`, against real jobs."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from conftest import Background, job_id_in, podrun, processes_of_job
+
+
+def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
+    good = podrun("exec", job_file("run: echo fine", name="good"))
+    bad = podrun("exec", job_file("run: exit $((PODRUN_WORKER * 5))", name="bad"))
+    good_id, bad_id = job_id_in(good.stderr), job_id_in(bad.stderr)
+    table = podrun("jobs")
+    assert table.returncode == 0
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["ID", "NAME", "TARGET", "STATE", "EXIT", "CODES", "STARTED", "DURATION"]
+    assert [row.split()[:5] for row in rows] == [[good_id, "good", "local:2", "succeeded", "0,0"],
+                                                  [bad_id, "bad", "local:2", "failed", "0,5"]]
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert [(job["id"], job["state"], job["exit_code"]) for job in listed] == [(good_id, "succeeded", 0),
+                                                                               (bad_id, "failed", 5)]
+    assert listed[1]["workers"][1] == {"index": 1, "address": "local/w1", "exit_code": 5, "signal": None}
+
+
+def test_logs_shows_the_newest_job_or_one_worker_tail(home, job_file):
+    podrun("exec", job_file("run: echo older", name="old"))
+    newest = podrun("exec", job_file("run: for i in 1 2 3 4 5; do echo \"w$PODRUN_WORKER line $i\"; done", name="new"))
+    logs = podrun("logs")
+    assert logs.returncode == 0
+    assert logs.stdout.splitlines() == [f"[w{w}] w{w} line {i}" for w in (0, 1) for i in range(1, 6)]
+    tail = podrun("logs", job_id_in(newest.stderr), "--worker", "1", "--tail", "2")
+    assert tail.stdout == "w1 line 4\nw1 line 5\n"
+    wrong = podrun("logs", job_id_in(newest.stderr), "--worker", "7")
+    assert wrong.returncode == 2 and "has workers 0, 1" in wrong.stderr
+
+
+def test_logs_follow_streams_a_running_job_and_ends_with_it(home, job_file, tmp_path):
+    release = tmp_path / "release"
+    spec = job_file(f"""
+        run: |
+          echo "before $PODRUN_WORKER"
+          while [ ! -e {release} ]; do sleep 0.05; done
+          echo "after $PODRUN_WORKER"
+    """)
+    job = Background("exec", spec)
+    job.wait_for(r"^\[w0\] before 0")
+    job.wait_for(r"^\[w1\] before 1")
+    follower = Background("logs", "-f")
+    follower.wait_for(r"^\[w0\] before 0")
+    follower.wait_for(r"^\[w1\] before 1")
+    release.touch()
+    assert job.finish() == 0
+    assert follower.finish(timeout=10) == 0
+    assert "[w0] after 0" in follower.lines and "[w1] after 1" in follower.lines
+
+
+def test_stop_from_another_terminal_stops_every_worker(home, job_file):
+    job = Background("exec", job_file("run: echo \"up $PODRUN_WORKER\"; sleep 300"))
+    job.wait_for(r"^\[w0\] up 0")
+    job.wait_for(r"^\[w1\] up 1")
+    job_id = job_id_in(job.text)
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0 and f"job {job_id} is stopped" in stopped.stdout
+    assert job.finish() == 143
+    assert processes_of_job(job_id) == []
+    again = podrun("stop", job_id)
+    assert again.returncode == 1 and "is not running (it is stopped)" in again.stderr
+
+
+def test_workers_stop_on_their_own_when_the_launcher_is_killed(home, job_file):
+    job = Background("exec", job_file("run: echo \"up $PODRUN_WORKER\"; sleep 300"))
+    job.wait_for(r"^\[w0\] up 0")
+    job.wait_for(r"^\[w1\] up 1")
+    job_id = job_id_in(job.text)
+    job.process.send_signal(signal.SIGKILL)
+    job.finish()
+    for index in (0, 1):  # each agent writes its exit file once its tree is gone
+        exit_file = home / "local" / f"w{index}" / ".podrun" / "jobs" / job_id / "run.exit"
+        wait_until(exit_file.exists, f"worker {index} to stop")
+        assert json.loads(exit_file.read_text())["stop_reason"] == "the launcher is gone"
+    assert processes_of_job(job_id) == []
+    listed = {job["id"]: job["state"] for job in json.loads(podrun("jobs", "--json").stdout)}
+    assert listed[job_id] == "lost"
+
+
+def test_a_damaged_job_record_does_not_break_jobs_or_logs(home, job_file):
+    ok = podrun("exec", job_file("run: echo ok"))
+    (home / "jobs" / "half-written").mkdir()
+    (home / "jobs" / "half-written" / "job.json").write_text('{"id": "half-wr')
+    listed = podrun("jobs")
+    assert listed.returncode == 0 and job_id_in(ok.stderr) in listed.stdout and "half-written" not in listed.stdout
+    assert podrun("logs").stdout.splitlines() == ["[w0] ok", "[w1] ok"]
+    broken = podrun("logs", "half-written")
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert broken.stderr.startswith("podrun: error: job 'half-written': its record") and broken.stderr.count("\n") == 1
+
+
+def wait_until(condition, what: str, timeout: float = 15) -> None:
+    """Poll a condition the system under test will make true (not a sleep standing in for it)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

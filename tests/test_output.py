@@ -1,0 +1,45 @@
+"""Unit tests of the line splitter every live view and `podrun logs` go through."""
+
+from __future__ import annotations
+
+import io
+
+from podrun.output import MAX_LINE, Terminal, WorkerOutput
+
+
+def split(*chunks: bytes, index: int = 2) -> tuple[bytes, bytes]:
+    screen, log = io.BytesIO(), io.BytesIO()
+    output = WorkerOutput(index, Terminal(screen), log)
+    for chunk in chunks:
+        output.feed(chunk)
+    output.close()
+    return screen.getvalue(), log.getvalue()
+
+
+def test_lines_split_across_chunks_are_shown_whole():
+    screen, log = split(b"hel", b"lo\nwor", b"ld\n")
+    assert screen == b"[w2] hello\n[w2] world\n"
+    assert log == b"hello\nworld\n"
+
+
+def test_carriage_returns_end_lines_but_crlf_is_one_break():
+    screen, _ = split(b"10%\r50%\r", b"\n100%\r\nnext\r", b"\n")
+    assert screen == b"[w2] 10%\n[w2] 50%\n[w2] 100%\n[w2] next\n"
+
+
+def test_blank_lines_and_an_unterminated_last_line_survive():
+    screen, log = split(b"a\n\nb")
+    assert screen == b"[w2] a\n[w2] \n[w2] b\n"
+    assert log == b"a\n\nb"
+
+
+def test_a_huge_line_without_newline_is_shown_in_pieces():
+    screen, log = split(b"x" * (MAX_LINE + 10))
+    assert screen == b"[w2] " + b"x" * MAX_LINE + b"\n[w2] " + b"x" * 10 + b"\n"
+    assert len(log) == MAX_LINE + 10
+
+
+def test_tail_keeps_the_last_lines_decoded():
+    output = WorkerOutput(0, None, None, keep=2)
+    output.feed(b"one\ntwo\nthr\xffee\n")
+    assert output.tail() == ["two", "thr\ufffdee"]

@@ -1,0 +1,94 @@
+"""Bad input: one line on stderr naming the file, the field and what is expected; exit 2; nothing started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import podrun, stderr_lines_without_traceback
+
+BAD_SPECS = [
+    ("not YAML", "run: [echo\n", r"{file}: line 2, column 1: not valid YAML: "),
+    ("not a mapping", "- run: echo\n", r"{file}: expected a mapping of job fields (run, target, ...), got a list"),
+    ("unknown top-level field", "run: echo\nsetpu: pip install x\n", "{file}: setpu: unknown field; did you mean 'setup'?"),
+    ("unknown nested field", "run: echo\ntarget: {local: {wrokers: 2}}\n",
+     "{file}: target.local.wrokers: unknown field; did you mean 'workers'?"),
+    ("wrong type", "run: echo\ntarget: {local: {workers: two}}\n",
+     "{file}: target.local.workers: expected a valid integer, unable to parse string as an integer, got 'two'"),
+    ("out of range", "run: echo\ntorchrun: {port: 70000}\n",
+     "{file}: torchrun.port: expected less than or equal to 65535, got 70000"),
+    ("no run", "setup: echo\n", "{file}: run: required field is missing"),
+    ("two targets", "run: echo\ntarget: {local: {workers: 2}, hosts: [a, b]}\n",
+     "{file}: target: expected exactly one of tpu, hosts, local (got hosts and local)"),
+    ("missing workdir", "run: echo\nworkdir: nowhere\n", "{file}: workdir: expected an existing directory, {dir}/nowhere is not one"),
+    ("env value a list", "run: echo\nenv: {FLAGS: [a, b]}\n", "{file}: env.FLAGS: expected a string or number, got a list"),
+    ("env value a boolean", "run: echo\nenv: {DEBUG: yes}\n",
+     "{file}: env.DEBUG: expected a string or number, got a boolean (quote it)"),
+    ("env key podrun sets", "run: echo\nenv: {PODRUN_WORKER: 3}\n",
+     "{file}: env.PODRUN_WORKER: set by podrun on every worker (GUIDE section 4); remove it from env"),
+    ("bad device", "run: echo\ndevice: GPU\n", "{file}: device: expected 'TPU', 'CUDA', 'ROCM' or 'CPU', got 'GPU'"),
+]
+
+
+@pytest.mark.parametrize("command", ["exec", "validate"])
+@pytest.mark.parametrize("case, text, expected", BAD_SPECS, ids=[case[0] for case in BAD_SPECS])
+def test_bad_spec_is_one_line_and_exit_2(home, tmp_path, command, case, text, expected):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    result = podrun(command, spec)
+    assert result.returncode == 2
+    (line,) = stderr_lines_without_traceback(result.stderr)
+    expected_line = "podrun: error: " + expected.format(file=spec, dir=tmp_path)
+    if case == "not YAML":  # the YAML parser's own wording follows
+        assert line.startswith(expected_line) and len(line) > len(expected_line)
+    else:
+        assert line == expected_line
+    assert result.stdout == ""
+    assert not home.exists()  # no job, no worker directory: nothing started
+
+
+def test_missing_spec_file(home, tmp_path):
+    result = podrun("exec", tmp_path / "absent.yaml")
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [f"podrun: error: {tmp_path / 'absent.yaml'}: no such file"]
+
+
+def test_bad_command_line_values(home, job_file):
+    spec = job_file("run: echo\n")
+    for args, expected in [
+        (["--worker", "5"], "podrun: error: --worker '5': this target has workers 0 to 1"),
+        (["--worker", "x"], "podrun: error: --worker 'x': expected 'all' or indexes like 0,2-3"),
+        (["--env", "NOVALUE"], "podrun: error: --env 'NOVALUE': expected KEY=VALUE with KEY a variable name"),
+    ]:
+        result = podrun("exec", spec, *args)
+        assert result.returncode == 2
+        assert stderr_lines_without_traceback(result.stderr) == [expected]
+    assert not (home / "jobs").exists()
+
+
+def test_secret_env_missing_from_env_and_environment(home, job_file):
+    spec = job_file("run: echo\nsecret_env: [HF_TOKEN]\n")
+    result = podrun("exec", spec, env={"PATH": "/usr/bin:/bin", "PODRUN_HOME": str(home)})
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: {spec}: secret_env.0: HF_TOKEN is neither set in env nor in podrun's environment; export it first"]
+
+
+def test_validate_accepts_the_example_configs():
+    result = podrun("validate", "configs/cpu-smoke.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stderr
+
+
+def test_schema_is_the_spec_model_and_configs_point_at_it():
+    result = podrun("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert schema["additionalProperties"] is False
+    assert {"target", "run", "env", "torchrun", "docker", "secret_env"} <= set(schema["properties"])
+    assert schema["required"] == ["run"]
+    from conftest import REPO
+    assert json.loads((REPO / "podrun.schema.json").read_text()) == schema, "regenerate: podrun schema > podrun.schema.json"
+    for config in (REPO / "configs").glob("*.yaml"):
+        assert config.read_text().startswith("# yaml-language-server: $schema=../podrun.schema.json"), config
