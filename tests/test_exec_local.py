@@ -104,6 +104,8 @@ def test_processes_a_worker_leaves_behind_are_cleaned_up_after_success(home, job
         run: |
           sleep 300 &
           setsid sleep 301 < /dev/null > /dev/null 2>&1 &
+          # exit only once the second sleep has really left our session (and with it our group)
+          while [ "$(ps -o sid= -p $!)" = "$(ps -o sid= -p $$)" ]; do sleep 0.01; done
           echo "left two sleeps behind"
     """)
     result = podrun("exec", spec)
