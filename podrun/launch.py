@@ -123,12 +123,10 @@ class Launch:
             if shipped is not None:
                 say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
                     else "code unchanged on every worker")
-            steps = [("setup", lambda plan: plan.setup)] if self.plans[0].setup else []
-            steps.append(("run", lambda plan: plan.run))
-            for step, command_of in steps:
+            for step in ("setup", "run") if self.plans[0].setup else ("run",):
                 if self.interrupted.is_set():
                     break
-                failure = await self._run_step(step, command_of)
+                failure = await self._run_step(step)
                 if failure:
                     return self._finish_failed(step, failure)
             if self.interrupted.is_set():
@@ -146,9 +144,9 @@ class Launch:
             for log in self.logs.values():
                 log.close()
 
-    async def _run_step(self, step: str, command_of) -> StepResult | None:
+    async def _run_step(self, step: str) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
-        worker_steps = [WorkerStep(plan, step, command_of(plan), WorkerOutput(
+        worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index])) for plan in self.plans]
         await asyncio.gather(*(ws.start() for ws in worker_steps))
         finishing = {asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}

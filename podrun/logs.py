@@ -15,6 +15,7 @@ from podrun.errors import PodrunError, UsageError
 from podrun.output import Terminal, WorkerOutput
 
 FOLLOW_POLL_S = 0.1
+STOP_WAIT_S = 30  # the launcher needs at most the agents' grace period and a second
 READ_SIZE = 1 << 16
 
 
@@ -60,7 +61,11 @@ def stop_job(job_id: str) -> int:
     if state != jobstore.RUNNING:
         raise PodrunError(f"job {job_id} is not running (it is {state})")
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
+    deadline = time.monotonic() + STOP_WAIT_S
     while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:
+        if time.monotonic() > deadline:
+            raise PodrunError(f"job {job_id}: its launcher (pid {record.launcher['pid']}) did not stop it "
+                              f"within {STOP_WAIT_S}s")
         time.sleep(FOLLOW_POLL_S)
     print(f"podrun: job {job_id} is {record.current_state()}")
     return 0
