@@ -39,7 +39,8 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
         id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
         workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address) for p in plans])
     record.create()
-    say(f"job {job_id}: {len(plans)} {spec.target.kind} worker(s); logs in {record.dir}")
+    kind = {"local": "local worker", "hosts": "SSH host", "tpu": "TPU worker"}[spec.target.kind]
+    say(f"job {job_id}: {len(plans)} {kind}{'s' * (len(plans) > 1)}; logs in {record.dir}")
     return asyncio.run(Launch(plans, tree, record, Terminal(), spec.name).run())
 
 

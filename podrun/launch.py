@@ -118,7 +118,9 @@ class Launch:
             loop.add_signal_handler(signum, self._on_signal, signum)
         transports = [plan.worker.transport for plan in self.plans]
         try:
-            await self._until_interrupted(asyncio.gather(*(t.connect() for t in transports)))
+            connected = await self._until_interrupted(
+                asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
+            _raise_first_error(connected)  # before anything started anywhere
             shipped = await self._until_interrupted(sync.ship(self.tree, self.name, [p.worker for p in self.plans]))
             if shipped is not None:
                 say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
@@ -148,7 +150,13 @@ class Launch:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index])) for plan in self.plans]
-        await asyncio.gather(*(ws.start() for ws in worker_steps))
+        started = await asyncio.gather(*(ws.start() for ws in worker_steps), return_exceptions=True)
+        if any(isinstance(outcome, BaseException) for outcome in started):
+            running = [ws for ws, outcome in zip(worker_steps, started) if outcome is None]
+            for ws in running:
+                ws.stop()
+            await asyncio.gather(*(ws.finish() for ws in running), return_exceptions=True)
+            _raise_first_error(started)
         finishing = {asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         failure = None
@@ -215,6 +223,15 @@ class Launch:
         self.record.finish(jobstore.STOPPED, code, f"stopped by {self.interrupt_signal.name}")
         say(f"job {self.record.id} stopped on every worker")
         return code
+
+
+def _raise_first_error(outcomes: list | None) -> None:
+    errors = [outcome for outcome in outcomes or () if isinstance(outcome, BaseException)]
+    if errors:
+        more = f" (and {len(errors) - 1} more worker(s) failed the same step)" if len(errors) > 1 else ""
+        if isinstance(errors[0], PodrunError):
+            raise PodrunError(f"{errors[0]}{more}")
+        raise errors[0]
 
 
 def say(message: str) -> None:

@@ -46,7 +46,7 @@ class Target(_Model):
     """Where the job runs: exactly one of tpu, hosts, local."""
 
     tpu: Optional[TpuTarget] = None
-    hosts: Optional[list[str]] = Field(None, min_length=1, description="user@host:port entries")
+    hosts: Optional[list[HostEntry]] = Field(None, min_length=1, description="host, user@host, host:port or user@host:port")
     local: Optional[LocalTarget] = None
 
     @model_validator(mode="after")
@@ -65,9 +65,32 @@ class Target(_Model):
 
 
 class SshOptions(_Model):
+    """Defaults for every host; a host entry's own user@ and :port win. Unset: ~/.ssh/config, then ssh's defaults."""
+
     user: Optional[str] = None
-    port: int = Field(22, ge=1, le=65535)
+    port: Optional[int] = Field(None, ge=1, le=65535)
     identity_file: Optional[str] = None
+    check_host_keys: bool = Field(True, description="trust on first use, refuse changed host keys")
+
+
+HOST_ENTRY = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^@:\s\[\]]+))"
+                        r"(?::(?P<port>\d{1,5}))?$")
+
+
+def parse_host(entry: str) -> tuple[Optional[str], str, Optional[int]]:
+    """`host`, `user@host`, `host:port`, `user@host:port` (IPv6 in brackets) -> (user, host, port)."""
+    match = HOST_ENTRY.match(entry)
+    if not match or (match["port"] and not 1 <= int(match["port"]) <= 65535):
+        raise ValueError(f"expected host, user@host, host:port or user@host:port, got {entry!r}")
+    return match["user"], match["ipv6"] or match["host"], int(match["port"]) if match["port"] else None
+
+
+def _host_entry(entry: str) -> str:
+    parse_host(entry)
+    return entry
+
+
+HostEntry = Annotated[str, AfterValidator(_host_entry)]
 
 
 class Torchrun(_Model):

@@ -52,7 +52,7 @@ async def ship(tree: Tree, name: str, workers: list[Worker]) -> list[int]:
 
 async def _has(worker: Worker, code_dir: str) -> bool:
     channel = await worker.transport.start(f"test -d {shlex.quote(code_dir)}")
-    channel.stdin.close()
+    channel.stdin.write_eof()
     return await channel.wait() == 0
 
 
@@ -65,7 +65,7 @@ async def _send(worker: Worker, code_dir: str, archive: bytes) -> None:
     channel = await worker.transport.start(script)
     channel.stdin.write(archive)
     await channel.stdin.drain()
-    channel.stdin.close()
+    channel.stdin.write_eof()
     errors, code = await asyncio.gather(channel.stderr.read(), channel.wait())
     if code != 0:
         detail = errors.decode(errors="replace").strip().splitlines()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
 
 from podrun import paths
 from podrun.errors import PodrunError
-from podrun.spec import JobSpec
+from podrun.spec import JobSpec, parse_host
 from podrun.transport import LocalTransport, Transport
 
 LOCAL_IP = "127.0.0.1"
@@ -25,4 +27,28 @@ def resolve_workers(spec: JobSpec) -> list[Worker]:
     if target.local is not None:
         return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(paths.local_worker_root(index)))
                 for index in range(target.local.workers)]
-    raise PodrunError(f"target '{target.kind}' is not supported by this version of podrun yet; use target: local")
+    if target.hosts is not None:
+        return [_ssh_worker(index, entry, spec) for index, entry in enumerate(target.hosts)]
+    raise PodrunError(f"target '{target.kind}' is not supported by this version of podrun yet; use hosts or local")
+
+
+def _ssh_worker(index: int, entry: str, spec: JobSpec) -> Worker:
+    from podrun.ssh import SshTransport  # asyncssh loads only for SSH targets
+
+    user, host, port = parse_host(entry)
+    transport = SshTransport(host, port or spec.ssh.port, user or spec.ssh.user, spec.ssh.identity_file,
+                             spec.ssh.check_host_keys)
+    return Worker(index, entry, _internal_ip(host, entry), transport)
+
+
+def _internal_ip(host: str, entry: str) -> str:
+    """The address the other workers use to reach this one: the host itself when it is an IP,
+    else what its name resolves to (a name only ~/.ssh/config knows is not enough for torchrun)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as error:
+        raise PodrunError(f"{entry}: host does not resolve ({error.strerror or error})") from None

@@ -17,7 +17,8 @@ from typing import Protocol
 
 
 class Channel(Protocol):
-    """A command running on a worker (asyncio.subprocess.Process has this shape)."""
+    """A command running on a worker (asyncio.subprocess.Process has this shape).
+    `stdin.write_eof()` ends its input; the command itself goes on."""
 
     stdin: asyncio.StreamWriter
     stdout: asyncio.StreamReader

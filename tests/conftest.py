@@ -125,3 +125,30 @@ class Background:
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """Four real SSH hosts (tests/lab.py), shared by the session; torn down even after failures."""
+    from lab import Lab, require_lab_tools
+
+    if problem := require_lab_tools():
+        pytest.fail(f"{problem} (.ci/run installs them)")
+    with Lab(4, tmp_path_factory.mktemp("lab")) as the_lab:
+        yield the_lab
+
+
+@pytest.fixture
+def hosts_spec(lab, job_file):
+    """A job spec on lab hosts (by index), with the lab's key and this interpreter's bin on PATH."""
+
+    def write(body: str, hosts=(0, 1, 2), files: dict[str, str] | None = None) -> Path:
+        entries = ", ".join(lab.hosts[i].ip for i in hosts)
+        header = (f"target: {{hosts: [{entries}]}}\n"
+                  f"ssh: {{user: root, identity_file: {lab.client_key}}}\n")
+        spec = textwrap.dedent(body)
+        if "\nenv:" not in "\n" + spec:
+            spec += f"\nenv: {{PATH: '{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin'}}\n"
+        return job_file(header + spec, files=files)
+
+    return write

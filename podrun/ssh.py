@@ -1,0 +1,127 @@
+"""SSH workers: one asyncssh connection per worker per job; every step is a channel on it.
+
+asyncssh was chosen by measurement (scripts/bench_transports.py, `true` on 4/16/64 lab hosts over
+fresh connections): asyncssh 0.11/0.23/0.77 s, paramiko with a thread per host 0.16/0.25/0.79 s,
+OpenSSH clients 0.31/0.86/3.23 s (0.16/0.34/1.06 s with curve25519), and it fits the asyncio
+launcher without a thread per host. It honours ~/.ssh/config (aliases, HostName, User, Port).
+
+Host keys: podrun keeps its own known-hosts file, trusts a host's key the first time it sees it, and
+refuses when a known host presents a different key (ssh.check_host_keys: false turns this off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import asyncssh
+
+from podrun import paths
+from podrun.errors import PodrunError
+from podrun.transport import Transport
+
+CONNECT_TIMEOUT_S = 10
+# a dead link or host is noticed after 3 unanswered keepalives 5 s apart
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT_MAX = 3
+
+
+class SshChannel:
+    def __init__(self, process: asyncssh.SSHClientProcess):
+        self.process = process
+        self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
+
+    async def wait(self) -> int:
+        completed = await self.process.wait()
+        return completed.returncode if completed.returncode is not None else 255
+
+
+class SshTransport(Transport):
+    python = "python3"
+    root = "~"
+
+    def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
+                 check_host_keys: bool):
+        self.host, self.port, self.user = host, port, user
+        self.identity_file = identity_file
+        self.check_host_keys = check_host_keys
+        self.connection: asyncssh.SSHClientConnection | None = None
+
+    @property
+    def label(self) -> str:
+        return self.host if self.port in (None, 22) else f"{self.host}:{self.port}"
+
+    async def connect(self) -> None:
+        known = known_host_keys(self.host, self.port or 22) if self.check_host_keys else None
+        options = {"known_hosts": asyncssh.import_known_hosts(known.decode()) if known else None,
+                   "connect_timeout": CONNECT_TIMEOUT_S,
+                   "keepalive_interval": KEEPALIVE_INTERVAL_S, "keepalive_count_max": KEEPALIVE_COUNT_MAX}
+        if self.port:
+            options["port"] = self.port
+        if self.user:
+            options["username"] = self.user
+        if self.identity_file:
+            options["client_keys"] = [str(Path(self.identity_file).expanduser())]
+        try:
+            self.connection = await asyncssh.connect(self.host, **options)
+        except asyncssh.HostKeyNotVerifiable:
+            raise PodrunError(
+                f"{self.label}: host key changed since podrun first connected (recorded in "
+                f"{known_hosts_path()}); if the host was rebuilt, remove its line there") from None
+        except asyncssh.PermissionDenied:
+            raise PodrunError(f"{self.label}: key refused for user {self.user or 'default'} "
+                              f"(identity file: {self.identity_file or 'ssh defaults'})") from None
+        except (asyncio.TimeoutError, TimeoutError):
+            raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s (host down or unreachable?)") from None
+        except (OSError, asyncssh.Error) as error:
+            raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}") from None
+        if self.check_host_keys and not known:
+            remember_host_key(self.host, self.port or 22, self.connection.get_server_host_key())
+
+    async def start(self, command: str) -> SshChannel:
+        try:
+            return SshChannel(await self.connection.create_process(command, encoding=None))
+        except (OSError, asyncssh.Error) as error:
+            raise PodrunError(f"{self.label}: cannot start a command: {_reason(error)}") from None
+
+    async def close(self) -> None:
+        if self.connection:
+            self.connection.close()
+            await self.connection.wait_closed()
+
+
+def known_hosts_path() -> Path:
+    return paths.podrun_home() / "known_hosts"
+
+
+def _host_pattern(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def known_host_keys(host: str, port: int) -> bytes:
+    """The lines of podrun's known-hosts file for this host, or b"" if it was never seen."""
+    try:
+        lines = known_hosts_path().read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return b""
+    pattern = _host_pattern(host, port).encode()
+    return b"".join(line for line in lines if line.split(b" ", 1)[0] == pattern)
+
+
+def remember_host_key(host: str, port: int, key: asyncssh.SSHKey) -> None:
+    path = known_hosts_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    line = f"{_host_pattern(host, port)} {key.export_public_key().decode().strip()}\n".encode()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(descriptor, line)  # one small append: parallel connects never interleave
+    finally:
+        os.close(descriptor)
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno:  # asyncio words it "Connect call failed (...)"
+        return os.strerror(error.errno)
+    text = getattr(error, "reason", None) or str(error) or type(error).__name__
+    return text.rstrip(".")

@@ -1,0 +1,170 @@
+"""The test lab (GUIDE section 6): N real SSH hosts on this machine.
+
+Each host is a network namespace on one bridge with its own address (10.99.0.10+i), its own sshd
+and its own home directory (sshd runs under `unshare -m` with a directory bound over /root), so a
+file shipped to one host is not on another. Python and torch are shared, so real torchrun runs on
+every host and rendezvouses over real TCP. Needs root, iproute2, openssh-server and util-linux.
+Traffic only ever goes to these lab addresses.
+
+    with Lab(4, workdir) as lab:
+        lab.hosts[0].ip, lab.client_key, lab.run(0, "ps -e")
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SUBNET = "10.99.0"
+BRIDGE_IP = f"{SUBNET}.1"
+FIRST_HOST = 10
+BRIDGE = "podrunlab0"
+SSHD_CONFIG = """\
+ListenAddress {ip}
+Port 22
+HostKey {dir}/ssh_host_ed25519_key
+PidFile {dir}/sshd.pid
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+# the launcher opens one connection per host, but benchmarks and gcloud open more at once
+MaxStartups 200:30:400
+MaxSessions 100
+LogLevel ERROR
+Subsystem sftp internal-sftp
+"""
+
+
+def require_lab_tools() -> str | None:
+    """Why the lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces)"
+    for tool in ("ip", "unshare", "ssh-keygen", "/usr/sbin/sshd"):
+        if shutil.which(tool) is None:
+            return f"the lab needs {tool}: apt-get install iproute2 util-linux openssh-server openssh-client"
+    return None
+
+
+@dataclass
+class LabHost:
+    index: int
+    ip: str
+    namespace: str
+    dir: Path  # sshd's config and keys
+    home: Path  # what the host's processes see as /root
+    sshd: subprocess.Popen | None = None
+
+
+class Lab:
+    def __init__(self, count: int, workdir: Path):
+        self.workdir = Path(workdir)
+        self.client_key = self.workdir / "client_ed25519"
+        self.hosts = [LabHost(i, f"{SUBNET}.{FIRST_HOST + i}", f"podrunlab{i}",
+                              self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
+                      for i in range(count)]
+
+    def __enter__(self) -> Lab:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.stop()  # leftovers of a lab that was killed before it could clean up
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        _sh(f"ssh-keygen -q -t ed25519 -N '' -C podrun-lab -f {self.client_key}")
+        _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/24 dev {BRIDGE} && ip link set {BRIDGE} up")
+        Path("/run/sshd").mkdir(exist_ok=True)
+        public_key = self.client_key.with_suffix(".pub").read_text()
+        for host in self.hosts:
+            self._add_host(host, public_key)
+
+    def _add_host(self, host: LabHost, public_key: str) -> None:
+        ns, veth = host.namespace, f"plv{host.index}"
+        _sh(f"ip netns add {ns} && ip link add {veth} type veth peer name {veth}p && "
+            f"ip link set {veth}p netns {ns} && ip link set {veth} master {BRIDGE} up && "
+            f"ip -n {ns} link set {veth}p name eth0 && ip -n {ns} addr add {host.ip}/24 dev eth0 && "
+            f"ip -n {ns} link set eth0 up && ip -n {ns} link set lo up")
+        (host.home / ".ssh").mkdir(parents=True, exist_ok=True)
+        (host.home / ".ssh" / "authorized_keys").write_text(public_key)
+        _sh(f"ssh-keygen -q -t ed25519 -N '' -f {host.dir}/ssh_host_ed25519_key")
+        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, dir=host.dir))
+        self.start_sshd(host.index)
+
+    def start_sshd(self, index: int) -> None:
+        host = self.hosts[index]
+        # this Python lives under /root (pyenv): keep it visible under the host's own /root
+        mounts = [f"mount --rbind {host.home} /root"]
+        if sys.base_prefix.startswith("/root/"):
+            inside = host.home / sys.base_prefix.removeprefix("/root/")
+            inside.mkdir(parents=True, exist_ok=True)
+            mounts.insert(0, f"mount --bind {sys.base_prefix} {inside}")
+        script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {host.dir}/sshd_config"])
+        host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "-m", "sh", "-c", script],
+                                     stdin=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))
+        _wait_for_port(host.ip, 22)
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            if Path(f"/run/netns/{host.namespace}").exists():
+                pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
+                                      text=True).stdout.split()
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), 9)
+                    except ProcessLookupError:
+                        pass
+                subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+            if host.sshd:
+                host.sshd.wait()
+                host.sshd = None
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+    def run(self, index: int, command: str) -> subprocess.CompletedProcess:
+        """A command on host `index`, in its namespaces (its network, its /root), as sshd runs them."""
+        sshd_pid = self.hosts[index].sshd.pid  # ip netns exec, unshare and `sh -c 'exec sshd'` keep one pid
+        return subprocess.run(["nsenter", "-t", str(sshd_pid), "-n", "-m", "sh", "-c", command],
+                              capture_output=True, text=True, timeout=60)
+
+    def stop_sshd(self, index: int) -> None:
+        """Stop the host's sshd (the host stays up: its address answers, its port 22 refuses)."""
+        host = self.hosts[index]
+        host.sshd.kill()
+        host.sshd.wait()
+
+    def ssh_args(self, index: int) -> list[str]:
+        """A plain OpenSSH client command prefix for host `index` (the raw baseline)."""
+        return ["ssh", "-i", str(self.client_key), "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+                f"root@{self.hosts[index].ip}"]
+
+
+def _sh(command: str) -> None:
+    result = subprocess.run(command, shell=True, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"lab: {command!r} failed: {result.stderr.strip()}")
+
+
+def _wait_for_port(ip: str, port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((ip, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"lab: sshd on {ip}:{port} did not come up") from None
+            time.sleep(0.02)

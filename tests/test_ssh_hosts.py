@@ -1,0 +1,135 @@
+"""`target: hosts` against real lab hosts: own addresses, own sshd, own home (tests/lab.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+
+RANK_LINE = re.compile(r"^\[w(\d)\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_across_three_hosts_from_the_example_config(home, lab, tmp_path):
+    spec = yaml.safe_load((REPO / "configs" / "ssh-hosts.yaml").read_text())
+    assert spec["target"]["hosts"] == [h.ip for h in lab.hosts[:3]]
+    spec["ssh"]["identity_file"] = str(lab.client_key)
+    spec["workdir"] = str(REPO / "examples" / "ddp")
+    spec["env"]["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    (tmp_path / "ssh-hosts.yaml").write_text(yaml.safe_dump(spec))
+    result = podrun("exec", tmp_path / "ssh-hosts.yaml", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
+    assert sorted(int(rank) for _, rank, *_ in ranks) == list(range(6)), result.stdout
+    for prefix_worker, rank, world_size, local_rank, env_worker, _ in ranks:
+        assert world_size == "6" and prefix_worker == env_worker == str(int(rank) // 2)
+    assert len({checksum for *_, checksum in ranks}) == 1
+    assert processes_of_job(job_id_in(result.stderr)) == []
+
+
+def test_each_host_gets_its_rank_the_rendezvous_address_and_its_own_code_copy(home, lab, hosts_spec):
+    spec = hosts_spec("""
+        run: |
+          echo "worker $PODRUN_WORKER of $PODRUN_NUM_WORKERS master $MASTER_ADDR:$MASTER_PORT ips $PODRUN_WORKER_IPS"
+          echo "sees $(ls ~ | grep -c '^mark-') marks, on $(hostname -I)"
+          touch ~/mark-$PODRUN_WORKER
+          cat data.txt
+    """, hosts=(0, 1, 2, 3), files={"data.txt": "shipped\n"})
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    ips = ",".join(h.ip for h in lab.hosts)
+    for index, host in enumerate(lab.hosts):
+        assert f"[w{index}] worker {index} of 4 master {lab.hosts[0].ip}:29500 ips {ips}" in result.stdout
+        assert f"[w{index}] sees 0 marks, on {host.ip} " in result.stdout  # no other host's file
+        assert f"[w{index}] shipped" in result.stdout
+        assert (host.home / f"mark-{index}").exists()
+    assert "shipped code (1 files) to 4 worker(s)" in result.stderr
+    again = podrun("exec", spec)
+    assert "code unchanged on every worker" in again.stderr
+    assert again.stdout.count(" sees 1 marks") == 4
+
+
+def test_a_failing_host_stops_the_job_on_every_other_host(home, lab, hosts_spec):
+    spec = hosts_spec("""
+        run: |
+          echo "up $PODRUN_WORKER"
+          if [ "$PODRUN_WORKER" = 2 ]; then sleep 0.5; echo "disk full"; exit 3; fi
+          sleep 300
+    """)
+    started = time.monotonic()
+    result = podrun("exec", spec)
+    assert result.returncode == 3
+    assert time.monotonic() - started < 10
+    assert f"worker 2 ({lab.hosts[2].ip}) exited with code 3 in run" in result.stderr
+    assert "  disk full" in result.stderr
+    job_id = job_id_in(result.stderr)
+    assert processes_of_job(job_id) == []  # the lab hosts share this machine's process table
+    for index in (0, 1):  # each host's agent recorded why its job ended
+        exit_record = json.loads((lab.hosts[index].home / ".podrun" / "jobs" / job_id / "run.exit").read_text())
+        assert exit_record["stop_reason"] == "stop requested"
+
+
+def test_host_keys_are_trusted_on_first_use_and_a_changed_key_is_refused(home, lab, hosts_spec):
+    spec = hosts_spec("run: echo ok", hosts=(0,))
+    assert podrun("exec", spec).returncode == 0
+    known_hosts = home / "known_hosts"
+    (line,) = known_hosts.read_text().splitlines()
+    assert line.startswith(f"{lab.hosts[0].ip} ssh-ed25519 ")
+    other_key = (lab.hosts[1].dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    known_hosts.write_text(f"{lab.hosts[0].ip} {' '.join(other_key)}\n")
+    refused = podrun("exec", spec)
+    assert refused.returncode == 1
+    assert stderr_lines_without_traceback(refused.stderr)[-1] == (
+        f"podrun: error: {lab.hosts[0].ip}: host key changed since podrun first connected (recorded in "
+        f"{known_hosts}); if the host was rebuilt, remove its line there")
+    unchecked = spec.read_text().replace("ssh: {", "ssh: {check_host_keys: false, ")
+    spec.write_text(unchecked)
+    assert podrun("exec", spec).returncode == 0
+
+
+@pytest.mark.parametrize("fault", ["sshd stopped", "wrong port", "refused key", "does not resolve"])
+def test_an_unusable_host_is_one_line_and_nothing_starts_anywhere(home, lab, hosts_spec, tmp_path, fault):
+    spec = hosts_spec("run: echo started; sleep 300")
+    text = spec.read_text()
+    bad = lab.hosts[1].ip
+    expected = {
+        "sshd stopped": f"podrun: error: {bad}: cannot connect: Connection refused",
+        "wrong port": f"podrun: error: {bad}:2222: cannot connect: Connection refused",
+        # the spec's one identity file is refused by every host: the first is named, the rest counted
+        "refused key": f"podrun: error: {lab.hosts[0].ip}: key refused for user root (identity file: "
+                       f"{tmp_path}/other_key) (and 2 more worker(s) failed the same step)",
+        "does not resolve": "podrun: error: no-such-host.invalid: host does not resolve",
+    }[fault]
+    if fault == "sshd stopped":
+        lab.stop_sshd(1)
+    elif fault == "wrong port":
+        text = text.replace(f", {bad},", f", {bad}:2222,")
+    elif fault == "refused key":
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other_key")], check=True)
+        text = text.replace(str(lab.client_key), str(tmp_path / "other_key"))
+    else:
+        text = text.replace(f", {bad},", ", no-such-host.invalid,")
+    spec.write_text(text)
+    jobs_before = [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts]
+    try:
+        started = time.monotonic()
+        result = podrun("exec", spec)
+        elapsed = time.monotonic() - started
+    finally:
+        if fault == "sshd stopped":
+            lab.start_sshd(1)
+    assert result.returncode != 0
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert lines[-1].startswith(expected), lines
+    assert elapsed < 10
+    assert "started" not in result.stdout
+    # no agent ran anywhere: it would have made a job directory on its host
+    assert [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts] == jobs_before
