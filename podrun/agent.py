@@ -4,8 +4,10 @@ It is sent over the channel's stdin for every step (see transport.agent_command)
 so it uses the standard library only and runs on the worker's own python3 (3.8 or newer).
 
 Protocol
-  stdin   one JSON line: {job_id, worker, step, cwd, command, env, grace}; then control lines:
-          "stop" asks for a graceful stop. End of input means the launcher is gone: the job stops too.
+  stdin   one JSON line: {job_id, worker, step, cwd, command, env, grace, heartbeat}; then control
+          lines: "stop" asks for a graceful stop; any line is a heartbeat. End of input, or no line
+          for `heartbeat` seconds (a link that died silently), means the launcher is gone: the job
+          stops too.
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null}, {"event": "error", "message": M}.
@@ -84,6 +86,7 @@ class Step:
         self.config = config
         self.job_dir = job_dir
         self.grace = float(config.get("grace", 5))
+        self.heartbeat = float(config.get("heartbeat", 20))
         self.child = None
         self.stop_reason = None
 
@@ -117,8 +120,13 @@ class Step:
         stdout_open = output_open = True
         status = None
         ending = Ending(self.grace, self._signal_job)
+        heard_at = time.monotonic()
         while output_open or status is None:
-            for key, _ in selector.select(ending.timeout(poll=exit_watch is None)):
+            timeout = ending.timeout(poll=exit_watch is None)
+            if not self.stop_reason:
+                until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
+                timeout = until_silence if timeout is None else min(timeout, until_silence)
+            for key, _ in selector.select(timeout):
                 if key.data == "output":
                     data = os.read(self.output, 65536)
                     if not data:
@@ -130,6 +138,7 @@ class Step:
                         stdout_open = False
                         self.request_stop("the launcher stopped reading")
                 elif key.data == "control":
+                    heard_at = time.monotonic()
                     commands = control.read_commands()
                     if commands is None:
                         selector.unregister(0)
@@ -140,6 +149,8 @@ class Step:
                     os.read(wakeup, 512)
                 elif key.data == "exit":
                     selector.unregister(exit_watch)
+            if time.monotonic() - heard_at > self.heartbeat:
+                self.request_stop("no word from the launcher for %gs" % self.heartbeat)
             if status is None:
                 status = _exited(self.child.pid)
             # once the step exits, whatever it left behind goes too

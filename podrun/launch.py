@@ -18,10 +18,15 @@ from podrun import jobstore, sync
 from podrun.errors import PodrunError
 from podrun.output import Terminal, WorkerOutput
 from podrun.plan import WorkerPlan
-from podrun.transport import agent_command, agent_source
+from podrun.transport import ChannelLost, agent_command, agent_source
 
 STOP_GRACE_S = 5.0
+# the launcher says something to every agent this often; an agent that hears nothing for
+# HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself
+HEARTBEAT_S = 5.0
+HEARTBEAT_TIMEOUT_S = 20.0
 INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+LOST_EXIT = 255  # what ssh itself exits with when the connection fails
 
 
 @dataclass
@@ -59,21 +64,35 @@ class WorkerStep:
     async def start(self) -> None:
         worker = self.plan.worker
         config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
-                  "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S}
+                  "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S,
+                  "heartbeat": HEARTBEAT_TIMEOUT_S}
         self.channel = await worker.transport.start(agent_command(worker.transport.python))
         self.channel.stdin.write(agent_source() + json.dumps(config).encode() + b"\n")
         await self.channel.stdin.drain()
 
     def stop(self) -> None:
+        self._say(b"stop\n")
+
+    def heartbeat(self) -> None:
+        self._say(b"\n")
+
+    def _say(self, line: bytes) -> None:
         if self.channel and not self.channel.stdin.is_closing():
-            self.channel.stdin.write(b"stop\n")
+            try:
+                self.channel.stdin.write(line)
+            except (OSError, RuntimeError):
+                pass  # the channel is gone; finish() reports how the worker ended
 
     async def finish(self) -> StepResult:
-        await asyncio.gather(self._pump_output(), self._read_events())
-        agent_code = await self.channel.wait()
+        index = self.plan.worker.index
+        try:
+            await asyncio.gather(self._pump_output(), self._read_events())
+            agent_code = await self.channel.wait()
+        except ChannelLost as lost:
+            self.output.close()
+            return StepResult(index, LOST_EXIT, problem=f"lost its connection ({lost})", tail=self.output.tail())
         self.output.close()
         exited = next((event for event in self.events if event.get("event") == "exited"), None)
-        index = self.plan.worker.index
         if exited:
             return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
@@ -159,6 +178,7 @@ class Launch:
             _raise_first_error(started)
         finishing = {asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
+        heartbeats = asyncio.ensure_future(_heartbeats(finishing))
         failure = None
         stopping = False
         while finishing:
@@ -175,6 +195,7 @@ class Launch:
                 for ws in finishing.values():
                     ws.stop()
         interrupt.cancel()
+        heartbeats.cancel()
         return failure
 
     async def _until_interrupted(self, work):
@@ -223,6 +244,13 @@ class Launch:
         self.record.finish(jobstore.STOPPED, code, f"stopped by {self.interrupt_signal.name}")
         say(f"job {self.record.id} stopped on every worker")
         return code
+
+
+async def _heartbeats(finishing: dict[asyncio.Future, WorkerStep]) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        for worker_step in finishing.values():
+            worker_step.heartbeat()
 
 
 def _raise_first_error(outcomes: list | None) -> None:

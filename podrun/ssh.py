@@ -19,7 +19,7 @@ import asyncssh
 
 from podrun import paths
 from podrun.errors import PodrunError
-from podrun.transport import Transport
+from podrun.transport import ChannelLost, Transport
 
 CONNECT_TIMEOUT_S = 10
 # a dead link or host is noticed after 3 unanswered keepalives 5 s apart
@@ -27,14 +27,37 @@ KEEPALIVE_INTERVAL_S = 5
 KEEPALIVE_COUNT_MAX = 3
 
 
+class _Reader:
+    """An SSH stream whose connection failures surface as ChannelLost."""
+
+    def __init__(self, stream: asyncssh.SSHReader):
+        self.stream = stream
+
+    async def read(self, size: int = -1) -> bytes:
+        return await _or_lost(self.stream.read(size))
+
+    async def readline(self) -> bytes:
+        return await _or_lost(self.stream.readline())
+
+
 class SshChannel:
     def __init__(self, process: asyncssh.SSHClientProcess):
         self.process = process
-        self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
+        self.stdin = process.stdin
+        self.stdout, self.stderr = _Reader(process.stdout), _Reader(process.stderr)
 
     async def wait(self) -> int:
-        completed = await self.process.wait()
-        return completed.returncode if completed.returncode is not None else 255
+        completed = await _or_lost(self.process.wait())
+        if completed.returncode is None:  # the channel closed without an exit status
+            raise ChannelLost("the connection closed before the command reported its exit")
+        return completed.returncode
+
+
+async def _or_lost(awaitable):
+    try:
+        return await awaitable
+    except (OSError, asyncssh.Error) as error:
+        raise ChannelLost(_reason(error)) from None
 
 
 class SshTransport(Transport):

@@ -9,6 +9,7 @@ temporary directory and renamed into place, so a half-shipped tree is never used
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from podrun import paths
 from podrun.errors import PodrunError
 from podrun.targets import Worker
+from podrun.transport import ChannelLost
 
 IGNORE_FILES = (".gitignore", ".podrunignore")
 HASH_LENGTH = 16
@@ -51,12 +53,27 @@ async def ship(tree: Tree, name: str, workers: list[Worker]) -> list[int]:
 
 
 async def _has(worker: Worker, code_dir: str) -> bool:
-    channel = await worker.transport.start(f"test -d {shlex.quote(code_dir)}")
-    channel.stdin.write_eof()
-    return await channel.wait() == 0
+    async with _named_losses(worker):
+        channel = await worker.transport.start(f"test -d {shlex.quote(code_dir)}")
+        channel.stdin.write_eof()
+        return await channel.wait() == 0
 
 
 async def _send(worker: Worker, code_dir: str, archive: bytes) -> None:
+    async with _named_losses(worker):
+        await _unpack(worker, code_dir, archive)
+
+
+@contextlib.asynccontextmanager
+async def _named_losses(worker: Worker):
+    try:
+        yield
+    except ChannelLost as lost:
+        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection while "
+                          f"shipping code ({lost})") from None
+
+
+async def _unpack(worker: Worker, code_dir: str, archive: bytes) -> None:
     quoted = shlex.quote(code_dir)
     # the temporary name is unique per shipment; if another job renamed the same tree into place
     # first, ours is simply dropped (same hash, same content)

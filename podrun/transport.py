@@ -16,9 +16,14 @@ from pathlib import Path
 from typing import Protocol
 
 
+class ChannelLost(Exception):
+    """The connection under a channel broke (the worker's host, or the link to it, went away)."""
+
+
 class Channel(Protocol):
     """A command running on a worker (asyncio.subprocess.Process has this shape).
-    `stdin.write_eof()` ends its input; the command itself goes on."""
+    `stdin.write_eof()` ends its input; the command itself goes on. Reads and wait() raise
+    ChannelLost when the connection breaks."""
 
     stdin: asyncio.StreamWriter
     stdout: asyncio.StreamReader
@@ -71,4 +76,6 @@ def agent_command(python: str) -> str:
     bootstrap = (f"import os,sys\nb=b''\nwhile len(b)<{size}:\n c=os.read(0,{size}-len(b))\n"
                  f" if not c:sys.exit('podrun agent: short read')\n b+=c\n"
                  f"exec(compile(b,'podrun-agent','exec'),{{'__name__':'__main__'}})")
-    return f"exec {shlex.quote(python)} -c {shlex.quote(bootstrap)}"
+    # -I -S: the agent needs the standard library only; skipping site and PYTHON* variables saves
+    # start-up on every worker and keeps the worker's Python settings out of it
+    return f"exec {shlex.quote(python)} -I -S -c {shlex.quote(bootstrap)}"

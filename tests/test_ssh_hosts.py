@@ -133,3 +133,29 @@ def test_an_unusable_host_is_one_line_and_nothing_starts_anywhere(home, lab, hos
     assert "started" not in result.stdout
     # no agent ran anywhere: it would have made a job directory on its host
     assert [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts] == jobs_before
+
+
+@pytest.mark.slow
+def test_a_host_whose_link_goes_down_fails_the_job_and_stops_on_its_own(home, lab, hosts_spec):
+    from test_logs_and_jobs import wait_until
+
+    from conftest import Background
+
+    job = Background("exec", hosts_spec("run: echo \"up $PODRUN_WORKER\"; sleep 300"))
+    for index in range(3):
+        job.wait_for(rf"^\[w{index}\] up {index}")
+    job_id = job_id_in(job.text)
+    lost_at = time.monotonic()
+    subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "down"], check=True)
+    try:
+        code = job.finish(timeout=60)
+        detected_after = time.monotonic() - lost_at
+        assert code != 0
+        assert f"worker 2 ({lab.hosts[2].ip}) lost its connection" in job.text, job.text
+        assert detected_after < 25  # 3 keepalives 5 s apart, plus the stop of the others
+        # the cut-off host hears no heartbeat and stops the job itself
+        wait_until(lambda: processes_of_job(job_id) == [], "the cut-off host to stop its job", timeout=30)
+        exit_record = json.loads((lab.hosts[2].home / ".podrun" / "jobs" / job_id / "run.exit").read_text())
+        assert exit_record["stop_reason"] == "no word from the launcher for 20s"
+    finally:
+        subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)

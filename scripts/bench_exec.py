@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""`podrun exec` of `run: "true"` (code already shipped) on N lab hosts, against raw fan-out.
+
+    sudo python scripts/bench_exec.py --hosts 4 16 64 [--rounds 5]
+
+All measured as whole processes, in the same run, on the same hosts (tests/lab.py), interleaved:
+  - podrun exec (PODRUN_HOME with the hosts' keys already trusted, code already shipped)
+  - plain parallel OpenSSH `ssh host true` (default key exchange, and curve25519-sha256)
+  - a bare script of a few lines running `true` over asyncssh, the library podrun uses
+Prints medians and podrun's ratio to the fastest raw fan-out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from lab import Lab, require_lab_tools  # noqa: E402
+
+BARE_ASYNCSSH = """
+import asyncio, sys, asyncssh
+async def one(ip):
+    async with asyncssh.connect(ip, username="root", client_keys=[sys.argv[1]], known_hosts=None) as c:
+        assert (await c.run("true")).exit_status == 0
+async def main():
+    await asyncio.gather(*(one(ip) for ip in sys.argv[2:]))
+asyncio.run(main())
+"""
+
+
+def timed(command: list[str], env: dict | None = None) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - started
+
+
+def openssh_fan_out(lab: Lab, extra: list[str]) -> list[str]:
+    script = " & ".join(" ".join(lab.ssh_args(i)[:-1] + extra + [lab.ssh_args(i)[-1], "true"])
+                        for i in range(len(lab.hosts)))
+    return ["sh", "-c", f"{script} & wait"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if problem := require_lab_tools():
+        sys.exit(problem)
+    podrun = [sys.executable, "-m", "podrun"]
+    rows = {}
+    for count in args.hosts:
+        with tempfile.TemporaryDirectory() as workdir, Lab(count, Path(workdir)) as lab:
+            home = Path(workdir) / "podrun-home"
+            spec = Path(workdir) / "true.yaml"
+            (Path(workdir) / "code").mkdir()
+            spec.write_text(f"target: {{hosts: [{', '.join(h.ip for h in lab.hosts)}]}}\n"
+                            f"ssh: {{user: root, identity_file: {lab.client_key}}}\n"
+                            f"workdir: code\nrun: 'true'\n")
+            env = {**__import__("os").environ, "PODRUN_HOME": str(home)}
+            timed([*podrun, "exec", str(spec)], env)  # trust the host keys, ship the (empty) code
+            commands = {
+                "podrun exec": ([*podrun, "exec", str(spec)], env),
+                "ssh, default kex": (openssh_fan_out(lab, []), None),
+                "ssh, curve25519": (openssh_fan_out(lab, ["-o", "KexAlgorithms=curve25519-sha256"]), None),
+                "bare asyncssh script": ([sys.executable, "-c", BARE_ASYNCSSH, str(lab.client_key),
+                                          *(h.ip for h in lab.hosts)], None),
+            }
+            samples = {name: [] for name in commands}
+            for _ in range(args.rounds):
+                for name, (command, command_env) in commands.items():
+                    samples[name].append(timed(command, command_env))
+            rows[count] = {name: statistics.median(values) for name, values in samples.items()}
+    names = list(next(iter(rows.values())))
+    print(f"whole-process time to run `true` on N hosts, median of {args.rounds} interleaved rounds (s)")
+    print("| command | " + " | ".join(f"N={n}" for n in rows) + " |")
+    print("| --- |" + " ---: |" * len(rows))
+    for name in names:
+        print(f"| {name} | " + " | ".join(f"{rows[n][name]:.2f}" for n in rows) + " |")
+    ratios = [rows[n]["podrun exec"] / min(v for k, v in rows[n].items() if k != "podrun exec") for n in rows]
+    print("| podrun / fastest raw | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+
+
+if __name__ == "__main__":
+    main()
