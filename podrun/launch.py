@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
-from podrun import jobstore, sync
+from podrun import jobstore, preflight, sync
 from podrun.errors import PodrunError
 from podrun.output import Terminal, WorkerOutput
 from podrun.plan import WorkerPlan
@@ -27,6 +28,9 @@ HEARTBEAT_S = 5.0
 HEARTBEAT_TIMEOUT_S = 20.0
 INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 LOST_EXIT = 255  # what ssh itself exits with when the connection fails
+SHOWN_TAIL_LINES = 20
+# "torch.distributed.DistNetworkError: ...", "RuntimeError: ...": the line that says why it died
+EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
 
 
 @dataclass
@@ -47,6 +51,13 @@ class StepResult:
         if self.signal:
             return f"was killed by {self.signal} (exit code {self.code})"
         return f"exited with code {self.code}"
+
+    def cause(self) -> str | None:
+        """The last exception line in the worker's final output, e.g. torchrun's rendezvous error."""
+        for line in reversed(self.tail):
+            if match := EXCEPTION_LINE.match(line):
+                return f"{match[1]}: {match[2]}"
+        return None
 
 
 class WorkerStep:
@@ -120,8 +131,9 @@ class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
     def __init__(self, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
-                 terminal: Terminal, name: str):
+                 terminal: Terminal, name: str, rendezvous_port: int | None):
         self.plans = plans
+        self.rendezvous_port = rendezvous_port  # checked before run when torchrun rendezvouses
         self.tree = tree
         self.record = record
         self.terminal = terminal
@@ -145,6 +157,9 @@ class Launch:
                 say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
                     else "code unchanged on every worker")
             for step in ("setup", "run") if self.plans[0].setup else ("run",):
+                if step == "run" and self.rendezvous_port and not self.interrupted.is_set():
+                    await self._until_interrupted(
+                        preflight.check_rendezvous([p.worker for p in self.plans], self.rendezvous_port))
                 if self.interrupted.is_set():
                     break
                 failure = await self._run_step(step)
@@ -230,11 +245,13 @@ class Launch:
         lines = [f"worker {result.index} ({plan.worker.address}) {result.describe()} in {step}"]
         if result.tail:
             lines.append(f"last lines of worker {result.index}:")
-            lines += [f"  {line}" for line in result.tail]
+            lines += [f"  {line}" for line in result.tail[-SHOWN_TAIL_LINES:]]
         say("\n".join(lines))
 
     def _finish_failed(self, step: str, failure: StepResult) -> int:
         summary = f"worker {failure.index} {failure.describe()} in {step}"
+        if cause := failure.cause():
+            summary += f" ({cause})"
         self.record.finish(jobstore.FAILED, failure.code, summary)
         say(f"job {self.record.id} failed: {summary}; every other worker was stopped")
         return failure.code

@@ -39,7 +39,7 @@ class Terminal:
 class WorkerOutput:
     """One worker's stream: logged, split into lines, shown prefixed, its last lines kept."""
 
-    def __init__(self, index: int, terminal: Terminal | None, log: BinaryIO | None, keep: int = 20):
+    def __init__(self, index: int, terminal: Terminal | None, log: BinaryIO | None, keep: int = 50):
         self.terminal = terminal
         self.prefix = terminal.prefix(index) if terminal else b""
         self.log = log

@@ -9,7 +9,6 @@ temporary directory and renamed into place, so a half-shipped tree is never used
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import io
 import os
@@ -21,8 +20,7 @@ from pathlib import Path
 
 from podrun import paths
 from podrun.errors import PodrunError
-from podrun.targets import Worker
-from podrun.transport import ChannelLost
+from podrun.targets import Worker, naming_lost_connections
 
 IGNORE_FILES = (".gitignore", ".podrunignore")
 HASH_LENGTH = 16
@@ -53,24 +51,15 @@ async def ship(tree: Tree, name: str, workers: list[Worker]) -> list[int]:
 
 
 async def _has(worker: Worker, code_dir: str) -> bool:
-    async with _named_losses(worker):
+    async with naming_lost_connections(worker, "while shipping code"):
         channel = await worker.transport.start(f"test -d {shlex.quote(code_dir)}")
         channel.stdin.write_eof()
         return await channel.wait() == 0
 
 
 async def _send(worker: Worker, code_dir: str, archive: bytes) -> None:
-    async with _named_losses(worker):
+    async with naming_lost_connections(worker, "while shipping code"):
         await _unpack(worker, code_dir, archive)
-
-
-@contextlib.asynccontextmanager
-async def _named_losses(worker: Worker):
-    try:
-        yield
-    except ChannelLost as lost:
-        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection while "
-                          f"shipping code ({lost})") from None
 
 
 async def _unpack(worker: Worker, code_dir: str, archive: bytes) -> None:

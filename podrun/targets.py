@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from podrun import paths
 from podrun.errors import PodrunError
 from podrun.spec import JobSpec, parse_host
-from podrun.transport import LocalTransport, Transport
+from podrun.transport import ChannelLost, LocalTransport, Transport
 
 LOCAL_IP = "127.0.0.1"
 
@@ -20,6 +21,15 @@ class Worker:
     address: str  # what podrun connects to, as shown to the user
     internal_ip: str  # what the workers use to reach each other (rendezvous, PODRUN_WORKER_IPS)
     transport: Transport
+
+
+@contextlib.asynccontextmanager
+async def naming_lost_connections(worker: Worker, doing: str):
+    """Turn a broken connection into one line that names the worker and what it was doing."""
+    try:
+        yield
+    except ChannelLost as lost:
+        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection {doing} ({lost})") from None
 
 
 def resolve_workers(spec: JobSpec) -> list[Worker]:

@@ -139,6 +139,11 @@ class Lab:
         return subprocess.run(["nsenter", "-t", str(sshd_pid), "-n", "-m", "sh", "-c", command],
                               capture_output=True, text=True, timeout=60)
 
+    def popen(self, index: int, argv: list[str]) -> subprocess.Popen:
+        """A long-running process on host `index`, in its namespaces."""
+        return subprocess.Popen(["nsenter", "-t", str(self.hosts[index].sshd.pid), "-n", "-m", *argv],
+                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
     def stop_sshd(self, index: int) -> None:
         """Stop the host's sshd (the host stays up: its address answers, its port 22 refuses)."""
         host = self.hosts[index]

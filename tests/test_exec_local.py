@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 
 from conftest import Background, job_id_in, podrun, processes_of_job
@@ -178,3 +179,15 @@ def test_output_lines_keep_their_prefix_and_bytes_reach_the_log_unchanged(home, 
     job_id = job_id_in(result.stderr.decode())
     assert (home / "jobs" / job_id / "w0.log").read_bytes() == b"progress 1\rprogress 2\rdone\nno newline at the end \xff"
 
+
+
+def test_the_failure_summary_names_the_exception_that_ended_the_worker(home, job_file):
+    script = ("import os, sys\n"
+              "if os.environ['PODRUN_WORKER'] == '1':\n"
+              "    raise ConnectionError('rendezvous at 127.0.0.1:29500 timed out')\n")
+    spec = job_file(f"run: {sys.executable} fail.py && sleep 300", files={"fail.py": script})
+    result = podrun("exec", spec)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].endswith(
+        "failed: worker 1 exited with code 1 in run (ConnectionError: rendezvous at 127.0.0.1:29500 timed out);"
+        " every other worker was stopped")

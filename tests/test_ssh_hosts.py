@@ -159,3 +159,36 @@ def test_a_host_whose_link_goes_down_fails_the_job_and_stops_on_its_own(home, la
         assert exit_record["stop_reason"] == "no word from the launcher for 20s"
     finally:
         subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)
+
+
+def test_rendezvous_port_taken_on_worker_0_fails_before_run(home, lab, hosts_spec):
+    holder = lab.popen(0, [sys.executable, "-c", "import signal, socket; s = socket.socket(); "
+                           "s.bind(('', 29533)); s.listen(); print('held', flush=True); signal.pause()"])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        spec = hosts_spec("run: echo started\ntorchrun: {nproc_per_node: 1, port: 29533}")
+        started = time.monotonic()
+        result = podrun("exec", spec)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 1
+    assert time.monotonic() - started < 10
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        f"podrun: error: rendezvous port 29533 is not free on worker 0 ({lab.hosts[0].ip}): Address already "
+        "in use; another job's torchrun may hold it; pick another torchrun.port")
+    assert "started" not in result.stdout
+
+
+def test_a_worker_that_cannot_reach_worker_0_is_named_before_run(home, lab, hosts_spec):
+    route = ["ip", "-n", lab.hosts[1].namespace, "route", "add", "unreachable", f"{lab.hosts[0].ip}/32"]
+    subprocess.run(route, check=True)
+    try:
+        result = podrun("exec", hosts_spec("run: echo started\ntorchrun: {nproc_per_node: 1, port: 29534}"))
+    finally:
+        subprocess.run([*route[:4], "del", *route[5:]], check=True)
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        f"podrun: error: worker 1 ({lab.hosts[1].ip}) cannot reach the rendezvous endpoint "
+        f"{lab.hosts[0].ip}:29534 on worker 0: No route to host")
+    assert "started" not in result.stdout

@@ -1,0 +1,74 @@
+"""Rendezvous pre-flight: before `run`, prove torchrun's rendezvous can work, in seconds.
+
+Worker 0 listens briefly on the rendezvous port (failing if it is taken), and every worker opens a
+TCP connection to worker 0's internal address on it. A failure names the worker and the address,
+instead of torchrun's c10d timeout a minute later. The kernel completes the connections from the
+listen backlog, so the listener never needs to accept them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+
+from podrun.errors import PodrunError
+from podrun.targets import Worker, naming_lost_connections
+
+CONNECT_TIMEOUT_S = 5
+LISTENER = """\
+import socket, sys
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    server.bind(("", int(sys.argv[1])))
+    server.listen(4096)
+except OSError as error:
+    print("busy", error.strerror, flush=True)
+    sys.exit(1)
+print("listening", flush=True)
+sys.stdin.read()  # until the launcher is done
+"""
+CONNECTOR = """\
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+except OSError as error:
+    print(error.strerror or "timed out", flush=True)
+    sys.exit(1)
+"""
+
+
+async def check_rendezvous(workers: list[Worker], port: int) -> None:
+    first = workers[0]
+    endpoint = f"{first.internal_ip}:{port}"
+    listener = await _python(first, LISTENER, str(port))
+    try:
+        async with naming_lost_connections(first, "during the rendezvous check"):
+            answer = (await listener.stdout.readline()).decode().strip()
+        if answer != "listening":
+            reason = answer.removeprefix("busy ") or "the listener did not start"
+            raise PodrunError(f"rendezvous port {port} is not free on worker 0 ({first.address}): {reason}; "
+                              f"another job's torchrun may hold it; pick another torchrun.port")
+        outcomes = await asyncio.gather(*(_can_reach(worker, first.internal_ip, port) for worker in workers))
+    finally:
+        listener.stdin.write_eof()
+        await asyncio.gather(listener.wait(), return_exceptions=True)
+    for worker, reason in zip(workers, outcomes):
+        if reason:
+            raise PodrunError(f"worker {worker.index} ({worker.address}) cannot reach the rendezvous "
+                              f"endpoint {endpoint} on worker 0: {reason}")
+
+
+async def _can_reach(worker: Worker, ip: str, port: int) -> str | None:
+    channel = await _python(worker, CONNECTOR, ip, str(port), str(CONNECT_TIMEOUT_S))
+    channel.stdin.write_eof()
+    async with naming_lost_connections(worker, "during the rendezvous check"):
+        output, code = await asyncio.gather(channel.stdout.read(), channel.wait())
+    return None if code == 0 else output.decode().strip() or f"exit code {code}"
+
+
+async def _python(worker: Worker, script: str, *args: str):
+    transport = worker.transport
+    return await transport.start(
+        " ".join([shlex.quote(transport.python), "-I", "-S", "-c", shlex.quote(script), *map(shlex.quote, args)]))
+
