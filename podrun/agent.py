@@ -4,7 +4,7 @@ It is sent over the channel's stdin for every step (see transport.agent_command)
 so it uses the standard library only and runs on the worker's own python3 (3.8 or newer).
 
 Protocol
-  stdin   one JSON line: {job_id, worker, step, cwd, command, env, grace, heartbeat}; then control
+  stdin   one JSON line: {job_id, worker, step, cwd, command, env, grace, heartbeat, detach}; then control
           lines: "stop" asks for a graceful stop; any line is a heartbeat. End of input, or no line
           for `heartbeat` seconds (a link that died silently), means the launcher is gone: the job
           stops too.
@@ -12,7 +12,10 @@ Protocol
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null}, {"event": "error", "message": M}.
 Files, under ~/.podrun/jobs/<job_id>/ (mode 0700), so that output survives the launcher:
-  output.log (every byte of every step), <step>.pid (the step's process group), <step>.exit (JSON).
+  output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
+  agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON).
+With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
+of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
 Stopping sends SIGTERM to the step's process group and to every process that still carries this
 job's PODRUN_JOB_ID and PODRUN_WORKER in its environment (which catches children that left the
@@ -38,15 +41,51 @@ def main():
     job_dir = os.path.abspath(os.path.join(".podrun", "jobs", config["job_id"]))
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     step = Step(config, job_dir)
+    report = detach() if config.get("detach") else None
     try:
         step.start()
     except OSError as error:
         emit(event="error", message="cannot start %r in %s: %s" % (config["command"], config["cwd"], error))
         sys.exit(SPAWN_FAILED)
     emit(event="started", pid=step.child.pid)
+    if report is not None:
+        os.write(report, b"started")
+        os.dup2(os.open(os.devnull, os.O_RDWR), 2)  # closes the last copy of the report pipe
+        os.close(report)
+        control = None
     code, signal_name = step.supervise(control)
     emit(event="exited", code=code, signal=signal_name)
     sys.exit(code)
+
+
+def detach():
+    """Go on in a session of our own, away from the launcher's channel; returns the descriptor on
+    which to tell the waiting original process that the step started. That process relays it as
+    {"event": "detached"} (or the step's start error, which the detached agent emits to it) and exits."""
+    read_end, write_end = os.pipe()
+    if os.fork():
+        os.close(write_end)
+        relayed = b""
+        chunk = os.read(read_end, 65536)
+        while chunk:
+            relayed += chunk
+            chunk = os.read(read_end, 65536)
+        pid, _, rest = relayed.partition(b"\n")
+        if rest.endswith(b"started"):
+            emit(event="detached", pid=int(pid))
+            os._exit(0)
+        _write_all(2, rest)  # the detached agent's error event
+        os._exit(SPAWN_FAILED)
+    os.close(read_end)
+    os.setsid()
+    if os.fork():
+        os._exit(0)  # the grandchild can never get the launcher's terminal back
+    os.write(write_end, b"%d\n" % os.getpid())
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    os.dup2(write_end, 2)  # until the step starts, events (an error) go to the waiting parent
+    return write_end
 
 
 def emit(**event):
@@ -106,24 +145,27 @@ class Step:
         self.log = os.open(os.path.join(self.job_dir, "output.log"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._write_file(self.config["step"] + ".pid", str(self.child.pid))
+        self._write_file(self.config["step"] + ".agent", str(os.getpid()))
 
     def supervise(self, control):
         """Pump output until the step and everything it started are gone; returns (code, signal name)."""
         selector = selectors.DefaultSelector()
         selector.register(self.output, selectors.EVENT_READ, "output")
-        selector.register(0, selectors.EVENT_READ, "control")
+        attached = control is not None
+        if attached:
+            selector.register(0, selectors.EVENT_READ, "control")
         wakeup = self._watch_signals()
         selector.register(wakeup, selectors.EVENT_READ, "signal")
         exit_watch = _pidfd(self.child.pid)
         if exit_watch is not None:
             selector.register(exit_watch, selectors.EVENT_READ, "exit")
-        stdout_open = output_open = True
+        stdout_open, output_open = attached, True
         status = None
         ending = Ending(self.grace, self._signal_job)
         heard_at = time.monotonic()
         while output_open or status is None:
             timeout = ending.timeout(poll=exit_watch is None)
-            if not self.stop_reason:
+            if attached and not self.stop_reason:
                 until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
             for key, _ in selector.select(timeout):
@@ -149,7 +191,7 @@ class Step:
                     os.read(wakeup, 512)
                 elif key.data == "exit":
                     selector.unregister(exit_watch)
-            if time.monotonic() - heard_at > self.heartbeat:
+            if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
             if status is None:
                 status = _exited(self.child.pid)

@@ -15,7 +15,7 @@ from podrun.errors import USAGE_EXIT_CODE, PodrunError
 def _exec(args: argparse.Namespace) -> int:
     from podrun.job import execute
 
-    return execute(args.spec, args.dry_run, args.worker, args.env)
+    return execute(args.spec, args.dry_run, args.worker, args.env, args.detach)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     exec_ = command("exec", _exec, "ship the workdir and run the job on every worker; stream their output")
     exec_.add_argument("spec", metavar="JOB.yaml", help="the job spec")
+    exec_.add_argument("--detach", action="store_true",
+                       help="return once run has started everywhere; the job goes on without podrun")
     exec_.add_argument("--dry-run", action="store_true",
                        help="print each worker's environment and commands; start nothing")
     exec_.add_argument("--worker", metavar="LIST", help="run on these workers only: 'all' or e.g. 0,2-3")

@@ -22,7 +22,8 @@ def validate(spec_path: str) -> JobSpec:
     return spec
 
 
-def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str]) -> int:
+def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
+            detach: bool = False) -> int:
     spec = load_spec(spec_path)
     extra_env = parse_env_overrides(env_overrides)
     workers = resolve_workers(spec)
@@ -37,12 +38,14 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
         return 0
     record = jobstore.JobRecord(
         id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
-        workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address) for p in plans])
+        workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address, endpoint=p.worker.transport.endpoint())
+                 for p in plans])
     record.create()
     kind = {"local": "local worker", "hosts": "SSH host", "tpu": "TPU worker"}[spec.target.kind]
     say(f"job {job_id}: {len(plans)} {kind}{'s' * (len(plans) > 1)}; logs in {record.dir}")
     rendezvous_port = spec.torchrun.port if spec.torchrun and len(plans) > 1 else None
-    return asyncio.run(Launch(plans, tree, record, Terminal(), spec.name, rendezvous_port).run())
+    launch = Launch(plans, tree, record, Terminal(), spec.name, rendezvous_port, detach)
+    return asyncio.run(launch.run())
 
 
 def parse_env_overrides(assignments: list[str]) -> dict[str, str]:

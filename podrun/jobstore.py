@@ -25,6 +25,7 @@ class WorkerRecord:
     address: str
     exit_code: int | None = None
     signal: str | None = None
+    endpoint: dict = field(default_factory=dict)  # how to reach it again: Transport.endpoint()
 
 
 @dataclass
@@ -40,6 +41,7 @@ class JobRecord:
     exit_code: int | None = None
     summary: str | None = None  # why it failed or stopped, one line
     launcher: dict = field(default_factory=lambda: _process_identity(os.getpid()))
+    detached: bool = False  # the run goes on without its launcher; logs and stop reach the workers
 
     @property
     def dir(self) -> Path:
@@ -50,7 +52,8 @@ class JobRecord:
 
     def current_state(self) -> str:
         """The state, with a running job whose launcher has died shown as lost."""
-        if self.state == RUNNING and _process_identity(self.launcher.get("pid", 0)) != self.launcher:
+        if (self.state == RUNNING and not self.detached
+                and _process_identity(self.launcher.get("pid", 0)) != self.launcher):
             return LOST
         return self.state
 

@@ -40,6 +40,7 @@ class StepResult:
     signal: str | None = None
     problem: str | None = None  # set when the agent could not report an exit (start failure, lost link)
     tail: list[str] = field(default_factory=list)
+    detached: bool = False  # the step runs on in the background (exec --detach)
 
     @property
     def failed(self) -> bool:
@@ -63,8 +64,9 @@ class StepResult:
 class WorkerStep:
     """One step of the job (setup or run) on one worker, through the agent."""
 
-    def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput):
+    def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool):
         self.plan = plan
+        self.detach = detach
         self.step = step
         self.command = command
         self.output = output
@@ -76,7 +78,7 @@ class WorkerStep:
         worker = self.plan.worker
         config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
                   "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S,
-                  "heartbeat": HEARTBEAT_TIMEOUT_S}
+                  "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach}
         self.channel = await worker.transport.start(agent_command(worker.transport.python))
         self.channel.stdin.write(agent_source() + json.dumps(config).encode() + b"\n")
         await self.channel.stdin.drain()
@@ -104,6 +106,8 @@ class WorkerStep:
             return StepResult(index, LOST_EXIT, problem=f"lost its connection ({lost})", tail=self.output.tail())
         self.output.close()
         exited = next((event for event in self.events if event.get("event") == "exited"), None)
+        if any(event.get("event") == "detached" for event in self.events):
+            return StepResult(index, 0, detached=True)
         if exited:
             return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
@@ -131,8 +135,9 @@ class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
     def __init__(self, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
-                 terminal: Terminal, name: str, rendezvous_port: int | None):
+                 terminal: Terminal, name: str, rendezvous_port: int | None, detach: bool):
         self.plans = plans
+        self.detach = detach
         self.rendezvous_port = rendezvous_port  # checked before run when torchrun rendezvouses
         self.tree = tree
         self.record = record
@@ -165,6 +170,8 @@ class Launch:
                 failure = await self._run_step(step)
                 if failure:
                     return self._finish_failed(step, failure)
+                if step == "run" and self.detach and not self.interrupted.is_set():
+                    return self._finish_detached()
             if self.interrupted.is_set():
                 return self._finish_interrupted()
             self.record.finish(jobstore.SUCCEEDED, 0)
@@ -183,7 +190,8 @@ class Launch:
     async def _run_step(self, step: str) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
-            plan.worker.index, self.terminal, self.logs[plan.worker.index])) for plan in self.plans]
+            plan.worker.index, self.terminal, self.logs[plan.worker.index]), self.detach and step == "run")
+            for plan in self.plans]
         started = await asyncio.gather(*(ws.start() for ws in worker_steps), return_exceptions=True)
         if any(isinstance(outcome, BaseException) for outcome in started):
             running = [ws for ws, outcome in zip(worker_steps, started) if outcome is None]
@@ -236,6 +244,8 @@ class Launch:
         say(f"{signal.Signals(signum).name}: stopping the job on every worker (again to exit at once)")
 
     def _record_exit(self, result: StepResult) -> None:
+        if result.detached:
+            return
         worker = self.record.workers[[w.index for w in self.record.workers].index(result.index)]
         worker.exit_code, worker.signal = result.code, result.signal
         self.record.save()
@@ -255,6 +265,14 @@ class Launch:
         self.record.finish(jobstore.FAILED, failure.code, summary)
         say(f"job {self.record.id} failed: {summary}; every other worker was stopped")
         return failure.code
+
+    def _finish_detached(self) -> int:
+        self.record.detached = True
+        self.record.save()
+        job_id = self.record.id
+        say(f"job {job_id} runs on every worker without podrun; follow it with `podrun logs -f {job_id}`, "
+            f"stop it with `podrun stop {job_id}`")
+        return 0
 
     def _finish_interrupted(self) -> int:
         code = INTERRUPTED_EXIT[self.interrupt_signal]

@@ -27,7 +27,16 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
     chosen = [worker] if worker is not None else indexes
     terminal = Terminal(prefixed=worker is None)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
+    if record.detached and record.state == jobstore.RUNNING:  # the workers have what is new
+        from podrun import detached
+
+        detached.fetch(record, chosen, outputs=None, follow=False)
     offsets = {index: _start_offset(record.log_path(index), tail) for index in chosen}
+    if follow and record.detached and record.state == jobstore.RUNNING:
+        for index in chosen:
+            _copy_new(record.log_path(index), offsets[index], outputs[index])
+        detached.fetch(record, chosen, outputs, follow=True)
+        return 0
     while True:
         finished = record.current_state() != jobstore.RUNNING  # read before the logs: no lost tail
         for index in chosen:
@@ -60,6 +69,12 @@ def stop_job(job_id: str) -> int:
     state = record.current_state()
     if state != jobstore.RUNNING:
         raise PodrunError(f"job {job_id} is not running (it is {state})")
+    if record.detached:
+        from podrun import detached
+
+        detached.stop(record)
+        print(f"podrun: job {job_id} is {jobstore.load(job_id).current_state()}")
+        return 0
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
     deadline = time.monotonic() + STOP_WAIT_S
     while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:

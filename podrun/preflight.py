@@ -9,7 +9,6 @@ listen backlog, so the listener never needs to accept them.
 from __future__ import annotations
 
 import asyncio
-import shlex
 
 from podrun.errors import PodrunError
 from podrun.targets import Worker, naming_lost_connections
@@ -41,7 +40,7 @@ except OSError as error:
 async def check_rendezvous(workers: list[Worker], port: int) -> None:
     first = workers[0]
     endpoint = f"{first.internal_ip}:{port}"
-    listener = await _python(first, LISTENER, str(port))
+    listener = await first.transport.start_python(LISTENER, str(port))
     try:
         async with naming_lost_connections(first, "during the rendezvous check"):
             answer = (await listener.stdout.readline()).decode().strip()
@@ -60,15 +59,9 @@ async def check_rendezvous(workers: list[Worker], port: int) -> None:
 
 
 async def _can_reach(worker: Worker, ip: str, port: int) -> str | None:
-    channel = await _python(worker, CONNECTOR, ip, str(port), str(CONNECT_TIMEOUT_S))
+    channel = await worker.transport.start_python(CONNECTOR, ip, str(port), str(CONNECT_TIMEOUT_S))
     channel.stdin.write_eof()
     async with naming_lost_connections(worker, "during the rendezvous check"):
         output, code = await asyncio.gather(channel.stdout.read(), channel.wait())
     return None if code == 0 else output.decode().strip() or f"exit code {code}"
-
-
-async def _python(worker: Worker, script: str, *args: str):
-    transport = worker.transport
-    return await transport.start(
-        " ".join([shlex.quote(transport.python), "-I", "-S", "-c", shlex.quote(script), *map(shlex.quote, args)]))
 

@@ -102,6 +102,10 @@ class SshTransport(Transport):
         if self.check_host_keys and not known:
             remember_host_key(self.host, self.port or 22, self.connection.get_server_host_key())
 
+    def endpoint(self) -> dict:
+        return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
+                "identity_file": self.identity_file, "check_host_keys": self.check_host_keys}
+
     async def start(self, command: str) -> SshChannel:
         try:
             return SshChannel(await self.connection.create_process(command, encoding=None))

@@ -6,6 +6,7 @@ import contextlib
 import ipaddress
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from podrun import paths
 from podrun.errors import PodrunError
@@ -40,6 +41,16 @@ def resolve_workers(spec: JobSpec) -> list[Worker]:
     if target.hosts is not None:
         return [_ssh_worker(index, entry, spec) for index, entry in enumerate(target.hosts)]
     raise PodrunError(f"target '{target.kind}' is not supported by this version of podrun yet; use hosts or local")
+
+
+def transport_for(endpoint: dict) -> Transport:
+    """The transport a job record's worker endpoint describes (see Transport.endpoint)."""
+    if endpoint["kind"] == "local":
+        return LocalTransport(Path(endpoint["root"]))
+    from podrun.ssh import SshTransport
+
+    return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
+                        endpoint["check_host_keys"])
 
 
 def _ssh_worker(index: int, entry: str, spec: JobSpec) -> Worker:

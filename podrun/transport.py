@@ -46,6 +46,15 @@ class Transport(ABC):
     async def close(self) -> None:
         """Close the connection; the worker side stops what it ran unless it was detached."""
 
+    async def start_python(self, script: str, *args: str) -> Channel:
+        """Run a small standard-library script with the worker's Python."""
+        return await self.start(" ".join([shlex.quote(self.python), "-I", "-S", "-c", shlex.quote(script),
+                                          *map(shlex.quote, args)]))
+
+    @abstractmethod
+    def endpoint(self) -> dict:
+        """What targets.transport_for() needs to reach this worker again (stored with a job)."""
+
 
 class LocalTransport(Transport):
     """A local CPU worker: a process tree on this machine, rooted in its own directory."""
@@ -57,6 +66,9 @@ class LocalTransport(Transport):
 
     async def connect(self) -> None:
         self.root_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def endpoint(self) -> dict:
+        return {"kind": "local", "root": self.root}
 
     async def start(self, command: str) -> Channel:
         return await asyncio.create_subprocess_exec(

@@ -21,7 +21,8 @@ def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
     listed = json.loads(podrun("jobs", "--json").stdout)
     assert [(job["id"], job["state"], job["exit_code"]) for job in listed] == [(good_id, "succeeded", 0),
                                                                                (bad_id, "failed", 5)]
-    assert listed[1]["workers"][1] == {"index": 1, "address": "local/w1", "exit_code": 5, "signal": None}
+    assert listed[1]["workers"][1] == {"index": 1, "address": "local/w1", "exit_code": 5, "signal": None,
+                                       "endpoint": {"kind": "local", "root": str(home / "local" / "w1")}}
 
 
 def test_logs_shows_the_newest_job_or_one_worker_tail(home, job_file):
@@ -105,3 +106,31 @@ def wait_until(condition, what: str, timeout: float = 15) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_a_detached_job_runs_on_and_logs_follow_resumes_it_to_the_end(home, job_file, tmp_path):
+    release = tmp_path / "release"
+    spec = job_file(f"""
+        run: |
+          echo "before $PODRUN_WORKER"
+          while [ ! -e {release} ]; do sleep 0.05; done
+          echo "after $PODRUN_WORKER"
+    """)
+    launched = podrun("exec", "--detach", spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    assert f"podrun logs -f {job_id}" in launched.stderr
+    assert len(processes_of_job(job_id)) >= 2  # runs on without its launcher
+    listed = {job["id"]: job for job in json.loads(podrun("jobs", "--json").stdout)}
+    assert listed[job_id]["state"] == "running" and listed[job_id]["detached"]
+    now = podrun("logs", job_id)
+    assert sorted(now.stdout.splitlines()) == ["[w0] before 0", "[w1] before 1"]
+    follower = Background("logs", "-f", job_id)
+    release.touch()
+    assert follower.finish(timeout=30) == 0
+    assert sorted(follower.lines) == ["[w0] after 0", "[w0] before 0", "[w1] after 1", "[w1] before 1"]
+    # fetched from where the local copy ended: nothing twice
+    assert (home / "jobs" / job_id / "w1.log").read_text() == "before 1\nafter 1\n"
+    listed = {job["id"]: job for job in json.loads(podrun("jobs", "--json").stdout)}
+    assert listed[job_id]["state"] == "succeeded" and [w["exit_code"] for w in listed[job_id]["workers"]] == [0, 0]
+    wait_until(lambda: processes_of_job(job_id) == [], "the detached agents to finish")

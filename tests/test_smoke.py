@@ -15,7 +15,7 @@ RANK_LINE = re.compile(r"^\[w(\d)\] rank (\d) world_size (\d) local_rank (\d) wo
 @pytest.mark.slow
 def test_cpu_smoke_config_trains_ddp_across_two_local_workers(home):
     result = podrun("exec", "configs/cpu-smoke.yaml", timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stderr + result.stdout
     ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
     assert sorted(int(rank) for _, rank, *_ in ranks) == [0, 1, 2, 3], result.stdout
     for prefix_worker, rank, world_size, local_rank, env_worker, _ in ranks:

@@ -26,7 +26,7 @@ def test_torchrun_ddp_across_three_hosts_from_the_example_config(home, lab, tmp_
     spec["env"]["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     (tmp_path / "ssh-hosts.yaml").write_text(yaml.safe_dump(spec))
     result = podrun("exec", tmp_path / "ssh-hosts.yaml", timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stderr + result.stdout
     ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
     assert sorted(int(rank) for _, rank, *_ in ranks) == list(range(6)), result.stdout
     for prefix_worker, rank, world_size, local_rank, env_worker, _ in ranks:
@@ -192,3 +192,19 @@ def test_a_worker_that_cannot_reach_worker_0_is_named_before_run(home, lab, host
         f"podrun: error: worker 1 ({lab.hosts[1].ip}) cannot reach the rendezvous endpoint "
         f"{lab.hosts[0].ip}:29534 on worker 0: No route to host")
     assert "started" not in result.stdout
+
+
+def test_a_detached_job_on_hosts_is_stopped_everywhere_from_another_terminal(home, lab, hosts_spec):
+    launched = podrun("exec", "--detach", hosts_spec("run: echo \"up $PODRUN_WORKER\"; sleep 300"))
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    assert len(processes_of_job(job_id)) >= 3
+    from test_logs_and_jobs import wait_until
+    wait_until(lambda: sorted(podrun("logs", job_id).stdout.splitlines()) == ["[w0] up 0", "[w1] up 1", "[w2] up 2"],
+               "every host's first line")
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"job {job_id} is stopped" in stopped.stdout
+    assert processes_of_job(job_id) == []
+    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    assert record["state"] == "stopped" and all(w["exit_code"] is not None for w in record["workers"])

@@ -38,6 +38,8 @@ def main() -> None:
                      f" worker {os.environ.get('PODRUN_WORKER')} host {socket.gethostname()}"
                      f" checksum {checksum:.10f}\n")
     sys.stdout.flush()
+    # every rank finishes talking before any tears down: gloo aborts a rank whose peers hang up on it
+    dist.barrier()
     dist.destroy_process_group()
 
 

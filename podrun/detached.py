@@ -1,0 +1,126 @@
+"""Reach a detached job again (`podrun logs`, `podrun stop`): through its workers, from any terminal.
+
+Each worker's agent keeps ~/.podrun/jobs/<JOB_ID>/output.log and writes run.exit when the run ends.
+Fetching copies what the local log lacks (so it resumes where the local copy ends) and, once every
+worker has its exit, records the job's end in the job store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from podrun import jobstore, paths
+from podrun.errors import PodrunError
+from podrun.output import WorkerOutput
+from podrun.targets import transport_for
+from podrun.transport import ChannelLost, Transport
+
+POLL_S = 0.2
+# prints output.log from an offset (following it until run.exit exists), then run.exit on stderr
+FOLLOWER = """\
+import os, sys, time
+job_dir, offset, follow = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+log, exit_file = os.path.join(job_dir, "output.log"), os.path.join(job_dir, "run.exit")
+while True:
+    done = os.path.exists(exit_file)  # looked at before reading: no tail is lost
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(offset)
+            for chunk in iter(lambda: handle.read(65536), b""):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                offset += len(chunk)
+    except FileNotFoundError:
+        pass
+    if done or not follow:
+        break
+    time.sleep(%s)
+if os.path.exists(exit_file):
+    sys.stderr.write(open(exit_file).read())
+""" % POLL_S
+# SIGTERM to the detached agent: it stops its step's tree as on any stop, then writes run.exit
+STOPPER = """\
+import os, signal, sys, time
+job_dir, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+try:
+    os.kill(int(open(os.path.join(job_dir, "run.agent")).read()), signal.SIGTERM)
+except (OSError, ValueError):
+    pass  # already gone
+while not os.path.exists(os.path.join(job_dir, "run.exit")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(0 if os.path.exists(os.path.join(job_dir, "run.exit")) else 1)
+"""
+STOP_WAIT_S = 15  # the agents' grace period, KILL, and some
+
+
+def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, WorkerOutput] | None,
+          follow: bool) -> None:
+    """Bring the local logs of `indexes` up to date (showing new output through `outputs`, if given),
+    following until the job ends when asked; records the end when every worker has one."""
+    asyncio.run(_fetch_all(record, indexes, outputs, follow))
+
+
+def stop(record: jobstore.JobRecord) -> None:
+    asyncio.run(_stop_all(record))
+    fetch(record, [w.index for w in record.workers], None, follow=False)
+
+
+async def _fetch_all(record, indexes, outputs, follow) -> None:
+    workers = [w for w in record.workers if w.index in indexes]
+    exits = await _on_every_worker(workers, lambda worker, transport: _fetch(
+        record, worker, transport, (outputs or {}).get(worker.index), follow))
+    for worker, exit_record in zip(workers, exits):
+        if exit_record:
+            worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
+    if all(w.exit_code is not None for w in record.workers):
+        failed = [w for w in record.workers if w.exit_code != 0]
+        stopped = any(exit_record and exit_record["stop_reason"] == "SIGTERM" for exit_record in exits)
+        state = jobstore.SUCCEEDED if not failed else jobstore.STOPPED if stopped else jobstore.FAILED
+        record.finish(state, failed[0].exit_code if failed else 0,
+                      f"worker {failed[0].index} exited with code {failed[0].exit_code}" if failed else None)
+    else:
+        record.save()
+
+
+async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> dict | None:
+    log_path = record.log_path(worker.index)
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    channel = await transport.start_python(FOLLOWER, paths.remote_job_dir(record.id), str(offset), "1" if follow else "0")
+    channel.stdin.write_eof()
+    with open(log_path, "ab", buffering=0) as log:
+        while chunk := await channel.stdout.read(65536):
+            log.write(chunk)
+            if output:
+                output.feed(chunk)
+    if output:
+        output.close()
+    exit_text, _ = await asyncio.gather(channel.stderr.read(), channel.wait())
+    return json.loads(exit_text) if exit_text.strip() else None
+
+
+async def _stop_all(record: jobstore.JobRecord) -> None:
+    async def stop_one(worker, transport: Transport) -> None:
+        channel = await transport.start_python(STOPPER, paths.remote_job_dir(record.id), str(STOP_WAIT_S))
+        channel.stdin.write_eof()
+        if await channel.wait() != 0:
+            raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {STOP_WAIT_S}s")
+
+    await _on_every_worker(record.workers, stop_one)
+
+
+async def _on_every_worker(workers, action) -> list:
+    """Run action(worker, transport) on every worker at once, over one connection each."""
+
+    async def one(worker):
+        transport = transport_for(worker.endpoint)
+        try:
+            await transport.connect()
+            return await action(worker, transport)
+        except ChannelLost as lost:
+            raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection ({lost})") from None
+        finally:
+            await transport.close()
+
+    return await asyncio.gather(*(one(worker) for worker in workers))
+
