@@ -135,8 +135,9 @@ class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
     def __init__(self, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
-                 terminal: Terminal, name: str, rendezvous_port: int | None, detach: bool):
+                 terminal: Terminal, name: str, rendezvous_port: int | None, detach: bool, docker: bool):
         self.plans = plans
+        self.docker = docker  # run is wrapped in `docker run`: check every worker has docker
         self.detach = detach
         self.rendezvous_port = rendezvous_port  # checked before run when torchrun rendezvouses
         self.tree = tree
@@ -161,6 +162,8 @@ class Launch:
             if shipped is not None:
                 say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
                     else "code unchanged on every worker")
+            if self.docker:
+                await self._until_interrupted(preflight.check_docker(self.plans))
             for step in ("setup", "run") if self.plans[0].setup else ("run",):
                 if step == "run" and self.rendezvous_port and not self.interrupted.is_set():
                     await self._until_interrupted(

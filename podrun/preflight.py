@@ -1,4 +1,8 @@
-"""Rendezvous pre-flight: before `run`, prove torchrun's rendezvous can work, in seconds.
+"""Pre-flight checks before `run`: what would otherwise fail late and obscurely fails now, by name.
+
+Docker: with `docker` in the spec, every worker must have the docker CLI on the job's PATH.
+
+Rendezvous: prove torchrun's rendezvous can work, in seconds.
 
 Worker 0 listens briefly on the rendezvous port (failing if it is taken), and every worker opens a
 TCP connection to worker 0's internal address on it. A failure names the worker and the address,
@@ -9,8 +13,10 @@ listen backlog, so the listener never needs to accept them.
 from __future__ import annotations
 
 import asyncio
+import shlex
 
 from podrun.errors import PodrunError
+from podrun.plan import WorkerPlan
 from podrun.targets import Worker, naming_lost_connections
 
 CONNECT_TIMEOUT_S = 5
@@ -35,6 +41,23 @@ except OSError as error:
     print(error.strerror or "timed out", flush=True)
     sys.exit(1)
 """
+
+
+async def check_docker(plans: list[WorkerPlan]) -> None:
+    outcomes = await asyncio.gather(*(_has_docker(plan) for plan in plans))
+    for plan, has_docker in zip(plans, outcomes):
+        if not has_docker:
+            worker = plan.worker
+            raise PodrunError(f"worker {worker.index} ({worker.address}): no docker command on the job's PATH; "
+                              f"install Docker there or remove docker: from the spec")
+
+
+async def _has_docker(plan: WorkerPlan) -> bool:
+    path = f"PATH={shlex.quote(plan.env['PATH'])} " if "PATH" in plan.env else ""
+    channel = await plan.worker.transport.start(f"{path}command -v docker >/dev/null")
+    channel.stdin.write_eof()
+    async with naming_lost_connections(plan.worker, "during the docker check"):
+        return await channel.wait() == 0
 
 
 async def check_rendezvous(workers: list[Worker], port: int) -> None:

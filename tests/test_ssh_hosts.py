@@ -208,3 +208,27 @@ def test_a_detached_job_on_hosts_is_stopped_everywhere_from_another_terminal(hom
     assert processes_of_job(job_id) == []
     record = json.loads((home / "jobs" / job_id / "job.json").read_text())
     assert record["state"] == "stopped" and all(w["exit_code"] is not None for w in record["workers"])
+
+
+def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_spec):
+    spec = hosts_spec("""
+        run: python3 train.py
+        docker: {image: "us-docker.pkg.dev/proj/repo/xla:r2.5", args: [--shm-size=16g]}
+        env: {PATH: /usr/local/sbin, WANDB_API_KEY: hunter2}
+    """)
+    plan = podrun("exec", "--dry-run", spec)
+    assert plan.returncode == 0, plan.stderr
+    for index in range(3):
+        assert (f"docker run --rm --net=host --name=podrun-{job_id_hint(plan.stdout)}-w{index} "
+                f'-v "$PWD:$PWD" -w "$PWD" --env=PJRT_DEVICE') in plan.stdout
+    assert "--env=WANDB_API_KEY --shm-size=16g us-docker.pkg.dev/proj/repo/xla:r2.5 sh -c 'python3 train.py'" in plan.stdout
+    assert "hunter2" not in plan.stdout and "--privileged" not in plan.stdout  # that is for TPU only
+    result = podrun("exec", spec)
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        f"podrun: error: worker 0 ({lab.hosts[0].ip}): no docker command on the job's PATH; "
+        "install Docker there or remove docker: from the spec")
+
+
+def job_id_hint(dry_run_output: str) -> str:
+    return re.search(r"^export PODRUN_JOB_ID=(\S+)$", dry_run_output, re.MULTILINE).group(1)
