@@ -26,6 +26,9 @@ STOP_GRACE_S = 5.0
 # HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself
 HEARTBEAT_S = 5.0
 HEARTBEAT_TIMEOUT_S = 20.0
+# worker exits reach job.json at most this often while a step runs (each save writes every
+# worker, so saving on every exit would cost O(N^2) on a big pod); a step's end always saves
+RECORD_SAVE_INTERVAL_S = 0.5
 INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 LOST_EXIT = 255  # what ssh itself exits with when the connection fails
 SHOWN_TAIL_LINES = 20
@@ -145,6 +148,8 @@ class Launch:
         self.terminal = terminal
         self.name = name
         self.interrupted = asyncio.Event()
+        self.record_saved_at = 0.0
+        self.worker_records = {worker.index: worker for worker in record.workers}
         self.interrupt_signal: signal.Signals | None = None
         self.logs = {plan.worker.index: open(record.log_path(plan.worker.index), "ab", buffering=0)
                      for plan in plans}
@@ -216,6 +221,9 @@ class Launch:
                 if result.failed and not stopping:
                     failure = result
                     self._report_failure(step, result)
+            if time.monotonic() - self.record_saved_at > RECORD_SAVE_INTERVAL_S or not finishing:
+                self.record.save()
+                self.record_saved_at = time.monotonic()
             if not stopping and (failure or self.interrupted.is_set()):
                 stopping = True
                 for ws in finishing.values():
@@ -249,9 +257,8 @@ class Launch:
     def _record_exit(self, result: StepResult) -> None:
         if result.detached:
             return
-        worker = self.record.workers[[w.index for w in self.record.workers].index(result.index)]
+        worker = self.worker_records[result.index]
         worker.exit_code, worker.signal = result.code, result.signal
-        self.record.save()
 
     def _report_failure(self, step: str, result: StepResult) -> None:
         plan = next(p for p in self.plans if p.worker.index == result.index)
