@@ -43,9 +43,7 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
     record.create()
     kind = {"local": "local worker", "hosts": "SSH host", "tpu": "TPU worker"}[spec.target.kind]
     say(f"job {job_id}: {len(plans)} {kind}{'s' * (len(plans) > 1)}; logs in {record.dir}")
-    rendezvous_port = spec.torchrun.port if spec.torchrun and len(plans) > 1 else None
-    launch = Launch(plans, tree, record, Terminal(), spec.name, rendezvous_port, detach, spec.docker is not None)
-    return asyncio.run(launch.run())
+    return asyncio.run(Launch(spec, plans, tree, record, Terminal(), detach).run())
 
 
 def parse_env_overrides(assignments: list[str]) -> dict[str, str]:

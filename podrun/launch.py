@@ -19,6 +19,7 @@ from podrun import jobstore, preflight, sync
 from podrun.errors import PodrunError
 from podrun.output import Terminal, WorkerOutput
 from podrun.plan import WorkerPlan
+from podrun.spec import JobSpec
 from podrun.transport import ChannelLost, agent_command, agent_source
 
 STOP_GRACE_S = 5.0
@@ -137,16 +138,14 @@ class WorkerStep:
 class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
-    def __init__(self, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
-                 terminal: Terminal, name: str, rendezvous_port: int | None, detach: bool, docker: bool):
+    def __init__(self, spec: JobSpec, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
+                 terminal: Terminal, detach: bool):
+        self.spec = spec
         self.plans = plans
-        self.docker = docker  # run is wrapped in `docker run`: check every worker has docker
         self.detach = detach
-        self.rendezvous_port = rendezvous_port  # checked before run when torchrun rendezvouses
         self.tree = tree
         self.record = record
         self.terminal = terminal
-        self.name = name
         self.interrupted = asyncio.Event()
         self.record_saved_at = 0.0
         self.worker_records = {worker.index: worker for worker in record.workers}
@@ -163,16 +162,16 @@ class Launch:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
             _raise_first_error(connected)  # before anything started anywhere
-            shipped = await self._until_interrupted(sync.ship(self.tree, self.name, [p.worker for p in self.plans]))
+            shipped = await self._until_interrupted(sync.ship(self.tree, self.spec.name, [p.worker for p in self.plans]))
             if shipped is not None:
                 say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
                     else "code unchanged on every worker")
-            if self.docker:
+            if self.spec.docker:  # run is wrapped in `docker run`
                 await self._until_interrupted(preflight.check_docker(self.plans))
-            for step in ("setup", "run") if self.plans[0].setup else ("run",):
-                if step == "run" and self.rendezvous_port and not self.interrupted.is_set():
+            for step in ("setup", "run") if self.spec.setup else ("run",):
+                if step == "run" and self.spec.torchrun and len(self.plans) > 1 and not self.interrupted.is_set():
                     await self._until_interrupted(
-                        preflight.check_rendezvous([p.worker for p in self.plans], self.rendezvous_port))
+                        preflight.check_rendezvous([p.worker for p in self.plans], self.spec.torchrun.port))
                 if self.interrupted.is_set():
                     break
                 failure = await self._run_step(step)
