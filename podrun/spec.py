@@ -93,8 +93,16 @@ def _host_entry(entry: str) -> str:
 HostEntry = Annotated[str, AfterValidator(_host_entry)]
 
 
+def _nproc_per_node(value: Any) -> Any:
+    # one message for the whole union, instead of one per member under pydantic's member tags
+    if value in ("auto", "gpu", "cpu") or (type(value) is int and value >= 1):
+        return value
+    raise ValueError(f"expected a number of processes >= 1, or auto, gpu or cpu; got {value!r}")
+
+
 class Torchrun(_Model):
-    nproc_per_node: Union[Annotated[int, Field(ge=1)], Literal["auto", "gpu", "cpu"]] = 1
+    nproc_per_node: Annotated[Union[Annotated[int, Field(ge=1)], Literal["auto", "gpu", "cpu"]],
+                              BeforeValidator(_nproc_per_node)] = 1
     port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="rendezvous port on worker 0")
 
 

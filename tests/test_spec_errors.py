@@ -19,6 +19,8 @@ BAD_SPECS = [
     ("out of range", "run: echo\ntorchrun: {port: 70000}\n",
      "{file}: torchrun.port: expected less than or equal to 65535, got 70000"),
     ("no run", "setup: echo\n", "{file}: run: required field is missing"),
+    ("bad nproc_per_node", "run: echo\ntorchrun: {nproc_per_node: zero}\n",
+     "{file}: torchrun.nproc_per_node: expected a number of processes >= 1, or auto, gpu or cpu; got 'zero'"),
     ("two targets", "run: echo\ntarget: {local: {workers: 2}, hosts: [a, b]}\n",
      "{file}: target: expected exactly one of tpu, hosts, local (got hosts and local)"),
     ("missing workdir", "run: echo\nworkdir: nowhere\n", "{file}: workdir: expected an existing directory, {dir}/nowhere is not one"),
