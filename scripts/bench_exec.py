@@ -13,15 +13,13 @@ Prints medians and podrun's ratio to the fastest raw fan-out.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lab import Lab, require_lab_tools  # noqa: E402
+from benchlib import Lab, print_table, require_lab_tools, timed, write_lab_spec
 
 BARE_ASYNCSSH = """
 import asyncio, sys, asyncssh
@@ -32,12 +30,6 @@ async def main():
     await asyncio.gather(*(one(ip) for ip in sys.argv[2:]))
 asyncio.run(main())
 """
-
-
-def timed(command: list[str], env: dict | None = None) -> float:
-    started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - started
 
 
 def openssh_fan_out(lab: Lab, extra: list[str]) -> list[str]:
@@ -58,12 +50,9 @@ def main() -> None:
     for count in args.hosts:
         with tempfile.TemporaryDirectory() as workdir, Lab(count, Path(workdir)) as lab:
             home = Path(workdir) / "podrun-home"
-            spec = Path(workdir) / "true.yaml"
             (Path(workdir) / "code").mkdir()
-            spec.write_text(f"target: {{hosts: [{', '.join(h.ip for h in lab.hosts)}]}}\n"
-                            f"ssh: {{user: root, identity_file: {lab.client_key}}}\n"
-                            f"workdir: code\nrun: 'true'\n")
-            env = {**__import__("os").environ, "PODRUN_HOME": str(home)}
+            spec = write_lab_spec(Path(workdir) / "true.yaml", lab, "code", "true")
+            env = {**os.environ, "PODRUN_HOME": str(home)}
             timed([*podrun, "exec", str(spec)], env)  # trust the host keys, ship the (empty) code
             commands = {
                 "podrun exec": ([*podrun, "exec", str(spec)], env),
@@ -77,14 +66,11 @@ def main() -> None:
                 for name, (command, command_env) in commands.items():
                     samples[name].append(timed(command, command_env))
             rows[count] = {name: statistics.median(values) for name, values in samples.items()}
-    names = list(next(iter(rows.values())))
-    print(f"whole-process time to run `true` on N hosts, median of {args.rounds} interleaved rounds (s)")
-    print("| command | " + " | ".join(f"N={n}" for n in rows) + " |")
-    print("| --- |" + " ---: |" * len(rows))
-    for name in names:
-        print(f"| {name} | " + " | ".join(f"{rows[n][name]:.2f}" for n in rows) + " |")
-    ratios = [rows[n]["podrun exec"] / min(v for k, v in rows[n].items() if k != "podrun exec") for n in rows]
-    print("| podrun / fastest raw | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+    table = {name: [f"{rows[n][name]:.2f}" for n in rows] for name in next(iter(rows.values()))}
+    table["podrun / fastest raw"] = [
+        f"{rows[n]['podrun exec'] / min(v for k, v in rows[n].items() if k != 'podrun exec'):.2f}x" for n in rows]
+    print_table(f"whole-process time to run `true` on N hosts, median of {args.rounds} interleaved rounds (s)",
+                ["command", *(f"N={n}" for n in rows)], table)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lab import Lab, require_lab_tools  # noqa: E402
+from benchlib import Lab, print_table, require_lab_tools, timed, write_lab_spec
 
 SSH_OPTIONS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
 
@@ -36,12 +33,6 @@ def make_workdir(root: Path) -> None:
     (root / "weights.bin").write_bytes(os.urandom(30_000_000))
 
 
-def timed(command, env=None) -> float:
-    started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, shell=isinstance(command, str))
-    return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=16)
@@ -52,9 +43,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir, Lab(args.hosts, Path(workdir)) as lab:
         code = Path(workdir) / "code"
         make_workdir(code)
-        spec = Path(workdir) / "ship.yaml"
-        spec.write_text(f"target: {{hosts: [{', '.join(h.ip for h in lab.hosts)}]}}\n"
-                        f"ssh: {{user: root, identity_file: {lab.client_key}}}\nworkdir: code\nrun: 'true'\n")
+        spec = write_lab_spec(Path(workdir) / "ship.yaml", lab, "code", "true")
         env = {**os.environ, "PODRUN_HOME": str(Path(workdir) / "podrun-home")}
         podrun = [sys.executable, "-m", "podrun", "exec", str(spec)]
         ssh = f"ssh -i {lab.client_key} {SSH_OPTIONS}"
@@ -71,11 +60,9 @@ def main() -> None:
             samples["tar c | ssh tar x"].append(timed(f"{tar} & wait"))
         medians = {name: statistics.median(values) for name, values in samples.items()}
     raw = min(medians["rsync -a"], medians["tar c | ssh tar x"])
-    print(f"shipping 1,000 files / 50 MB to {args.hosts} lab hosts, median of {args.rounds} rounds")
-    print("| contender | seconds | ratio to the faster of rsync and tar |")
-    print("| --- | ---: | ---: |")
-    for name, seconds in medians.items():
-        print(f"| {name} | {seconds:.2f} | {seconds / raw:.2f}x |")
+    print_table(f"shipping 1,000 files / 50 MB to {args.hosts} lab hosts, median of {args.rounds} rounds",
+                ["contender", "seconds", "ratio to the faster of rsync and tar"],
+                {name: [f"{seconds:.2f}", f"{seconds / raw:.2f}x"] for name, seconds in medians.items()})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import print_table
+
 
 def medians(commands: dict[str, list[str]], runs: int, env: dict[str, str]) -> dict[str, float]:
     samples: dict[str, list[float]] = {label: [] for label in commands}
@@ -48,11 +50,9 @@ def main() -> None:
             commands[f"podrun {' '.join(args)}"] = [str(podrun), *args]
         results = medians(commands, runs, env)
     baseline = results["python -c pass"]
-    print(f"start-up, median of {runs} interleaved runs each")
-    print("| command | median | ratio to python -c pass |")
-    print("| --- | ---: | ---: |")
-    for label, seconds in results.items():
-        print(f"| `{label}` | {seconds * 1000:.1f} ms | {seconds / baseline:.2f}x |")
+    print_table(f"start-up, median of {runs} interleaved runs each", ["command", "median", "ratio to python -c pass"],
+                {f"`{label}`": [f"{seconds * 1000:.1f} ms", f"{seconds / baseline:.2f}x"]
+                 for label, seconds in results.items()})
 
 
 if __name__ == "__main__":

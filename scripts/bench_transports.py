@@ -20,8 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lab import Lab, require_lab_tools  # noqa: E402
+from benchlib import Lab, print_table, require_lab_tools
 
 
 def openssh(lab: Lab, extra: list[str]) -> None:
@@ -85,11 +84,9 @@ def main() -> None:
                     run(lab)
                     samples[name].append(time.perf_counter() - started)
             results[count] = {name: statistics.median(values) for name, values in samples.items()}
-    print(f"`true` on N lab hosts, fresh connections, median of {args.rounds} rounds (seconds)")
-    print("| transport | " + " | ".join(f"N={n}" for n in args.hosts) + " |")
-    print("| --- |" + " ---: |" * len(args.hosts))
-    for name in CANDIDATES:
-        print(f"| {name} | " + " | ".join(f"{results[n][name]:.2f}" for n in args.hosts) + " |")
+    print_table(f"`true` on N lab hosts, fresh connections, median of {args.rounds} rounds (seconds)",
+                ["transport", *(f"N={n}" for n in args.hosts)],
+                {name: [f"{results[n][name]:.2f}" for n in args.hosts] for name in CANDIDATES})
 
 
 if __name__ == "__main__":

@@ -37,14 +37,19 @@ def test_logs_shows_the_newest_job_or_one_worker_tail(home, job_file):
     assert wrong.returncode == 2 and "has workers 0, 1" in wrong.stderr
 
 
-def test_logs_follow_streams_a_running_job_and_ends_with_it(home, job_file, tmp_path):
-    release = tmp_path / "release"
-    spec = job_file(f"""
+def gated_job(job_file, release):
+    """A job whose workers print "before N", wait until `release` exists, then print "after N"."""
+    return job_file(f"""
         run: |
           echo "before $PODRUN_WORKER"
           while [ ! -e {release} ]; do sleep 0.05; done
           echo "after $PODRUN_WORKER"
     """)
+
+
+def test_logs_follow_streams_a_running_job_and_ends_with_it(home, job_file, tmp_path):
+    release = tmp_path / "release"
+    spec = gated_job(job_file, release)
     job = Background("exec", spec)
     job.wait_for(r"^\[w0\] before 0")
     job.wait_for(r"^\[w1\] before 1")
@@ -110,12 +115,7 @@ def wait_until(condition, what: str, timeout: float = 15) -> None:
 
 def test_a_detached_job_runs_on_and_logs_follow_resumes_it_to_the_end(home, job_file, tmp_path):
     release = tmp_path / "release"
-    spec = job_file(f"""
-        run: |
-          echo "before $PODRUN_WORKER"
-          while [ ! -e {release} ]; do sleep 0.05; done
-          echo "after $PODRUN_WORKER"
-    """)
+    spec = gated_job(job_file, release)
     launched = podrun("exec", "--detach", spec)
     assert launched.returncode == 0, launched.stderr
     job_id = job_id_in(launched.stderr)

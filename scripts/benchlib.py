@@ -1,0 +1,34 @@
+"""What the benchmarks share: timing a command, a job spec for lab hosts, a markdown table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from lab import Lab, require_lab_tools  # noqa: E402,F401  (re-exported for the benchmarks)
+
+
+def timed(command: list[str] | str, env: dict | None = None) -> float:
+    """Seconds a command takes as a whole process (a string runs through the shell)."""
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                   shell=isinstance(command, str))
+    return time.perf_counter() - started
+
+
+def write_lab_spec(path: Path, lab: Lab, workdir: str, run: str) -> Path:
+    path.write_text(f"target: {{hosts: [{', '.join(h.ip for h in lab.hosts)}]}}\n"
+                    f"ssh: {{user: root, identity_file: {lab.client_key}}}\n"
+                    f"workdir: {workdir}\nrun: '{run}'\n")
+    return path
+
+
+def print_table(title: str, columns: list[str], rows: dict[str, list[str]]) -> None:
+    print(title)
+    print("| " + " | ".join(columns) + " |")
+    print("| --- |" + " ---: |" * (len(columns) - 1))
+    for label, cells in rows.items():
+        print(f"| {label} | " + " | ".join(cells) + " |")
