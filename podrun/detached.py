@@ -73,9 +73,10 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     for worker, exit_record in zip(workers, exits):
         if exit_record:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
+            worker.stop_reason = exit_record["stop_reason"]
     if all(w.exit_code is not None for w in record.workers):
         failed = [w for w in record.workers if w.exit_code != 0]
-        stopped = any(exit_record and exit_record["stop_reason"] == "SIGTERM" for exit_record in exits)
+        stopped = any(w.stop_reason == "SIGTERM" for w in record.workers)
         state = jobstore.SUCCEEDED if not failed else jobstore.STOPPED if stopped else jobstore.FAILED
         record.finish(state, failed[0].exit_code if failed else 0,
                       f"worker {failed[0].index} exited with code {failed[0].exit_code}" if failed else None)

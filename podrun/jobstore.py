@@ -26,6 +26,7 @@ class WorkerRecord:
     exit_code: int | None = None
     signal: str | None = None
     endpoint: dict = field(default_factory=dict)  # how to reach it again: Transport.endpoint()
+    stop_reason: str | None = None  # why its agent stopped it early (e.g. SIGTERM from podrun stop)
 
 
 @dataclass

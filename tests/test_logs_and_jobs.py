@@ -22,7 +22,8 @@ def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
     assert [(job["id"], job["state"], job["exit_code"]) for job in listed] == [(good_id, "succeeded", 0),
                                                                                (bad_id, "failed", 5)]
     assert listed[1]["workers"][1] == {"index": 1, "address": "local/w1", "exit_code": 5, "signal": None,
-                                       "endpoint": {"kind": "local", "root": str(home / "local" / "w1")}}
+                                       "endpoint": {"kind": "local", "root": str(home / "local" / "w1")},
+                                       "stop_reason": None}
 
 
 def test_logs_shows_the_newest_job_or_one_worker_tail(home, job_file):

@@ -202,12 +202,14 @@ def test_a_detached_job_on_hosts_is_stopped_everywhere_from_another_terminal(hom
     from test_logs_and_jobs import wait_until
     wait_until(lambda: sorted(podrun("logs", job_id).stdout.splitlines()) == ["[w0] up 0", "[w1] up 1", "[w2] up 2"],
                "every host's first line")
+    assert podrun("logs", job_id, "--worker", "2").returncode == 0  # a fetch of one worker only
     stopped = podrun("stop", job_id)
     assert stopped.returncode == 0, stopped.stderr
     assert f"job {job_id} is stopped" in stopped.stdout
     assert processes_of_job(job_id) == []
     record = json.loads((home / "jobs" / job_id / "job.json").read_text())
     assert record["state"] == "stopped" and all(w["exit_code"] is not None for w in record["workers"])
+    assert {w["stop_reason"] for w in record["workers"]} == {"SIGTERM"}
 
 
 def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_spec):
