@@ -27,12 +27,13 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
     chosen = [worker] if worker is not None else indexes
     terminal = Terminal(prefixed=worker is None)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
-    if record.detached and record.state == jobstore.RUNNING:  # the workers have what is new
+    on_workers = record.detached and record.state == jobstore.RUNNING  # they have what is new
+    if on_workers:
         from podrun import detached
 
         detached.fetch(record, chosen, outputs=None, follow=False)
     offsets = {index: _start_offset(record.log_path(index), tail) for index in chosen}
-    if follow and record.detached and record.state == jobstore.RUNNING:
+    if follow and on_workers and record.state == jobstore.RUNNING:  # the fetch may have seen it end
         for index in chosen:
             _copy_new(record.log_path(index), offsets[index], outputs[index])
         detached.fetch(record, chosen, outputs, follow=True)

@@ -58,21 +58,17 @@ async def _has(worker: Worker, code_dir: str) -> bool:
 
 
 async def _send(worker: Worker, code_dir: str, archive: bytes) -> None:
-    async with naming_lost_connections(worker, "while shipping code"):
-        await _unpack(worker, code_dir, archive)
-
-
-async def _unpack(worker: Worker, code_dir: str, archive: bytes) -> None:
     quoted = shlex.quote(code_dir)
     # the temporary name is unique per shipment; if another job renamed the same tree into place
     # first, ours is simply dropped (same hash, same content)
     script = (f"set -e; tmp={quoted}.tmp.$$; mkdir -p \"$tmp\"; tar -x -f - -C \"$tmp\"; "
               f"mv -T \"$tmp\" {quoted} 2>/dev/null || rm -rf \"$tmp\"")
-    channel = await worker.transport.start(script)
-    channel.stdin.write(archive)
-    await channel.stdin.drain()
-    channel.stdin.write_eof()
-    errors, code = await asyncio.gather(channel.stderr.read(), channel.wait())
+    async with naming_lost_connections(worker, "while shipping code"):
+        channel = await worker.transport.start(script)
+        channel.stdin.write(archive)
+        await channel.stdin.drain()
+        channel.stdin.write_eof()
+        errors, code = await asyncio.gather(channel.stderr.read(), channel.wait())
     if code != 0:
         detail = errors.decode(errors="replace").strip().splitlines()
         raise PodrunError(f"worker {worker.index} ({worker.address}): shipping the workdir failed: "
