@@ -38,7 +38,9 @@ def main() -> None:
                      f" worker {os.environ.get('PODRUN_WORKER')} host {socket.gethostname()}"
                      f" checksum {checksum:.10f}\n")
     sys.stdout.flush()
-    # every rank finishes talking before any tears down: gloo aborts a rank whose peers hang up on it
+    # DDP's reducer holds gloo work objects: release it before the process group goes, then let
+    # every rank finish talking before any tears down (else gloo can abort a rank during teardown)
+    del model, optimizer
     dist.barrier()
     dist.destroy_process_group()
 
