@@ -1,13 +1,16 @@
 """podrun's worker-side agent: runs one step of a job on this worker and stays with it to the end.
 
 It is sent over the channel's stdin for every step (see transport.agent_command), never installed,
-so it uses the standard library only and runs on the worker's own python3 (3.8 or newer).
+so it uses the standard library only and runs on the worker's own python3 (3.8 or newer). It starts
+on every worker for every step, so it imports only small modules: json, subprocess, shutil and
+selectors would double its start-up (they pull in re, collections and more).
 
 Protocol
-  stdin   one JSON line: {job_id, worker, step, cwd, command, env, grace, heartbeat, detach}; then control
-          lines: "stop" asks for a graceful stop; any line is a heartbeat. End of input, or no line
-          for `heartbeat` seconds (a link that died silently), means the launcher is gone: the job
-          stops too.
+  stdin   the step: a decimal byte count, a newline, then that many bytes of marshal format 4 (readable
+          by every Python 3.4+) holding {job_id, worker, step, cwd, command, env, grace, heartbeat,
+          detach}; then control lines: "stop" asks for a graceful stop; any line is a heartbeat. End of
+          input, or no line for `heartbeat` seconds (a link that died silently), means the launcher
+          is gone: the job stops too.
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null}, {"event": "error", "message": M}.
@@ -23,21 +26,20 @@ group with setsid), then SIGKILL after the grace period. The same sweep runs aft
 so nothing the step started outlives it.
 """
 
-import json
+import marshal
 import os
-import selectors
-import shutil
+import select
 import signal
-import subprocess
 import sys
 import time
 
 SPAWN_FAILED = 127
+JSON_ESCAPES = {**{code: "\\u%04x" % code for code in range(32)}, ord('"'): '\\"', ord("\\"): "\\\\"}
 
 
 def main():
     control = ControlInput()
-    config = json.loads(control.read_line())
+    config = marshal.loads(control.read_exactly(int(control.read_line())))
     job_dir = os.path.abspath(os.path.join(".podrun", "jobs", config["job_id"]))
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     step = Step(config, job_dir)
@@ -47,7 +49,7 @@ def main():
     except OSError as error:
         emit(event="error", message="cannot start %r in %s: %s" % (config["command"], config["cwd"], error))
         sys.exit(SPAWN_FAILED)
-    emit(event="started", pid=step.child.pid)
+    emit(event="started", pid=step.pid)
     if report is not None:
         os.write(report, b"started")
         os.dup2(os.open(os.devnull, os.O_RDWR), 2)  # closes the last copy of the report pipe
@@ -90,9 +92,20 @@ def detach():
 
 def emit(**event):
     try:
-        os.write(2, (json.dumps(event) + "\n").encode())
+        os.write(2, (to_json(event) + "\n").encode())
     except OSError:
         pass  # the launcher is gone; the files in the job directory tell the story
+
+
+def to_json(flat):
+    """A flat dict of str, int and None as JSON."""
+    def value(item):
+        if item is None:
+            return "null"
+        if isinstance(item, str):
+            return '"%s"' % item.translate(JSON_ESCAPES)
+        return str(int(item))
+    return "{%s}" % ", ".join("%s: %s" % (value(key), value(item)) for key, item in flat.items())
 
 
 class ControlInput:
@@ -103,12 +116,21 @@ class ControlInput:
 
     def read_line(self):
         while b"\n" not in self.pending:
-            chunk = os.read(0, 65536)
-            if not chunk:
-                raise SystemExit("podrun agent: no step description on stdin")
-            self.pending += chunk
+            self._read_more()
         line, self.pending = self.pending.split(b"\n", 1)
         return line
+
+    def read_exactly(self, size):
+        while len(self.pending) < size:
+            self._read_more()
+        data, self.pending = self.pending[:size], self.pending[size:]
+        return data
+
+    def _read_more(self):
+        chunk = os.read(0, 65536)
+        if not chunk:
+            raise SystemExit("podrun agent: no step description on stdin")
+        self.pending += chunk
 
     def read_commands(self):
         """The complete lines available now, or None at end of input."""
@@ -126,39 +148,35 @@ class Step:
         self.job_dir = job_dir
         self.grace = float(config.get("grace", 5))
         self.heartbeat = float(config.get("heartbeat", 20))
-        self.child = None
+        self.pid = None
         self.stop_reason = None
 
     def start(self):
         env = dict(os.environ)
         env.update(self.config["env"])
-        shell = shutil.which("bash") or "/bin/sh"
         read_end, write_end = os.pipe()
         try:
-            self.child = subprocess.Popen(
-                [shell, "-c", self.config["command"]], cwd=self.config["cwd"], env=env,
-                stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
-                start_new_session=True)  # its own process group: killpg reaches the whole tree
+            self.pid = spawn([_shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
         finally:
             os.close(write_end)
         self.output = read_end
         self.log = os.open(os.path.join(self.job_dir, "output.log"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._write_file(self.config["step"] + ".pid", str(self.child.pid))
+        self._write_file(self.config["step"] + ".pid", str(self.pid))
         self._write_file(self.config["step"] + ".agent", str(os.getpid()))
 
     def supervise(self, control):
         """Pump output until the step and everything it started are gone; returns (code, signal name)."""
-        selector = selectors.DefaultSelector()
-        selector.register(self.output, selectors.EVENT_READ, "output")
+        poller = Poller()
+        poller.register(self.output, "output")
         attached = control is not None
         if attached:
-            selector.register(0, selectors.EVENT_READ, "control")
+            poller.register(0, "control")
         wakeup = self._watch_signals()
-        selector.register(wakeup, selectors.EVENT_READ, "signal")
-        exit_watch = _pidfd(self.child.pid)
+        poller.register(wakeup, "signal")
+        exit_watch = _pidfd(self.pid)
         if exit_watch is not None:
-            selector.register(exit_watch, selectors.EVENT_READ, "exit")
+            poller.register(exit_watch, "exit")
         stdout_open, output_open = attached, True
         status = None
         ending = Ending(self.grace, self._signal_job)
@@ -168,41 +186,41 @@ class Step:
             if attached and not self.stop_reason:
                 until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
-            for key, _ in selector.select(timeout):
-                if key.data == "output":
+            for ready in poller.poll(timeout):
+                if ready == "output":
                     data = os.read(self.output, 65536)
                     if not data:
                         output_open = False
-                        selector.unregister(self.output)
+                        poller.unregister(self.output)
                         continue
                     _write_all(self.log, data)
                     if stdout_open and not _try_write_all(1, data):
                         stdout_open = False
                         self.request_stop("the launcher stopped reading")
-                elif key.data == "control":
+                elif ready == "control":
                     heard_at = time.monotonic()
                     commands = control.read_commands()
                     if commands is None:
-                        selector.unregister(0)
+                        poller.unregister(0)
                         self.request_stop("the launcher is gone")
                     elif "stop" in commands:
                         self.request_stop("stop requested")
-                elif key.data == "signal":
+                elif ready == "signal":
                     os.read(wakeup, 512)
-                elif key.data == "exit":
-                    selector.unregister(exit_watch)
+                elif ready == "exit":
+                    poller.unregister(exit_watch)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
             if status is None:
-                status = _exited(self.child.pid)
+                status = _exited(self.pid)
             # once the step exits, whatever it left behind goes too
             if self.stop_reason or status is not None:
                 if ending.advance() == Ending.ABANDONED:
                     break  # a process we cannot kill holds the output pipe; stop waiting for it
-        self.child.wait()  # reap only now: until here the pid, and so the group id, stayed ours
+        os.waitpid(self.pid, 0)  # reap only now: until here the pid, and so the group id, stayed ours
         code, signal_name = status
         self._write_file(self.config["step"] + ".exit",
-                         json.dumps({"code": code, "signal": signal_name, "stop_reason": self.stop_reason}))
+                         to_json({"code": code, "signal": signal_name, "stop_reason": self.stop_reason}))
         return code, signal_name
 
     def request_stop(self, reason):
@@ -219,7 +237,7 @@ class Step:
 
     def _signal_job(self, signum):
         try:
-            os.killpg(self.child.pid, signum)
+            os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
         for pid in _processes_with_env(self._marker()):
@@ -236,6 +254,26 @@ class Step:
         with open(path + ".tmp", "w") as handle:
             handle.write(text)
         os.replace(path + ".tmp", path)
+
+
+class Poller:
+    """select.poll keyed by names: the selectors module would cost the agent's start-up more."""
+
+    def __init__(self):
+        self.poll_object = select.poll()
+        self.names = {}
+
+    def register(self, fd, name):
+        self.poll_object.register(fd, select.POLLIN)
+        self.names[fd] = name
+
+    def unregister(self, fd):
+        self.poll_object.unregister(fd)
+
+    def poll(self, timeout):
+        """Names of the descriptors ready to read (or closed); timeout in seconds, None: no limit."""
+        events = self.poll_object.poll(None if timeout is None else timeout * 1000)
+        return [self.names[fd] for fd, _ in events]
 
 
 class Ending:
@@ -268,6 +306,42 @@ class Ending:
             remaining = max(0.0, self.next_at - time.monotonic())
             timeout = remaining if timeout is None else min(timeout, remaining)
         return timeout
+
+
+def spawn(argv, cwd, env, output):
+    """Start argv in a session of its own (killpg then reaches its whole tree), stdin from /dev/null,
+    stdout and stderr to `output`; returns its pid, or raises OSError saying why it could not start."""
+    error_read, error_write = os.pipe()  # closed by a successful exec (descriptors are CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(error_read)
+            os.setsid()
+            os.chdir(cwd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.execve(argv[0], argv, env)
+        except OSError as error:
+            os.write(error_write, ("%d %s" % (error.errno or 0, error.strerror or error)).encode())
+        finally:
+            os._exit(SPAWN_FAILED)
+    os.close(error_write)
+    failure = os.read(error_read, 4096)
+    os.close(error_read)
+    if failure:
+        os.waitpid(pid, 0)
+        errno, _, message = failure.decode(errors="replace").partition(" ")
+        raise OSError(int(errno), message)
+    return pid
+
+
+def _shell():
+    for directory in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
+        candidate = os.path.join(directory, "bash")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return "/bin/sh"
 
 
 def _pidfd(pid):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import marshal
 import re
 import signal
 import sys
@@ -31,6 +32,7 @@ HEARTBEAT_TIMEOUT_S = 20.0
 # worker, so saving on every exit would cost O(N^2) on a big pod); a step's end always saves
 RECORD_SAVE_INTERVAL_S = 0.5
 INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+AGENT_MARSHAL_VERSION = 4  # what the agent reads its step in: every Python 3.4+ can read it
 LOST_EXIT = 255  # what ssh itself exits with when the connection fails
 SHOWN_TAIL_LINES = 20
 # "torch.distributed.DistNetworkError: ...", "RuntimeError: ...": the line that says why it died
@@ -84,7 +86,8 @@ class WorkerStep:
                   "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S,
                   "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach}
         self.channel = await worker.transport.start(agent_command(worker.transport.python))
-        self.channel.stdin.write(agent_source() + json.dumps(config).encode() + b"\n")
+        step_blob = marshal.dumps(config, AGENT_MARSHAL_VERSION)
+        self.channel.stdin.write(agent_source() + b"%d\n" % len(step_blob) + step_blob)
         await self.channel.stdin.drain()
 
     def stop(self) -> None:

@@ -12,14 +12,29 @@ refuses when a known host presents a different key (ssh.check_host_keys: false t
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import os
 from pathlib import Path
-
-import asyncssh
 
 from podrun import paths
 from podrun.errors import PodrunError
 from podrun.transport import ChannelLost, Transport
+
+
+def _import_asyncssh():
+    """asyncssh looks for liboqs (for the sntrup761 key exchange) with ctypes.util.find_library,
+    which runs `ldconfig -p` and gcc: 30 ms of every `podrun exec`. podrun does not offer sntrup761
+    (curve25519 and ML-KEM, through OpenSSL, cost less), so the search is skipped."""
+    find_library = ctypes.util.find_library
+    ctypes.util.find_library = lambda name: None if name in ("oqs", "liboqs") else find_library(name)
+    try:
+        import asyncssh
+    finally:
+        ctypes.util.find_library = find_library
+    return asyncssh
+
+
+asyncssh = _import_asyncssh()
 
 CONNECT_TIMEOUT_S = 10
 # a dead link or host is noticed after 3 unanswered keepalives 5 s apart

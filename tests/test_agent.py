@@ -1,0 +1,43 @@
+"""The worker-side agent on its own: the step protocol in, JSON events and exit files out."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import subprocess
+import sys
+
+from podrun.transport import agent_command, agent_source
+
+
+def run_agent(tmp_path, command: str, cwd: str) -> tuple[bytes, list[dict], int]:
+    step = {"job_id": "agent-test", "worker": 0, "step": "run", "cwd": cwd, "command": command,
+            "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 5, "heartbeat": 20,
+            "detach": False}
+    blob = marshal.dumps(step, 4)
+    agent = subprocess.Popen(["/bin/sh", "-c", agent_command(sys.executable)], cwd=tmp_path,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent.stdin.write(agent_source() + b"%d\n" % len(blob) + blob)
+    agent.stdin.flush()
+    output = agent.stdout.read()  # the launcher keeps stdin open while the step runs
+    events = [json.loads(line) for line in agent.stderr.read().splitlines()]
+    agent.stdin.close()
+    return output, events, agent.wait()
+
+
+def test_a_step_reports_start_and_exit_and_leaves_its_exit_file(tmp_path):
+    output, events, code = run_agent(tmp_path, "echo out; echo err >&2; exit 3", str(tmp_path))
+    assert output == b"out\nerr\n"
+    assert [e["event"] for e in events] == ["started", "exited"]
+    assert events[1] == {"event": "exited", "code": 3, "signal": None}
+    assert code == 3
+    exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
+    assert json.loads(exit_file.read_text()) == {"code": 3, "signal": None, "stop_reason": None}
+
+
+def test_a_step_that_cannot_start_is_an_error_event_naming_why(tmp_path):
+    missing = tmp_path / 'no "such" dir\n'
+    _, events, code = run_agent(tmp_path, "true", str(missing))
+    assert code == 127
+    assert events[-1]["event"] == "error"
+    assert events[-1]["message"] == f"cannot start 'true' in {missing}: [Errno 2] No such file or directory"
