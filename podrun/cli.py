@@ -15,7 +15,7 @@ from podrun.errors import USAGE_EXIT_CODE, PodrunError
 def _exec(args: argparse.Namespace) -> int:
     from podrun.job import execute
 
-    return execute(args.spec, args.dry_run, args.worker, args.env, args.detach)
+    return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -52,6 +52,30 @@ def _stop(args: argparse.Namespace) -> int:
     return stop_job(args.job_id)
 
 
+def _create(args: argparse.Namespace) -> int:
+    from podrun.tpu_commands import create
+
+    return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from podrun.tpu_commands import list_nodes
+
+    return list_nodes(args.zone, args.project)
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from podrun.tpu_commands import describe
+
+    return describe(args.name, args.zone, args.project)
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from podrun.tpu_commands import delete
+
+    return delete(args.name, args.zone, args.project, args.yes)
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
@@ -70,6 +94,26 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    def cloud_command(name: str, handler, summary: str) -> argparse.ArgumentParser:
+        sub = command(name, handler, summary)
+        sub.add_argument("--zone", metavar="Z", help="default: CLOUDSDK_COMPUTE_ZONE, then gcloud's compute/zone")
+        sub.add_argument("--project", metavar="P", help="default: CLOUDSDK_CORE_PROJECT, then gcloud's core/project")
+        return sub
+
+    create = cloud_command("create", _create, "create a TPU VM (or pod slice) from its accelerator type")
+    create.add_argument("accelerator_type", metavar="ACCEL_TYPE", help="e.g. v4-8, v4-32, v5p-128, v6e-16")
+    create.add_argument("--name", metavar="N", help="default: USER-ACCEL_TYPE")
+    create.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
+    create.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
+    create.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                        help="wait until the TPU VM is READY (default) or return once it is requested")
+    cloud_command("list", _list, "list the TPU VMs in a zone, with state and worker count")
+    cloud_command("describe", _describe, "show one TPU VM: state, accelerator, worker IPs").add_argument(
+        "name", metavar="NAME")
+    delete = cloud_command("delete", _delete, "delete a TPU VM (asks first unless --yes)")
+    delete.add_argument("name", metavar="NAME")
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask")
+
     exec_ = command("exec", _exec, "ship the workdir and run the job on every worker; stream their output")
     exec_.add_argument("spec", metavar="JOB.yaml", help="the job spec")
     exec_.add_argument("--detach", action="store_true",
@@ -79,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     exec_.add_argument("--worker", metavar="LIST", help="run on these workers only: 'all' or e.g. 0,2-3")
     exec_.add_argument("--env", action="append", default=[], metavar="K=V",
                        help="add or override an environment variable (repeatable)")
+    exec_.add_argument("--kill-stale", action="store_true",
+                       help="TPU: kill processes that still hold the TPU (from an earlier run) instead of stopping")
 
     command("validate", _validate, "check a job spec; touches nothing").add_argument("spec", metavar="JOB.yaml")
     command("schema", _schema, "print the job spec's JSON Schema, for editors (yaml-language-server)")

@@ -9,8 +9,8 @@ import sys
 
 from podrun import jobstore, paths, sync
 from podrun.errors import UsageError
-from podrun.launch import Launch, say
-from podrun.output import Terminal
+from podrun.launch import Launch
+from podrun.output import Terminal, say
 from podrun.plan import plan, render
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, load_spec
 from podrun.targets import resolve_workers
@@ -23,10 +23,10 @@ def validate(spec_path: str) -> JobSpec:
 
 
 def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
-            detach: bool = False) -> int:
+            detach: bool = False, kill_stale: bool = False) -> int:
     spec = load_spec(spec_path)
     extra_env = parse_env_overrides(env_overrides)
-    workers = resolve_workers(spec)
+    workers = resolve_workers(spec, dry_run)
     selected = parse_worker_selection(worker_selection, len(workers))
     tree = sync.scan(spec.workdir)
     job_id = jobstore.new_job_id(spec.name)
@@ -43,7 +43,7 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
     record.create()
     kind = {"local": "local worker", "hosts": "SSH host", "tpu": "TPU worker"}[spec.target.kind]
     say(f"job {job_id}: {len(plans)} {kind}{'s' * (len(plans) > 1)}; logs in {record.dir}")
-    return asyncio.run(Launch(spec, plans, tree, record, Terminal(), detach).run())
+    return asyncio.run(Launch(spec, plans, tree, record, Terminal(), detach, kill_stale).run())
 
 
 def parse_env_overrides(assignments: list[str]) -> dict[str, str]:

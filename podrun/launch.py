@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from podrun import jobstore, preflight, sync
 from podrun.errors import PodrunError
-from podrun.output import Terminal, WorkerOutput
+from podrun.output import Terminal, WorkerOutput, say
 from podrun.plan import WorkerPlan
 from podrun.spec import JobSpec
 from podrun.transport import ChannelLost, agent_command, agent_source
@@ -142,10 +142,11 @@ class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
     def __init__(self, spec: JobSpec, plans: list[WorkerPlan], tree: sync.Tree, record: jobstore.JobRecord,
-                 terminal: Terminal, detach: bool):
+                 terminal: Terminal, detach: bool, kill_stale: bool = False):
         self.spec = spec
         self.plans = plans
         self.detach = detach
+        self.kill_stale = kill_stale
         self.tree = tree
         self.record = record
         self.terminal = terminal
@@ -171,6 +172,9 @@ class Launch:
                     else "code unchanged on every worker")
             if self.spec.docker:  # run is wrapped in `docker run`
                 await self._until_interrupted(preflight.check_docker(self.plans))
+            if self.spec.target.kind == "tpu":
+                await self._until_interrupted(
+                    preflight.check_accelerator_holders([p.worker for p in self.plans], self.kill_stale))
             for step in ("setup", "run") if self.spec.setup else ("run",):
                 if step == "run" and self.spec.torchrun and len(self.plans) > 1 and not self.interrupted.is_set():
                     await self._until_interrupted(
@@ -307,9 +311,4 @@ def _raise_first_error(outcomes: list | None) -> None:
         if isinstance(errors[0], PodrunError):
             raise PodrunError(f"{errors[0]}{more}")
         raise errors[0]
-
-
-def say(message: str) -> None:
-    """podrun's own messages go to stderr, so stdout carries only the workers' output."""
-    print(f"podrun: {message}", file=sys.stderr, flush=True)
 

@@ -17,6 +17,11 @@ MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces
 COLOURS = (36, 33, 35, 32, 34, 31)
 
 
+def say(message: str) -> None:
+    """podrun's own messages go to stderr, so stdout carries only the workers' output."""
+    print(f"podrun: {message}", file=sys.stderr, flush=True)
+
+
 class Terminal:
     def __init__(self, stream: BinaryIO | None = None, prefixed: bool = True):
         self.stream = stream or sys.stdout.buffer

@@ -33,14 +33,18 @@ async def naming_lost_connections(worker: Worker, doing: str):
         raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection {doing} ({lost})") from None
 
 
-def resolve_workers(spec: JobSpec) -> list[Worker]:
+def resolve_workers(spec: JobSpec, dry_run: bool = False) -> list[Worker]:
+    """The target's workers in rank order. Nothing changes anywhere with dry_run (a TPU VM is read,
+    but the user's key is not added to it)."""
     target = spec.target
     if target.local is not None:
         return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(paths.local_worker_root(index)))
                 for index in range(target.local.workers)]
     if target.hosts is not None:
         return [_ssh_worker(index, entry, spec) for index, entry in enumerate(target.hosts)]
-    raise PodrunError(f"target '{target.kind}' is not supported by this version of podrun yet; use hosts or local")
+    from podrun.tpu_target import tpu_workers
+
+    return tpu_workers(spec, authorize=not dry_run)
 
 
 def transport_for(endpoint: dict) -> Transport:

@@ -23,10 +23,14 @@ from pathlib import Path
 
 SUBNET = "10.99.0"
 BRIDGE_IP = f"{SUBNET}.1"
+# a second address per host, for the TPU stand-in's externalIp (podrun connects to it, while the
+# workers reach each other on the first, internal one)
+EXTERNAL_SUBNET = "10.99.1"
 FIRST_HOST = 10
 BRIDGE = "podrunlab0"
 SSHD_CONFIG = """\
 ListenAddress {ip}
+ListenAddress {external_ip}
 Port 22
 HostKey {dir}/ssh_host_ed25519_key
 PidFile {dir}/sshd.pid
@@ -57,6 +61,7 @@ def require_lab_tools() -> str | None:
 class LabHost:
     index: int
     ip: str
+    external_ip: str
     namespace: str
     dir: Path  # sshd's config and keys
     home: Path  # what the host's processes see as /root
@@ -67,7 +72,7 @@ class Lab:
     def __init__(self, count: int, workdir: Path):
         self.workdir = Path(workdir)
         self.client_key = self.workdir / "client_ed25519"
-        self.hosts = [LabHost(i, f"{SUBNET}.{FIRST_HOST + i}", f"podrunlab{i}",
+        self.hosts = [LabHost(i, f"{SUBNET}.{FIRST_HOST + i}", f"{EXTERNAL_SUBNET}.{FIRST_HOST + i}", f"podrunlab{i}",
                               self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
                       for i in range(count)]
 
@@ -86,7 +91,8 @@ class Lab:
         self.stop()  # leftovers of a lab that was killed before it could clean up
         self.workdir.mkdir(parents=True, exist_ok=True)
         _sh(f"ssh-keygen -q -t ed25519 -N '' -C podrun-lab -f {self.client_key}")
-        _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/24 dev {BRIDGE} && ip link set {BRIDGE} up")
+        _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/24 dev {BRIDGE} && "
+            f"ip addr add {EXTERNAL_SUBNET}.1/24 dev {BRIDGE} && ip link set {BRIDGE} up")
         Path("/run/sshd").mkdir(exist_ok=True)
         public_key = self.client_key.with_suffix(".pub").read_text()
         for host in self.hosts:
@@ -97,11 +103,12 @@ class Lab:
         _sh(f"ip netns add {ns} && ip link add {veth} type veth peer name {veth}p && "
             f"ip link set {veth}p netns {ns} && ip link set {veth} master {BRIDGE} up && "
             f"ip -n {ns} link set {veth}p name eth0 && ip -n {ns} addr add {host.ip}/24 dev eth0 && "
-            f"ip -n {ns} link set eth0 up && ip -n {ns} link set lo up")
+            f"ip -n {ns} addr add {host.external_ip}/24 dev eth0 && ip -n {ns} link set eth0 up && "
+            f"ip -n {ns} link set lo up")
         (host.home / ".ssh").mkdir(parents=True, exist_ok=True)
         (host.home / ".ssh" / "authorized_keys").write_text(public_key)
         _sh(f"ssh-keygen -q -t ed25519 -N '' -f {host.dir}/ssh_host_ed25519_key")
-        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, dir=host.dir))
+        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, external_ip=host.external_ip, dir=host.dir))
         self.start_sshd(host.index)
 
     def start_sshd(self, index: int) -> None:

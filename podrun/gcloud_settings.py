@@ -1,0 +1,74 @@
+"""Project, zone, API endpoint and access token, read the way gcloud reads them (GUIDE section 2).
+
+Each setting comes from the first of: the command-line flag, the job spec, gcloud's environment
+variable (CLOUDSDK_<SECTION>_<PROPERTY>), then the active gcloud configuration
+($CLOUDSDK_CONFIG/configurations/config_<name>, the name from CLOUDSDK_ACTIVE_CONFIG_NAME or the
+active_config file). Standard library only: `podrun list` must not pay for more than it uses.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from podrun.errors import UsageError
+
+# (section, property) as gcloud names them; the environment variable is derived from these
+PROJECT = ("core", "project")
+ZONE = ("compute", "zone")
+TPU_ENDPOINT = ("api_endpoint_overrides", "tpu")
+ACCESS_TOKEN_FILE = ("auth", "access_token_file")
+
+
+@dataclass(frozen=True)
+class Location:
+    project: str
+    zone: str
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
+
+
+def location(project: str | None, zone: str | None) -> Location:
+    """The project and zone to use, given what the flags (or the spec) said."""
+    project = project or gcloud_property(PROJECT)
+    zone = zone or gcloud_property(ZONE)
+    if not project:
+        raise UsageError("no Google Cloud project: pass --project, set target.tpu.project in the spec, "
+                         "export CLOUDSDK_CORE_PROJECT, or run `gcloud config set project PROJECT`")
+    if not zone:
+        raise UsageError("no zone: pass --zone (e.g. us-central2-b), set target.tpu.zone in the spec, "
+                         "export CLOUDSDK_COMPUTE_ZONE, or run `gcloud config set compute/zone ZONE`")
+    return Location(project, zone)
+
+
+def gcloud_property(name: tuple[str, str]) -> str | None:
+    section, key = name
+    from_env = os.environ.get(f"CLOUDSDK_{section}_{key}".upper())
+    if from_env:
+        return from_env
+    return _active_configuration().get(section, key, fallback=None) or None
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+
+
+@cache
+def _active_configuration() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None)
+    name = os.environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME")
+    if not name:
+        try:
+            name = (config_dir() / "active_config").read_text().strip()
+        except OSError:
+            name = "default"
+    try:
+        parser.read(config_dir() / "configurations" / f"config_{name}")
+    except configparser.Error as error:
+        raise UsageError(f"cannot read gcloud configuration {name!r}: {error}") from None
+    return parser

@@ -1,0 +1,136 @@
+"""`podrun create`, `list`, `describe` and `delete`: TPU VMs through the Cloud TPU API."""
+
+from __future__ import annotations
+
+import getpass
+import re
+import sys
+import time
+
+from podrun import accelerators
+from podrun.errors import PodrunError, UsageError
+from podrun.gcloud_settings import Location, location
+from podrun.output import say
+
+INTERRUPTED_EXIT = 130
+NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def create(accelerator_type: str, name: str | None, zone: str | None, project: str | None,
+           version: str | None, spot: bool, wait: bool) -> int:
+    accelerator = accelerators.parse(accelerator_type)  # before any API call
+    name = name or default_node_name(accelerator.name)
+    if not NODE_NAME.match(name):
+        raise UsageError(f"--name {name!r}: expected lowercase letters, digits and dashes, starting with a letter")
+    where = location(project, zone)
+    runtime = version or accelerator.default_runtime
+    api = _api(where)
+    workers = f"{accelerator.hosts} worker{'s' * (accelerator.hosts > 1)}"
+    say(f"creating TPU VM {name} ({accelerator.name}: {workers}, runtime {runtime}{', spot' * spot}) "
+        f"in {where.project}/{where.zone}")
+    progress = Progress(f"waiting for {name} to be READY")
+    try:
+        node = api.create(name, accelerator.name, runtime, spot, progress.update if wait else None)
+    except KeyboardInterrupt:
+        progress.done()
+        say(f"interrupted: {name} may still be created (and billed); delete it with "
+            f"`podrun delete {name} --zone {where.zone} --project {where.project}`")
+        return INTERRUPTED_EXIT
+    progress.done()
+    if node is None:
+        say(f"creation of {name} started; `podrun describe {name} --zone {where.zone}` shows when it is READY")
+        return 0
+    say(f"{name} is {node.state} after {progress.elapsed():.0f}s")
+    print(describe_text(node))
+    return 0
+
+
+def list_nodes(zone: str | None, project: str | None) -> int:
+    nodes = _api(location(project, zone)).list()
+    rows = [("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME")]
+    rows += [(node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version)
+             for node in nodes]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def describe(name: str, zone: str | None, project: str | None) -> int:
+    print(describe_text(_api(location(project, zone)).get(name)))
+    return 0
+
+
+def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:
+    where = location(project, zone)
+    if not yes and not _confirm(f"delete TPU VM {name} in {where.project}/{where.zone}?"):
+        say("nothing deleted")
+        return 1
+    progress = Progress(f"deleting {name}")
+    try:
+        _api(where).delete(name, progress.update)
+    except KeyboardInterrupt:
+        progress.done()
+        say(f"interrupted: the deletion of {name} goes on at Google; `podrun list --zone {where.zone}` shows it")
+        return INTERRUPTED_EXIT
+    progress.done()
+    say(f"deleted {name} after {progress.elapsed():.0f}s")
+    return 0
+
+
+def describe_text(node) -> str:
+    lines = [f"name         {node.name}",
+             f"zone         {node.location.zone} (project {node.location.project})",
+             f"state        {node.state} (health {node.health})",
+             f"accelerator  {node.accelerator_type}, {len(node.workers)} worker(s)",
+             f"runtime      {node.runtime_version}",
+             f"spot         {'yes' if node.spot else 'no'}"]
+    lines += [f"worker {index:<5} internal {worker.internal_ip}  external {worker.external_ip or '-'}"
+              for index, worker in enumerate(node.workers)]
+    return "\n".join(lines)
+
+
+def default_node_name(accelerator_type: str) -> str:
+    user = re.sub(r"[^a-z0-9-]", "-", getpass.getuser().lower()).strip("-") or "podrun"
+    return f"{user}-{accelerator_type}"[:63].rstrip("-")
+
+
+class Progress:
+    """Seconds waited so far: redrawn in place on a terminal, a line every 10 s to a pipe."""
+
+    PIPE_EVERY_S = 10
+
+    def __init__(self, doing: str):
+        self.doing = doing
+        self.started = time.monotonic()
+        self.terminal = sys.stderr.isatty()
+        self.shown_at = 0.0
+        self.drawn = False
+
+    def update(self, elapsed: float) -> None:
+        if self.terminal:
+            sys.stderr.write(f"\rpodrun: {self.doing}... {elapsed:.0f}s")
+            sys.stderr.flush()
+            self.drawn = True
+        elif elapsed - self.shown_at >= self.PIPE_EVERY_S:
+            self.shown_at = elapsed
+            say(f"{self.doing}... {elapsed:.0f}s")
+
+    def done(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\n")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def _api(where: Location):
+    from podrun.tpu_api import TpuApi  # Google's client loads only for the commands that need it
+
+    return TpuApi(where)
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        raise PodrunError(f"{question[:-1]}: refusing without --yes, since there is no terminal to ask on")
+    return input(f"podrun: {question} [y/N] ").strip().lower() in ("y", "yes")

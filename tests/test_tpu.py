@@ -1,0 +1,226 @@
+"""Cloud TPU: create/list/describe/delete through the real google-cloud-tpu client, and `target: tpu`
+runs, against the API stand-in (tests/tpu_stand_in.py) whose TPU VM workers are lab hosts. The real
+gcloud CLI reads what podrun made, which keeps the stand-in honest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+from podrun import accelerators
+from podrun.errors import UsageError
+
+ZONE = "us-central2-b"
+
+
+def gcloud(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["gcloud", "compute", "tpus", "tpu-vm", *args, f"--zone={ZONE}", "--format=json"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def create(name: str, accelerator_type: str = "v4-32", *flags: str) -> subprocess.CompletedProcess:
+    result = podrun("create", accelerator_type, "--name", name, *flags)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def tpu_spec(job_file, name: str, run: str, **extra: str) -> Path:
+    lines = [f"target: {{tpu: {{name: {name}}}}}", "ssh: {user: root}",
+             f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}", "run: |",
+             *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in extra.items())]
+    return job_file("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("name, generation, chips, hosts, runtime", [
+    ("v2-8", "v2", 4, 1, "tpu-ubuntu2204-base"),
+    ("v4-8", "v4", 4, 1, "tpu-ubuntu2204-base"),
+    ("v4-32", "v4", 16, 4, "tpu-ubuntu2204-base"),
+    ("v5p-12288", "v5p", 6144, 1536, "v2-alpha-tpuv5"),
+    ("v5litepod-8", "v5litepod", 8, 1, "v2-alpha-tpuv5-lite"),
+    ("v5litepod-16", "v5litepod", 16, 4, "v2-alpha-tpuv5-lite"),
+    ("v6e-16", "v6e", 16, 4, "v2-alpha-tpuv6e"),
+    ("v6e-4", "v6e", 4, 1, "v2-alpha-tpuv6e"),
+])
+def test_accelerator_types_give_chips_hosts_and_runtime(name, generation, chips, hosts, runtime):
+    assert accelerators.parse(name) == accelerators.AcceleratorType(name, generation, chips, hosts, runtime)
+
+
+@pytest.mark.parametrize("name", ["v4-7", "v4-12", "v7-8", "v4", "V4-8", "v6e-12", "v2-1024", "tpu-v4-8", ""])
+def test_malformed_accelerator_types_list_the_valid_forms(name):
+    with pytest.raises(UsageError, match=r"v4-8\.\.v4-8192.*v6e-N"):
+        accelerators.parse(name)
+
+
+def test_a_bad_accelerator_type_is_refused_before_any_api_call(tpu_api):
+    result = podrun("create", "v4-7")
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [
+        "podrun: error: accelerator type 'v4-7' has no valid size; expected one of: " + accelerators.VALID_FORMS]
+    assert tpu_api.requests == []
+
+
+def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu_api, lab):
+    created = create("my-pod", "v4-32", "--spot")
+    assert "creating TPU VM my-pod (v4-32: 4 workers, runtime tpu-ubuntu2204-base, spot)" in created.stderr
+    assert "my-pod is READY after" in created.stderr
+    for index, host in enumerate(lab.hosts):
+        assert f"worker {index:<5} internal {host.ip}  external {host.external_ip}" in created.stdout
+
+    described = gcloud("describe", "my-pod")
+    assert described.returncode == 0, described.stderr
+    node = json.loads(described.stdout)
+    assert node["name"] == f"projects/podrun-test/locations/{ZONE}/nodes/my-pod"
+    assert (node["state"], node["acceleratorType"], node["runtimeVersion"]) == ("READY", "v4-32", "tpu-ubuntu2204-base")
+    assert node["schedulingConfig"] == {"spot": True}
+    assert [e["ipAddress"] for e in node["networkEndpoints"]] == [h.ip for h in lab.hosts]
+    assert [e["accessConfig"]["externalIp"] for e in node["networkEndpoints"]] == [h.external_ip for h in lab.hosts]
+
+    listed = podrun("list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split() == ["my-pod", "READY", "v4-32", "4", "tpu-ubuntu2204-base"]
+    assert podrun("describe", "my-pod").stdout == created.stdout
+
+    deleted = podrun("delete", "my-pod", "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "deleted my-pod after" in deleted.stderr
+    assert podrun("list").stdout.splitlines() == ["NAME  STATE  ACCELERATOR  WORKERS  RUNTIME"]
+    gone = gcloud("describe", "my-pod")
+    assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr
+
+
+def test_google_errors_are_one_line_each_saying_what_to_do(home, tpu_api, tmp_path, monkeypatch):
+    def error_of(*args: str) -> str:
+        result = podrun(*args)
+        assert result.returncode == 1, result.stderr
+        lines = stderr_lines_without_traceback(result.stderr)
+        assert lines[-1].startswith("podrun: error: ")
+        return lines[-1]
+
+    create("taken", "v4-8")
+    assert "a TPU VM named taken already exists in podrun-test/us-central2-b; pick another --name" in error_of(
+        "create", "v4-8", "--name", "taken")
+    assert "no capacity in us-central2-b right now" in error_of("create", "v4-64", "--name", "too-big")
+    assert "no TPU VM named ghost in podrun-test/us-central2-b" in error_of("describe", "ghost")
+    assert "no TPU VM named ghost" in error_of("delete", "ghost", "--yes")
+    tpu_api.denied_projects.add("no-api")
+    assert "`gcloud services enable tpu.googleapis.com --project no-api`" in error_of("list", "--project", "no-api")
+    assert "refusing without --yes" in error_of("delete", "taken")
+
+    monkeypatch.delenv("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    assert "no Google credentials found: run `gcloud auth application-default login`" in error_of("list")
+    monkeypatch.delenv("CLOUDSDK_CORE_PROJECT")
+    result = podrun("list")
+    assert result.returncode == 2 and "no Google Cloud project: pass --project" in result.stderr
+
+
+def test_project_and_zone_come_from_the_active_gcloud_configuration(home, tpu_api, tmp_path, monkeypatch):
+    config_dir = Path(os.environ["CLOUDSDK_CONFIG"])
+    (config_dir / "configurations").mkdir(parents=True)
+    (config_dir / "active_config").write_text("work")
+    (config_dir / "configurations" / "config_work").write_text(
+        "[core]\nproject = from-config\n[compute]\nzone = europe-west4-a\n")
+    monkeypatch.delenv("CLOUDSDK_CORE_PROJECT")
+    monkeypatch.delenv("CLOUDSDK_COMPUTE_ZONE")
+    create("configured", "v4-8")
+    assert ("POST", "/v2/projects/from-config/locations/europe-west4-a/nodes") in tpu_api.requests
+    assert podrun("describe", "configured", "--zone", "europe-west4-a").returncode == 0
+    assert podrun("describe", "configured", "--zone", ZONE).returncode == 1  # the flag wins
+
+
+def test_create_no_wait_returns_at_once_and_exec_refuses_a_node_that_is_not_ready(home, tpu_api, job_file):
+    tpu_api.operation_delay_s = 60
+    result = podrun("create", "v4-8", "--name", "slow", "--no-wait")
+    assert result.returncode == 0, result.stderr
+    assert "creation of slow started; `podrun describe slow --zone us-central2-b` shows when it is READY" in result.stderr
+    assert "state        CREATING" in podrun("describe", "slow").stdout
+    refused = podrun("exec", tpu_spec(job_file, "slow", "true"))
+    assert refused.returncode == 1
+    assert "TPU VM slow is CREATING, not READY" in refused.stderr
+
+
+@pytest.mark.slow
+def test_exec_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_its_metadata(home, tpu_api, lab, job_file):
+    create("pod", "v4-32")
+    spec = tpu_spec(job_file, "pod", 'echo "device $PJRT_DEVICE worker $PODRUN_WORKER of $PODRUN_NUM_WORKERS '
+                                     'master $MASTER_ADDR on $(hostname -I)"')
+    dry = podrun("exec", spec, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"# worker 1: {lab.hosts[1].external_ip} (internal IP {lab.hosts[1].ip})" in dry.stdout
+    assert not any(method == "PATCH" for method, _ in tpu_api.requests)  # a dry run changes nothing
+
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    for index, host in enumerate(lab.hosts):
+        assert f"[w{index}] device TPU worker {index} of 4 master {lab.hosts[0].ip} on {host.ip} " in result.stdout
+    public_key = (Path(os.environ["HOME"]) / ".ssh" / "google_compute_engine.pub").read_text().split()[:2]
+    ssh_keys = json.loads(gcloud("describe", "pod").stdout)["metadata"]["ssh-keys"]
+    assert ssh_keys == f"root:{public_key[0]} {public_key[1]} root"
+    assert processes_of_job(job_id_in(result.stderr)) == []
+
+    again = podrun("exec", spec)
+    assert again.returncode == 0, again.stderr
+    assert sum(method == "PATCH" for method, _ in tpu_api.requests) == 1  # the key was there already
+
+
+@pytest.mark.slow
+def test_a_failing_tpu_worker_stops_the_others(home, tpu_api, lab, job_file):
+    create("pod", "v4-32")
+    result = podrun("exec", tpu_spec(job_file, "pod", 'if [ "$PODRUN_WORKER" = 2 ]; then echo dying; exit 7; fi\n'
+                                                      "sleep 60"))
+    assert result.returncode == 7, result.stderr
+    assert f"worker 2 ({lab.hosts[2].external_ip}) exited with code 7 in run" in result.stderr
+    assert processes_of_job(job_id_in(result.stderr)) == []
+
+
+@pytest.mark.slow
+def test_processes_holding_the_tpu_are_named_and_killed_only_when_asked(home, tpu_api, lab, job_file, monkeypatch):
+    create("pod", "v4-32")
+    for host in lab.hosts:  # every TPU VM worker has its devices
+        (host.home / "accel0").write_text("")
+    monkeypatch.setenv("PODRUN_ACCELERATOR_FILES", "/root/accel*")
+    holder = lab.popen(1, [sys.executable, "-c", "import time; f = open('/root/accel0'); print('holding', flush=True); "
+                                                 "time.sleep(600)"])
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        spec = tpu_spec(job_file, "pod", "echo ran")
+        refused = podrun("exec", spec)
+        assert refused.returncode == 1
+        lines = stderr_lines_without_traceback(refused.stderr)
+        assert "podrun: error: the TPU is in use on the workers (left from an earlier run?):" in lines
+        assert (f"  worker 1 ({lab.hosts[1].external_ip}): pid {holder.pid} holds /root/accel0: {sys.executable} -c "
+                "import time; f = open('/root/accel0');") in "\n".join(lines)
+        assert sum("holds /root/accel0" in line for line in lines) == 1  # the same path on other hosts is free
+        assert "[w0] ran" not in refused.stdout
+        assert holder.poll() is None
+
+        killed = podrun("exec", spec, "--kill-stale")
+        assert killed.returncode == 0, killed.stderr
+        assert "killed 1 process(es) that held the TPU" in killed.stderr
+        assert holder.wait(timeout=10) != 0
+        assert killed.stdout.count("] ran") == 4
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_node_missing_workers_is_refused(home, tpu_api, job_file):
+    create("pod", "v4-32")
+    tpu_api.nodes[f"projects/podrun-test/locations/{ZONE}/nodes/pod"]["networkEndpoints"].pop()
+    result = podrun("exec", tpu_spec(job_file, "pod", "true"))
+    assert result.returncode == 1
+    assert "TPU VM pod (v4-32) reports 3 of its 4 workers" in result.stderr
+
+
+def test_docker_on_tpu_runs_privileged(home, tpu_api, job_file):
+    create("pod", "v4-8")
+    result = podrun("exec", tpu_spec(job_file, "pod", "python3 train.py", docker="{image: 'xla:r2.5'}"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "docker run --rm --net=host --name=podrun-" in result.stdout
+    assert " --privileged " in result.stdout
