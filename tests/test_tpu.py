@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+from conftest import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
 from podrun import accelerators
 from podrun.errors import UsageError
 
@@ -146,25 +148,32 @@ def test_create_no_wait_returns_at_once_and_exec_refuses_a_node_that_is_not_read
 
 
 @pytest.mark.slow
-def test_exec_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_its_metadata(home, tpu_api, lab, job_file):
-    create("pod", "v4-32")
-    spec = tpu_spec(job_file, "pod", 'echo "device $PJRT_DEVICE worker $PODRUN_WORKER of $PODRUN_NUM_WORKERS '
-                                     'master $MASTER_ADDR on $(hostname -I)"')
-    dry = podrun("exec", spec, "--dry-run")
+def test_the_example_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_its_metadata(
+        home, tpu_api, lab, tmp_path):
+    create("my-pod", "v4-32", "--zone", "us-central2-b")
+    spec = yaml.safe_load((REPO / "configs" / "tpu-hello.yaml").read_text())
+    spec["ssh"] = {"user": "root"}  # the lab's hosts have root only
+    spec["workdir"] = str(tmp_path)
+    (tmp_path / "tpu-hello.yaml").write_text(yaml.safe_dump(spec))
+    dry = podrun("exec", tmp_path / "tpu-hello.yaml", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert f"# worker 1: {lab.hosts[1].external_ip} (internal IP {lab.hosts[1].ip})" in dry.stdout
     assert not any(method == "PATCH" for method, _ in tpu_api.requests)  # a dry run changes nothing
 
-    result = podrun("exec", spec)
+    result = podrun("exec", tmp_path / "tpu-hello.yaml")
     assert result.returncode == 0, result.stderr
-    for index, host in enumerate(lab.hosts):
-        assert f"[w{index}] device TPU worker {index} of 4 master {lab.hosts[0].ip} on {host.ip} " in result.stdout
+    hostname = socket.gethostname()  # the lab's hosts share this machine's UTS namespace
+    for index in range(4):
+        assert (f"[w{index}] worker {index} of 4, PJRT_DEVICE=TPU, on {hostname}, rendezvous at "
+                f"{lab.hosts[0].ip}") in result.stdout
+    assert "4 TPU workers" in result.stderr
+    assert all((host.home / "podrun" / "tpu-hello").is_dir() for host in lab.hosts)  # each worker its own host
     public_key = (Path(os.environ["HOME"]) / ".ssh" / "google_compute_engine.pub").read_text().split()[:2]
-    ssh_keys = json.loads(gcloud("describe", "pod").stdout)["metadata"]["ssh-keys"]
+    ssh_keys = json.loads(gcloud("describe", "my-pod").stdout)["metadata"]["ssh-keys"]
     assert ssh_keys == f"root:{public_key[0]} {public_key[1]} root"
     assert processes_of_job(job_id_in(result.stderr)) == []
 
-    again = podrun("exec", spec)
+    again = podrun("exec", tmp_path / "tpu-hello.yaml")
     assert again.returncode == 0, again.stderr
     assert sum(method == "PATCH" for method, _ in tpu_api.requests) == 1  # the key was there already
 
