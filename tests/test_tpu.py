@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
 from podrun import accelerators
 from podrun.errors import UsageError
 
@@ -110,6 +112,10 @@ def test_google_errors_are_one_line_each_saying_what_to_do(home, tpu_api, tmp_pa
     assert "no capacity in us-central2-b right now" in error_of("create", "v4-64", "--name", "too-big")
     assert "no TPU VM named ghost in podrun-test/us-central2-b" in error_of("describe", "ghost")
     assert "no TPU VM named ghost" in error_of("delete", "ghost", "--yes")
+    assert "invalid request: Runtime version 'bogus' is not available" in error_of(
+        "create", "v4-8", "--name", "bad-runtime", "--version", "bogus")
+    tpu_api.quota_exhausted_projects.add("small")
+    assert "quota exceeded in small/us-central2-b" in error_of("create", "v4-8", "--project", "small")
     tpu_api.denied_projects.add("no-api")
     assert "`gcloud services enable tpu.googleapis.com --project no-api`" in error_of("list", "--project", "no-api")
     assert "refusing without --yes" in error_of("delete", "taken")
@@ -217,6 +223,20 @@ def test_processes_holding_the_tpu_are_named_and_killed_only_when_asked(home, tp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_ctrl_c_while_creating_says_the_node_may_still_come_and_how_to_delete_it(home, tpu_api):
+    tpu_api.operation_delay_s = 60
+    creating = Background("create", "v4-8", "--name", "slow")
+    creating.wait_for(r"creating TPU VM slow")
+    while ("POST", "/v2/projects/podrun-test/locations/us-central2-b/nodes") not in tpu_api.requests:
+        assert creating.process.poll() is None
+        time.sleep(0.05)
+    creating.process.send_signal(signal.SIGINT)
+    assert creating.finish() == 130
+    assert ("podrun: interrupted: slow may still be created (and billed); delete it with "
+            "`podrun delete slow --zone us-central2-b --project podrun-test`") in creating.lines
+    assert "Traceback" not in creating.text
 
 
 def test_a_node_missing_workers_is_refused(home, tpu_api, job_file):

@@ -42,6 +42,9 @@ ACCELERATOR_HOSTS = {
     **{f"{family}-{chips}": 1 if chips <= 8 else chips // 4
        for family in ("v5litepod", "v6e") for chips in (1, 4, 8, 16, 32, 64, 128, 256)},
 }
+# the zone's runtimeVersions
+RUNTIME_VERSIONS = {"tpu-ubuntu2204-base", "tpu-vm-tf-2.16.1-pod-pjrt", "v2-alpha-tpuv5", "v2-alpha-tpuv5-lite",
+                    "v2-alpha-tpuv6e"}
 # google.rpc.Code numbers and the HTTP status each maps to
 CODES = {"INVALID_ARGUMENT": (3, 400), "NOT_FOUND": (5, 404), "ALREADY_EXISTS": (6, 409),
          "PERMISSION_DENIED": (7, 403), "RESOURCE_EXHAUSTED": (8, 429), "UNAUTHENTICATED": (16, 401)}
@@ -91,6 +94,7 @@ class TpuStandIn:
         self.operations: dict[str, Operation] = {}
         self.exhausted_zones: set[str] = set()
         self.denied_projects: set[str] = set()  # projects where the API is not enabled
+        self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
@@ -188,8 +192,12 @@ class TpuStandIn:
         accelerator = body.get("acceleratorType")
         if accelerator not in ACCELERATOR_HOSTS:
             raise ApiError("INVALID_ARGUMENT", f"Accelerator type {accelerator!r} is not available in zone {zone}")
-        if not body.get("runtimeVersion"):
-            raise ApiError("INVALID_ARGUMENT", "Field runtimeVersion is required")
+        if body.get("runtimeVersion") not in RUNTIME_VERSIONS:
+            raise ApiError("INVALID_ARGUMENT", f"Runtime version {body.get('runtimeVersion')!r} is not available "
+                                               f"in zone {zone}")
+        if parent.split("/")[1] in self.quota_exhausted_projects:
+            raise ApiError("RESOURCE_EXHAUSTED", f"Quota 'TPUV4sPodPerProjectPerZoneForTPUAPI' exhausted. "
+                                                 f"Limit 0 in zone {zone}")
         node = {**body, "name": name, "state": "CREATING", "id": str(next(self.ids) + 4_000_000_000_000_000_000),
                 "createTime": _timestamp(), "apiVersion": "V2", "health": "HEALTHY",
                 "networkConfig": {"network": f"projects/{parent.split('/')[1]}/global/networks/default",
