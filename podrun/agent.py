@@ -41,7 +41,11 @@ def main():
     control = ControlInput()
     config = marshal.loads(control.read_exactly(int(control.read_line())))
     job_dir = os.path.abspath(os.path.join(".podrun", "jobs", config["job_id"]))
-    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    for directory in (".podrun", os.path.join(".podrun", "jobs"), job_dir):  # each private, not just the last
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
     step = Step(config, job_dir)
     report = detach() if config.get("detach") else None
     try:

@@ -8,7 +8,9 @@ worker has its exit, records the job's end in the job store.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 
 from podrun import jobstore, paths
 from podrun.errors import PodrunError
@@ -91,13 +93,26 @@ async def _fetch(record, worker, transport: Transport, output: WorkerOutput | No
     channel.stdin.write_eof()
     with open(log_path, "ab", buffering=0) as log:
         while chunk := await channel.stdout.read(65536):
-            log.write(chunk)
+            _append_at(log, offset, chunk)
+            offset += len(chunk)
             if output:
                 output.feed(chunk)
     if output:
         output.close()
     exit_text, _ = await asyncio.gather(channel.stderr.read(), channel.wait())
     return json.loads(exit_text) if exit_text.strip() else None
+
+
+def _append_at(log, offset: int, chunk: bytes) -> None:
+    """Write the bytes the worker's log holds at `offset` onwards, but only those the local copy lacks:
+    another podrun (a `logs -f` beside a `stop`) may be fetching the same log at the same time."""
+    fcntl.flock(log, fcntl.LOCK_EX)
+    try:
+        already = os.fstat(log.fileno()).st_size - offset
+        if already < len(chunk):
+            log.write(chunk[max(already, 0):])
+    finally:
+        fcntl.flock(log, fcntl.LOCK_UN)
 
 
 async def _stop_all(record: jobstore.JobRecord) -> None:

@@ -24,6 +24,7 @@ ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Set by podrun on every worker (GUIDE section 4); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
                 "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT")
+PLAIN_KEY = re.compile(r"^[\w-]+$")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 
 
@@ -196,8 +197,10 @@ def json_schema() -> dict:
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
+    if isinstance(error, yaml.reader.ReaderError):  # a character YAML does not allow, before any parsing
+        return f"byte {error.position + 1}: not valid YAML: character {error.character!r} is not allowed in YAML"
     mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
     return f"{where}not valid YAML: {problem}"
 
@@ -211,7 +214,8 @@ def _yaml_kind(value: Any) -> str:
 def _spec_error(path: Path, error: ValidationError) -> SpecError:
     first = error.errors()[0]
     loc = [str(part) for part in first["loc"] if part != "[key]"]
-    field = ".".join(loc) or None
+    # a generated or mistyped key may hold anything, newlines included: quote it to keep one line
+    field = ".".join(part if PLAIN_KEY.match(part) else repr(part) for part in loc) or None
     kind, message = first["type"], first["msg"]
     if kind == "extra_forbidden":
         known = _field_names(loc[:-1])
@@ -225,6 +229,7 @@ def _spec_error(path: Path, error: ValidationError) -> SpecError:
         if kind != "value_error" and "input" in first and not isinstance(first["input"], (dict, list)):
             expected += f", got {first['input']!r}"
     more = error.error_count() - 1
+    expected = expected.replace("\n", "\\n")
     return SpecError(path, field, expected + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
 
 

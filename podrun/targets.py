@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrun import paths
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, SpecError
 from podrun.spec import JobSpec, parse_host
 from podrun.transport import ChannelLost, LocalTransport, Transport
 
@@ -63,10 +63,10 @@ def _ssh_worker(index: int, entry: str, spec: JobSpec) -> Worker:
     user, host, port = parse_host(entry)
     transport = SshTransport(host, port or spec.ssh.port, user or spec.ssh.user, spec.ssh.identity_file,
                              spec.ssh.check_host_keys)
-    return Worker(index, entry, _internal_ip(host, entry), transport)
+    return Worker(index, entry, _internal_ip(host, spec, index), transport)
 
 
-def _internal_ip(host: str, entry: str) -> str:
+def _internal_ip(host: str, spec: JobSpec, index: int) -> str:
     """The address the other workers use to reach this one: the host itself when it is an IP,
     else what its name resolves to (a name only ~/.ssh/config knows is not enough for torchrun)."""
     try:
@@ -76,4 +76,6 @@ def _internal_ip(host: str, entry: str) -> str:
     try:
         return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
     except OSError as error:
-        raise PodrunError(f"{entry}: host does not resolve ({error.strerror or error})") from None
+        raise SpecError(spec.path, f"target.hosts.{index}",
+                        f"{host} does not resolve ({error.strerror or error}); expected a host name or IP "
+                        f"address this machine can look up") from None

@@ -77,6 +77,16 @@ def processes_of_job(job_id: str) -> list[str]:
     return found
 
 
+def wait_until(condition, what: str, timeout: float = 15) -> float:
+    """Poll a condition the system under test will make true (not a sleep standing in for it);
+    returns the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
 def stderr_lines_without_traceback(stderr: str) -> list[str]:
     assert "Traceback" not in stderr, stderr
     return [line for line in stderr.splitlines() if line.strip()]
@@ -184,3 +194,24 @@ def tpu_api(lab, tmp_path, monkeypatch):
     stand_in.shutdown()
     for host in lab.hosts:
         (host.home / ".ssh" / "authorized_keys").write_text(lab_keys[host.index])
+
+
+# seconds from an injected fault to what the fault matrix expects (tests/test_fault_matrix.py), by row
+FAULT_TIMES: dict[str, list[float]] = {}
+
+
+@pytest.fixture
+def fault_time():
+    def record(row: str, seconds: float) -> None:
+        FAULT_TIMES.setdefault(row, []).append(seconds)
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FAULT_TIMES:
+        terminalreporter.write_line("fault matrix: seconds from the fault to the expected outcome (min / median / max)")
+        for row, times in FAULT_TIMES.items():
+            ordered = sorted(times)
+            terminalreporter.write_line(f"  {row}: {ordered[0]:.2f} / {ordered[len(ordered) // 2]:.2f} / "
+                                        f"{ordered[-1]:.2f} s over {len(times)} runs")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import signal
 
-from conftest import Background, job_id_in, podrun, processes_of_job
+from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
 
 
 def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
@@ -102,16 +102,6 @@ def test_a_damaged_job_record_does_not_break_jobs_or_logs(home, job_file):
     broken = podrun("logs", "half-written")
     assert broken.returncode == 1 and "Traceback" not in broken.stderr
     assert broken.stderr.startswith("podrun: error: job 'half-written': its record") and broken.stderr.count("\n") == 1
-
-
-def wait_until(condition, what: str, timeout: float = 15) -> None:
-    """Poll a condition the system under test will make true (not a sleep standing in for it)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_detached_job_runs_on_and_logs_follow_resumes_it_to_the_end(home, job_file, tmp_path):

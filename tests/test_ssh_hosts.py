@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -57,26 +56,6 @@ def test_each_host_gets_its_rank_the_rendezvous_address_and_its_own_code_copy(ho
     assert again.stdout.count(" sees 1 marks") == 4
 
 
-def test_a_failing_host_stops_the_job_on_every_other_host(home, lab, hosts_spec):
-    spec = hosts_spec("""
-        run: |
-          echo "up $PODRUN_WORKER"
-          if [ "$PODRUN_WORKER" = 2 ]; then sleep 0.5; echo "disk full"; exit 3; fi
-          sleep 300
-    """)
-    started = time.monotonic()
-    result = podrun("exec", spec)
-    assert result.returncode == 3
-    assert time.monotonic() - started < 10
-    assert f"worker 2 ({lab.hosts[2].ip}) exited with code 3 in run" in result.stderr
-    assert "  disk full" in result.stderr
-    job_id = job_id_in(result.stderr)
-    assert processes_of_job(job_id) == []  # the lab hosts share this machine's process table
-    for index in (0, 1):  # each host's agent recorded why its job ended
-        exit_record = json.loads((lab.hosts[index].home / ".podrun" / "jobs" / job_id / "run.exit").read_text())
-        assert exit_record["stop_reason"] == "stop requested"
-
-
 def test_host_keys_are_trusted_on_first_use_and_a_changed_key_is_refused(home, lab, hosts_spec):
     spec = hosts_spec("run: echo ok", hosts=(0,))
     assert podrun("exec", spec).returncode == 0
@@ -95,22 +74,19 @@ def test_host_keys_are_trusted_on_first_use_and_a_changed_key_is_refused(home, l
     assert podrun("exec", spec).returncode == 0
 
 
-@pytest.mark.parametrize("fault", ["sshd stopped", "wrong port", "refused key", "does not resolve"])
+@pytest.mark.parametrize("fault", ["wrong port", "refused key", "does not resolve"])  # sshd stopped: the fault matrix
 def test_an_unusable_host_is_one_line_and_nothing_starts_anywhere(home, lab, hosts_spec, tmp_path, fault):
     spec = hosts_spec("run: echo started; sleep 300")
     text = spec.read_text()
     bad = lab.hosts[1].ip
     expected = {
-        "sshd stopped": f"podrun: error: {bad}: cannot connect: Connection refused",
         "wrong port": f"podrun: error: {bad}:2222: cannot connect: Connection refused",
         # the spec's one identity file is refused by every host: the first is named, the rest counted
         "refused key": f"podrun: error: {lab.hosts[0].ip}: key refused for user root (identity file: "
                        f"{tmp_path}/other_key) (and 2 more worker(s) failed the same step)",
-        "does not resolve": "podrun: error: no-such-host.invalid: host does not resolve",
+        "does not resolve": f"podrun: error: {spec}: target.hosts.1: no-such-host.invalid does not resolve",
     }[fault]
-    if fault == "sshd stopped":
-        lab.stop_sshd(1)
-    elif fault == "wrong port":
+    if fault == "wrong port":
         text = text.replace(f", {bad},", f", {bad}:2222,")
     elif fault == "refused key":
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other_key")], check=True)
@@ -119,13 +95,9 @@ def test_an_unusable_host_is_one_line_and_nothing_starts_anywhere(home, lab, hos
         text = text.replace(f", {bad},", ", no-such-host.invalid,")
     spec.write_text(text)
     jobs_before = [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts]
-    try:
-        started = time.monotonic()
-        result = podrun("exec", spec)
-        elapsed = time.monotonic() - started
-    finally:
-        if fault == "sshd stopped":
-            lab.start_sshd(1)
+    started = time.monotonic()
+    result = podrun("exec", spec)
+    elapsed = time.monotonic() - started
     assert result.returncode != 0
     lines = stderr_lines_without_traceback(result.stderr)
     assert lines[-1].startswith(expected), lines
@@ -133,32 +105,6 @@ def test_an_unusable_host_is_one_line_and_nothing_starts_anywhere(home, lab, hos
     assert "started" not in result.stdout
     # no agent ran anywhere: it would have made a job directory on its host
     assert [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts] == jobs_before
-
-
-@pytest.mark.slow
-def test_a_host_whose_link_goes_down_fails_the_job_and_stops_on_its_own(home, lab, hosts_spec):
-    from test_logs_and_jobs import wait_until
-
-    from conftest import Background
-
-    job = Background("exec", hosts_spec("run: echo \"up $PODRUN_WORKER\"; sleep 300"))
-    for index in range(3):
-        job.wait_for(rf"^\[w{index}\] up {index}")
-    job_id = job_id_in(job.text)
-    lost_at = time.monotonic()
-    subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "down"], check=True)
-    try:
-        code = job.finish(timeout=60)
-        detected_after = time.monotonic() - lost_at
-        assert code != 0
-        assert f"worker 2 ({lab.hosts[2].ip}) lost its connection" in job.text, job.text
-        assert detected_after < 25  # 3 keepalives 5 s apart, plus the stop of the others
-        # the cut-off host hears no heartbeat and stops the job itself
-        wait_until(lambda: processes_of_job(job_id) == [], "the cut-off host to stop its job", timeout=30)
-        exit_record = json.loads((lab.hosts[2].home / ".podrun" / "jobs" / job_id / "run.exit").read_text())
-        assert exit_record["stop_reason"] == "no word from the launcher for 20s"
-    finally:
-        subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)
 
 
 def test_rendezvous_port_taken_on_worker_0_fails_before_run(home, lab, hosts_spec):
@@ -192,24 +138,6 @@ def test_a_worker_that_cannot_reach_worker_0_is_named_before_run(home, lab, host
         f"podrun: error: worker 1 ({lab.hosts[1].ip}) cannot reach the rendezvous endpoint "
         f"{lab.hosts[0].ip}:29534 on worker 0: No route to host")
     assert "started" not in result.stdout
-
-
-def test_a_detached_job_on_hosts_is_stopped_everywhere_from_another_terminal(home, lab, hosts_spec):
-    launched = podrun("exec", "--detach", hosts_spec("run: echo \"up $PODRUN_WORKER\"; sleep 300"))
-    assert launched.returncode == 0, launched.stderr
-    job_id = job_id_in(launched.stderr)
-    assert len(processes_of_job(job_id)) >= 3
-    from test_logs_and_jobs import wait_until
-    wait_until(lambda: sorted(podrun("logs", job_id).stdout.splitlines()) == ["[w0] up 0", "[w1] up 1", "[w2] up 2"],
-               "every host's first line")
-    assert podrun("logs", job_id, "--worker", "2").returncode == 0  # a fetch of one worker only
-    stopped = podrun("stop", job_id)
-    assert stopped.returncode == 0, stopped.stderr
-    assert f"job {job_id} is stopped" in stopped.stdout
-    assert processes_of_job(job_id) == []
-    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
-    assert record["state"] == "stopped" and all(w["exit_code"] is not None for w in record["workers"])
-    assert {w["stop_reason"] for w in record["workers"]} == {"SIGTERM"}
 
 
 def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_spec):

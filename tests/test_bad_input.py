@@ -1,0 +1,135 @@
+"""Bad input never gets a traceback: generated and mutated specs, and values that look like shell."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import ipaddress
+import socket
+from pathlib import Path
+from unittest import mock
+
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO, podrun
+from podrun.cli import main
+from podrun.spec import JobSpec
+
+VALID = {"name": "fuzz", "target": {"local": {"workers": 2}}, "workdir": ".", "setup": "true",
+         "run": "train.py --steps 1", "env": {"A": "1", "WANDB_API_KEY": "k"}, "secret_env": ["WANDB_API_KEY"],
+         "device": "CPU", "torchrun": {"nproc_per_node": 2, "port": 29500},
+         "docker": {"image": "img", "args": ["--shm-size=1g"]}, "ssh": {"user": "root", "port": 22}}
+HOSTS = {"hosts": ["10.99.0.10", "root@10.99.0.11:22", "[fd00::1]:2222"]}
+KEYS = [*JobSpec.model_fields, "tpu", "hosts", "local", "workers", "nproc_per_node", "image", "port", "user",
+        "nam", "rnu", "PATH", ""]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(), st.text(max_size=12),
+                    st.sampled_from(["-1", "0", "auto", "gpu", "TPU", "10.99.0.10", "a@b:99999", "[::1]", "~", "."]))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6)
+
+
+@st.composite
+def mutated_specs(draw) -> object:
+    """A valid spec (local or hosts) with a few fields replaced, removed, added or nested wrongly."""
+    spec = yaml.safe_load(yaml.safe_dump(VALID))
+    if draw(st.booleans()):
+        spec["target"] = dict(HOSTS)
+    for _ in range(draw(st.integers(1, 4))):
+        node = spec
+        path = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3))
+        for key in path[:-1]:
+            if not isinstance(node.get(key), dict):
+                break
+            node = node[key]
+        action = draw(st.sampled_from(["set", "delete"]))
+        if action == "delete":
+            node.pop(path[-1], None)
+        else:
+            node[path[-1]] = draw(values)
+    return draw(st.sampled_from([spec, spec, spec, draw(values)]))
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(list(args))
+        except SystemExit as exit_:
+            return exit_.code, errors.getvalue()
+    raise AssertionError("the CLI returned without an exit code")
+
+
+def literal_addresses_only(host, *args, **kwargs):
+    """Name lookups stay on this machine: a generated name is not sent to a resolver."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known") from None
+    return real_getaddrinfo(host, *args, **kwargs)
+
+
+real_getaddrinfo = socket.getaddrinfo
+
+
+def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
+    if code == 0:
+        return
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith(f"podrun: error: {spec_path}: "), stderr
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(spec=mutated_specs())
+def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path.write_text(yaml.safe_dump(spec) if not isinstance(spec, str) else spec)
+    code, stderr = run_cli("validate", str(path))
+    assert_success_or_one_line(code, stderr, path)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(spec=mutated_specs())
+def test_generated_specs_dry_run_or_fail_in_one_line(spec, tmp_path_factory, monkeypatch):
+    assume(not (isinstance(spec, dict) and isinstance(spec.get("target"), dict) and "tpu" in spec["target"]))
+    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("PODRUN_HOME", str(path.parent / "home"))
+    with mock.patch("socket.getaddrinfo", literal_addresses_only):
+        code, stderr = run_cli("exec", str(path), "--dry-run")
+    assert_success_or_one_line(code, stderr, path)
+
+
+@given(text=st.text(max_size=200))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+def test_any_text_as_a_spec_validates_or_fails_in_one_line(text, tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path.write_text(text)
+    code, stderr = run_cli("validate", str(path))
+    assert_success_or_one_line(code, stderr, path)
+
+
+NASTY = "it's \"quoted\" $HOME `touch pwned-backtick` ; touch pwned-semicolon && $(touch pwned-subshell) \\\n" \
+        "second line ünïcødé ✓\ttab 'single' \"double\" $((1+1)) ${PATH}"
+
+
+def test_values_that_look_like_shell_reach_the_worker_byte_for_byte(home, lab, hosts_spec, tmp_path):
+    spec = hosts_spec(f"""
+        run: |
+          printenv NASTY | od -An -tx1 | tr -d ' \\n'; echo
+          printenv FROM_FLAG | od -An -tx1 | tr -d ' \\n'; echo
+          printf '%s|' "it's" 'a "b"' 'ünï ✓' '$HOME'; echo
+        env: {{NASTY: {yaml.safe_dump(NASTY, default_style='"', width=10**9).strip()}, PATH: /usr/bin:/bin}}
+    """, hosts=(0, 1))
+    flag_value = "$(touch pwned-flag); `touch pwned-flag2` \"x\" 'y'"
+    result = podrun("exec", spec, "--env", f"FROM_FLAG={flag_value}")
+    assert result.returncode == 0, result.stderr
+    for index in (0, 1):
+        assert f"[w{index}] {(NASTY + chr(10)).encode().hex()}" in result.stdout.splitlines()
+        assert f"[w{index}] {(flag_value + chr(10)).encode().hex()}" in result.stdout.splitlines()
+        assert f"[w{index}] it's|a \"b\"|ünï ✓|$HOME|" in result.stdout.splitlines()
+    places = [REPO, tmp_path, tmp_path / "code", *(host.home for host in lab.hosts),
+              *(path for host in lab.hosts for path in (host.home / "podrun").glob("*/*"))]
+    assert [path for place in places for path in place.glob("pwned*")] == []

@@ -1,0 +1,255 @@
+"""The fault matrix (README): each fault injected for real on the lab hosts, five times, and after
+each `ps` on every host must show nothing of the job. The seconds from each fault to its expected
+outcome are collected and printed at the end of the run (conftest.FAULT_TIMES)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import Background, job_id_in, podrun, stderr_lines_without_traceback, wait_until
+
+ATTEMPTS = range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "5")))
+KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/ssh.py)
+HEARTBEAT_TIMEOUT_S = 20  # a worker: no word from the launcher (podrun/launch.py)
+repeated = pytest.mark.parametrize("attempt", ATTEMPTS)
+
+
+def ps_on_every_host(lab, job_id: str) -> list[str]:
+    """What `ps` on each lab host shows of the job: processes whose environment carries its id."""
+    found = []
+    for host in lab.hosts:
+        listing = lab.run(host.index, "ps axeww -o pid=,stat=,args=").stdout
+        for line in listing.splitlines():
+            pid, state, command = line.split(None, 2)
+            if f"PODRUN_JOB_ID={job_id} " in command + " " and not state.startswith("Z"):
+                found.append(f"host {host.index}: {pid} {command[:120]}")
+    return found
+
+
+def started_job(hosts_spec, run: str, files: dict[str, str] | None = None) -> tuple[Background, str]:
+    """podrun exec on hosts 0-2 in the background, once every worker printed `up <index>`."""
+    body = "".join(f"  {line}\n" for line in ['echo "up $PODRUN_WORKER"', *run.splitlines()])
+    job = Background("exec", hosts_spec(f"run: |\n{body}", files=files))
+    for index in range(3):
+        job.wait_for(rf"^\[w{index}\] up {index}$")
+    return job, job_id_in(job.text)
+
+
+def step_pid(job_id: str, worker: int) -> int:
+    """The pid of the worker's step (the process the agent started), from the environments in /proc."""
+    wanted = {f"PODRUN_JOB_ID={job_id}".encode(), f"PODRUN_WORKER={worker}".encode()}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = set(handle.read().split(b"\0"))
+            if wanted <= environ and os.getsid(int(entry)) == int(entry):
+                return int(entry)
+        except OSError:
+            continue
+    raise AssertionError(f"no step process of worker {worker} of {job_id}")
+
+
+@repeated
+def test_a_worker_killed_with_sigkill_fails_the_job_naming_it(home, lab, hosts_spec, fault_time, attempt):
+    job, job_id = started_job(hosts_spec, "exec sleep 300")
+    killed_at = time.monotonic()
+    os.kill(step_pid(job_id, 1), signal.SIGKILL)
+    assert job.finish() == 137
+    fault_time("worker process kill -9 -> job failed", time.monotonic() - killed_at)
+    assert time.monotonic() - killed_at < 5
+    assert f"worker 1 ({lab.hosts[1].ip}) was killed by SIGKILL (exit code 137) in run" in job.text
+    assert ps_on_every_host(lab, job_id) == []
+
+
+@repeated
+def test_a_worker_exiting_3_stops_the_others_and_podrun_exits_3(home, lab, hosts_spec, fault_time, attempt):
+    job, job_id = started_job(hosts_spec, 'if [ "$PODRUN_WORKER" = 2 ]; then\n'
+                                          '  while [ ! -e ~/fail-$PODRUN_JOB_ID ]; do sleep 0.01; done\n'
+                                          '  echo "disk full"; exit 3\nfi\nexec sleep 300')
+    failed_at = time.monotonic()
+    (lab.hosts[2].home / f"fail-{job_id}").touch()  # every worker is up: now worker 2 fails
+    assert job.finish() == 3
+    fault_time("worker exits 3 -> others stopped, podrun exits 3", time.monotonic() - failed_at)
+    assert f"worker 2 ({lab.hosts[2].ip}) exited with code 3 in run" in job.text
+    assert "  disk full" in job.text
+    assert ps_on_every_host(lab, job_id) == []
+    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    assert [(w["exit_code"], w["signal"]) for w in record["workers"]] == [(143, "SIGTERM"), (143, "SIGTERM"), (3, None)]
+    for index in (0, 1):  # each host's agent recorded why its job ended
+        exit_record = json.loads((lab.hosts[index].home / ".podrun" / "jobs" / job_id / "run.exit").read_text())
+        assert exit_record["stop_reason"] == "stop requested"
+
+
+@repeated
+def test_ctrl_c_stops_every_worker_exits_130_and_the_logs_are_complete(home, lab, hosts_spec, fault_time, attempt):
+    job, job_id = started_job(hosts_spec, 'i=0; while true; do echo "line $i"; i=$((i+1)); sleep 0.01; done')
+    for index in range(3):
+        job.wait_for(rf"^\[w{index}\] line 20$")
+    interrupted_at = time.monotonic()
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish() == 130
+    fault_time("Ctrl-C -> every worker stopped, exit 130", time.monotonic() - interrupted_at)
+    assert ps_on_every_host(lab, job_id) == []
+    for index, host in enumerate(lab.hosts[:3]):
+        local = (home / "jobs" / job_id / f"w{index}.log").read_bytes()
+        remote = (host.home / ".podrun" / "jobs" / job_id / "output.log").read_bytes()
+        assert local == remote  # everything the worker printed up to the stop reached the local log
+        lines = local.decode().splitlines()
+        assert lines[0] == f"up {index}" and lines[1:] == [f"line {i}" for i in range(len(lines) - 1)]
+
+
+@repeated
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_podrun_terminated_or_killed_leaves_nothing_running(home, lab, hosts_spec, fault_time, signum, attempt):
+    job, job_id = started_job(hosts_spec, "exec sleep 300")
+    signalled_at = time.monotonic()
+    job.process.send_signal(signum)
+    code = job.finish()
+    stopped_after = wait_until(lambda: ps_on_every_host(lab, job_id) == [], "the workers to stop",
+                               timeout=HEARTBEAT_TIMEOUT_S + 10)
+    fault_time(f"{signum.name} to podrun -> workers stopped", time.monotonic() - signalled_at)
+    assert stopped_after < (5 if signum == signal.SIGTERM else HEARTBEAT_TIMEOUT_S)
+    state = {entry["id"]: entry["state"] for entry in json.loads(podrun("jobs", "--json").stdout)}[job_id]
+    if signum == signal.SIGTERM:
+        assert code == 143 and state == "stopped"
+    else:  # killed: it could record nothing, so `jobs` sees a running job without its launcher
+        assert code == -signal.SIGKILL and state == "lost"
+
+
+@repeated
+def test_a_host_whose_link_goes_down_fails_the_job_and_stops_on_its_own(home, lab, hosts_spec, fault_time, attempt):
+    job, job_id = started_job(hosts_spec, "exec sleep 300")
+    lost_at = time.monotonic()
+    subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "down"], check=True)
+    try:
+        assert job.finish(timeout=60) == 255
+        fault_time("link down -> job failed naming the host", time.monotonic() - lost_at)
+        assert time.monotonic() - lost_at < KEEPALIVE_TIMEOUT_S + 5
+        assert f"worker 2 ({lab.hosts[2].ip}) lost its connection" in job.text, job.text
+        # the cut-off host hears no heartbeat and stops the job itself
+        wait_until(lambda: ps_on_every_host(lab, job_id) == [], "the cut-off host to stop its job",
+                   timeout=HEARTBEAT_TIMEOUT_S + 10)
+        fault_time("link down -> cut-off host stopped its job", time.monotonic() - lost_at)
+        exit_record = json.loads((lab.hosts[2].home / ".podrun" / "jobs" / job_id / "run.exit").read_text())
+        assert exit_record["stop_reason"] == f"no word from the launcher for {HEARTBEAT_TIMEOUT_S}s"
+    finally:
+        subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)
+
+
+@repeated
+def test_sshd_stopped_on_one_host_is_one_line_and_nothing_starts(home, lab, hosts_spec, fault_time, attempt):
+    spec = hosts_spec("run: echo started; sleep 300")
+    jobs_before = [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts]
+    lab.stop_sshd(1)
+    try:
+        started = time.monotonic()
+        result = podrun("exec", spec)
+        fault_time("sshd stopped -> one-line error", time.monotonic() - started)
+    finally:
+        lab.start_sshd(1)
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        f"podrun: error: {lab.hosts[1].ip}: cannot connect: Connection refused")
+    assert "started" not in result.stdout
+    # no agent ran anywhere: it would have made a job directory on its host
+    assert [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts] == jobs_before
+
+
+@repeated
+def test_a_setup_failing_on_one_host_means_run_starts_nowhere(home, lab, hosts_spec, attempt):
+    spec = hosts_spec("""
+        setup: if [ "$PODRUN_WORKER" = 1 ]; then echo "no space"; exit 4; fi
+        run: touch ~/ran-$PODRUN_JOB_ID
+    """)
+    result = podrun("exec", spec)
+    assert result.returncode == 4
+    job_id = job_id_in(result.stderr)
+    assert f"worker 1 ({lab.hosts[1].ip}) exited with code 4 in setup" in result.stderr
+    assert not any((host.home / f"ran-{job_id}").exists() for host in lab.hosts)
+    assert ps_on_every_host(lab, job_id) == []
+
+
+@repeated
+def test_two_jobs_at_once_keep_their_code_logs_and_processes_apart(home, lab, hosts_spec, attempt):
+    run = 'cat which.txt; pwd; echo "group $(ps -o pgid= $$)"; exec sleep 300'
+    first, first_id = started_job(hosts_spec, run, files={"which.txt": "first\n"})
+    second, second_id = started_job(hosts_spec, run, files={"which.txt": "second\n"})
+    for job in (first, second):
+        for index in range(3):
+            job.wait_for(rf"^\[w{index}\] group ")
+    code_dirs = {job_id: {line.split("] ", 1)[1] for line in job.lines if re.match(r"^\[w\d\] /", line)}
+                 for job_id, job in ((first_id, first), (second_id, second))}
+    assert len(code_dirs[first_id]) == len(code_dirs[second_id]) == 1 and code_dirs[first_id] != code_dirs[second_id]
+    groups = {job_id: {line for line in job.lines if " group " in line} for job_id, job in
+              ((first_id, first), (second_id, second))}
+    assert not groups[first_id] & groups[second_id]
+    assert "[w0] second" in second.lines and "[w0] second" not in first.lines
+
+    stopped = podrun("stop", first_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert first.finish() == 143
+    assert ps_on_every_host(lab, first_id) == []
+    assert len(ps_on_every_host(lab, second_id)) >= 3 and second.process.poll() is None  # untouched
+    assert (home / "jobs" / first_id / "w0.log").read_text().startswith("up 0\nfirst\n")
+    assert (home / "jobs" / second_id / "w0.log").read_text().startswith("up 0\nsecond\n")
+    second.process.send_signal(signal.SIGINT)
+    assert second.finish() == 130
+    assert ps_on_every_host(lab, second_id) == []
+
+
+@repeated
+def test_a_detached_job_is_followed_and_stopped_from_other_terminals(home, lab, hosts_spec, attempt):
+    spec = hosts_spec('run: |\n  i=0; while true; do echo "tick $PODRUN_WORKER $i"; i=$((i+1)); sleep 0.05; done\n')
+    launched = podrun("exec", "--detach", spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    follower = Background("logs", "-f", job_id)
+    follower.wait_for(r"^\[w2\] tick 2 5$")
+    follower.process.send_signal(signal.SIGINT)  # the laptop lid closes
+    follower.finish()
+    resumed = Background("logs", "-f", job_id, "--worker", "2")
+    resumed.wait_for(r"^tick 2 40$")
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert resumed.finish() in (0, 143)
+    assert ps_on_every_host(lab, job_id) == []
+    log = (home / "jobs" / job_id / "w2.log").read_text().splitlines()
+    assert log == [f"tick 2 {i}" for i in range(len(log))]  # resumed where the local copy ended: no gap, no repeat
+    assert log == (lab.hosts[2].home / ".podrun" / "jobs" / job_id / "output.log").read_text().splitlines()
+
+
+def flood_bytes(worker: int) -> bytes:
+    line = f"w{worker} %09d ".encode() + b"x" * 90 + b"\n"
+    return (b"".join(line % i for i in range(1_000_000)) + b"binary \xff\xfe\x00\x1b[31m bytes\n"
+            + b"no newline at the end")
+
+
+@repeated
+def test_100_mb_binary_and_unterminated_output_reach_the_log_and_never_mix_lines(home, lab, hosts_spec, attempt):
+    script = ("import sys\nworker = sys.argv[1].encode()\nout = sys.stdout.buffer\n"
+              "line = b'w' + worker + b' %09d ' + b'x' * 90 + b'\\n'\n"
+              "for i in range(1_000_000):\n    out.write(line % i)\n"
+              "out.write(b'binary \\xff\\xfe\\x00\\x1b[31m bytes\\n')\nout.write(b'no newline at the end')\n")
+    spec = hosts_spec('run: python3 flood.py "$PODRUN_WORKER"', hosts=(0, 1), files={"flood.py": script})
+    result = podrun("exec", spec, text=False, timeout=300)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    job_id = job_id_in(result.stderr.decode())
+    for index in (0, 1):
+        expected = flood_bytes(index)
+        assert hashlib.sha256((home / "jobs" / job_id / f"w{index}.log").read_bytes()).digest() == \
+            hashlib.sha256(expected).digest()
+    pattern = re.compile(rb"^\[w(\d)\] (?:w(\d) \d{9} x{90}|binary .* bytes|no newline at the end)$")
+    counts = [0, 0]
+    for line in result.stdout.split(b"\n")[:-1] if result.stdout.endswith(b"\n") else result.stdout.split(b"\n"):
+        match = pattern.match(line)
+        assert match and (match[2] is None or match[1] == match[2]), line[:200]  # whole lines, one worker each
+        counts[int(match[1])] += 1
+    assert counts == [1_000_002, 1_000_002]
