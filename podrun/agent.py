@@ -142,6 +142,11 @@ class ControlInput:
         if not chunk:
             return None
         self.pending += chunk
+        return self.buffered_commands()
+
+    def buffered_commands(self):
+        """The complete lines already read but not yet handled: a "stop" sent right behind the step
+        arrives in the same read as it, and poll will not report it again."""
         *lines, self.pending = self.pending.split(b"\n")
         return [line.strip().decode(errors="replace") for line in lines]
 
@@ -185,6 +190,8 @@ class Step:
         status = None
         ending = Ending(self.grace, self._signal_job)
         heard_at = time.monotonic()
+        if attached and "stop" in control.buffered_commands():
+            self.request_stop("stop requested")
         while output_open or status is None:
             timeout = ending.timeout(poll=exit_watch is None)
             if attached and not self.stop_reason:

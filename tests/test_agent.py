@@ -6,21 +6,28 @@ import json
 import marshal
 import subprocess
 import sys
+import threading
 
 from podrun.transport import agent_command, agent_source
 
+STEP_LIMIT_S = 20
 
-def run_agent(tmp_path, command: str, cwd: str) -> tuple[bytes, list[dict], int]:
+
+def run_agent(tmp_path, command: str, cwd: str, control: bytes = b"") -> tuple[bytes, list[dict], int]:
+    """Run the agent as the launcher does; `control` follows the step description in the same write."""
     step = {"job_id": "agent-test", "worker": 0, "step": "run", "cwd": cwd, "command": command,
-            "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 5, "heartbeat": 20,
+            "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 60, "heartbeat": 60,
             "detach": False}
     blob = marshal.dumps(step, 4)
     agent = subprocess.Popen(["/bin/sh", "-c", agent_command(sys.executable)], cwd=tmp_path,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    agent.stdin.write(agent_source() + b"%d\n" % len(blob) + blob)
+    agent.stdin.write(agent_source() + b"%d\n" % len(blob) + blob + control)
     agent.stdin.flush()
+    watchdog = threading.Timer(STEP_LIMIT_S, agent.kill)  # a stuck agent fails the test, not hangs it
+    watchdog.start()
     output = agent.stdout.read()  # the launcher keeps stdin open while the step runs
     events = [json.loads(line) for line in agent.stderr.read().splitlines()]
+    watchdog.cancel()
     agent.stdin.close()
     return output, events, agent.wait()
 
@@ -41,3 +48,12 @@ def test_a_step_that_cannot_start_is_an_error_event_naming_why(tmp_path):
     assert code == 127
     assert events[-1]["event"] == "error"
     assert events[-1]["message"] == f"cannot start 'true' in {missing}: [Errno 2] No such file or directory"
+
+
+def test_a_stop_sent_right_behind_the_step_stops_it(tmp_path):
+    # read together with the step description, the stop must still count; missed, the step would
+    # run on until the grace period (60 s) or the next heartbeat
+    output, events, code = run_agent(tmp_path, "echo up; exec sleep 60", str(tmp_path), control=b"stop\n")
+    assert events[-1] == {"event": "exited", "code": 143, "signal": "SIGTERM"}
+    exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
+    assert json.loads(exit_file.read_text())["stop_reason"] == "stop requested"
