@@ -1,9 +1,10 @@
 """Ship the workdir to every worker, into a directory named by its content hash.
 
 Files follow .gitignore and .podrunignore (gitignore syntax, in any directory); .git never ships.
-A worker that already has the hash gets nothing: one round trip. The others get one uncompressed
-tar stream (compression costs more CPU than it saves on the links podrun runs over), unpacked into a
-temporary directory and renamed into place, so a half-shipped tree is never used.
+A worker that already has the hash gets nothing: one round trip. The others get one tar archive,
+cut into frames that are zlib-compressed where that pays (a sample of each shrinks), which the
+launcher sends once: the workers relay it to each other (relay.py). Each unpacks it into a
+temporary directory, checks its sha256 and renames it into place, so a half-shipped tree is never used.
 """
 
 from __future__ import annotations
@@ -14,16 +15,26 @@ import io
 import os
 import shlex
 import stat
+import struct
 import tarfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from podrun import paths
-from podrun.errors import PodrunError
+from podrun import paths, relay
 from podrun.targets import Worker, naming_lost_connections
 
 IGNORE_FILES = (".gitignore", ".podrunignore")
 HASH_LENGTH = 16
+FRAME_BYTES = 1 << 20
+FRAME_HEADER = struct.Struct(">cI")  # kind, payload length: relay_node.py reads it
+# zlib level 6 (gzip's default) for frames whose sample shrinks below 90%: measured on 20 MB of
+# Python source, level 1 sends 1.24x the bytes of level 6 for a third of the CPU, and the frames
+# compress on every core at once; incompressible data (weights, archives) is sent as it is
+COMPRESS_LEVEL = 6
+SAMPLE_BYTES = 65536
+WORTH_COMPRESSING = 0.9
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,8 @@ async def ship(tree: Tree, name: str, workers: list[Worker]) -> list[int]:
     missing = [worker for worker, has in zip(workers, present) if not has]
     if missing:
         archive = _tar(tree)
-        await asyncio.gather(*(_send(worker, code_dir, archive) for worker in missing))
+        shipment = relay.Shipment(code_dir, hashlib.sha256(archive).hexdigest(), _frames(archive))
+        await relay.deliver(shipment, missing)
     return [worker.index for worker in missing]
 
 
@@ -55,24 +67,6 @@ async def _has(worker: Worker, code_dir: str) -> bool:
         channel = await worker.transport.start(f"test -d {shlex.quote(code_dir)}")
         channel.stdin.write_eof()
         return await channel.wait() == 0
-
-
-async def _send(worker: Worker, code_dir: str, archive: bytes) -> None:
-    quoted = shlex.quote(code_dir)
-    # the temporary name is unique per shipment; if another job renamed the same tree into place
-    # first, ours is simply dropped (same hash, same content)
-    script = (f"set -e; tmp={quoted}.tmp.$$; mkdir -p \"$tmp\"; tar -x -f - -C \"$tmp\"; "
-              f"mv -T \"$tmp\" {quoted} 2>/dev/null || rm -rf \"$tmp\"")
-    async with naming_lost_connections(worker, "while shipping code"):
-        channel = await worker.transport.start(script)
-        channel.stdin.write(archive)
-        await channel.stdin.drain()
-        channel.stdin.write_eof()
-        errors, code = await asyncio.gather(channel.stderr.read(), channel.wait())
-    if code != 0:
-        detail = errors.decode(errors="replace").strip().splitlines()
-        raise PodrunError(f"worker {worker.index} ({worker.address}): shipping the workdir failed: "
-                          f"{detail[-1] if detail else f'exit code {code}'}")
 
 
 def _collect(root: Path) -> list[str]:
@@ -119,3 +113,19 @@ def _tar(tree: Tree) -> bytes:
         for relative in tree.files:
             archive.add(tree.root / relative, arcname=relative, recursive=False)
     return buffer.getvalue()
+
+
+def _frames(archive: bytes) -> list[bytes]:
+    chunks = [archive[start:start + FRAME_BYTES] for start in range(0, len(archive), FRAME_BYTES)]
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # zlib releases the GIL
+        frames = list(pool.map(_frame, chunks))
+    return frames + [FRAME_HEADER.pack(b"e", 0)]
+
+
+def _frame(chunk: bytes) -> bytes:
+    sample = chunk[:SAMPLE_BYTES]
+    if len(zlib.compress(sample, 1)) < WORTH_COMPRESSING * len(sample):
+        packed = zlib.compress(chunk, COMPRESS_LEVEL)
+        if len(packed) < len(chunk):
+            return FRAME_HEADER.pack(b"z", len(packed)) + packed
+    return FRAME_HEADER.pack(b"r", len(chunk)) + chunk

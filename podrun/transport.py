@@ -78,16 +78,25 @@ class LocalTransport(Transport):
 
 
 @cache
+def script_source(name: str) -> bytes:
+    """A worker-side script of this package (agent.py, relay_node.py), as sent to workers."""
+    return resources.files("podrun").joinpath(name).read_bytes()
+
+
 def agent_source() -> bytes:
-    return resources.files("podrun").joinpath("agent.py").read_bytes()
+    return script_source("agent.py")
+
+
+def script_command(python: str, source: bytes) -> str:
+    """The command that runs a worker-side script: it reads its own source from stdin, then its input."""
+    size = len(source)
+    bootstrap = (f"import os,sys\nb=b''\nwhile len(b)<{size}:\n c=os.read(0,{size}-len(b))\n"
+                 f" if not c:sys.exit('podrun: short read of a worker-side script')\n b+=c\n"
+                 f"exec(compile(b,'podrun-worker-script','exec'),{{'__name__':'__main__'}})")
+    # -I -S: the scripts need the standard library only; skipping site and PYTHON* variables saves
+    # start-up on every worker and keeps the worker's Python settings out of them
+    return f"exec {shlex.quote(python)} -I -S -c {shlex.quote(bootstrap)}"
 
 
 def agent_command(python: str) -> str:
-    """The command that starts the agent: it reads its own source from stdin, then the step."""
-    size = len(agent_source())
-    bootstrap = (f"import os,sys\nb=b''\nwhile len(b)<{size}:\n c=os.read(0,{size}-len(b))\n"
-                 f" if not c:sys.exit('podrun agent: short read')\n b+=c\n"
-                 f"exec(compile(b,'podrun-agent','exec'),{{'__name__':'__main__'}})")
-    # -I -S: the agent needs the standard library only; skipping site and PYTHON* variables saves
-    # start-up on every worker and keeps the worker's Python settings out of it
-    return f"exec {shlex.quote(python)} -I -S -c {shlex.quote(bootstrap)}"
+    return script_command(python, agent_source())

@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Shipping a workdir (1,000 files, 50 MB) to N lab hosts: podrun against rsync and tar over ssh.
+"""Shipping a workdir (999 source files and a 30 MB binary) to N lab hosts: podrun's relay tree
+against rsync and tar over ssh, with the bytes the launcher sends.
 
-    sudo python scripts/bench_ship.py --hosts 16 [--rounds 3]
+    sudo python scripts/bench_ship.py --hosts 16 64 [--rounds 2] [--fanout 2 4 8]
 
 Measured in the same run, on the same hosts (tests/lab.py), each round cold for every contender:
-  - podrun exec of `run: true` after one file changed (a new content hash: the tree ships whole)
+  - podrun exec of `run: true` after one file changed (a new content hash: the tree ships whole),
+    once per relay fan-out (PODRUN_RELAY_FANOUT)
   - plain parallel `rsync -a` into a fresh directory per host
   - plain parallel `tar c | ssh host tar x` into a fresh directory per host
-and an unchanged re-run of podrun (ships nothing). Prints medians and ratios.
+  - podrun again with nothing changed (ships nothing)
+Bytes sent: what this machine sent into the lab's bridge during the command (SSH framing and all),
+against the workdir as one `tar cz` (gzip -6). Prints medians and ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import itertools
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,44 +32,76 @@ SSH_OPTIONS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o Lo
 
 
 def make_workdir(root: Path) -> None:
-    """999 source-like files of 20 KB and one 30 MB binary: 50 MB, incompressible."""
+    """999 files of real Python source (this interpreter's standard library, ~16 KB each) and one
+    30 MB incompressible binary: 46 MB, as in issue 7."""
+    sources = itertools.cycle(sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "**", "*.py"),
+                                               recursive=True)))
     for index in range(999):
+        text = b""
+        while len(text) < 16_000:
+            text += Path(next(sources)).read_bytes()
         path = root / f"pkg{index % 20}" / f"module{index}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(20_000))
+        path.write_bytes(text[:16_000])
     (root / "weights.bin").write_bytes(os.urandom(30_000_000))
+
+
+def sent_bytes() -> int:
+    from lab import BRIDGE
+
+    return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
+
+
+def measured(command, env=None) -> tuple[float, int]:
+    before = sent_bytes()
+    seconds = timed(command, env)
+    return seconds, sent_bytes() - before
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[16])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--fanout", type=int, nargs="+", default=[4])
     args = parser.parse_args()
     if problem := require_lab_tools():
         sys.exit(problem)
-    with tempfile.TemporaryDirectory() as workdir, Lab(args.hosts, Path(workdir)) as lab:
+    with tempfile.TemporaryDirectory() as workdir, Lab(max(args.hosts), Path(workdir)) as lab:
         code = Path(workdir) / "code"
         make_workdir(code)
-        spec = write_lab_spec(Path(workdir) / "ship.yaml", lab, "code", "true")
-        env = {**os.environ, "PODRUN_HOME": str(Path(workdir) / "podrun-home")}
-        podrun = [sys.executable, "-m", "podrun", "exec", str(spec)]
+        compressed = len(subprocess.run(["tar", "-C", str(code), "-czf", "-", "."], capture_output=True,
+                                        check=True).stdout)
+        print(f"workdir: 1,000 files, {sum(f.stat().st_size for f in code.rglob('*')) / 1e6:.1f} MB; "
+              f"as one tar.gz: {compressed / 1e6:.1f} MB")
         ssh = f"ssh -i {lab.client_key} {SSH_OPTIONS}"
-        samples = {"podrun exec (tree changed)": [], "rsync -a": [], "tar c | ssh tar x": [],
-                   "podrun exec (unchanged)": []}
-        for round_ in range(args.rounds):
-            (code / "changed.txt").write_text(str(round_))
-            samples["podrun exec (tree changed)"].append(timed(podrun, env))
-            samples["podrun exec (unchanged)"].append(timed(podrun, env))
-            rsync = " & ".join(f"rsync -a -e '{ssh}' {code}/ root@{h.ip}:rsync{round_}/" for h in lab.hosts)
-            samples["rsync -a"].append(timed(f"{rsync} & wait"))
-            tar = " & ".join(f"tar -C {code} -cf - . | {ssh} root@{h.ip} 'mkdir -p tar{round_} && tar -C tar{round_} -xf -'"
-                             for h in lab.hosts)
-            samples["tar c | ssh tar x"].append(timed(f"{tar} & wait"))
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-    raw = min(medians["rsync -a"], medians["tar c | ssh tar x"])
-    print_table(f"shipping 1,000 files / 50 MB to {args.hosts} lab hosts, median of {args.rounds} rounds",
-                ["contender", "seconds", "ratio to the faster of rsync and tar"],
-                {name: [f"{seconds:.2f}", f"{seconds / raw:.2f}x"] for name, seconds in medians.items()})
+        for count in args.hosts:
+            hosts = lab.hosts[:count]
+            spec = write_lab_spec(Path(workdir) / f"ship{count}.yaml", lab, "code", "true", hosts=hosts)
+            base_env = {**os.environ, "PODRUN_HOME": str(Path(workdir) / "podrun-home")}
+            podrun = [sys.executable, "-m", "podrun", "exec", str(spec)]
+            samples: dict[str, list[tuple[float, int]]] = {}
+            for round_ in range(args.rounds):
+                for fanout in args.fanout:
+                    (code / "changed.txt").write_text(f"{round_} {fanout}")
+                    env = {**base_env, "PODRUN_RELAY_FANOUT": str(fanout)}
+                    samples.setdefault(f"podrun exec, relay fan-out {fanout}", []).append(measured(podrun, env))
+                samples.setdefault("podrun exec (unchanged)", []).append(measured(podrun, base_env))
+                target = f"fresh{count}-{round_}"
+                rsync = " & ".join(f"rsync -a -e '{ssh}' {code}/ root@{h.ip}:{target}/" for h in hosts)
+                samples.setdefault("rsync -a", []).append(measured(f"{rsync} & wait"))
+                tar = " & ".join(f"tar -C {code} -cf - . | {ssh} root@{h.ip} 'mkdir -p {target} && "
+                                 f"tar -C {target} -xf -'" for h in hosts)
+                samples.setdefault("tar c | ssh tar x", []).append(measured(f"{tar} & wait"))
+                for host in hosts:
+                    lab.run(host.index, f"rm -rf {target}")
+            seconds = {name: statistics.median(s for s, _ in values) for name, values in samples.items()}
+            sent = {name: statistics.median(b for _, b in values) for name, values in samples.items()}
+            raw = min(seconds["rsync -a"], seconds["tar c | ssh tar x"])
+            print_table(f"\nshipping to {count} lab hosts, median of {args.rounds} rounds",
+                        ["contender", "seconds", "ratio to the faster of rsync and tar", "MB sent",
+                         "sent / tar.gz"],
+                        {name: [f"{seconds[name]:.2f}", f"{seconds[name] / raw:.2f}x", f"{sent[name] / 1e6:.1f}",
+                                f"{sent[name] / compressed:.2f}x"] for name in samples})
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ def timed(command: list[str] | str, env: dict | None = None) -> float:
     return time.perf_counter() - started
 
 
-def write_lab_spec(path: Path, lab: Lab, workdir: str, run: str) -> Path:
-    path.write_text(f"target: {{hosts: [{', '.join(h.ip for h in lab.hosts)}]}}\n"
+def write_lab_spec(path: Path, lab: Lab, workdir: str, run: str, hosts=None) -> Path:
+    """A spec on `hosts` (default: all of the lab's)."""
+    path.write_text(f"target: {{hosts: [{', '.join(h.ip for h in hosts or lab.hosts)}]}}\n"
                     f"ssh: {{user: root, identity_file: {lab.client_key}}}\n"
                     f"workdir: {workdir}\nrun: '{run}'\n")
     return path
