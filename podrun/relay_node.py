@@ -45,7 +45,7 @@ def main():
 
 
 def receive_and_forward():
-    stdin = os.fdopen(0, "rb", buffering=0)
+    stdin = os.fdopen(0, "rb")
     config = read_message(stdin)
     server = None
     if config["listen"]:
@@ -78,22 +78,16 @@ def read_message(stdin):
 
 
 def read_line(stream):
-    line = b""
-    while not line.endswith(b"\n"):
-        byte = stream.read(1)
-        if not byte:
-            raise EOFError("the launcher ended the shipment early")
-        line += byte
+    line = stream.readline()
+    if not line.endswith(b"\n"):
+        raise EOFError("the launcher ended the shipment early")
     return line
 
 
 def read_exactly(stream, size):
-    data = b""
-    while len(data) < size:
-        chunk = stream.read(size - len(data))
-        if not chunk:
-            raise EOFError("the shipment ended early")
-        data += chunk
+    data = stream.read(size)  # buffered: short only at the end of the stream
+    if len(data) < size:
+        raise EOFError("the shipment ended early")
     return data
 
 
@@ -115,10 +109,11 @@ def accept_parent(server, stdin, token):
         if server in readable:  # before stdin: a parent that connected and finished leaves both ready
             connection, _ = server.accept()
             connection.settimeout(STALL_TIMEOUT_S)
+            reader = connection.makefile("rb")  # one reader: its buffer may already hold frames
             try:
-                if read_exactly(connection.makefile("rb"), len(token)) == token.encode():
+                if read_exactly(reader, len(token)) == token.encode():
                     server.close()
-                    return connection.makefile("rb")
+                    return reader
             except (OSError, EOFError):
                 pass
             connection.close()  # not our parent

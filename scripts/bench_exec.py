@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import Lab, print_table, require_lab_tools, timed, write_lab_spec
+from benchlib import Lab, all_at_once, print_table, require_lab_tools, timed, write_lab_spec
 
 BARE_ASYNCSSH = """
 import asyncio, sys, asyncssh
@@ -33,9 +33,8 @@ asyncio.run(main())
 
 
 def openssh_fan_out(lab: Lab, extra: list[str]) -> list[str]:
-    script = " & ".join(" ".join(lab.ssh_args(i)[:-1] + extra + [lab.ssh_args(i)[-1], "true"])
-                        for i in range(len(lab.hosts)))
-    return ["sh", "-c", f"{script} & wait"]
+    return ["sh", "-c", all_at_once([" ".join(lab.ssh_args(i)[:-1] + extra + [lab.ssh_args(i)[-1], "true"])
+                                     for i in range(len(lab.hosts))])]
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Lab, print_table, require_lab_tools
+from benchlib import Lab, all_at_once, print_table, require_lab_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tpu_stand_in import LabEndpoint, TpuStandIn  # noqa: E402
@@ -67,8 +67,8 @@ def main() -> None:
             subprocess.run([*podrun, "create", f"v4-{8 * count}", "--name", "bench"], env=env, check=True,
                            stdout=subprocess.DEVNULL)
             subprocess.run([*podrun, "exec", str(work / "job.yaml")], env=env, check=True, stdout=subprocess.DEVNULL)
-            ssh = " & ".join(" ".join(lab.ssh_args(i)[:-1] + [f"root@{h.external_ip}", "echo", "hello"])
-                             for i, h in enumerate(lab.hosts)) + " & wait"
+            ssh = all_at_once([" ".join(lab.ssh_args(i)[:-1] + [f"root@{h.external_ip}", "echo", "hello"])
+                               for i, h in enumerate(lab.hosts)])
             commands = {"podrun exec": ([*podrun, "exec", str(work / "job.yaml")], env), "parallel ssh": (ssh, None)}
             samples = {name: [] for name in commands}
             for _ in range(args.rounds):

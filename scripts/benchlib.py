@@ -19,6 +19,13 @@ def timed(command: list[str] | str, env: dict | None = None) -> float:
     return time.perf_counter() - started
 
 
+def all_at_once(commands: list[str]) -> str:
+    """A shell script running the commands in parallel that fails if any of them fails (a plain
+    `a & b & wait` would hide a failed contender behind a fast time)."""
+    started = "".join(f"{command} & pids=\"$pids $!\"\n" for command in commands)
+    return f"pids=\n{started}for pid in $pids; do wait $pid || exit 1; done"
+
+
 def write_lab_spec(path: Path, lab: Lab, workdir: str, run: str, hosts=None) -> Path:
     """A spec on `hosts` (default: all of the lab's)."""
     path.write_text(f"target: {{hosts: [{', '.join(h.ip for h in hosts or lab.hosts)}]}}\n"
