@@ -82,67 +82,86 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _create_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("accelerator_type", metavar="ACCEL_TYPE", help="e.g. v4-8, v4-32, v5p-128, v6e-16")
+    sub.add_argument("--name", metavar="N", help="default: USER-ACCEL_TYPE")
+    sub.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
+    sub.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
+    sub.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                     help="wait until the TPU VM is READY (default) or return once it is requested")
+
+
+def _delete_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("name", metavar="NAME")
+    sub.add_argument("--yes", "-y", action="store_true", help="do not ask")
+
+
+def _exec_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("spec", metavar="JOB.yaml", help="the job spec")
+    sub.add_argument("--detach", action="store_true",
+                     help="return once run has started everywhere; the job goes on without podrun")
+    sub.add_argument("--dry-run", action="store_true", help="print each worker's environment and commands; start nothing")
+    sub.add_argument("--worker", metavar="LIST", help="run on these workers only: 'all' or e.g. 0,2-3")
+    sub.add_argument("--env", action="append", default=[], metavar="K=V",
+                     help="add or override an environment variable (repeatable)")
+    sub.add_argument("--kill-stale", action="store_true",
+                     help="TPU: kill processes that still hold the TPU (from an earlier run) instead of stopping")
+
+
+def _logs_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("job_id", nargs="?", metavar="JOB_ID", help="default: the newest job")
+    sub.add_argument("--worker", type=_count, metavar="I", help="only this worker's output, unprefixed")
+    sub.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    sub.add_argument("--tail", type=_count, metavar="N", help="start with the last N lines of each worker")
+
+
+def _cloud_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--zone", metavar="Z", help="default: CLOUDSDK_COMPUTE_ZONE, then gcloud's compute/zone")
+    sub.add_argument("--project", metavar="P", help="default: CLOUDSDK_CORE_PROJECT, then gcloud's core/project")
+
+
+def _one_positional(name: str, metavar: str):
+    return lambda sub: sub.add_argument(name, metavar=metavar)
+
+
+# name: (summary, handler, its arguments, takes --zone/--project)
+COMMANDS = {
+    "create": ("create a TPU VM (or pod slice) from its accelerator type", _create, _create_arguments, True),
+    "list": ("list the TPU VMs in a zone, with state and worker count", _list, None, True),
+    "describe": ("show one TPU VM: state, accelerator, worker IPs", _describe, _one_positional("name", "NAME"), True),
+    "delete": ("delete a TPU VM (asks first unless --yes)", _delete, _delete_arguments, True),
+    "exec": ("ship the workdir and run the job on every worker; stream their output", _exec, _exec_arguments, False),
+    "validate": ("check a job spec; touches nothing", _validate, _one_positional("spec", "JOB.yaml"), False),
+    "schema": ("print the job spec's JSON Schema, for editors (yaml-language-server)", _schema, None, False),
+    "logs": ("show a job's output, per worker, now or as it runs", _logs, _logs_arguments, False),
+    "jobs": ("list jobs: state, workers' exit codes, start and duration", _jobs,
+             lambda sub: sub.add_argument("--json", action="store_true", help="machine-readable"), False),
+    "stop": ("stop a running job on every worker", _stop, _one_positional("job_id", "JOB_ID"), False),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for argv: with a command named first, only that command's part (each part costs
+    argparse about a millisecond to build, and `podrun jobs` should start as fast as Python)."""
     parser = argparse.ArgumentParser(
         prog="podrun",
         description="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers "
                     "from one YAML job spec.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-
-    def command(name: str, handler, summary: str) -> argparse.ArgumentParser:
+    for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:
+        summary, handler, add_arguments, cloud = COMMANDS[name]
         sub = commands.add_parser(name, help=summary, description=summary)
         sub.set_defaults(handler=handler)
-        return sub
-
-    def cloud_command(name: str, handler, summary: str) -> argparse.ArgumentParser:
-        sub = command(name, handler, summary)
-        sub.add_argument("--zone", metavar="Z", help="default: CLOUDSDK_COMPUTE_ZONE, then gcloud's compute/zone")
-        sub.add_argument("--project", metavar="P", help="default: CLOUDSDK_CORE_PROJECT, then gcloud's core/project")
-        return sub
-
-    create = cloud_command("create", _create, "create a TPU VM (or pod slice) from its accelerator type")
-    create.add_argument("accelerator_type", metavar="ACCEL_TYPE", help="e.g. v4-8, v4-32, v5p-128, v6e-16")
-    create.add_argument("--name", metavar="N", help="default: USER-ACCEL_TYPE")
-    create.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
-    create.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
-    create.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
-                        help="wait until the TPU VM is READY (default) or return once it is requested")
-    cloud_command("list", _list, "list the TPU VMs in a zone, with state and worker count")
-    cloud_command("describe", _describe, "show one TPU VM: state, accelerator, worker IPs").add_argument(
-        "name", metavar="NAME")
-    delete = cloud_command("delete", _delete, "delete a TPU VM (asks first unless --yes)")
-    delete.add_argument("name", metavar="NAME")
-    delete.add_argument("--yes", "-y", action="store_true", help="do not ask")
-
-    exec_ = command("exec", _exec, "ship the workdir and run the job on every worker; stream their output")
-    exec_.add_argument("spec", metavar="JOB.yaml", help="the job spec")
-    exec_.add_argument("--detach", action="store_true",
-                       help="return once run has started everywhere; the job goes on without podrun")
-    exec_.add_argument("--dry-run", action="store_true",
-                       help="print each worker's environment and commands; start nothing")
-    exec_.add_argument("--worker", metavar="LIST", help="run on these workers only: 'all' or e.g. 0,2-3")
-    exec_.add_argument("--env", action="append", default=[], metavar="K=V",
-                       help="add or override an environment variable (repeatable)")
-    exec_.add_argument("--kill-stale", action="store_true",
-                       help="TPU: kill processes that still hold the TPU (from an earlier run) instead of stopping")
-
-    command("validate", _validate, "check a job spec; touches nothing").add_argument("spec", metavar="JOB.yaml")
-    command("schema", _schema, "print the job spec's JSON Schema, for editors (yaml-language-server)")
-
-    logs = command("logs", _logs, "show a job's output, per worker, now or as it runs")
-    logs.add_argument("job_id", nargs="?", metavar="JOB_ID", help="default: the newest job")
-    logs.add_argument("--worker", type=_count, metavar="I", help="only this worker's output, unprefixed")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    logs.add_argument("--tail", type=_count, metavar="N", help="start with the last N lines of each worker")
-
-    command("jobs", _jobs, "list jobs: state, workers' exit codes, start and duration").add_argument(
-        "--json", action="store_true", help="machine-readable")
-    command("stop", _stop, "stop a running job on every worker").add_argument("job_id", metavar="JOB_ID")
+        if cloud:
+            _cloud_arguments(sub)
+        if add_arguments:
+            add_arguments(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)  # bad usage: argparse prints it and exits 2
     if not hasattr(args, "handler"):
         parser.print_help(sys.stderr)

@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict
-from datetime import datetime
 from pathlib import Path
 
 from podrun import jobstore
@@ -54,7 +52,7 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
 def list_jobs(as_json: bool) -> int:
     records = jobstore.all_jobs()
     if as_json:
-        rows = [{**asdict(record), "state": record.current_state()} for record in records]
+        rows = [{**record.to_dict(), "state": record.current_state()} for record in records]
         print(json.dumps(rows, indent=1))
         return 0
     header = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
@@ -91,7 +89,7 @@ def _row(record: jobstore.JobRecord) -> tuple[str, ...]:
     codes = ",".join("-" if w.exit_code is None else str(w.exit_code) for w in record.workers)
     end = record.ended_at or (time.time() if record.current_state() == jobstore.RUNNING else None)
     duration = _duration(end - record.started_at) if end else "-"
-    started = datetime.fromtimestamp(record.started_at).strftime("%Y-%m-%d %H:%M:%S")
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at))
     return record.id, record.name, record.target, record.current_state(), codes, started, duration
 
 

@@ -7,10 +7,10 @@ piling up; the log keeps the bytes exactly as the worker wrote them.
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 from collections import deque
-from typing import BinaryIO
 
 LINE_BREAK = re.compile(rb"\r\n|\n|\r")
 MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
@@ -23,7 +23,7 @@ def say(message: str) -> None:
 
 
 class Terminal:
-    def __init__(self, stream: BinaryIO | None = None, prefixed: bool = True):
+    def __init__(self, stream: io.BufferedIOBase | None = None, prefixed: bool = True):
         self.stream = stream or sys.stdout.buffer
         self.prefixed = prefixed
         self.colour = self.stream.isatty()
@@ -44,7 +44,7 @@ class Terminal:
 class WorkerOutput:
     """One worker's stream: logged, split into lines, shown prefixed, its last lines kept."""
 
-    def __init__(self, index: int, terminal: Terminal | None, log: BinaryIO | None, keep: int = 50):
+    def __init__(self, index: int, terminal: Terminal | None, log: io.RawIOBase | None, keep: int = 50):
         self.terminal = terminal
         self.prefix = terminal.prefix(index) if terminal else b""
         self.log = log

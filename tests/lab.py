@@ -1,6 +1,7 @@
 """The test lab (GUIDE section 6): N real SSH hosts on this machine.
 
-Each host is a network namespace on one bridge with its own address (10.99.0.10+i), its own sshd
+Each host is a network namespace on one bridge with its own address (10.99.0.10 for host 0, 200
+hosts per /24 of 10.99.0.0/20), its own sshd
 and its own home directory (sshd runs under `unshare -m` with a directory bound over /root), so a
 file shipped to one host is not on another. Python and torch are shared, so real torchrun runs on
 every host and rendezvouses over real TCP. Needs root, iproute2, openssh-server and util-linux.
@@ -12,6 +13,7 @@ Traffic only ever goes to these lab addresses.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import socket
@@ -21,12 +23,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SUBNET = "10.99.0"
-BRIDGE_IP = f"{SUBNET}.1"
+NETWORK = "10.99.0.0/20"  # room for 3,200 hosts (a v5p-12288 has 1,536)
+BRIDGE_IP = "10.99.0.1"
 # a second address per host, for the TPU stand-in's externalIp (podrun connects to it, while the
 # workers reach each other on the first, internal one)
-EXTERNAL_SUBNET = "10.99.1"
+EXTERNAL_NETWORK = "10.99.16.0/20"
+EXTERNAL_BRIDGE_IP = "10.99.16.1"
 FIRST_HOST = 10
+HOSTS_PER_OCTET = 200
 BRIDGE = "podrunlab0"
 SSHD_CONFIG = """\
 ListenAddress {ip}
@@ -72,7 +76,7 @@ class Lab:
     def __init__(self, count: int, workdir: Path):
         self.workdir = Path(workdir)
         self.client_key = self.workdir / "client_ed25519"
-        self.hosts = [LabHost(i, f"{SUBNET}.{FIRST_HOST + i}", f"{EXTERNAL_SUBNET}.{FIRST_HOST + i}", f"podrunlab{i}",
+        self.hosts = [LabHost(i, _address(NETWORK, i), _address(EXTERNAL_NETWORK, i), f"podrunlab{i}",
                               self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
                       for i in range(count)]
 
@@ -91,8 +95,8 @@ class Lab:
         self.stop()  # leftovers of a lab that was killed before it could clean up
         self.workdir.mkdir(parents=True, exist_ok=True)
         _sh(f"ssh-keygen -q -t ed25519 -N '' -C podrun-lab -f {self.client_key}")
-        _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/24 dev {BRIDGE} && "
-            f"ip addr add {EXTERNAL_SUBNET}.1/24 dev {BRIDGE} && ip link set {BRIDGE} up")
+        _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/20 dev {BRIDGE} && "
+            f"ip addr add {EXTERNAL_BRIDGE_IP}/20 dev {BRIDGE} && ip link set {BRIDGE} up")
         Path("/run/sshd").mkdir(exist_ok=True)
         public_key = self.client_key.with_suffix(".pub").read_text()
         for host in self.hosts:
@@ -102,8 +106,8 @@ class Lab:
         ns, veth = host.namespace, f"plv{host.index}"
         _sh(f"ip netns add {ns} && ip link add {veth} type veth peer name {veth}p && "
             f"ip link set {veth}p netns {ns} && ip link set {veth} master {BRIDGE} up && "
-            f"ip -n {ns} link set {veth}p name eth0 && ip -n {ns} addr add {host.ip}/24 dev eth0 && "
-            f"ip -n {ns} addr add {host.external_ip}/24 dev eth0 && ip -n {ns} link set eth0 up && "
+            f"ip -n {ns} link set {veth}p name eth0 && ip -n {ns} addr add {host.ip}/20 dev eth0 && "
+            f"ip -n {ns} addr add {host.external_ip}/20 dev eth0 && ip -n {ns} link set eth0 up && "
             f"ip -n {ns} link set lo up")
         (host.home / ".ssh").mkdir(parents=True, exist_ok=True)
         (host.home / ".ssh" / "authorized_keys").write_text(public_key)
@@ -162,6 +166,11 @@ class Lab:
         return ["ssh", "-i", str(self.client_key), "-o", "StrictHostKeyChecking=no",
                 "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
                 f"root@{self.hosts[index].ip}"]
+
+
+def _address(network: str, index: int) -> str:
+    base = ipaddress.ip_network(network).network_address
+    return str(base + 256 * (index // HOSTS_PER_OCTET) + FIRST_HOST + index % HOSTS_PER_OCTET)
 
 
 def _sh(command: str) -> None:

@@ -12,7 +12,7 @@ Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `n
 with RESOURCE_EXHAUSTED, as a zone out of capacity does. Like the guest agent on a real TPU VM,
 the `ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
 
-Run alone for benchmarks:  python tests/tpu_stand_in.py --hosts 10.99.0.10,10.99.1.10 ...
+Run alone for benchmarks:  python tests/tpu_stand_in.py --hosts 10.99.0.10,10.99.16.10 ...
 """
 
 from __future__ import annotations
