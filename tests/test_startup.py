@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "google", "paramiko", "asyncssh", "fabric", "pydantic", "yaml", "pathspec")
+HEAVY = ("torch", "google", "paramiko", "asyncssh", "fabric", "pydantic", "yaml", "pathspec",
+         "dataclasses", "inspect", "typing", "datetime")  # the last four: ~20 ms of `podrun jobs` start-up
 PROBE = """
 import sys
 sys.argv = ["podrun", *{args!r}]
