@@ -48,8 +48,9 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int) -> list
     if not workers:
         return []
     token = secrets.token_hex(16)
-    parents = [None if fanout == 0 or i == 0 else (i - 1) // fanout for i in range(len(workers))]
-    children = {i: [j for j, parent in enumerate(parents) if parent == i] for i in range(len(workers))}
+    count = len(workers)
+    parents = [None if fanout == 0 or i == 0 else (i - 1) // fanout for i in range(count)]
+    children = {i: range(i * fanout + 1, min(count, (i + 1) * fanout + 1)) for i in range(count)}  # a heap
     receivers = [Receiver(worker) for worker in workers]
     await asyncio.gather(*(receiver.start(shipment, token, listen=parent is not None)
                            for receiver, parent in zip(receivers, parents)))
@@ -63,7 +64,7 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int) -> list
         for j in children[i]:  # they have all they will get from this one
             receivers[j].end_input()
 
-    await asyncio.gather(*(finish(i) for i in range(len(workers))))
+    await asyncio.gather(*(finish(i) for i in range(count)))
     missed = []
     for i, receiver in enumerate(receivers):
         if not receiver.ok:
