@@ -44,17 +44,25 @@ def started_job(hosts_spec, run: str, files: dict[str, str] | None = None) -> tu
 
 
 def step_pid(job_id: str, worker: int) -> int:
-    """The pid of the worker's step (the process the agent started), from the environments in /proc."""
+    """The pid of the worker's step (the process the agent started), from the environments in /proc.
+    Polled: while the step's shell execs its last command, its /proc environ reads empty for a moment."""
     wanted = {f"PODRUN_JOB_ID={job_id}".encode(), f"PODRUN_WORKER={worker}".encode()}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                environ = set(handle.read().split(b"\0"))
-            if wanted <= environ and os.getsid(int(entry)) == int(entry):
-                return int(entry)
-        except OSError:
-            continue
-    raise AssertionError(f"no step process of worker {worker} of {job_id}")
+
+    def find() -> int | None:
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    environ = set(handle.read().split(b"\0"))
+                if wanted <= environ and os.getsid(int(entry)) == int(entry):
+                    return int(entry)
+            except OSError:
+                continue
+        return None
+
+    found = []
+    wait_until(lambda: found.append(find()) or found[-1] is not None,
+               f"the step process of worker {worker} of {job_id}", timeout=5)
+    return found[-1]
 
 
 @repeated
