@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""`podrun exec` on a TPU VM (the API stand-in, lab hosts as its workers) against plain parallel ssh.
+"""`podrun exec` on a TPU VM (the API stand-in, lab hosts as its workers) against gcloud and plain ssh.
 
-    sudo python scripts/bench_tpu_exec.py --hosts 4 16 [--rounds 5]
+    sudo python scripts/bench_tpu_exec.py --hosts 4 16 64 [--rounds 5]
 
 For each N: a lab of N hosts, the Cloud TPU API stand-in (tests/tpu_stand_in.py) on 127.0.0.1, and
-`podrun create v4-<8N>` on it. A first exec adds the key to the node's metadata, trusts the host keys
-and ships the (empty) code. Then, interleaved, median of the rounds: the time from starting the
-command to the first line of worker output, and to its end, for
+`podrun create v4-<8N>` on it. A first run of each launcher adds its key to the node's metadata,
+trusts the host keys and (podrun) ships the (empty) code. Then, interleaved, median of the rounds:
+the time from starting the command to the first line of worker output, and to its end, for
   - podrun exec of `echo hello` (it reads the node from the API, connects, checks the TPU devices,
-    checks the code, runs), and
+    checks the code, runs),
+  - the real `gcloud compute tpus tpu-vm ssh root@NODE --worker=all --command="echo hello"` (it
+    reads the node, its host keys and the compute project from the API, then runs one OpenSSH
+    client per worker), and
   - plain parallel OpenSSH `ssh <external IP> echo hello`, one client per worker.
 """
 
@@ -26,7 +29,7 @@ from pathlib import Path
 from benchlib import Lab, all_at_once, print_table, require_lab_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from tpu_stand_in import LabEndpoint, TpuStandIn  # noqa: E402
+from tpu_stand_in import TpuStandIn  # noqa: E402
 
 
 def first_line_and_end(command: list[str] | str, env: dict | None) -> tuple[float, float]:
@@ -43,7 +46,7 @@ def first_line_and_end(command: list[str] | str, env: dict | None) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 64])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     if problem := require_lab_tools():
@@ -52,24 +55,31 @@ def main() -> None:
     for count in args.hosts:
         with tempfile.TemporaryDirectory() as workdir, Lab(count, Path(workdir) / "lab") as lab:
             work = Path(workdir)
-            stand_in = TpuStandIn([LabEndpoint(h.ip, h.external_ip, h.index) for h in lab.hosts], 0.0,
-                                  on_ssh_keys=lambda endpoints, keys: None)
+            stand_in = TpuStandIn.on_lab(lab, operation_delay_s=0.0)
             url = stand_in.serve()
             (work / "token").write_text("token")
             (work / "code").mkdir()
+            (work / "user-home").mkdir()
             (work / "job.yaml").write_text("target: {tpu: {name: bench}}\n"
                                            f"ssh: {{user: root, identity_file: {lab.client_key}}}\n"
                                            "workdir: code\nrun: echo hello\n")
-            env = {**os.environ, "PODRUN_HOME": str(work / "home"), "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": url,
+            env = {**os.environ, "PODRUN_HOME": str(work / "home"), "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/",
+                   "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{url}/compute/v1/",
                    "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(work / "token"), "CLOUDSDK_CONFIG": str(work / "gcloud"),
-                   "CLOUDSDK_CORE_PROJECT": "bench", "CLOUDSDK_COMPUTE_ZONE": "us-central2-b"}
+                   "CLOUDSDK_CORE_PROJECT": "bench", "CLOUDSDK_COMPUTE_ZONE": "us-central2-b",
+                   "HOME": str(work / "user-home"), "NO_GCE_CHECK": "True"}
             podrun = [sys.executable, "-m", "podrun"]
             subprocess.run([*podrun, "create", f"v4-{8 * count}", "--name", "bench"], env=env, check=True,
                            stdout=subprocess.DEVNULL)
-            subprocess.run([*podrun, "exec", str(work / "job.yaml")], env=env, check=True, stdout=subprocess.DEVNULL)
+            gcloud = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "root@bench", "--worker=all", "--quiet",
+                      "--command=echo hello"]
             ssh = all_at_once([" ".join(lab.ssh_args(i)[:-1] + [f"root@{h.external_ip}", "echo", "hello"])
                                for i, h in enumerate(lab.hosts)])
-            commands = {"podrun exec": ([*podrun, "exec", str(work / "job.yaml")], env), "parallel ssh": (ssh, None)}
+            commands = {"podrun exec": ([*podrun, "exec", str(work / "job.yaml")], env),
+                        "gcloud --worker=all": (gcloud, env), "parallel ssh": (ssh, None)}
+            for name in ("podrun exec", "gcloud --worker=all"):  # keys, host keys, code
+                subprocess.run(commands[name][0], env=env, check=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
             samples = {name: [] for name in commands}
             for _ in range(args.rounds):
                 for name, (command, command_env) in commands.items():
@@ -78,11 +88,13 @@ def main() -> None:
             rows[count] = {name: (statistics.median(s[0] for s in values), statistics.median(s[1] for s in values))
                            for name, values in samples.items()}
     table = {}
-    for name in ("podrun exec", "parallel ssh"):
+    for name in rows[args.hosts[0]]:
         table[f"{name}: first line"] = [f"{rows[n][name][0]:.2f}" for n in rows]
         table[f"{name}: end"] = [f"{rows[n][name][1]:.2f}" for n in rows]
-    table["podrun / ssh, first line"] = [f"{rows[n]['podrun exec'][0] / rows[n]['parallel ssh'][0]:.2f}x" for n in rows]
-    table["podrun / ssh, end"] = [f"{rows[n]['podrun exec'][1] / rows[n]['parallel ssh'][1]:.2f}x" for n in rows]
+    for peer in ("gcloud --worker=all", "parallel ssh"):
+        for column, label in ((0, "first line"), (1, "end")):
+            table[f"podrun / {peer}, {label}"] = [f"{rows[n]['podrun exec'][column] / rows[n][peer][column]:.2f}x"
+                                                  for n in rows]
     print_table(f"`echo hello` on a TPU VM of N workers, median of {args.rounds} interleaved rounds (s)",
                 ["measure", *(f"N={n}" for n in rows)], table)
 

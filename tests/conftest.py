@@ -169,23 +169,16 @@ def tpu_api(lab, tmp_path, monkeypatch):
     """The Cloud TPU API stand-in (tests/tpu_stand_in.py) with the lab's hosts as capacity, and gcloud's
     settings pointing at it (as a user's shell would: project, zone, endpoint, token). Like a TPU VM's
     guest agent, it installs a node's `ssh-keys` metadata for root on the node's hosts."""
-    from tpu_stand_in import LabEndpoint, TpuStandIn
+    from tpu_stand_in import TpuStandIn
 
-    lab_keys = {host.index: (host.home / ".ssh" / "authorized_keys").read_text() for host in lab.hosts}
-
-    def install_keys(endpoints, ssh_keys: str) -> None:
-        keys = "".join(line.partition(":")[2] + "\n" for line in ssh_keys.splitlines() if line.startswith("root:"))
-        for endpoint in endpoints:
-            (lab.hosts[endpoint.host_index].home / ".ssh" / "authorized_keys").write_text(
-                lab_keys[endpoint.host_index] + keys)
-
-    stand_in = TpuStandIn([LabEndpoint(h.ip, h.external_ip, h.index) for h in lab.hosts], operation_delay_s=0.3,
-                          on_ssh_keys=install_keys)
+    stand_in = TpuStandIn.on_lab(lab, operation_delay_s=0.3)
     url = stand_in.serve()
     (tmp_path / "token").write_text("stand-in-token\n")
     user_home = tmp_path / "user-home"
     user_home.mkdir()
-    for name, value in {"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/", "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+    for name, value in {"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/",
+                        "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{url}/compute/v1/",
+                        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
                         "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(tmp_path / "token"),
                         "CLOUDSDK_CORE_PROJECT": "podrun-test", "CLOUDSDK_COMPUTE_ZONE": "us-central2-b",
                         "HOME": str(user_home), "USER": "root", "NO_GCE_CHECK": "True"}.items():
@@ -193,7 +186,7 @@ def tpu_api(lab, tmp_path, monkeypatch):
     yield stand_in
     stand_in.shutdown()
     for host in lab.hosts:
-        (host.home / ".ssh" / "authorized_keys").write_text(lab_keys[host.index])
+        lab.authorize(host.index)
 
 
 # seconds from an injected fault to what the fault matrix expects (tests/test_fault_matrix.py), by row

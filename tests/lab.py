@@ -71,6 +71,10 @@ class LabHost:
     home: Path  # what the host's processes see as /root
     sshd: subprocess.Popen | None = None
 
+    def host_key(self) -> str:
+        """Its sshd's public key, "ssh-ed25519 AAAA... comment"."""
+        return (self.dir / "ssh_host_ed25519_key.pub").read_text().strip()
+
 
 class Lab:
     def __init__(self, count: int, workdir: Path):
@@ -98,19 +102,23 @@ class Lab:
         _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/20 dev {BRIDGE} && "
             f"ip addr add {EXTERNAL_BRIDGE_IP}/20 dev {BRIDGE} && ip link set {BRIDGE} up")
         Path("/run/sshd").mkdir(exist_ok=True)
-        public_key = self.client_key.with_suffix(".pub").read_text()
         for host in self.hosts:
-            self._add_host(host, public_key)
+            self._add_host(host)
 
-    def _add_host(self, host: LabHost, public_key: str) -> None:
+    def authorize(self, index: int, extra_keys: str = "") -> None:
+        """Host `index` accepts the lab's client key and `extra_keys` (authorized_keys lines) for root."""
+        ssh_dir = self.hosts[index].home / ".ssh"
+        ssh_dir.mkdir(parents=True, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text() + extra_keys)
+
+    def _add_host(self, host: LabHost) -> None:
         ns, veth = host.namespace, f"plv{host.index}"
         _sh(f"ip netns add {ns} && ip link add {veth} type veth peer name {veth}p && "
             f"ip link set {veth}p netns {ns} && ip link set {veth} master {BRIDGE} up && "
             f"ip -n {ns} link set {veth}p name eth0 && ip -n {ns} addr add {host.ip}/20 dev eth0 && "
             f"ip -n {ns} addr add {host.external_ip}/20 dev eth0 && ip -n {ns} link set eth0 up && "
             f"ip -n {ns} link set lo up")
-        (host.home / ".ssh").mkdir(parents=True, exist_ok=True)
-        (host.home / ".ssh" / "authorized_keys").write_text(public_key)
+        self.authorize(host.index)
         _sh(f"ssh-keygen -q -t ed25519 -N '' -f {host.dir}/ssh_host_ed25519_key")
         (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, external_ip=host.external_ip, dir=host.dir))
         self.start_sshd(host.index)

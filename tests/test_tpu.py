@@ -98,6 +98,21 @@ def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr
 
 
+def test_gcloud_tpu_vm_ssh_reaches_every_worker_of_a_node_podrun_made(home, tpu_api, lab):
+    """The stand-in serves what gcloud's own `tpu-vm ssh --worker=all` asks for (the node, its guest
+    attributes' host keys, the compute project, the ssh-keys PATCH), so gcloud is a peer to measure
+    podrun against (scripts/bench_tpu_exec.py)."""
+    create("my-pod", "v4-32")
+    ssh = subprocess.run(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "root@my-pod", "--worker=all", "--quiet",
+                          "--command=echo worker-ip $(hostname -I)", f"--zone={ZONE}"], capture_output=True, text=True, timeout=120)
+    assert ssh.returncode == 0, ssh.stderr
+    printed = [line.split() for line in ssh.stdout.splitlines()]  # also ssh-keygen's report on gcloud's new key
+    assert sorted(words[1] for words in printed if words[:1] == ["worker-ip"]) == sorted(h.ip for h in lab.hosts)
+    known_hosts = (Path(os.environ["HOME"]) / ".ssh" / "google_compute_known_hosts").read_text()
+    assert all(" ".join(host.host_key().split()[:2]) in known_hosts for host in lab.hosts)
+    assert ("PATCH", "/v2/projects/podrun-test/locations/us-central2-b/nodes/my-pod") in tpu_api.requests
+
+
 def test_google_errors_are_one_line_each_saying_what_to_do(home, tpu_api, tmp_path, monkeypatch):
     def error_of(*args: str) -> str:
         result = podrun(*args)

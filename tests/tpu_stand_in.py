@@ -68,6 +68,7 @@ class LabEndpoint:
     internal_ip: str
     external_ip: str
     host_index: int  # the lab host it is
+    host_key: str = ""  # its sshd's public key, "ssh-ed25519 AAAA...", as the guest agent publishes it
 
 
 @dataclass
@@ -99,6 +100,18 @@ class TpuStandIn:
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
         self.server: ThreadingHTTPServer | None = None
+
+    @classmethod
+    def on_lab(cls, lab, operation_delay_s: float) -> TpuStandIn:
+        """Capacity: the hosts of a tests/lab.py Lab. Like a TPU VM's guest agent, the node's
+        `ssh-keys` metadata ("user:key" lines) for root is installed on its hosts."""
+        def install_root_keys(endpoints: list[LabEndpoint], ssh_keys: str) -> None:
+            keys = "".join(line.partition(":")[2] + "\n" for line in ssh_keys.splitlines() if line.startswith("root:"))
+            for endpoint in endpoints:
+                lab.authorize(endpoint.host_index, keys)
+
+        return cls([LabEndpoint(h.ip, h.external_ip, h.index, h.host_key()) for h in lab.hosts], operation_delay_s,
+                   install_root_keys)
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, port: int = 0) -> str:
@@ -151,6 +164,10 @@ class TpuStandIn:
     def handle(self, method: str, path: str, query: dict, body: dict) -> dict:
         with self.lock:
             self.requests.append((method, path))
+            if compute := re.fullmatch(r"/compute/v1/projects/([^/]+)", path):
+                if method != "GET":
+                    raise ApiError("NOT_FOUND", f"{method} {path} not found")
+                return self._compute_project(compute[1])
             match = re.fullmatch(r"/v2/(projects/([^/]+)/locations/([^/]+))/(nodes|operations)(?:/([^/:]+))?(:\w+)?",
                                  path)
             if not match:
@@ -251,9 +268,28 @@ class TpuStandIn:
         return self._start_operation(parent, name, "update", finish)
 
     def _guest_attributes(self, name: str) -> dict:
-        return {"guestAttributes": [{"queryPath": "", "workerId": str(worker),
-                                     "queryValue": {"items": []}}
-                                    for worker, _ in enumerate(self.node_endpoints.get(name, []))]}
+        """What each worker's guest agent published; gcloud's `tpu-vm ssh` reads the `hostkeys`."""
+        def items(endpoint: LabEndpoint) -> list[dict]:
+            if not endpoint.host_key:
+                return []
+            key_type, key = endpoint.host_key.split()[:2]
+            return [{"namespace": "hostkeys", "key": key_type, "value": key}]
+
+        return {"guestAttributes": [{"queryPath": "", "workerId": str(worker), "queryValue": {"items": items(endpoint)}}
+                                    for worker, endpoint in enumerate(self.node_endpoints.get(name, []))]}
+
+    def _compute_project(self, project: str) -> dict:
+        """Compute Engine's `projects.get` (compute/v1), which gcloud's `tpu-vm ssh` reads to see
+        whether OS Login is enabled in the project's metadata: here it is not."""
+        if project in self.denied_projects:
+            raise ApiError("PERMISSION_DENIED", f"Compute Engine API has not been used in project {project} before "
+                                                f"or it is disabled.")
+        return {"kind": "compute#project", "id": "4815162342", "name": project,
+                "creationTimestamp": "2026-01-05T09:00:00.000-08:00",
+                "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "c3RhbmQtaW4=", "items": []},
+                "defaultServiceAccount": "4815162342-compute@developer.gserviceaccount.com",
+                "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS", "defaultNetworkTier": "PREMIUM",
+                "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}"}
 
     def _apply_ssh_keys(self, name: str) -> None:
         if name in self.node_endpoints:
