@@ -91,10 +91,10 @@ class Receiver:
 
     async def start(self, shipment: Shipment, token: str, listen: bool) -> None:
         config = {"code_dir": shipment.code_dir, "digest": shipment.digest, "token": token, "listen": listen}
-        source = script_source("relay_node.py")
         try:
-            self.channel = await self.worker.transport.start(script_command(self.worker.transport.python, source))
-            self.channel.stdin.write(source + _message(config))
+            self.channel = await self.worker.transport.start(script_command(self.worker.transport.python,
+                                                                            "relay_node.py"))
+            self.channel.stdin.write(script_source("relay_node.py") + _message(config))
             await self.channel.stdin.drain()
             answer = await self.channel.stdout.readline()
         except ChannelLost as lost:

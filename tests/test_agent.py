@@ -57,3 +57,15 @@ def test_a_stop_sent_right_behind_the_step_stops_it(tmp_path):
     assert events[-1] == {"event": "exited", "code": 143, "signal": "SIGTERM"}
     exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
     assert json.loads(exit_file.read_text())["stop_reason"] == "stop requested"
+
+
+def test_the_compiled_agent_is_cached_per_source_and_a_broken_cache_entry_is_not_used(tmp_path):
+    run_agent(tmp_path, "true", str(tmp_path))
+    cache = tmp_path / ".podrun" / "cache"
+    [entry] = cache.iterdir()
+    assert entry.name.startswith("agent-") and oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert oct((tmp_path / ".podrun").stat().st_mode & 0o777) == "0o700"
+    entry.write_bytes(b"not marshal data")
+    output, events, code = run_agent(tmp_path, "echo still runs", str(tmp_path))
+    assert (output, events[-1], code) == (b"still runs\n", {"event": "exited", "code": 0, "signal": None}, 0)
+    assert entry.read_bytes() != b"not marshal data"  # compiled again and stored again
