@@ -78,8 +78,8 @@ class LocalTransport(Transport):
             start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
 
 
-# A worker-side script reads its own source from stdin, then its input. Compiling the agent costs
-# 4 ms of its 20 ms start on every worker for every step, so the compiled code is kept in the worker's
+# A worker-side script reads its own source from stdin, then its input. Compiling the agent took
+# 4 ms of its start on every worker for every step, so the compiled code is kept in the worker's
 # ~/.podrun/cache under the source's hash and the interpreter's version: the source is still sent
 # every time, and a cache entry is only ever used for the exact source it was compiled from.
 BOOTSTRAP = """import os,sys,marshal
@@ -112,6 +112,7 @@ def agent_source() -> bytes:
     return script_source("agent.py")
 
 
+@cache
 def script_command(python: str, name: str) -> str:
     """The command that runs the worker-side script `name` (its source follows on stdin)."""
     source = script_source(name)

@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import Lab, all_at_once, print_table, require_lab_tools, timed, write_lab_spec
+from benchlib import Lab, all_at_once, busy_cpu_seconds, print_table, require_lab_tools, timed, write_lab_spec
 
 SSH_OPTIONS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
 
@@ -57,12 +57,6 @@ def sent_bytes() -> int:
     from lab import BRIDGE
 
     return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
-
-
-def busy_cpu_seconds() -> float:
-    """CPU time this machine (every lab host included) spent on anything but idling, so far."""
-    user, nice, system, idle, iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def measured(command, env=None) -> tuple[float, int, float]:

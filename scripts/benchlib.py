@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -13,10 +15,29 @@ from lab import Lab, require_lab_tools  # noqa: E402,F401  (re-exported for the 
 
 def timed(command: list[str] | str, env: dict | None = None) -> float:
     """Seconds a command takes as a whole process (a string runs through the shell)."""
+    return timed_with_cpu(command, env)[0]
+
+
+def timed_with_cpu(command: list[str] | str, env: dict | None = None) -> tuple[float, float, float]:
+    """Seconds, the CPU seconds of the command's own processes (the launcher side), and the CPU
+    seconds of the whole machine (every lab host's sshd and processes included)."""
+    own_before, machine_before = _children_cpu_seconds(), busy_cpu_seconds()
     started = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                    shell=isinstance(command, str))
-    return time.perf_counter() - started
+    return (time.perf_counter() - started, _children_cpu_seconds() - own_before,
+            busy_cpu_seconds() - machine_before)
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time this machine (every lab host included) spent on anything but idling, so far."""
+    user, nice, system, idle, iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def all_at_once(commands: list[str]) -> str:
