@@ -7,6 +7,7 @@ Only argparse loads at start-up; each command imports what it needs, so `podrun 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from podrun.errors import USAGE_EXIT_CODE, PodrunError
@@ -140,17 +141,30 @@ COMMANDS = {
 }
 
 
+def _help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's own formatter, given the terminal's width as shutil.get_terminal_size would find
+    it: left to ask itself, argparse imports shutil, a sixth of `podrun jobs`'s start-up."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return argparse.HelpFormatter(prog, width=(columns if columns > 0 else 80) - 2)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser for argv: with a command named first, only that command's part (each part costs
     argparse about a millisecond to build, and `podrun jobs` should start as fast as Python)."""
     parser = argparse.ArgumentParser(
-        prog="podrun",
+        prog="podrun", formatter_class=_help_formatter,
         description="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers "
                     "from one YAML job spec.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:
         summary, handler, add_arguments, cloud = COMMANDS[name]
-        sub = commands.add_parser(name, help=summary, description=summary)
+        sub = commands.add_parser(name, help=summary, description=summary, formatter_class=_help_formatter)
         sub.set_defaults(handler=handler)
         if cloud:
             _cloud_arguments(sub)

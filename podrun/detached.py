@@ -88,7 +88,7 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
 
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> dict | None:
     log_path = record.log_path(worker.index)
-    offset = log_path.stat().st_size if log_path.exists() else 0
+    offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     channel = await transport.start_python(FOLLOWER, paths.remote_job_dir(record.id), str(offset), "1" if follow else "0")
     channel.stdin.write_eof()
     with open(log_path, "ab", buffering=0) as log:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 from podrun import paths
 from podrun.errors import PodrunError
@@ -53,11 +52,11 @@ class JobRecord:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
 
     @property
-    def dir(self) -> Path:
-        return paths.jobs_dir() / self.id
+    def dir(self) -> str:
+        return os.path.join(paths.jobs_dir(), self.id)
 
-    def log_path(self, index: int) -> Path:
-        return self.dir / f"w{index}.log"
+    def log_path(self, index: int) -> str:
+        return os.path.join(self.dir, f"w{index}.log")
 
     def current_state(self) -> str:
         """The state, with a running job whose launcher has died shown as lost."""
@@ -67,14 +66,15 @@ class JobRecord:
         return self.state
 
     def create(self) -> None:
-        self.dir.mkdir(parents=True, mode=0o700)
+        os.makedirs(self.dir, mode=0o700)
         os.chmod(paths.jobs_dir(), 0o700)
         self.save()
 
     def save(self) -> None:
-        temporary = self.dir / f".{RECORD_FILE}.{os.getpid()}"
-        temporary.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(temporary, self.dir / RECORD_FILE)
+        temporary = os.path.join(self.dir, f".{RECORD_FILE}.{os.getpid()}")
+        with open(temporary, "w") as handle:
+            handle.write(json.dumps(self.to_dict(), indent=1))
+        os.replace(temporary, os.path.join(self.dir, RECORD_FILE))
 
     def finish(self, state: str, exit_code: int, summary: str | None = None) -> None:
         self.state, self.exit_code, self.summary, self.ended_at = state, exit_code, summary, time.time()
@@ -86,9 +86,9 @@ def new_job_id(name: str) -> str:
 
 
 def load(job_id: str) -> JobRecord:
-    path = paths.jobs_dir() / job_id / RECORD_FILE
+    path = os.path.join(paths.jobs_dir(), job_id, RECORD_FILE)
     try:
-        return _from_json(path.read_text())
+        return _read(path)
     except FileNotFoundError:
         raise PodrunError(f"no job {job_id!r} in {paths.jobs_dir()}; `podrun jobs` lists them") from None
     except (OSError, ValueError, TypeError, KeyError) as error:
@@ -99,9 +99,9 @@ def all_jobs() -> list[JobRecord]:
     """Every readable job, oldest first."""
     records = []
     root = paths.jobs_dir()
-    for entry in root.iterdir() if root.is_dir() else ():
+    for entry in os.listdir(root) if os.path.isdir(root) else ():
         try:
-            records.append(_from_json((entry / RECORD_FILE).read_text()))
+            records.append(_read(os.path.join(root, entry, RECORD_FILE)))
         except (OSError, ValueError, TypeError, KeyError):
             continue  # half-created or damaged: not a job we can show
     return sorted(records, key=lambda record: record.started_at)
@@ -114,8 +114,9 @@ def newest() -> JobRecord:
     return records[-1]
 
 
-def _from_json(text: str) -> JobRecord:
-    data = json.loads(text)
+def _read(path: str) -> JobRecord:
+    with open(path) as handle:
+        data = json.load(handle)
     data["workers"] = [WorkerRecord(**worker) for worker in data["workers"]]
     return JobRecord(**data)
 

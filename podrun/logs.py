@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
-from pathlib import Path
 
 from podrun import jobstore
 from podrun.errors import PodrunError, UsageError
@@ -74,6 +72,8 @@ def stop_job(job_id: str) -> int:
         detached.stop(record)
         print(f"podrun: job {job_id} is {jobstore.load(job_id).current_state()}")
         return 0
+    import signal  # here, not at the top: `podrun jobs` and `podrun logs` start faster without it
+
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
     deadline = time.monotonic() + STOP_WAIT_S
     while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:
@@ -101,9 +101,9 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-def _start_offset(path: Path, tail: int | None) -> int:
+def _start_offset(path: str, tail: int | None) -> int:
     """0, or the offset where the last `tail` lines of the file begin."""
-    if tail is None or not path.exists():
+    if tail is None or not os.path.exists(path):
         return 0
     with open(path, "rb") as handle:
         end = position = handle.seek(0, os.SEEK_END)
@@ -123,7 +123,7 @@ def _start_offset(path: Path, tail: int | None) -> int:
         return 0
 
 
-def _copy_new(path: Path, offset: int, output: WorkerOutput) -> int:
+def _copy_new(path: str, offset: int, output: WorkerOutput) -> int:
     """Feed what the log gained since `offset` to the output; returns the new offset."""
     try:
         handle = open(path, "rb")

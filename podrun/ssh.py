@@ -170,7 +170,7 @@ def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
 
 
 def known_hosts_path() -> Path:
-    return paths.podrun_home() / "known_hosts"
+    return Path(paths.podrun_home()) / "known_hosts"
 
 
 def _host_pattern(host: str, port: int) -> str:

@@ -60,9 +60,9 @@ class Transport(ABC):
 class LocalTransport(Transport):
     """A local CPU worker: a process tree on this machine, rooted in its own directory."""
 
-    def __init__(self, root: Path):
-        self.root_path = root
-        self.root = str(root)
+    def __init__(self, root: str):
+        self.root_path = Path(root)
+        self.root = root
         self.python = sys.executable
 
     async def connect(self) -> None:

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+# the first five are never imported by exec either; the rest cost `podrun jobs` ~27 ms together
 HEAVY = ("torch", "google", "paramiko", "asyncssh", "fabric", "pydantic", "yaml", "pathspec",
-         "dataclasses", "inspect", "typing", "datetime")  # the last four: ~20 ms of `podrun jobs` start-up
+         "dataclasses", "inspect", "typing", "datetime", "pathlib", "shutil", "signal")
 PROBE = """
 import sys
 sys.argv = ["podrun", *{args!r}]
