@@ -1,37 +1,42 @@
-"""The Cloud TPU v2 API through Google's own client (google-cloud-tpu): the only module that imports it.
+"""podrun's view of the Cloud TPU v2 API: nodes, credentials, and Google's errors as one line each.
 
-It costs ~0.3 s to import, so only the commands that talk to Google load this module. Requests go
-over REST, as gcloud's do; the endpoint and the access token come from gcloud's settings
-(CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU, CLOUDSDK_AUTH_ACCESS_TOKEN_FILE), otherwise Google's endpoint
-and Application Default Credentials. Every error Google returns becomes one line saying what to do.
+Reading one node, which every `exec` on a TPU VM does, is a single REST GET through google.auth's
+authorized session. Everything else (create, delete, metadata updates, list) goes through Google's
+generated client in tpu_client.py, which costs ~0.1 s more to import and loads only for those calls.
+The endpoint and the access token come from gcloud's settings (CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU,
+CLOUDSDK_AUTH_ACCESS_TOKEN_FILE), otherwise Google's endpoint and Application Default Credentials.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import google.auth
 import requests
-from google.api_core import exceptions
-from google.api_core.operation import Operation
 from google.auth.exceptions import DefaultCredentialsError, RefreshError
-from google.cloud import tpu_v2
+from google.auth.transport.requests import AuthorizedSession
 from google.oauth2.credentials import Credentials
-from google.protobuf import field_mask_pb2
 
 from podrun.errors import PodrunError
 from podrun.gcloud_settings import ACCESS_TOKEN_FILE, TPU_ENDPOINT, Location, gcloud_property
 
+GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-OPERATION_POLL_S = 0.5
-PROGRESS_EVERY_S = 1.0
+READ_TIMEOUT_S = 30
 HTTP_PREFIX = re.compile(r"^(?:GET|POST|PATCH|PUT|DELETE) \S+: ")  # the REST client's prefix to Google's message
 API_DISABLED = re.compile(r"has not been used|is disabled|not enabled")
+
+
+class ApiCallError(Exception):
+    """An error Google returned for a call: its HTTP status and message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 @dataclass(frozen=True)
@@ -61,101 +66,108 @@ class TpuApi:
     def __init__(self, location: Location):
         self.location = location
         self.endpoint = (gcloud_property(TPU_ENDPOINT) or "").rstrip("/").removesuffix("/v2") or None
-        options = {"api_endpoint": self.endpoint} if self.endpoint else None
-        self.client = tpu_v2.TpuClient(transport="rest", credentials=_credentials(), client_options=options)
+        self.credentials = _credentials()
+        self.client = None  # Google's generated client, made on first use
 
     def get(self, name: str) -> TpuNode:
         with self._errors(f"reading TPU VM {name}", name):
-            return self._node(self.client.get_node(name=self._full_name(name)))
+            base = self.endpoint or GOOGLE_ENDPOINT
+            url = f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/nodes/{name}"
+            response = AuthorizedSession(self.credentials).get(url, timeout=READ_TIMEOUT_S)
+            if not response.ok:
+                raise _error_of(response)
+            return self._node(response.json())
 
     def list(self) -> list[TpuNode]:
         with self._errors("listing TPU VMs"):
-            return [self._node(node) for node in self.client.list_nodes(parent=self.location.parent)]
+            return [self._node(node) for node in self._google_client().list(self.location.parent)]
 
     def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
                on_progress: Callable[[float], None] | None) -> TpuNode | None:
         """The new node once it is READY; None right after the request without on_progress (--no-wait)."""
-        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version,
-                           scheduling_config=tpu_v2.SchedulingConfig(spot=spot))
         with self._errors(f"creating TPU VM {name}", name):
-            operation = self.client.create_node(parent=self.location.parent, node_id=name, node=node)
-            return self._node(_wait(operation, on_progress)) if on_progress else None
+            node = self._google_client().create(self.location.parent, name, accelerator_type, runtime_version, spot,
+                                                on_progress)
+            return self._node(node) if node else None
 
     def delete(self, name: str, on_progress: Callable[[float], None]) -> None:
         with self._errors(f"deleting TPU VM {name}", name):
-            _wait(self.client.delete_node(name=self._full_name(name)), on_progress)
+            self._google_client().delete(f"{self.location.parent}/nodes/{name}", on_progress)
 
     def set_metadata(self, node: TpuNode, metadata: dict[str, str]) -> None:
         """Replace the node's metadata (as `gcloud compute tpus tpu-vm ssh` does to add a key) and wait."""
         with self._errors(f"updating the metadata of TPU VM {node.name}", node.name):
-            operation = self.client.update_node(node=tpu_v2.Node(name=node.full_name, metadata=metadata),
-                                                update_mask=field_mask_pb2.FieldMask(paths=["metadata"]))
-            _wait(operation, lambda elapsed: None)
+            self._google_client().set_metadata(node.full_name, metadata)
 
-    def _full_name(self, name: str) -> str:
-        return f"{self.location.parent}/nodes/{name}"
+    def _google_client(self):
+        if self.client is None:
+            from podrun.tpu_client import TpuClient
 
-    def _node(self, node: tpu_v2.Node) -> TpuNode:
+            self.client = TpuClient(self.credentials, self.endpoint)
+        return self.client
+
+    def _node(self, node: dict) -> TpuNode:
+        """A node as the API's JSON has it: camelCase fields, enums by name, defaults left out."""
+        scheduling = node.get("schedulingConfig", {})
         return TpuNode(
-            name=node.name.rsplit("/", 1)[-1], location=self.location, state=node.state.name,
-            accelerator_type=node.accelerator_type, runtime_version=node.runtime_version, health=node.health.name,
-            spot=node.scheduling_config.spot or node.scheduling_config.preemptible,
-            workers=[WorkerAddress(e.ip_address, e.access_config.external_ip or None) for e in node.network_endpoints],
-            metadata=dict(node.metadata))
+            name=node["name"].rsplit("/", 1)[-1], location=self.location,
+            state=node.get("state", "STATE_UNSPECIFIED"), accelerator_type=node.get("acceleratorType", ""),
+            runtime_version=node.get("runtimeVersion", ""), health=node.get("health", "HEALTH_UNSPECIFIED"),
+            spot=bool(scheduling.get("spot") or scheduling.get("preemptible")),
+            workers=[WorkerAddress(endpoint.get("ipAddress", ""),
+                                   endpoint.get("accessConfig", {}).get("externalIp") or None)
+                     for endpoint in node.get("networkEndpoints", [])],
+            metadata=dict(node.get("metadata", {})))
 
     @contextlib.contextmanager
     def _errors(self, doing: str, name: str | None = None) -> Iterator[None]:
         """Google's errors, as one line each that says what to do."""
-        where = f"{self.location.project}/{self.location.zone}"
         try:
             yield
-        except exceptions.GoogleAPICallError as error:
-            raise PodrunError(f"{doing}: {self._advice(error, name, where)}") from None
+        except ApiCallError as error:
+            raise PodrunError(f"{doing}: {self._advice(error, name)}") from None
         except RefreshError as error:
             raise PodrunError(f"{doing}: cannot refresh the Google credentials ({error}); run "
                               f"`gcloud auth application-default login`") from None
         except requests.exceptions.RequestException as error:
-            endpoint = self.endpoint or "tpu.googleapis.com"
+            endpoint = self.endpoint or GOOGLE_ENDPOINT
             raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {endpoint} "
                               f"({type(error).__name__})") from None
 
-    def _advice(self, error: exceptions.GoogleAPICallError, name: str | None, where: str) -> str:
-        """What went wrong and what to do. Errors of calls arrive as HTTP classes (Conflict, ...), errors of
-        failed operations as their gRPC subclasses (AlreadyExists, ...): the HTTP classes catch both."""
-        message = HTTP_PREFIX.sub("", error.message or "")
+    def _advice(self, error: ApiCallError, name: str | None) -> str:
+        """What went wrong and what to do, by the HTTP status Google answered with."""
+        message = HTTP_PREFIX.sub("", error.message)
         zone, project = self.location.zone, self.location.project
-        if isinstance(error, exceptions.Conflict):
+        where = f"{project}/{zone}"
+        if error.code == 409:
             return (f"a TPU VM named {name} already exists in {where}; pick another --name, "
                     f"or delete it with `podrun delete {name} --zone {zone}`")
-        if isinstance(error, exceptions.NotFound):
+        if error.code == 404:
             return f"no TPU VM named {name} in {where}; `podrun list --zone {zone}` shows the ones there"
-        if isinstance(error, exceptions.TooManyRequests) and "quota" in message.lower():
+        if error.code == 429 and "quota" in message.lower():
             return (f"quota exceeded in {where} ({message}); ask for more quota in the console's "
                     f"IAM & Admin > Quotas, or use a smaller slice")
-        if isinstance(error, exceptions.TooManyRequests):
+        if error.code == 429:
             return f"no capacity in {zone} right now ({message}); try another zone, --spot, or again later"
-        if isinstance(error, exceptions.Forbidden) and API_DISABLED.search(message):
+        if error.code == 403 and API_DISABLED.search(message):
             return (f"the Cloud TPU API is not enabled in project {project}; run "
                     f"`gcloud services enable tpu.googleapis.com --project {project}`")
-        if isinstance(error, exceptions.Forbidden):
+        if error.code == 403:
             return f"permission denied in {where} ({message}); your account needs a role such as roles/tpu.admin"
-        if isinstance(error, exceptions.Unauthorized):
+        if error.code == 401:
             return f"Google rejected the credentials ({message}); run `gcloud auth application-default login`"
-        if isinstance(error, exceptions.BadRequest):
+        if error.code == 400:
             return f"invalid request: {message}"
         return f"Cloud TPU API error {error.code}: {message}"
 
 
-def _wait(operation: Operation, on_progress: Callable[[float], None]):
-    """The operation's result once it is done, reporting the seconds waited now and then."""
-    started = time.monotonic()
-    reported = started
-    while not operation.done():
-        time.sleep(OPERATION_POLL_S)
-        if time.monotonic() - reported >= PROGRESS_EVERY_S:
-            reported = time.monotonic()
-            on_progress(reported - started)
-    return operation.result()
+def _error_of(response: requests.Response) -> ApiCallError:
+    """The google.rpc.Status body Google answers errors with: {"error": {"code", "message", "status"}}."""
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text.strip()[:200] or response.reason
+    return ApiCallError(response.status_code, message)
 
 
 def _credentials():

@@ -125,7 +125,7 @@ class Progress:
 
 
 def _api(where: Location):
-    from podrun.tpu_api import TpuApi  # Google's client loads only for the commands that need it
+    from podrun.tpu_api import TpuApi  # Google's libraries load only for the commands that need them
 
     return TpuApi(where)
 

@@ -27,7 +27,7 @@ KEY_PROPAGATION_S = 60
 def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
     """The node's workers, ready to connect to. With `authorize`, the user's key is added to the
     node's metadata first if it is not there yet (not for --dry-run, which changes nothing)."""
-    from podrun.ssh import SshTransport, ensure_key_pair  # asyncssh and Google's client load only here
+    from podrun.ssh import SshTransport, ensure_key_pair  # asyncssh and Google's libraries load only here
     from podrun.tpu_api import TpuApi
 
     tpu = spec.target.tpu

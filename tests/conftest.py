@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import queue
 import re
@@ -51,6 +52,29 @@ def podrun(*args: str, timeout: float = 120, text: bool = True, **kwargs) -> sub
     """Run the real CLI to completion, capturing its output (as bytes when text=False)."""
     return subprocess.run([sys.executable, "-m", "podrun", *map(str, args)], capture_output=True, text=text,
                           timeout=timeout, cwd=REPO, **kwargs)
+
+
+IMPORT_PROBE = """
+import sys
+sys.argv = ["podrun", *{args!r}]
+from podrun.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+packages = {packages!r}
+print("IMPORTED", sorted(name for name in sys.modules if any(name == p or name.startswith(p + ".") for p in packages)))
+"""
+
+
+def modules_imported_by(args: list[str], packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` (names like "google" or "google.cloud.tpu_v2") that `podrun ARGS`
+    imports, run to its end in a fresh interpreter."""
+    probe = subprocess.run([sys.executable, "-c", IMPORT_PROBE.format(args=list(map(str, args)), packages=packages)],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    imported = [line for line in probe.stdout.splitlines() if line.startswith("IMPORTED ")]
+    assert imported, probe.stderr
+    return ast.literal_eval(imported[-1].removeprefix("IMPORTED "))
 
 
 def job_id_in(stderr: str) -> str:

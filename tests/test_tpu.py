@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+from conftest import (REPO, Background, job_id_in, modules_imported_by, podrun, processes_of_job,
+                      stderr_lines_without_traceback)
 from podrun import accelerators
 from podrun.errors import UsageError
 
@@ -197,6 +198,9 @@ def test_the_example_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_i
     again = podrun("exec", tmp_path / "tpu-hello.yaml")
     assert again.returncode == 0, again.stderr
     assert sum(method == "PATCH" for method, _ in tpu_api.requests) == 1  # the key was there already
+    # with the key there, exec reads the node with one GET and never loads Google's generated client
+    generated_client = ("google.cloud.tpu_v2", "google.api_core")
+    assert modules_imported_by(["exec", tmp_path / "tpu-hello.yaml"], generated_client) == []
 
 
 @pytest.mark.slow
