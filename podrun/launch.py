@@ -1,8 +1,10 @@
 """Run a planned job on every worker at once: connect, ship code, setup, run; fail fast; stop cleanly.
 
-Each step runs the agent (podrun/agent.py) on every worker in parallel. The first worker to fail
-is reported with its last lines and every other worker is told to stop; Ctrl-C and SIGTERM do the
-same. The agents themselves stop their process trees, also when podrun dies without telling them.
+Each step runs the agent (podrun/agent.py) on every worker in parallel. The first step's agents
+first report whether their worker has the code and, on a TPU VM, what holds the TPU; they wait while
+the code is shipped to the workers without it and the workers are checked, then all start at once.
+The first worker to fail is reported with its last lines and every other worker is told to stop;
+Ctrl-C and SIGTERM do the same. The agents themselves stop their process trees, also when podrun dies without telling them.
 """
 
 from __future__ import annotations
@@ -80,15 +82,29 @@ class WorkerStep:
         self.events: list[dict] = []
         self.diagnostics: list[str] = []  # stderr lines that are not agent events
 
-    async def start(self) -> None:
+    async def start(self, probe: dict | None = None) -> None:
+        """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
         worker = self.plan.worker
         config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
                   "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S,
                   "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach}
+        if probe is not None:
+            config["probe"] = probe
         self.channel = await worker.transport.start(agent_command(worker.transport.python))
         step_blob = marshal.dumps(config, AGENT_MARSHAL_VERSION)
         self.channel.stdin.write(agent_source() + b"%d\n" % len(step_blob) + step_blob)
         await self.channel.stdin.drain()
+
+    async def probed(self) -> dict | None:
+        """The agent's probe report; None if it ended without one (finish() then says why)."""
+        while line := await self.channel.stderr.readline():
+            event = self._take(line)
+            if event and event["event"] == "probe":
+                return event
+        return None
+
+    def go(self) -> None:
+        self._say(b"go\n")
 
     def stop(self) -> None:
         self._say(b"stop\n")
@@ -127,15 +143,21 @@ class WorkerStep:
 
     async def _read_events(self) -> None:
         while line := await self.channel.stderr.readline():
-            text = line.decode(errors="replace").rstrip("\n")
-            try:
-                event = json.loads(text)
-            except ValueError:
-                event = None
-            if isinstance(event, dict) and "event" in event:
-                self.events.append(event)
-            elif text.strip():
-                self.diagnostics.append(text)
+            self._take(line)
+
+    def _take(self, line: bytes) -> dict | None:
+        """Keep a line of the agent's stderr: an event (returned) or a diagnostic."""
+        text = line.decode(errors="replace").rstrip("\n")
+        try:
+            event = json.loads(text)
+        except ValueError:
+            event = None
+        if isinstance(event, dict) and "event" in event:
+            self.events.append(event)
+            return event
+        if text.strip():
+            self.diagnostics.append(text)
+        return None
 
 
 class Launch:
@@ -166,22 +188,13 @@ class Launch:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
             _raise_first_error(connected)  # before anything started anywhere
-            shipped = await self._until_interrupted(sync.ship(self.tree, self.spec.name, [p.worker for p in self.plans]))
-            if shipped is not None:
-                say(f"shipped code ({len(self.tree.files)} files) to {len(shipped)} worker(s)" if shipped
-                    else "code unchanged on every worker")
-            if self.spec.docker:  # run is wrapped in `docker run`
-                await self._until_interrupted(preflight.check_docker(self.plans))
-            if self.spec.target.kind == "tpu":
-                await self._until_interrupted(
-                    preflight.check_accelerator_holders([p.worker for p in self.plans], self.kill_stale))
-            for step in ("setup", "run") if self.spec.setup else ("run",):
-                if step == "run" and self.spec.torchrun and len(self.plans) > 1 and not self.interrupted.is_set():
-                    await self._until_interrupted(
-                        preflight.check_rendezvous([p.worker for p in self.plans], self.spec.torchrun.port))
+            steps = ("setup", "run") if self.spec.setup else ("run",)
+            for step in steps:
+                if step != steps[0]:
+                    await self._check_rendezvous(step)
                 if self.interrupted.is_set():
                     break
-                failure = await self._run_step(step)
+                failure = await self._run_step(step, first=step == steps[0])
                 if failure:
                     return self._finish_failed(step, failure)
                 if step == "run" and self.detach and not self.interrupted.is_set():
@@ -201,21 +214,36 @@ class Launch:
             for log in self.logs.values():
                 log.close()
 
-    async def _run_step(self, step: str) -> StepResult | None:
+    async def _run_step(self, step: str, first: bool) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index]), self.detach and step == "run")
             for plan in self.plans]
-        started = await asyncio.gather(*(ws.start() for ws in worker_steps), return_exceptions=True)
+        started = await asyncio.gather(*(ws.start(self._probe(ws.plan) if first else None) for ws in worker_steps),
+                                       return_exceptions=True)
         if any(isinstance(outcome, BaseException) for outcome in started):
-            running = [ws for ws, outcome in zip(worker_steps, started) if outcome is None]
-            for ws in running:
-                ws.stop()
-            await asyncio.gather(*(ws.finish() for ws in running), return_exceptions=True)
+            await _stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
             _raise_first_error(started)
+        heartbeats = asyncio.ensure_future(_heartbeats(worker_steps))
+        try:
+            return await self._supervise_step(step, worker_steps, first)
+        finally:
+            heartbeats.cancel()
+
+    async def _supervise_step(self, step: str, worker_steps: list[WorkerStep], first: bool) -> StepResult | None:
+        if first:
+            try:
+                failure = await self._prepare(step, worker_steps)
+            except BaseException:
+                await _stop_all(worker_steps)
+                raise
+            if failure or self.interrupted.is_set():
+                await _stop_all(worker_steps)
+                return failure
+            for ws in worker_steps:
+                ws.go()
         finishing = {asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
-        heartbeats = asyncio.ensure_future(_heartbeats(finishing))
         failure = None
         stopping = False
         while finishing:
@@ -235,8 +263,45 @@ class Launch:
                 for ws in finishing.values():
                     ws.stop()
         interrupt.cancel()
-        heartbeats.cancel()
         return failure
+
+    def _probe(self, plan: WorkerPlan) -> dict:
+        """What the first step's agent reports before anything starts (agent.py, "probe")."""
+        probe = {"code_dir": plan.cwd}
+        if self.spec.target.kind == "tpu":
+            probe.update(accelerator_files=preflight.accelerator_files(), kill_stale=self.kill_stale,
+                         stale_grace=preflight.STALE_KILL_GRACE_S)
+        return probe
+
+    async def _prepare(self, step: str, worker_steps: list[WorkerStep]) -> StepResult | None:
+        """While the first step's agents wait: read their probes, ship the code to the workers without
+        it, check the workers. Returns the failure of a worker whose agent ended before reporting."""
+        reports = await self._until_interrupted(
+            asyncio.gather(*(ws.probed() for ws in worker_steps), return_exceptions=True))
+        if reports is None:
+            return None
+        for ws, report in zip(worker_steps, reports):
+            if not isinstance(report, dict):
+                return await ws.finish()  # says why: the agent could not start, or the link broke
+        workers = [ws.plan.worker for ws in worker_steps]
+        if self.spec.target.kind == "tpu":
+            preflight.report_tpu_holders([(w, report["holders"]) for w, report in zip(workers, reports)],
+                                         self.kill_stale)
+        missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
+        await self._until_interrupted(sync.ship(self.tree, self.spec.name, missing))
+        if self.interrupted.is_set():
+            return None
+        say(f"shipped code ({len(self.tree.files)} files) to {len(missing)} worker(s)" if missing
+            else "code unchanged on every worker")
+        if self.spec.docker:  # run is wrapped in `docker run`
+            await self._until_interrupted(preflight.check_docker(self.plans))
+        await self._check_rendezvous(step)
+        return None
+
+    async def _check_rendezvous(self, step: str) -> None:
+        if step == "run" and self.spec.torchrun and len(self.plans) > 1 and not self.interrupted.is_set():
+            await self._until_interrupted(
+                preflight.check_rendezvous([p.worker for p in self.plans], self.spec.torchrun.port))
 
     async def _until_interrupted(self, work):
         """Await `work`, abandoning it (None) if the user interrupts first."""
@@ -297,11 +362,17 @@ class Launch:
         return code
 
 
-async def _heartbeats(finishing: dict[asyncio.Future, WorkerStep]) -> None:
+async def _heartbeats(worker_steps: list[WorkerStep]) -> None:
     while True:
         await asyncio.sleep(HEARTBEAT_S)
-        for worker_step in finishing.values():
+        for worker_step in worker_steps:
             worker_step.heartbeat()
+
+
+async def _stop_all(worker_steps: list[WorkerStep]) -> None:
+    for worker_step in worker_steps:
+        worker_step.stop()
+    await asyncio.gather(*(worker_step.finish() for worker_step in worker_steps), return_exceptions=True)
 
 
 def _raise_first_error(outcomes: list | None) -> None:

@@ -1,10 +1,9 @@
 """Pre-flight checks before `run`: what would otherwise fail late and obscurely fails now, by name.
 
 TPU devices: a process left from an earlier run that still holds /dev/accel* (or /dev/vfio/*, or
-libtpu's lockfile) makes the next run die with "TPU in use". Before a TPU job starts, every worker is
-searched for such processes; they are named with their PIDs and command lines, and killed only
-when the user asks (exec --kill-stale). A file matches by identity, not by name: the same device
-(st_rdev), so a container's /dev/accel0 counts, or the same inode for the lockfile.
+libtpu's lockfile) makes the next run die with "TPU in use". Before a TPU job starts, every worker's
+agent searches for such processes (agent.tpu_holders, in its probe); they are named here with their
+PIDs and command lines, and killed only when the user asks (exec --kill-stale).
 
 Docker: with `docker` in the spec, every worker must have the docker CLI on the job's PATH.
 
@@ -55,78 +54,25 @@ except OSError as error:
 # replaces the list, for images that put them elsewhere
 ACCELERATOR_FILES = "/dev/accel*:/dev/vfio/[0-9]*:/tmp/libtpu_lockfile"
 STALE_KILL_GRACE_S = 3
-HOLDERS = """\
-import glob, os, signal, stat, sys, time
-patterns, kill, grace = sys.argv[1].split(":"), sys.argv[2] == "1", float(sys.argv[3])
-def identity(info):
-    return ("device", info.st_rdev) if stat.S_ISCHR(info.st_mode) else ("file", info.st_dev, info.st_ino)
-wanted = set()
-for pattern in patterns:
-    for path in glob.glob(pattern):
-        try:
-            wanted.add(identity(os.stat(path)))
-        except OSError:
-            pass
-holders = {}
-for pid in filter(str.isdigit, os.listdir("/proc") if wanted else []):
-    if int(pid) == os.getpid():
-        continue
-    try:
-        descriptors = os.listdir("/proc/%s/fd" % pid)
-    except OSError:
-        continue  # gone, or another user's (not ours to see)
-    for fd in descriptors:
-        try:
-            if identity(os.stat("/proc/%s/fd/%s" % (pid, fd))) in wanted:
-                path = os.readlink("/proc/%s/fd/%s" % (pid, fd))
-                with open("/proc/%s/cmdline" % pid, "rb") as handle:
-                    command = handle.read().replace(b"\\0", b" ").decode(errors="replace").strip()
-                holders[int(pid)] = (path, command)
-                break
-        except OSError:
-            continue
-if kill:
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        for pid in holders:
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(os.path.exists("/proc/%d" % pid) for pid in holders):
-            time.sleep(0.05)
-for pid, (path, command) in sorted(holders.items()):
-    print("%d\\t%s\\t%s" % (pid, path, command or "?"))
-"""
 
 
-async def check_accelerator_holders(workers: list[Worker], kill: bool) -> None:
-    """Fail, naming them, if processes on any worker hold the TPU; with `kill`, stop them and go on."""
-    patterns = os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES)
-    found = await asyncio.gather(*(_holders(worker, patterns, kill) for worker in workers))
-    lines = [f"worker {worker.index} ({worker.address}): pid {pid} holds {path}: {command}"
-             for worker, holders in zip(workers, found) for pid, path, command in holders]
+def accelerator_files() -> str:
+    return os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES)
+
+
+def report_tpu_holders(found: list[tuple[Worker, str]], kill: bool) -> None:
+    """Given each worker's holders as its agent's probe reported them ("pid TAB file TAB command"
+    lines): fail, naming them, or with `kill` (they are gone already) say so and go on."""
+    lines = []
+    for worker, holders in found:
+        for line in holders.splitlines():
+            pid, path, command = line.split("\t", 2)
+            lines.append(f"worker {worker.index} ({worker.address}): pid {pid} holds {path}: {command}")
     if lines and kill:
         say(f"killed {len(lines)} process(es) that held the TPU:\n  " + "\n  ".join(lines))
     elif lines:
         raise PodrunError("the TPU is in use on the workers (left from an earlier run?):\n  " + "\n  ".join(lines)
                           + "\nstop them, or run again with --kill-stale to have podrun kill them")
-
-
-async def _holders(worker: Worker, patterns: str, kill: bool) -> list[tuple[int, str, str]]:
-    channel = await worker.transport.start_python(HOLDERS, patterns, "1" if kill else "0", str(STALE_KILL_GRACE_S))
-    channel.stdin.write_eof()
-    async with naming_lost_connections(worker, "while looking for processes holding the TPU"):
-        output, errors, code = await asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait())
-    if code != 0:
-        detail = errors.decode(errors="replace").strip().splitlines()
-        raise PodrunError(f"worker {worker.index} ({worker.address}): the check for processes holding the TPU "
-                          f"failed: {detail[-1] if detail else f'exit code {code}'}")
-    holders = []
-    for line in output.decode(errors="replace").splitlines():
-        pid, path, command = line.split("\t", 2)
-        holders.append((int(pid), path, command))
-    return holders
 
 
 async def check_docker(plans: list[WorkerPlan]) -> None:

@@ -1,19 +1,18 @@
 """Ship the workdir to every worker, into a directory named by its content hash.
 
-Files follow .gitignore and .podrunignore (gitignore syntax, in any directory); .git never ships.
-A worker that already has the hash gets nothing: one round trip. The others get one tar archive,
-cut into frames that are zlib-compressed where that pays (a sample of each shrinks), which the
-launcher sends once: the workers relay it to each other (relay.py). Each unpacks it into a
-temporary directory, checks its sha256 and renames it into place, so a half-shipped tree is never used.
+Files follow .gitignore and .podrunignore (gitignore syntax, in any directory); .git never ships. A
+worker that already has the hash gets nothing (its agent says so, before the first step starts). The
+others get one tar archive, cut into frames that are zlib-compressed where that pays (a sample of
+each shrinks), which the launcher sends once: the workers relay it to each other (relay.py). Each
+unpacks it into a temporary directory, checks its sha256 and renames it into place, so a
+half-shipped tree is never used.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import os
-import shlex
 import stat
 import struct
 import tarfile
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrun import paths, relay
-from podrun.targets import Worker, naming_lost_connections
+from podrun.targets import Worker
 
 IGNORE_FILES = (".gitignore", ".podrunignore")
 HASH_LENGTH = 16
@@ -50,23 +49,13 @@ def scan(workdir: str | Path) -> Tree:
     return Tree(root, files, _digest(root, files))
 
 
-async def ship(tree: Tree, name: str, workers: list[Worker]) -> list[int]:
-    """Make the tree present on every worker; returns the indexes of the workers it was sent to."""
-    code_dir = paths.remote_code_dir(name, tree.digest)
-    present = await asyncio.gather(*(_has(worker, code_dir) for worker in workers))
-    missing = [worker for worker, has in zip(workers, present) if not has]
+async def ship(tree: Tree, name: str, missing: list[Worker]) -> None:
+    """Send the tree to the workers that lack it (their agents' probes said so: launch.py)."""
     if missing:
         archive = _tar(tree)
-        shipment = relay.Shipment(code_dir, hashlib.sha256(archive).hexdigest(), _frames(archive))
+        shipment = relay.Shipment(paths.remote_code_dir(name, tree.digest), hashlib.sha256(archive).hexdigest(),
+                                  _frames(archive))
         await relay.deliver(shipment, missing)
-    return [worker.index for worker in missing]
-
-
-async def _has(worker: Worker, code_dir: str) -> bool:
-    async with naming_lost_connections(worker, "while shipping code"):
-        channel = await worker.transport.start(f"test -d {shlex.quote(code_dir)}")
-        channel.stdin.write_eof()
-        return await channel.wait() == 0
 
 
 def _collect(root: Path) -> list[str]:

@@ -13,11 +13,12 @@ from podrun.transport import agent_command, agent_source
 STEP_LIMIT_S = 20
 
 
-def run_agent(tmp_path, command: str, cwd: str, control: bytes = b"") -> tuple[bytes, list[dict], int]:
+def run_agent(tmp_path, command: str, cwd: str, control: bytes = b"",
+              probe: dict | None = None) -> tuple[bytes, list[dict], int]:
     """Run the agent as the launcher does; `control` follows the step description in the same write."""
     step = {"job_id": "agent-test", "worker": 0, "step": "run", "cwd": cwd, "command": command,
             "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 60, "heartbeat": 60,
-            "detach": False}
+            "detach": False, **({"probe": probe} if probe else {})}
     blob = marshal.dumps(step, 4)
     agent = subprocess.Popen(["/bin/sh", "-c", agent_command(sys.executable)], cwd=tmp_path,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -69,3 +70,14 @@ def test_the_compiled_agent_is_cached_per_source_and_a_broken_cache_entry_is_not
     output, events, code = run_agent(tmp_path, "echo still runs", str(tmp_path))
     assert (output, events[-1], code) == (b"still runs\n", {"event": "exited", "code": 0, "signal": None}, 0)
     assert entry.read_bytes() != b"not marshal data"  # compiled again and stored again
+
+
+def test_a_probing_agent_reports_the_code_dir_and_starts_only_on_go(tmp_path):
+    (tmp_path / "code").mkdir()
+    output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"go\n", probe={"code_dir": "code"})
+    assert events[0] == {"event": "probe", "code": 1, "holders": ""}
+    assert (output, events[-1]["event"], code) == (b"ran\n", "exited", 0)
+
+    output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"stop\n", probe={"code_dir": "absent"})
+    assert events == [{"event": "probe", "code": 0, "holders": ""}]  # told to stop before go: nothing ran
+    assert (output, code) == (b"", 0)
