@@ -239,6 +239,9 @@ class Launch:
                 raise
             if failure or self.interrupted.is_set():
                 await _stop_all(worker_steps)
+                if failure:
+                    self._record_exit(failure)
+                    self._report_failure(step, failure)
                 return failure
             for ws in worker_steps:
                 ws.go()

@@ -107,6 +107,28 @@ def test_an_unusable_host_is_one_line_and_nothing_starts_anywhere(home, lab, hos
     assert [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts] == jobs_before
 
 
+def test_an_agent_that_fails_before_reporting_is_named_and_nothing_starts_anywhere(home, lab, hosts_spec):
+    spec = hosts_spec("run: echo started; sleep 300")
+    private = lab.hosts[1].home / ".podrun"  # where the agent keeps its job files
+    aside = private.with_name(".podrun-aside")
+    moved = private.exists()
+    if moved:
+        private.rename(aside)
+    private.write_text("not a directory")
+    try:
+        result = podrun("exec", spec, timeout=60)
+    finally:
+        private.unlink()
+        if moved:
+            aside.rename(private)
+    assert result.returncode != 0
+    assert "started" not in result.stdout
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert f"worker 1 ({lab.hosts[1].ip}) failed to run: NotADirectoryError" in result.stderr, lines
+    assert "failed: worker 1 failed to run: NotADirectoryError" in lines[-1], lines
+    assert processes_of_job(job_id_in(result.stderr)) == []
+
+
 def test_rendezvous_port_taken_on_worker_0_fails_before_run(home, lab, hosts_spec):
     holder = lab.popen(0, [sys.executable, "-c", "import signal, socket; s = socket.socket(); "
                            "s.bind(('', 29533)); s.listen(); print('held', flush=True); signal.pause()"])
