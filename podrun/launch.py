@@ -4,7 +4,8 @@ Each step runs the agent (podrun/agent.py) on every worker in parallel. The firs
 first report whether their worker has the code and, on a TPU VM, what holds the TPU; they wait while
 the code is shipped to the workers without it and the workers are checked, then all start at once.
 The first worker to fail is reported with its last lines and every other worker is told to stop;
-Ctrl-C and SIGTERM do the same. The agents themselves stop their process trees, also when podrun dies without telling them.
+Ctrl-C and SIGTERM do the same. The agents themselves stop their process trees, also when podrun
+dies without telling them.
 """
 
 from __future__ import annotations
