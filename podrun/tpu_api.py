@@ -1,8 +1,10 @@
-"""podrun's view of the Cloud TPU v2 API: nodes, credentials, and Google's errors as one line each.
+"""The Cloud TPU v2 API: nodes, credentials, and Google's errors as one line each. The only module
+that imports Google's client (google-cloud-tpu).
 
 Reading one node, which every `exec` on a TPU VM does, is a single REST GET through google.auth's
 authorized session. Everything else (create, delete, metadata updates, list) goes through Google's
-generated client in tpu_client.py, which costs ~0.1 s more to import and loads only for those calls.
+generated client over REST, as gcloud's requests do; it costs ~0.1 s more to import, so it is
+imported only by those calls.
 The endpoint and the access token come from gcloud's settings (CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU,
 CLOUDSDK_AUTH_ACCESS_TOKEN_FILE), otherwise Google's endpoint and Application Default Credentials.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +30,8 @@ from podrun.gcloud_settings import ACCESS_TOKEN_FILE, TPU_ENDPOINT, Location, gc
 GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 READ_TIMEOUT_S = 30
+OPERATION_POLL_S = 0.5
+PROGRESS_EVERY_S = 1.0
 HTTP_PREFIX = re.compile(r"^(?:GET|POST|PATCH|PUT|DELETE) \S+: ")  # the REST client's prefix to Google's message
 API_DISABLED = re.compile(r"has not been used|is disabled|not enabled")
 
@@ -79,31 +84,40 @@ class TpuApi:
             return self._node(response.json())
 
     def list(self) -> list[TpuNode]:
-        with self._errors("listing TPU VMs"):
-            return [self._node(node) for node in self._google_client().list(self.location.parent)]
+        with self._errors("listing TPU VMs"), _client_errors():
+            return [self._node(_json(node)) for node in self._google_client().list_nodes(parent=self.location.parent)]
 
     def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
                on_progress: Callable[[float], None] | None) -> TpuNode | None:
         """The new node once it is READY; None right after the request without on_progress (--no-wait)."""
-        with self._errors(f"creating TPU VM {name}", name):
-            node = self._google_client().create(self.location.parent, name, accelerator_type, runtime_version, spot,
-                                                on_progress)
-            return self._node(node) if node else None
+        from google.cloud import tpu_v2
+
+        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version,
+                           scheduling_config=tpu_v2.SchedulingConfig(spot=spot))
+        with self._errors(f"creating TPU VM {name}", name), _client_errors():
+            operation = self._google_client().create_node(parent=self.location.parent, node_id=name, node=node)
+            return self._node(_json(_wait(operation, on_progress))) if on_progress else None
 
     def delete(self, name: str, on_progress: Callable[[float], None]) -> None:
-        with self._errors(f"deleting TPU VM {name}", name):
-            self._google_client().delete(f"{self.location.parent}/nodes/{name}", on_progress)
+        with self._errors(f"deleting TPU VM {name}", name), _client_errors():
+            _wait(self._google_client().delete_node(name=f"{self.location.parent}/nodes/{name}"), on_progress)
 
     def set_metadata(self, node: TpuNode, metadata: dict[str, str]) -> None:
         """Replace the node's metadata (as `gcloud compute tpus tpu-vm ssh` does to add a key) and wait."""
-        with self._errors(f"updating the metadata of TPU VM {node.name}", node.name):
-            self._google_client().set_metadata(node.full_name, metadata)
+        from google.cloud import tpu_v2
+        from google.protobuf import field_mask_pb2
+
+        with self._errors(f"updating the metadata of TPU VM {node.name}", node.name), _client_errors():
+            operation = self._google_client().update_node(node=tpu_v2.Node(name=node.full_name, metadata=metadata),
+                                                          update_mask=field_mask_pb2.FieldMask(paths=["metadata"]))
+            _wait(operation, lambda elapsed: None)
 
     def _google_client(self):
         if self.client is None:
-            from podrun.tpu_client import TpuClient
+            from google.cloud import tpu_v2
 
-            self.client = TpuClient(self.credentials, self.endpoint)
+            options = {"api_endpoint": self.endpoint} if self.endpoint else None
+            self.client = tpu_v2.TpuClient(transport="rest", credentials=self.credentials, client_options=options)
         return self.client
 
     def _node(self, node: dict) -> TpuNode:
@@ -159,6 +173,36 @@ class TpuApi:
         if error.code == 400:
             return f"invalid request: {message}"
         return f"Cloud TPU API error {error.code}: {message}"
+
+
+@contextlib.contextmanager
+def _client_errors() -> Iterator[None]:
+    """The client's errors as ApiCallError. Errors of calls arrive as HTTP classes (Conflict, ...),
+    errors of failed operations as their gRPC subclasses (AlreadyExists, ...): `code` is the HTTP
+    status for both."""
+    from google.api_core import exceptions
+
+    try:
+        yield
+    except exceptions.GoogleAPICallError as error:
+        raise ApiCallError(error.code, error.message or "") from None
+
+
+def _json(node) -> dict:
+    """A node from the client as the API's JSON has it."""
+    return type(node).to_dict(node, use_integers_for_enums=False, preserving_proto_field_name=False)
+
+
+def _wait(operation, on_progress: Callable[[float], None]):
+    """The operation's result once it is done, reporting the seconds waited now and then."""
+    started = time.monotonic()
+    reported = started
+    while not operation.done():
+        time.sleep(OPERATION_POLL_S)
+        if time.monotonic() - reported >= PROGRESS_EVERY_S:
+            reported = time.monotonic()
+            on_progress(reported - started)
+    return operation.result()
 
 
 def _error_of(response: requests.Response) -> ApiCallError:
