@@ -60,14 +60,14 @@ def main():
             os.mkdir(directory, 0o700)
         except FileExistsError:
             pass
+    step = Step(config, job_dir)
     probe = config.get("probe")
     if probe is not None:
         holders = tpu_holders(probe) if probe.get("accelerator_files") else []
         emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
              holders="\n".join("%d\t%s\t%s" % holder for holder in holders))
-        if not control.wait_for("go", float(config.get("heartbeat", 20))):
+        if not control.wait_for("go", step.heartbeat):
             sys.exit(0)  # the launcher decided not to start the job, or is gone
-    step = Step(config, job_dir)
     report = detach() if config.get("detach") else None
     try:
         step.start()

@@ -73,7 +73,7 @@ class JobRecord:
     def save(self) -> None:
         temporary = os.path.join(self.dir, f".{RECORD_FILE}.{os.getpid()}")
         with open(temporary, "w") as handle:
-            handle.write(json.dumps(self.to_dict(), indent=1))
+            json.dump(self.to_dict(), handle, indent=1)
         os.replace(temporary, os.path.join(self.dir, RECORD_FILE))
 
     def finish(self, state: str, exit_code: int, summary: str | None = None) -> None:

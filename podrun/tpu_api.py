@@ -77,7 +77,7 @@ class TpuApi:
     def get(self, name: str) -> TpuNode:
         with self._errors(f"reading TPU VM {name}", name):
             base = self.endpoint or GOOGLE_ENDPOINT
-            url = f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/nodes/{name}"
+            url = f"{base if '://' in base else 'https://' + base}/v2/{self._full_name(name)}"
             response = AuthorizedSession(self.credentials).get(url, timeout=READ_TIMEOUT_S)
             if not response.ok:
                 raise _error_of(response)
@@ -100,7 +100,7 @@ class TpuApi:
 
     def delete(self, name: str, on_progress: Callable[[float], None]) -> None:
         with self._errors(f"deleting TPU VM {name}", name), _client_errors():
-            _wait(self._google_client().delete_node(name=f"{self.location.parent}/nodes/{name}"), on_progress)
+            _wait(self._google_client().delete_node(name=self._full_name(name)), on_progress)
 
     def set_metadata(self, node: TpuNode, metadata: dict[str, str]) -> None:
         """Replace the node's metadata (as `gcloud compute tpus tpu-vm ssh` does to add a key) and wait."""
@@ -111,6 +111,9 @@ class TpuApi:
             operation = self._google_client().update_node(node=tpu_v2.Node(name=node.full_name, metadata=metadata),
                                                           update_mask=field_mask_pb2.FieldMask(paths=["metadata"]))
             _wait(operation, lambda elapsed: None)
+
+    def _full_name(self, name: str) -> str:
+        return f"{self.location.parent}/nodes/{name}"
 
     def _google_client(self):
         if self.client is None:

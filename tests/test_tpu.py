@@ -105,7 +105,8 @@ def test_gcloud_tpu_vm_ssh_reaches_every_worker_of_a_node_podrun_made(home, tpu_
     podrun against (scripts/bench_tpu_exec.py)."""
     create("my-pod", "v4-32")
     ssh = subprocess.run(["gcloud", "compute", "tpus", "tpu-vm", "ssh", "root@my-pod", "--worker=all", "--quiet",
-                          "--command=echo worker-ip $(hostname -I)", f"--zone={ZONE}"], capture_output=True, text=True, timeout=120)
+                          "--command=echo worker-ip $(hostname -I)", f"--zone={ZONE}"],
+                         capture_output=True, text=True, timeout=120)
     assert ssh.returncode == 0, ssh.stderr
     printed = [line.split() for line in ssh.stdout.splitlines()]  # also ssh-keygen's report on gcloud's new key
     assert sorted(words[1] for words in printed if words[:1] == ["worker-ip"]) == sorted(h.ip for h in lab.hosts)
