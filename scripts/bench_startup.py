@@ -45,7 +45,9 @@ def main() -> None:
         spec = Path(home) / "hello.yaml"
         spec.write_text(f"run: seq 1 200\nworkdir: {home}\n")
         subprocess.run([podrun, "exec", spec], env=env, check=True, capture_output=True)
-        commands = {"python -c pass": [sys.executable, "-c", "pass"]}
+        # json alone: the job records need it, and with it `re` and `enum`, the floor for `jobs` and `logs`
+        commands = {"python -c pass": [sys.executable, "-c", "pass"],
+                    "python -c 'import json'": [sys.executable, "-c", "import json"]}
         for args in (["--help"], ["jobs"], ["logs"]):
             commands[f"podrun {' '.join(args)}"] = [str(podrun), *args]
         results = medians(commands, runs, env)

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""CPU time of one step of podrun's worker-side agent, against a bare Python start in the same run.
+
+    python scripts/bench_agent.py [--runs 40] [--python /usr/bin/python3]
+
+The agent runs once per worker per step, so on a pod its start-up is paid on every host. Here it is
+run as the launcher runs it (transport.agent_command, its source and step on stdin, stdin kept open
+until it exits) for a step of `true`, with its compiled code cached on the "worker" and with that
+cache removed before every run, and compared, interleaved, with `python3 -I -S -c pass` (the floor
+for any Python supervisor) and `sh -c true` (what a raw `ssh host true` runs). CPU is user + system
+time of the process tree (RUSAGE_CHILDREN), per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import marshal
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from podrun.transport import agent_command, agent_source  # noqa: E402
+
+from benchlib import print_table  # noqa: E402
+
+
+def cpu_ms(run) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
+
+
+def agent_step(python: str, root: Path) -> None:
+    step = marshal.dumps({"job_id": "bench", "worker": 0, "step": "run", "cwd": str(root), "command": "true",
+                          "env": {"PODRUN_JOB_ID": "bench", "PODRUN_WORKER": "0"}, "grace": 5, "heartbeat": 20,
+                          "detach": False}, 4)
+    agent = subprocess.Popen(["/bin/sh", "-c", agent_command(python)], cwd=root, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent.stdin.write(agent_source() + b"%d\n" % len(step) + step)
+    agent.stdin.flush()
+    agent.stdout.read()
+    errors = agent.stderr.read()  # end of input would stop the step, so stdin stays open until here
+    agent.stdin.close()
+    if agent.wait() != 0:
+        raise SystemExit(f"the agent failed: {errors.decode(errors='replace')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--python", default="/usr/bin/python3", help="the workers' interpreter")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        cache = Path(root) / ".podrun" / "cache"
+        agent_step(args.python, Path(root))  # fills the cache
+
+        def uncached() -> None:
+            shutil.rmtree(cache, ignore_errors=True)
+            agent_step(args.python, Path(root))
+
+        contenders = {
+            "agent, compiled code cached": lambda: agent_step(args.python, Path(root)),
+            "agent, compiled on every run": uncached,
+            "python3 -I -S -c pass": lambda: subprocess.run([args.python, "-I", "-S", "-c", "pass"], check=True),
+            "sh -c true": lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True),
+        }
+        samples = {name: [] for name in contenders}
+        for _ in range(args.runs):
+            for name, run in contenders.items():
+                samples[name].append(cpu_ms(run))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    floor = medians["python3 -I -S -c pass"]
+    print_table(f"CPU per agent step of `true`, median of {args.runs} interleaved runs ({args.python})",
+                ["process", "CPU ms", "ratio to python3 -I -S -c pass"],
+                {name: [f"{ms:.1f}", f"{ms / floor:.2f}x"] for name, ms in medians.items()})
+
+
+if __name__ == "__main__":
+    main()
