@@ -144,6 +144,15 @@ def test_google_errors_are_one_line_each_saying_what_to_do(home, tpu_api, tmp_pa
     result = podrun("list")
     assert result.returncode == 2 and "no Google Cloud project: pass --project" in result.stderr
 
+    monkeypatch.setenv("CLOUDSDK_CORE_PROJECT", "podrun-test")
+    monkeypatch.setenv("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", str(tmp_path / "token"))
+    with socket.socket() as closed:  # a port nothing listens on: the one read (describe) and the client (list)
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU", f"{endpoint}/")
+        assert f"reading TPU VM taken: cannot reach the Cloud TPU API at {endpoint} (" in error_of("describe", "taken")
+        assert f"listing TPU VMs: cannot reach the Cloud TPU API at {endpoint} (" in error_of("list")
+
 
 def test_project_and_zone_come_from_the_active_gcloud_configuration(home, tpu_api, tmp_path, monkeypatch):
     config_dir = Path(os.environ["CLOUDSDK_CONFIG"])
@@ -200,7 +209,8 @@ def test_the_example_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_i
     assert again.returncode == 0, again.stderr
     assert sum(method == "PATCH" for method, _ in tpu_api.requests) == 1  # the key was there already
     # with the key there, exec reads the node with one GET and never loads Google's generated client
-    generated_client = ("google.cloud.tpu_v2", "google.api_core")
+    # or the requests library it runs on
+    generated_client = ("google.cloud.tpu_v2", "google.api_core", "requests")
     assert modules_imported_by(["exec", tmp_path / "tpu-hello.yaml"], generated_client) == []
 
 
