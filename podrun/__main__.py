@@ -1,3 +1,3 @@
-from podrun.cli import main
+from podrun.cli import run
 
-main()
+run()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import sys
@@ -43,6 +44,8 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
     record.create()
     kind = {"local": "local worker", "hosts": "SSH host", "tpu": "TPU worker"}[spec.target.kind]
     say(f"job {job_id}: {len(plans)} {kind}{'s' * (len(plans) > 1)}; logs in {record.dir}")
+    gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
+    gc.enable()
     return asyncio.run(Launch(spec, plans, tree, record, Terminal(), detach, kill_stale).run())
 
 

@@ -34,7 +34,9 @@ HEARTBEAT_TIMEOUT_S = 20.0
 # worker exits reach job.json at most this often while a step runs (each save writes every
 # worker, so saving on every exit would cost O(N^2) on a big pod); a step's end always saves
 RECORD_SAVE_INTERVAL_S = 0.5
-INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# stop signals and the exit codes they give; SIGPIPE stands for stdout closing (`podrun exec | head`)
+INTERRUPTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGPIPE: 141}
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AGENT_MARSHAL_VERSION = 4  # what the agent reads its step in: every Python 3.4+ can read it
 LOST_EXIT = 255  # what ssh itself exits with when the connection fails
 SHOWN_TAIL_LINES = 20
@@ -182,8 +184,9 @@ class Launch:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in INTERRUPTED_EXIT:
+        for signum in HANDLED_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
+        self.terminal.on_closed = self._on_stdout_closed
         transports = [plan.worker.transport for plan in self.plans]
         try:
             connected = await self._until_interrupted(
@@ -209,7 +212,7 @@ class Launch:
             self.record.finish(jobstore.FAILED, 1, str(error))
             raise
         finally:
-            for signum in INTERRUPTED_EXIT:
+            for signum in HANDLED_SIGNALS:
                 loop.remove_signal_handler(signum)
             await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
             for log in self.logs.values():
@@ -328,6 +331,12 @@ class Launch:
         self.interrupt_signal = signum
         self.interrupted.set()
         say(f"{signal.Signals(signum).name}: stopping the job on every worker (again to exit at once)")
+
+    def _on_stdout_closed(self) -> None:
+        if not self.interrupted.is_set():
+            self.interrupt_signal = signal.SIGPIPE
+            self.interrupted.set()
+            say("stdout was closed: stopping the job on every worker (its logs keep all output)")
 
     def _record_exit(self, result: StepResult) -> None:
         if result.detached:

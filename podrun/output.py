@@ -11,6 +11,7 @@ import io
 import re
 import sys
 from collections import deque
+from collections.abc import Callable
 
 LINE_BREAK = re.compile(rb"\r\n|\n|\r")
 MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
@@ -23,10 +24,15 @@ def say(message: str) -> None:
 
 
 class Terminal:
+    """Where workers' lines are shown. If its reader goes away (`podrun exec job.yaml | head`), it
+    shows nothing more and calls on_closed; without one, the BrokenPipeError goes to the caller."""
+
     def __init__(self, stream: io.BufferedIOBase | None = None, prefixed: bool = True):
         self.stream = stream or sys.stdout.buffer
         self.prefixed = prefixed
         self.colour = self.stream.isatty()
+        self.closed = False
+        self.on_closed: Callable[[], None] | None = None
 
     def prefix(self, index: int) -> bytes:
         if not self.prefixed:
@@ -37,8 +43,16 @@ class Terminal:
         return label.encode() + b" "
 
     def write_lines(self, prefix: bytes, lines: list[bytes]) -> None:
-        self.stream.write(b"".join(prefix + line + b"\n" for line in lines))
-        self.stream.flush()
+        if self.closed:
+            return
+        try:
+            self.stream.write(b"".join(prefix + line + b"\n" for line in lines))
+            self.stream.flush()
+        except BrokenPipeError:
+            self.closed = True
+            if self.on_closed is None:
+                raise
+            self.on_closed()
 
 
 class WorkerOutput:

@@ -58,10 +58,7 @@ IMPORT_PROBE = """
 import sys
 sys.argv = ["podrun", *{args!r}]
 from podrun.cli import main
-try:
-    main()
-except SystemExit:
-    pass
+main()
 packages = {packages!r}
 print("IMPORTED", sorted(name for name in sys.modules if any(name == p or name.startswith(p + ".") for p in packages)))
 """

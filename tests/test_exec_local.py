@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import time
 
-from conftest import Background, job_id_in, podrun, processes_of_job
+from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
 
 
 def test_every_worker_gets_the_environment_contract(home, job_file):
@@ -98,6 +99,32 @@ def test_ctrl_c_stops_every_worker_and_exits_130(home, job_file):
     log = (home / "jobs" / job_id / "w1.log").read_text()
     assert log == "worker 1 up\nworker 1 got TERM\n"  # complete up to the stop
     assert json.loads((home / "jobs" / job_id / "job.json").read_text())["state"] == "stopped"
+
+
+def test_a_reader_that_goes_away_stops_the_job_like_ctrl_c_and_logs_keep_the_output(home, job_file):
+    spec = job_file("""
+        run: |
+          seq 1 20000
+          while true; do echo "worker $PODRUN_WORKER ticks"; sleep 0.05; done
+    """)
+    exec_process = subprocess.Popen([sys.executable, "-m", "podrun", "exec", str(spec)], cwd=REPO,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert exec_process.stdout.readline().endswith(" 1\n")
+    exec_process.stdout.close()  # as `podrun exec job.yaml | head -1` does
+    assert exec_process.wait(timeout=30) == 141  # 128 + SIGPIPE, as a shell reports for `yes | head`
+    stderr = exec_process.stderr.read()
+    assert ("podrun: stdout was closed: stopping the job on every worker (its logs keep all output)"
+            in stderr_lines_without_traceback(stderr))
+    job_id = job_id_in(stderr)
+    assert processes_of_job(job_id) == []
+    assert json.loads((home / "jobs" / job_id / "job.json").read_text())["state"] == "stopped"
+
+    logs_process = subprocess.Popen([sys.executable, "-m", "podrun", "logs", job_id], cwd=REPO,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert logs_process.stdout.readline() in ("[w0] 1\n", "[w1] 1\n")
+    logs_process.stdout.close()  # 20,000 lines per worker: more than a pipe holds
+    assert logs_process.wait(timeout=30) == 141
+    assert stderr_lines_without_traceback(logs_process.stderr.read()) == []
 
 
 def test_processes_a_worker_leaves_behind_are_cleaned_up_after_success(home, job_file):
