@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrun import paths, relay
+from podrun.digests import FileDigests
 from podrun.targets import Worker
 
 IGNORE_FILES = (".gitignore", ".podrunignore")
@@ -82,17 +83,18 @@ def _collect(root: Path) -> list[str]:
 
 
 def _digest(root: Path, files: list[str]) -> str:
+    file_digests = FileDigests(str(root))
     digest = hashlib.sha256()
     for relative in files:
-        path = root / relative
-        info = path.lstat()
+        path = os.path.join(root, relative)
+        info = os.lstat(path)
         digest.update(relative.encode() + b"\0")
         if stat.S_ISLNK(info.st_mode):
             digest.update(b"link\0" + os.readlink(path).encode())
         else:
             digest.update(b"exec\0" if info.st_mode & 0o111 else b"file\0")
-            with open(path, "rb") as handle:
-                digest.update(hashlib.file_digest(handle, "sha256").digest())
+            digest.update(file_digests.of(relative, path, info))
+    file_digests.save()
     return digest.hexdigest()[:HASH_LENGTH]
 
 
