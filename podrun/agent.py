@@ -36,7 +36,6 @@ so nothing the step started outlives it.
 import marshal
 import os
 import select
-import sys
 import time
 
 try:
@@ -67,13 +66,13 @@ def main():
         emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
              holders="\n".join("%d\t%s\t%s" % holder for holder in holders))
         if not control.wait_for("go", step.heartbeat):
-            sys.exit(0)  # the launcher decided not to start the job, or is gone
+            os._exit(0)  # the launcher decided not to start the job, or is gone
     report = detach() if config.get("detach") else None
     try:
         step.start()
     except OSError as error:
         emit(event="error", message="cannot start %r in %s: %s" % (config["command"], config["cwd"], error))
-        sys.exit(SPAWN_FAILED)
+        os._exit(SPAWN_FAILED)
     emit(event="started", pid=step.pid)
     if report is not None:
         os.write(report, b"started")
@@ -82,7 +81,9 @@ def main():
         control = None
     code, signal_name = step.supervise(control)
     emit(event="exited", code=code, signal=signal_name)
-    sys.exit(code)
+    # everything went out through os.write: skipping the interpreter's teardown saves ~1 ms of CPU
+    # on every worker for every step
+    os._exit(code)
 
 
 def detach():
