@@ -11,7 +11,6 @@ import io
 import re
 import sys
 from collections import deque
-from collections.abc import Callable
 
 LINE_BREAK = re.compile(rb"\r\n|\n|\r")
 MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
@@ -32,7 +31,7 @@ class Terminal:
         self.prefixed = prefixed
         self.colour = self.stream.isatty()
         self.closed = False
-        self.on_closed: Callable[[], None] | None = None
+        self.on_closed = None  # a function of no arguments (collections.abc would cost `podrun logs` 0.2 ms)
 
     def prefix(self, index: int) -> bytes:
         if not self.prefixed:
