@@ -21,7 +21,7 @@ from pathlib import Path
 
 import google.auth
 import urllib3
-from google.auth.exceptions import DefaultCredentialsError, RefreshError
+from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 from google.auth.transport.urllib3 import AuthorizedHttp
 from google.oauth2.credentials import Credentials
 
@@ -154,6 +154,9 @@ class TpuApi:
         except RefreshError as error:
             raise PodrunError(f"{doing}: cannot refresh the Google credentials ({error}); run "
                               f"`gcloud auth application-default login`") from None
+        except TransportError as error:  # refreshing the credentials, before the API is asked anything
+            raise PodrunError(f"{doing}: cannot reach Google to refresh the credentials "
+                              f"({type(error.__cause__ or error).__name__}); check the network") from None
         except ApiUnreachable as error:
             raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "
                               f"({error})") from None

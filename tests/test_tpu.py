@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from conftest import (REPO, Background, job_id_in, modules_imported_by, podrun, processes_of_job,
                       stderr_lines_without_traceback)
@@ -152,6 +154,18 @@ def test_google_errors_are_one_line_each_saying_what_to_do(home, tpu_api, tmp_pa
         monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU", f"{endpoint}/")
         assert f"reading TPU VM taken: cannot reach the Cloud TPU API at {endpoint} (" in error_of("describe", "taken")
         assert f"listing TPU VMs: cannot reach the Cloud TPU API at {endpoint} (" in error_of("list")
+
+        # Application Default Credentials that cannot be refreshed for want of a network, as exec and
+        # describe read the node (a service account key names its token endpoint: the closed port)
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        (tmp_path / "adc.json").write_text(json.dumps({
+            "type": "service_account", "project_id": "podrun-test", "private_key_id": "1",
+            "private_key": key.decode(), "client_email": "ci@podrun-test.iam.gserviceaccount.com",
+            "client_id": "1", "token_uri": f"{endpoint}/token"}))
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
+        monkeypatch.delenv("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE")
+        assert "reading TPU VM taken: cannot reach Google to refresh the credentials (" in error_of("describe", "taken")
 
 
 def test_project_and_zone_come_from_the_active_gcloud_configuration(home, tpu_api, tmp_path, monkeypatch):
