@@ -6,6 +6,7 @@ Every problem becomes one SpecError line naming the file, the dotted field path 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import typing
 from pathlib import Path
@@ -178,7 +179,10 @@ def load_spec(path: str | Path) -> JobSpec:
         spec = JobSpec.model_validate(data)
     except ValidationError as error:
         raise _spec_error(path, error) from None
-    workdir = (path.parent / Path(spec.workdir).expanduser()).resolve()
+    expanded = os.path.expanduser(spec.workdir)  # pathlib's would raise for ~user of no user
+    if expanded.startswith("~"):
+        raise SpecError(path, "workdir", f"expected an existing directory, {spec.workdir} is no user's home here")
+    workdir = (path.parent / expanded).resolve()
     if not workdir.is_dir():
         raise SpecError(path, "workdir", f"expected an existing directory, {workdir} is not one")
     name = spec.name or path.stem

@@ -107,7 +107,7 @@ class SshTransport(Transport):
         if self.user:
             options["username"] = self.user
         if self.identity_file:
-            options["client_keys"] = [str(Path(self.identity_file).expanduser())]
+            options["client_keys"] = [os.path.expanduser(self.identity_file)]
         try:
             self.connection = await self._connect(options)
         except asyncssh.HostKeyNotVerifiable:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -234,7 +235,7 @@ def _credentials():
     token_file = gcloud_property(ACCESS_TOKEN_FILE)
     if token_file:
         try:
-            return Credentials(Path(token_file).expanduser().read_text().strip())
+            return Credentials(Path(os.path.expanduser(token_file)).read_text().strip())
         except OSError as error:
             raise PodrunError(f"cannot read the access token file {token_file} (CLOUDSDK_AUTH_ACCESS_TOKEN_FILE): "
                               f"{error.strerror}") from None

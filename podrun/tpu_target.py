@@ -11,6 +11,7 @@ installs on every worker.
 from __future__ import annotations
 
 import getpass
+import os
 from pathlib import Path
 
 from podrun import accelerators
@@ -41,7 +42,7 @@ def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
         raise PodrunError(f"TPU VM {tpu.name} ({node.accelerator_type}) reports {len(node.workers)} of its "
                           f"{expected} workers; it may still be repairing; try again, or recreate it")
     user = spec.ssh.user or getpass.getuser()
-    key_path = Path(spec.ssh.identity_file or GCLOUD_KEY).expanduser()
+    key_path = Path(os.path.expanduser(spec.ssh.identity_file or GCLOUD_KEY))
     key_line = f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"
     just_added = False
     if authorize and not _has_key(node.metadata.get("ssh-keys", ""), key_line):

@@ -24,6 +24,8 @@ BAD_SPECS = [
     ("two targets", "run: echo\ntarget: {local: {workers: 2}, hosts: [a, b]}\n",
      "{file}: target: expected exactly one of tpu, hosts, local (got hosts and local)"),
     ("missing workdir", "run: echo\nworkdir: nowhere\n", "{file}: workdir: expected an existing directory, {dir}/nowhere is not one"),
+    ("workdir in no user's home", "run: echo\nworkdir: ~no-such-user/code\n",
+     "{file}: workdir: expected an existing directory, ~no-such-user/code is no user's home here"),
     ("env value a list", "run: echo\nenv: {FLAGS: [a, b]}\n", "{file}: env.FLAGS: expected a string or number, got a list"),
     ("env value a boolean", "run: echo\nenv: {DEBUG: yes}\n",
      "{file}: env.DEBUG: expected a string or number, got a boolean (quote it)"),
