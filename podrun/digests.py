@@ -16,6 +16,7 @@ import os
 import time
 
 from podrun import paths
+from podrun.jobstore import write_json
 
 RACY_S = 2.0
 READ_BYTES = 1 << 20
@@ -42,10 +43,7 @@ class FileDigests:
         if self.remembered == self.known:
             return
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        partial = f"{self.path}.{os.getpid()}"
-        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
-            json.dump(self.remembered, handle)
-        os.replace(partial, self.path)  # two launchers at once: either's whole file wins
+        write_json(self.path, self.remembered)  # two launchers at once: either's whole file wins
 
     def _load(self) -> dict[str, list]:
         try:

@@ -71,10 +71,7 @@ class JobRecord:
         self.save()
 
     def save(self) -> None:
-        temporary = os.path.join(self.dir, f".{RECORD_FILE}.{os.getpid()}")
-        with open(temporary, "w") as handle:
-            json.dump(self.to_dict(), handle, indent=1)
-        os.replace(temporary, os.path.join(self.dir, RECORD_FILE))
+        write_json(os.path.join(self.dir, RECORD_FILE), self.to_dict(), indent=1)
 
     def finish(self, state: str, exit_code: int, summary: str | None = None) -> None:
         self.state, self.exit_code, self.summary, self.ended_at = state, exit_code, summary, time.time()
@@ -112,6 +109,15 @@ def newest() -> JobRecord:
     if not records:
         raise PodrunError(f"no jobs yet in {paths.jobs_dir()}; start one with `podrun exec JOB.yaml`")
     return records[-1]
+
+
+def write_json(path: str, data, indent: int | None = None) -> None:
+    """Replace the file at path with data as JSON (mode 0600), atomically: a reader, or a writer
+    killed mid-write, sees the old version or the new one, whole."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        json.dump(data, handle, indent=indent)
+    os.replace(temporary, path)
 
 
 def _read(path: str) -> JobRecord:
