@@ -1,7 +1,7 @@
 """The sha256 of each workdir file, remembered between runs by the file's stat signature.
 
-Without it every `exec` reads and hashes the whole workdir to name its code directory (46 MB: ~70 ms
-here), also when nothing changed. As git's index does, a file's digest is reused while its size,
+Without it every `exec` reads and hashes the whole workdir to name its code directory (46 MB: 50 ms
+here, scripts/bench_scan.py), also when nothing changed. As git's index does, a file's digest is reused while its size,
 mtime, ctime, inode and mode are what they were when it was hashed: any write changes ctime, which
 no tool can set back. A file changed within RACY_S of the scan is not remembered, so that a
 filesystem with coarse timestamps cannot hide a same-size edit made within the same tick.
