@@ -11,9 +11,11 @@ import gc
 import os
 import sys
 
+from podrun import __version__
 from podrun.errors import USAGE_EXIT_CODE, PodrunError
 
 BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
+INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE (sysexits.h): not the user's input, a bug of podrun's
 
 
 def _exec(args: argparse.Namespace) -> int:
@@ -171,6 +173,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         prog="podrun", formatter_class=_help_formatter,
         description="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers "
                     "from one YAML job spec.")
+    parser.add_argument("--version", action="version", version=f"podrun {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:
         summary, handler, add_arguments, cloud = COMMANDS[name]
@@ -203,6 +206,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # stdout was closed early, as by `podrun logs | head`
         return BROKEN_PIPE_EXIT
+    except Exception as error:  # a bug of podrun's: one line for the user, the traceback kept for a report
+        print(f"podrun: internal error: {_one_line(error)} (a bug in podrun; please report it with the "
+              f"traceback in {_save_traceback()})", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".replace("\n", " ")
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+
+    descriptor, path = tempfile.mkstemp(prefix="podrun-traceback-", suffix=".txt")
+    with os.fdopen(descriptor, "w") as handle:
+        traceback.print_exc(file=handle)
+    return path
 
 
 def run() -> None:
