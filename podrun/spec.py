@@ -27,6 +27,8 @@ RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WOR
                 "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT")
 PLAIN_KEY = re.compile(r"^[\w-]+$")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+SURROGATE = re.compile("[\ud800-\udfff]")
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
 
 class _Model(BaseModel):
@@ -123,7 +125,7 @@ def _env_value(value: Any) -> str:
 
 def _not_reserved(key: str) -> str:
     if key in RESERVED_ENV:
-        raise ValueError("set by podrun on every worker (GUIDE section 4); remove it from env")
+        raise ValueError("set by podrun on every worker (see `podrun exec --dry-run`); remove it from env")
     return key
 
 
@@ -169,10 +171,13 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecError(path, None, "no such file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise SpecError(path, None, f"cannot read: {error}") from None
+    except ValueError:  # the only other error open() raises: a NUL byte in the name
+        raise SpecError(repr(str(path)), None, "expected a file name, this one holds a NUL byte") from None
     try:
-        data = yaml.safe_load(text)
+        data = _parse_yaml(text)
     except yaml.YAMLError as error:
         raise SpecError(path, None, _yaml_problem(error)) from None
+    _refuse_unusable_text(path, data)
     if not isinstance(data, dict):
         raise SpecError(path, None, f"expected a mapping of job fields (run, target, ...), got {_yaml_kind(data)}")
     try:
@@ -191,6 +196,45 @@ def load_spec(path: str | Path) -> JobSpec:
     resolved = spec.model_copy(update={"name": name, "workdir": str(workdir)})
     resolved._path = path
     return resolved
+
+
+def _parse_yaml(text: str) -> Any:
+    """The document as yaml.safe_load reads it, except that a number under `env` stays as it was
+    written: YAML reads `3.10` as 3.1 and `0x1F` as 31, but a variable gets the text in the file."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    if isinstance(root, yaml.MappingNode) and isinstance(data, dict) and isinstance(data.get("env"), dict):
+        env_node = next((value for key, value in root.value if key.value == "env"), None)
+        if isinstance(env_node, yaml.MappingNode):
+            for key, value in env_node.value:
+                if isinstance(value, yaml.ScalarNode) and value.tag in (INT_TAG, FLOAT_TAG):
+                    data["env"][loader.construct_object(key)] = value.value
+    return data
+
+
+def _refuse_unusable_text(path: Path, data: Any, field: str = "") -> None:
+    """No field may hold a NUL byte or a lone surrogate (YAML's "\\0" or "\\ud800"): neither can be
+    a path, a command or an environment value, and each would end in a traceback further on."""
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        where = f"{field}.{key}" if field else str(key)
+        if isinstance(key, str) and not _usable(key):
+            raise SpecError(path, field or None, f"a key holds {_unusable_kind(key)}: {key!r}")
+        if isinstance(value, str) and not _usable(value):
+            raise SpecError(path, where, f"holds {_unusable_kind(value)}, which no path, command or variable can")
+        _refuse_unusable_text(path, value, where)
+
+
+def _usable(text: str) -> bool:
+    return "\0" not in text and not SURROGATE.search(text)
+
+
+def _unusable_kind(text: str) -> str:
+    return "a NUL byte" if "\0" in text else "a lone surrogate character"
 
 
 def json_schema() -> dict:

@@ -14,6 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI's property tests are derandomized (a fixed seed, no example database), so a run's outcome
+# depends on the code alone; scripts/fuzz.py runs the same properties with random seeds and a
+# budget PODRUN_FUZZ_SCALE times larger, and each failure it finds becomes an @example.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("PODRUN_HYPOTHESIS_PROFILE", "ci"))
+FUZZ_SCALE = int(os.environ.get("PODRUN_FUZZ_SCALE", "1"))
+
+
+def examples(count: int) -> int:
+    """A property's number of examples: `count` in CI, more under scripts/fuzz.py."""
+    return count * FUZZ_SCALE
+
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_ID_LINE = re.compile(r"^podrun: job (\S+): ", re.MULTILINE)
@@ -108,8 +123,13 @@ def wait_until(condition, what: str, timeout: float = 15) -> float:
     return time.monotonic() - started
 
 
+def crashed(output: str) -> bool:
+    """Whether podrun ended in a traceback, or caught one as an internal error (cli.main)."""
+    return "Traceback" in output or "podrun: internal error:" in output
+
+
 def stderr_lines_without_traceback(stderr: str) -> list[str]:
-    assert "Traceback" not in stderr, stderr
+    assert not crashed(stderr), stderr
     return [line for line in stderr.splitlines() if line.strip()]
 
 

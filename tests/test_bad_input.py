@@ -10,10 +10,10 @@ from pathlib import Path
 from unittest import mock
 
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, podrun
+from conftest import REPO, examples, podrun
 from podrun.cli import main
 from podrun.spec import JobSpec
 
@@ -78,8 +78,11 @@ def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
     assert stderr.count("\n") == 1 and stderr.startswith(f"podrun: error: {spec_path}: "), stderr
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(spec=mutated_specs())
+@example(spec={**VALID, "workdir": "\x00"})  # found by hypothesis in CI: ValueError: embedded null byte
+@example(spec={**VALID, "ssh": {"identity_file": "\udc80"}})
+@example(spec={**VALID, "env": {"PY": 3.1}})
 def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
     path.write_text(yaml.safe_dump(spec) if not isinstance(spec, str) else spec)
@@ -87,7 +90,7 @@ def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
     assert_success_or_one_line(code, stderr, path)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(spec=mutated_specs())
 def test_generated_specs_dry_run_or_fail_in_one_line(spec, tmp_path_factory, monkeypatch):
     assume(not (isinstance(spec, dict) and isinstance(spec.get("target"), dict) and "tpu" in spec["target"]))
@@ -100,7 +103,7 @@ def test_generated_specs_dry_run_or_fail_in_one_line(spec, tmp_path_factory, mon
 
 
 @given(text=st.text(max_size=200))
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 def test_any_text_as_a_spec_validates_or_fails_in_one_line(text, tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
     path.write_text(text)

@@ -30,8 +30,14 @@ BAD_SPECS = [
     ("env value a boolean", "run: echo\nenv: {DEBUG: yes}\n",
      "{file}: env.DEBUG: expected a string or number, got a boolean (quote it)"),
     ("env key podrun sets", "run: echo\nenv: {PODRUN_WORKER: 3}\n",
-     "{file}: env.PODRUN_WORKER: set by podrun on every worker (GUIDE section 4); remove it from env"),
+     "{file}: env.PODRUN_WORKER: set by podrun on every worker (see `podrun exec --dry-run`); remove it from env"),
     ("bad device", "run: echo\ndevice: GPU\n", "{file}: device: expected 'TPU', 'CUDA', 'ROCM' or 'CPU', got 'GPU'"),
+    ("NUL in workdir", 'run: echo\nworkdir: "\\0"\n',
+     "{file}: workdir: holds a NUL byte, which no path, command or variable can"),
+    ("NUL in identity_file", 'run: echo\nssh: {identity_file: "/k\\0"}\n',
+     "{file}: ssh.identity_file: holds a NUL byte, which no path, command or variable can"),
+    ("lone surrogate in an env value", 'run: echo\nenv: {A: "\\ud800"}\n',
+     "{file}: env.A: holds a lone surrogate character, which no path, command or variable can"),
 ]
 
 
@@ -96,3 +102,10 @@ def test_schema_is_the_spec_model_and_configs_point_at_it():
     assert json.loads((REPO / "podrun.schema.json").read_text()) == schema, "regenerate: podrun schema > podrun.schema.json"
     for config in (REPO / "configs").glob("*.yaml"):
         assert config.read_text().startswith("# yaml-language-server: $schema=../podrun.schema.json"), config
+
+
+def test_spec_path_with_a_nul_byte_is_one_line():
+    from test_bad_input import run_cli
+
+    code, stderr = run_cli("validate", "job\0.yaml")
+    assert (code, stderr) == (2, "podrun: error: 'job\\x00.yaml': expected a file name, this one holds a NUL byte\n")
