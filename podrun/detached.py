@@ -91,7 +91,7 @@ async def _fetch(record, worker, transport: Transport, output: WorkerOutput | No
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     channel = await transport.start_python(FOLLOWER, paths.remote_job_dir(record.id), str(offset), "1" if follow else "0")
     channel.stdin.write_eof()
-    with open(log_path, "ab", buffering=0) as log:
+    with jobstore.open_log(log_path) as log:
         while chunk := await channel.stdout.read(65536):
             _append_at(log, offset, chunk)
             offset += len(chunk)

@@ -42,8 +42,11 @@ class FileDigests:
     def save(self) -> None:
         if self.remembered == self.known:
             return
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        write_json(self.path, self.remembered)  # two launchers at once: either's whole file wins
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            write_json(self.path, self.remembered)  # two launchers at once: either's whole file wins
+        except OSError:
+            pass  # a cache: without it the next run hashes again; an unusable PODRUN_HOME is named by the job store
 
     def _load(self) -> dict[str, list]:
         try:

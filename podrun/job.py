@@ -29,7 +29,7 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
     extra_env = parse_env_overrides(env_overrides)
     workers = resolve_workers(spec, dry_run)
     selected = parse_worker_selection(worker_selection, len(workers))
-    tree = sync.scan(spec.workdir)
+    tree = sync.scan(spec.workdir, remember=not dry_run)
     job_id = jobstore.new_job_id(spec.name)
     code_dir = paths.remote_code_dir(spec.name, tree.digest)
     plans = [worker_plan for worker_plan in plan(spec, workers, job_id, code_dir, extra_env, os.environ)

@@ -6,6 +6,7 @@ entry that cannot be read anyway is skipped by `podrun jobs` and named by `podru
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -66,9 +67,12 @@ class JobRecord:
         return self.state
 
     def create(self) -> None:
-        os.makedirs(self.dir, mode=0o700)
-        os.chmod(paths.jobs_dir(), 0o700)
-        self.save()
+        try:
+            os.makedirs(self.dir, mode=0o700)
+            os.chmod(paths.jobs_dir(), 0o700)
+            self.save()
+        except OSError as error:
+            raise paths.unusable_home(error) from None
 
     def save(self) -> None:
         write_json(os.path.join(self.dir, RECORD_FILE), self.to_dict(), indent=1)
@@ -109,6 +113,11 @@ def newest() -> JobRecord:
     if not records:
         raise PodrunError(f"no jobs yet in {paths.jobs_dir()}; start one with `podrun exec JOB.yaml`")
     return records[-1]
+
+
+def open_log(path: str) -> io.FileIO:
+    """A worker's log, for appending; created 0600 like job.json: it holds the job's output."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0)
 
 
 def write_json(path: str, data, indent: int | None = None) -> None:

@@ -119,7 +119,7 @@ class WorkerStep:
         if self.channel and not self.channel.stdin.is_closing():
             try:
                 self.channel.stdin.write(line)
-            except (OSError, RuntimeError):
+            except (ChannelLost, OSError, RuntimeError):
                 pass  # the channel is gone; finish() reports how the worker ended
 
     async def finish(self) -> StepResult:
@@ -179,7 +179,7 @@ class Launch:
         self.record_saved_at = 0.0
         self.worker_records = {worker.index: worker for worker in record.workers}
         self.interrupt_signal: signal.Signals | None = None
-        self.logs = {plan.worker.index: open(record.log_path(plan.worker.index), "ab", buffering=0)
+        self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
     async def run(self) -> int:
@@ -191,7 +191,7 @@ class Launch:
         try:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
-            _raise_first_error(connected)  # before anything started anywhere
+            _raise_first_error(connected, self.plans)  # before anything started anywhere
             steps = ("setup", "run") if self.spec.setup else ("run",)
             for step in steps:
                 if step != steps[0]:
@@ -227,7 +227,7 @@ class Launch:
                                        return_exceptions=True)
         if any(isinstance(outcome, BaseException) for outcome in started):
             await _stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
-            _raise_first_error(started)
+            _raise_first_error(started, self.plans)
         heartbeats = asyncio.ensure_future(_heartbeats(worker_steps))
         try:
             return await self._supervise_step(step, worker_steps, first)
@@ -388,11 +388,21 @@ async def _stop_all(worker_steps: list[WorkerStep]) -> None:
     await asyncio.gather(*(worker_step.finish() for worker_step in worker_steps), return_exceptions=True)
 
 
-def _raise_first_error(outcomes: list | None) -> None:
-    errors = [outcome for outcome in outcomes or () if isinstance(outcome, BaseException)]
-    if errors:
-        more = f" (and {len(errors) - 1} more worker(s) failed the same step)" if len(errors) > 1 else ""
-        if isinstance(errors[0], PodrunError):
-            raise PodrunError(f"{errors[0]}{more}")
-        raise errors[0]
-
+def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:
+    """Raise the first worker's error as one PodrunError line; anything else than a PodrunError
+    (a connection lost mid-start, a library's own exception) is named with its worker."""
+    failed = [(plan.worker, outcome) for plan, outcome in zip(plans, outcomes or ())
+              if isinstance(outcome, BaseException)]
+    if not failed:
+        return
+    worker, error = failed[0]
+    if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+        raise error
+    if isinstance(error, PodrunError):
+        message = str(error)
+    elif isinstance(error, ChannelLost):
+        message = f"worker {worker.index} ({worker.address}) lost its connection ({error})"
+    else:
+        message = f"worker {worker.index} ({worker.address}): {type(error).__name__}: {error}"
+    more = f" (and {len(failed) - 1} more worker(s) failed the same step)" if len(failed) > 1 else ""
+    raise PodrunError(message + more)

@@ -7,9 +7,26 @@ from __future__ import annotations
 
 import os
 
+from podrun.errors import UsageError
+
 
 def podrun_home() -> str:
     return os.path.expanduser(os.environ.get("PODRUN_HOME") or "~/.podrun")
+
+
+def unusable_home(error: OSError) -> UsageError:
+    """The one line for a PODRUN_HOME that podrun cannot write in (a file, a read-only place)."""
+    where = f"PODRUN_HOME={os.environ['PODRUN_HOME']}" if os.environ.get("PODRUN_HOME") else podrun_home()
+    return UsageError(f"{where}: cannot create {error.filename or 'files'} there ({error.strerror or error}); "
+                       f"expected a writable directory (set PODRUN_HOME to one)")
+
+
+def make_private_dir(path: str) -> None:
+    """path and its parents, 0700, somewhere under PODRUN_HOME."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as error:
+        raise unusable_home(error) from None
 
 
 def jobs_dir() -> str:

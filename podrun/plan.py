@@ -66,6 +66,7 @@ def render(plans: list[WorkerPlan]) -> str:
     for worker_plan in plans:
         worker = worker_plan.worker
         lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
+                 f"# environment: {worker.transport.starting_environment()}, then:",
                  f"cd {worker.transport.root}/{worker_plan.cwd}"]
         lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
         if worker_plan.setup:

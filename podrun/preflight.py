@@ -18,6 +18,7 @@ listen backlog, so the listener never needs to accept them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 
@@ -25,6 +26,7 @@ from podrun.errors import PodrunError
 from podrun.output import say
 from podrun.plan import WorkerPlan
 from podrun.targets import Worker, naming_lost_connections
+from podrun.transport import ChannelLost
 
 CONNECT_TIMEOUT_S = 5
 LISTENER = """\
@@ -87,8 +89,8 @@ async def check_docker(plans: list[WorkerPlan]) -> None:
 async def _has_docker(plan: WorkerPlan) -> bool:
     path = f"PATH={shlex.quote(plan.env['PATH'])} " if "PATH" in plan.env else ""
     channel = await plan.worker.transport.start(f"{path}command -v docker >/dev/null")
-    channel.stdin.write_eof()
     async with naming_lost_connections(plan.worker, "during the docker check"):
+        channel.stdin.write_eof()
         return await channel.wait() == 0
 
 
@@ -105,7 +107,8 @@ async def check_rendezvous(workers: list[Worker], port: int) -> None:
                               f"another job's torchrun may hold it; pick another torchrun.port")
         outcomes = await asyncio.gather(*(_can_reach(worker, first.internal_ip, port) for worker in workers))
     finally:
-        listener.stdin.write_eof()
+        with contextlib.suppress(ChannelLost):  # then the listener is gone already
+            listener.stdin.write_eof()
         await asyncio.gather(listener.wait(), return_exceptions=True)
     for worker, reason in zip(workers, outcomes):
         if reason:
@@ -115,8 +118,8 @@ async def check_rendezvous(workers: list[Worker], port: int) -> None:
 
 async def _can_reach(worker: Worker, ip: str, port: int) -> str | None:
     channel = await worker.transport.start_python(CONNECTOR, ip, str(port), str(CONNECT_TIMEOUT_S))
-    channel.stdin.write_eof()
     async with naming_lost_connections(worker, "during the rendezvous check"):
+        channel.stdin.write_eof()
         output, code = await asyncio.gather(channel.stdout.read(), channel.wait())
     return None if code == 0 else output.decode().strip() or f"exit code {code}"
 

@@ -61,10 +61,29 @@ class _Reader:
         return await _or_lost(self.stream.readline())
 
 
+class _Writer:
+    """An SSH channel's stdin whose connection failures surface as ChannelLost, as its reads' do."""
+
+    def __init__(self, stream: asyncssh.SSHWriter):
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        _or_lost_now(self.stream.write, data)
+
+    def write_eof(self) -> None:
+        _or_lost_now(self.stream.write_eof)
+
+    def is_closing(self) -> bool:
+        return self.stream.is_closing()
+
+    async def drain(self) -> None:
+        await _or_lost(self.stream.drain())
+
+
 class SshChannel:
     def __init__(self, process: asyncssh.SSHClientProcess):
         self.process = process
-        self.stdin = process.stdin
+        self.stdin = _Writer(process.stdin)
         self.stdout, self.stderr = _Reader(process.stdout), _Reader(process.stderr)
 
     async def wait(self) -> int:
@@ -77,6 +96,13 @@ class SshChannel:
 async def _or_lost(awaitable):
     try:
         return await awaitable
+    except (OSError, asyncssh.Error) as error:
+        raise ChannelLost(_reason(error)) from None
+
+
+def _or_lost_now(call, *args):
+    try:
+        return call(*args)
     except (OSError, asyncssh.Error) as error:
         raise ChannelLost(_reason(error)) from None
 
@@ -138,6 +164,10 @@ class SshTransport(Transport):
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys}
 
+    def starting_environment(self) -> str:
+        who = f"{self.user}@{self.label}" if self.user else self.label
+        return f"what sshd gives a command on {who} (the login user's PATH and HOME; not podrun's environment)"
+
     async def start(self, command: str) -> SshChannel:
         try:
             return SshChannel(await self.connection.create_process(command, encoding=None))
@@ -189,9 +219,12 @@ def known_host_keys(host: str, port: int) -> bytes:
 
 def remember_host_key(host: str, port: int, key: asyncssh.SSHKey) -> None:
     path = known_hosts_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths.make_private_dir(str(path.parent))
     line = f"{_host_pattern(host, port)} {key.export_public_key().decode().strip()}\n".encode()
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as error:
+        raise paths.unusable_home(error) from None
     try:
         os.write(descriptor, line)  # one small append: parallel connects never interleave
     finally:

@@ -6,7 +6,6 @@ import contextlib
 import ipaddress
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 from podrun import paths
 from podrun.errors import PodrunError, SpecError
@@ -50,7 +49,7 @@ def resolve_workers(spec: JobSpec, dry_run: bool = False) -> list[Worker]:
 def transport_for(endpoint: dict) -> Transport:
     """The transport a job record's worker endpoint describes (see Transport.endpoint)."""
     if endpoint["kind"] == "local":
-        return LocalTransport(Path(endpoint["root"]))
+        return LocalTransport(endpoint["root"])
     from podrun.ssh import SshTransport
 
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],

@@ -26,8 +26,9 @@ KEY_PROPAGATION_S = 60
 
 
 def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
-    """The node's workers, ready to connect to. With `authorize`, the user's key is added to the
-    node's metadata first if it is not there yet (not for --dry-run, which changes nothing)."""
+    """The node's workers, ready to connect to. With `authorize`, the user's key is made if it does
+    not exist and added to the node's metadata if it is not there yet (not for --dry-run, which
+    changes nothing, here or on the node)."""
     from podrun.ssh import SshTransport, ensure_key_pair  # asyncssh and Google's libraries load only here
     from podrun.tpu_api import TpuApi
 
@@ -43,12 +44,13 @@ def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
                           f"{expected} workers; it may still be repairing; try again, or recreate it")
     user = spec.ssh.user or getpass.getuser()
     key_path = Path(os.path.expanduser(spec.ssh.identity_file or GCLOUD_KEY))
-    key_line = f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"
     just_added = False
-    if authorize and not _has_key(node.metadata.get("ssh-keys", ""), key_line):
-        keys = node.metadata.get("ssh-keys", "").rstrip("\n")
-        api.set_metadata(node, {**node.metadata, "ssh-keys": f"{keys}\n{key_line}".lstrip("\n")})
-        just_added = True
+    if authorize:
+        key_line = f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"
+        if not _has_key(node.metadata.get("ssh-keys", ""), key_line):
+            keys = node.metadata.get("ssh-keys", "").rstrip("\n")
+            api.set_metadata(node, {**node.metadata, "ssh-keys": f"{keys}\n{key_line}".lstrip("\n")})
+            just_added = True
     workers = []
     for index, address in enumerate(node.workers):
         host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shlex
 import sys
 from abc import ABC, abstractmethod
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Protocol
+
+from podrun import paths
 
 
 class ChannelLost(Exception):
@@ -23,8 +25,8 @@ class ChannelLost(Exception):
 
 class Channel(Protocol):
     """A command running on a worker (asyncio.subprocess.Process has this shape).
-    `stdin.write_eof()` ends its input; the command itself goes on. Reads and wait() raise
-    ChannelLost when the connection breaks."""
+    `stdin.write_eof()` ends its input; the command itself goes on. Reads, writes and wait()
+    raise ChannelLost when the connection breaks."""
 
     stdin: asyncio.StreamWriter
     stdout: asyncio.StreamReader
@@ -56,24 +58,36 @@ class Transport(ABC):
     def endpoint(self) -> dict:
         """What targets.transport_for() needs to reach this worker again (stored with a job)."""
 
+    @abstractmethod
+    def starting_environment(self) -> str:
+        """Where a command's environment starts, before the plan's exports (for --dry-run)."""
+
+
+# which of the variables a local worker inherits --dry-run shows: those that pick its python and torchrun
+INHERITED_SHOWN = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")
+
 
 class LocalTransport(Transport):
     """A local CPU worker: a process tree on this machine, rooted in its own directory."""
 
     def __init__(self, root: str):
-        self.root_path = Path(root)
-        self.root = root
+        self.root = str(root)
         self.python = sys.executable
 
     async def connect(self) -> None:
-        self.root_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        paths.make_private_dir(self.root)
 
     def endpoint(self) -> dict:
         return {"kind": "local", "root": self.root}
 
+    def starting_environment(self) -> str:
+        shown = [f"{key}={os.environ[key]}" for key in INHERITED_SHOWN if key in os.environ]
+        others = len(os.environ) - len(shown)
+        return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
+
     async def start(self, command: str) -> Channel:
         return await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, cwd=self.root_path,
+            "/bin/sh", "-c", command, cwd=self.root,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
 

@@ -174,6 +174,39 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
     assert not home.exists()  # no job record, no worker directories
 
 
+def test_dry_run_writes_no_digest_cache_where_exec_writes_one(home, job_file, monkeypatch):
+    from podrun import digests, sync
+    from test_bad_input import run_cli
+
+    monkeypatch.setattr(digests, "RACY_S", -3600)  # every file counts as old enough to remember
+    spec = job_file("run: echo", files={"train.py": "print(1)\n"})
+    assert run_cli("exec", str(spec), "--dry-run")[0] == 0
+    assert not home.exists()
+    sync.scan(spec.parent / "code")  # what exec does
+    assert list((home / "cache" / "digests").iterdir())
+
+
+def test_numbers_in_env_reach_the_worker_as_written(home, job_file):
+    spec = job_file("""
+        run: echo "$PY $HEX $UNDERSCORED $EXPONENT $PLAIN $QUOTED"
+        env: {PY: 3.10, HEX: 0x1F, UNDERSCORED: 1_000, EXPONENT: 1e3, PLAIN: 7, QUOTED: "3.10"}
+        target: {local: {workers: 1}}
+    """)
+    dry = podrun("exec", spec, "--dry-run")
+    assert "export PY=3.10\nexport HEX=0x1F\nexport UNDERSCORED=1_000\nexport EXPONENT=1e3\n" in dry.stdout
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[w0] 3.10 0x1F 1_000 1e3 7 3.10\n"
+
+
+def test_dry_run_says_which_environment_each_worker_starts_from(home, job_file):
+    spec = job_file("run: echo")
+    result = podrun("exec", spec, "--dry-run", env={"PATH": "/usr/bin:/bin", "PODRUN_HOME": str(home)})
+    for index in (0, 1):
+        assert (f"# worker {index}: local/w{index} (internal IP 127.0.0.1)\n"
+                f"# environment: podrun's own environment, inherited: PATH=/usr/bin:/bin and ") in result.stdout
+
+
 def test_unchanged_code_is_not_shipped_again_and_ignored_files_never_ship(home, job_file):
     files = {"keep.py": "", ".gitignore": "*.ckpt\nlogs/\n", ".podrunignore": "data/\n",
              "model.ckpt": "", "logs/run.txt": "", "data/big.bin": "", "sub/.gitignore": "local.txt\n",

@@ -81,6 +81,9 @@ def test_job_store_and_worker_job_directories_are_private(home, lab, hosts_spec)
 
     assert mode(home / "jobs") == mode(home / "jobs" / job_id) == 0o700
     assert mode(home / "known_hosts") == 0o600
+    job_files = sorted((home / "jobs" / job_id).iterdir())
+    assert [path.name for path in job_files] == ["job.json", "w0.log", "w1.log", "w2.log"]
+    assert {mode(path) for path in job_files} == {0o600}  # the job's output, like its record
     for host in lab.hosts[:3]:
         job_dir = host.home / ".podrun" / "jobs" / job_id
         assert mode(host.home / ".podrun") == mode(job_dir.parent) == mode(job_dir) == 0o700
