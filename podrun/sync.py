@@ -44,10 +44,12 @@ class Tree:
     digest: str
 
 
-def scan(workdir: str | Path) -> Tree:
+def scan(workdir: str | Path, remember: bool = True) -> Tree:
+    """The files that ship and their content hash; `remember` keeps their digests for the next
+    scan (digests.py), which --dry-run does not: it writes nothing."""
     root = Path(workdir)
     files = _collect(root)
-    return Tree(root, files, _digest(root, files))
+    return Tree(root, files, _digest(root, files, remember))
 
 
 async def ship(tree: Tree, name: str, missing: list[Worker]) -> None:
@@ -82,7 +84,7 @@ def _collect(root: Path) -> list[str]:
     return files
 
 
-def _digest(root: Path, files: list[str]) -> str:
+def _digest(root: Path, files: list[str], remember: bool) -> str:
     file_digests = FileDigests(str(root))
     digest = hashlib.sha256()
     for relative in files:
@@ -94,7 +96,8 @@ def _digest(root: Path, files: list[str]) -> str:
         else:
             digest.update(b"exec\0" if info.st_mode & 0o111 else b"file\0")
             digest.update(file_digests.of(relative, path, info))
-    file_digests.save()
+    if remember:
+        file_digests.save()
     return digest.hexdigest()[:HASH_LENGTH]
 
 
