@@ -26,7 +26,8 @@ def _exec(args: argparse.Namespace) -> int:
     try:
         from podrun.job import execute
 
-        return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale)
+        return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale,
+                       args.allow_large_workdir)
     finally:
         gc.enable()
 
@@ -119,6 +120,8 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
                      help="add or override an environment variable (repeatable)")
     sub.add_argument("--kill-stale", action="store_true",
                      help="TPU: kill processes that still hold the TPU (from an earlier run) instead of stopping")
+    sub.add_argument("--allow-large-workdir", action="store_true",
+                     help="ship a workdir over 1 GB or 50,000 files (otherwise podrun stops and names what weighs most)")
 
 
 def _logs_arguments(sub: argparse.ArgumentParser) -> None:
@@ -160,8 +163,8 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
         try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
-        except (AttributeError, ValueError, OSError):
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
+        except (ValueError, OSError):
             columns = 0
     return argparse.HelpFormatter(prog, width=(columns if columns > 0 else 80) - 2)
 
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as argparse_exit:  # bad usage, or --help
-        return argparse_exit.code or 0
+        return int(argparse_exit.code or 0)
     if not hasattr(args, "handler"):
         parser.print_help(sys.stderr)
         return USAGE_EXIT_CODE

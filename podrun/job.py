@@ -9,7 +9,7 @@ import re
 import sys
 
 from podrun import jobstore, paths, sync
-from podrun.errors import UsageError
+from podrun.errors import SpecError, UsageError
 from podrun.launch import Launch
 from podrun.output import Terminal, say
 from podrun.plan import plan, render
@@ -24,12 +24,15 @@ def validate(spec_path: str) -> JobSpec:
 
 
 def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
-            detach: bool = False, kill_stale: bool = False) -> int:
+            detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False) -> int:
     spec = load_spec(spec_path)
     extra_env = parse_env_overrides(env_overrides)
     workers = resolve_workers(spec, dry_run)
     selected = parse_worker_selection(worker_selection, len(workers))
-    tree = sync.scan(spec.workdir, remember=not dry_run)
+    try:
+        tree = sync.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
+    except sync.WorkdirTooLarge as error:
+        raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
     job_id = jobstore.new_job_id(spec.name)
     code_dir = paths.remote_code_dir(spec.name, tree.digest)
     plans = [worker_plan for worker_plan in plan(spec, workers, job_id, code_dir, extra_env, os.environ)
@@ -65,7 +68,7 @@ def parse_worker_selection(selection: str | None, count: int) -> set[int]:
     """`--worker` as gcloud takes it: "all", or indexes and ranges such as 0,2-3."""
     if selection is None or selection == "all":
         return set(range(count))
-    chosen = set()
+    chosen: set[int] = set()
     for part in selection.split(","):
         low, dash, high = part.strip().partition("-")
         try:

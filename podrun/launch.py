@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from podrun import jobstore, preflight, sync
 from podrun.errors import PodrunError
-from podrun.output import Terminal, WorkerOutput, say
+from podrun.output import Terminal, WorkerOutput, say, size_text
 from podrun.plan import WorkerPlan
 from podrun.spec import JobSpec
-from podrun.transport import ChannelLost, agent_command, agent_source
+from podrun.transport import Channel, ChannelLost, agent_command, agent_source
 
 STOP_GRACE_S = 5.0
 # the launcher says something to every agent this often; an agent that hears nothing for
@@ -81,7 +81,7 @@ class WorkerStep:
         self.step = step
         self.command = command
         self.output = output
-        self.channel = None
+        self.channel: Channel | None = None
         self.events: list[dict] = []
         self.diagnostics: list[str] = []  # stderr lines that are not agent events
 
@@ -93,14 +93,14 @@ class WorkerStep:
                   "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach}
         if probe is not None:
             config["probe"] = probe
-        self.channel = await worker.transport.start(agent_command(worker.transport.python))
+        self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
         step_blob = marshal.dumps(config, AGENT_MARSHAL_VERSION)
-        self.channel.stdin.write(agent_source() + b"%d\n" % len(step_blob) + step_blob)
-        await self.channel.stdin.drain()
+        channel.stdin.write(agent_source() + b"%d\n" % len(step_blob) + step_blob)
+        await channel.stdin.drain()
 
     async def probed(self) -> dict | None:
         """The agent's probe report; None if it ended without one (finish() then says why)."""
-        while line := await self.channel.stderr.readline():
+        while line := await self._started().stderr.readline():
             event = self._take(line)
             if event and event["event"] == "probe":
                 return event
@@ -126,7 +126,7 @@ class WorkerStep:
         index = self.plan.worker.index
         try:
             await asyncio.gather(self._pump_output(), self._read_events())
-            agent_code = await self.channel.wait()
+            agent_code = await self._started().wait()
         except ChannelLost as lost:
             self.output.close()
             return StepResult(index, LOST_EXIT, problem=f"lost its connection ({lost})", tail=self.output.tail())
@@ -141,12 +141,16 @@ class WorkerStep:
         return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
 
     async def _pump_output(self) -> None:
-        while chunk := await self.channel.stdout.read(65536):
+        while chunk := await self._started().stdout.read(65536):
             self.output.feed(chunk)
 
     async def _read_events(self) -> None:
-        while line := await self.channel.stderr.readline():
+        while line := await self._started().stderr.readline():
             self._take(line)
+
+    def _started(self) -> Channel:
+        assert self.channel is not None, "the step was started"
+        return self.channel
 
     def _take(self, line: bytes) -> dict | None:
         """Keep a line of the agent's stderr: an event (returned) or a diagnostic."""
@@ -178,7 +182,7 @@ class Launch:
         self.interrupted = asyncio.Event()
         self.record_saved_at = 0.0
         self.worker_records = {worker.index: worker for worker in record.workers}
-        self.interrupt_signal: signal.Signals | None = None
+        self.interrupt_signal = signal.SIGINT  # which signal stopped the job, once `interrupted` is set
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
@@ -249,13 +253,15 @@ class Launch:
                 return failure
             for ws in worker_steps:
                 ws.go()
-        finishing = {asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
+        finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
+            asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         failure = None
         stopping = False
         while finishing:
-            done, _ = await asyncio.wait([*finishing, interrupt], return_when=asyncio.FIRST_COMPLETED)
-            for task in done & finishing.keys():
+            watched: list[asyncio.Future] = [*finishing, interrupt]
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            for task in [task for task in finishing if task in done]:
                 finishing.pop(task)
                 result = task.result()
                 self._record_exit(result)
@@ -274,7 +280,7 @@ class Launch:
 
     def _probe(self, plan: WorkerPlan) -> dict:
         """What the first step's agent reports before anything starts (agent.py, "probe")."""
-        probe = {"code_dir": plan.cwd}
+        probe: dict[str, object] = {"code_dir": plan.cwd}
         if self.spec.target.kind == "tpu":
             probe.update(accelerator_files=preflight.accelerator_files(), kill_stale=self.kill_stale,
                          stale_grace=preflight.STALE_KILL_GRACE_S)
@@ -295,11 +301,12 @@ class Launch:
             preflight.report_tpu_holders([(w, report["holders"]) for w, report in zip(workers, reports)],
                                          self.kill_stale)
         missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
-        await self._until_interrupted(sync.ship(self.tree, self.spec.name, missing))
+        shipping_started = time.monotonic()
+        sent = await self._until_interrupted(sync.ship(self.tree, self.spec.name, missing))
         if self.interrupted.is_set():
             return None
-        say(f"shipped code ({len(self.tree.files)} files) to {len(missing)} worker(s)" if missing
-            else "code unchanged on every worker")
+        say(f"shipped code ({len(self.tree.files)} files) to {len(missing)} worker(s): {size_text(sent or 0)} sent "
+            f"in {time.monotonic() - shipping_started:.1f}s" if missing else "code unchanged on every worker")
         if self.spec.docker:  # run is wrapped in `docker run`
             await self._until_interrupted(preflight.check_docker(self.plans))
         await self._check_rendezvous(step)

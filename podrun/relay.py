@@ -1,49 +1,79 @@
 """Deliver one shipment of code to many workers while the launcher sends it once: a relay tree.
 
 The launcher feeds the first worker that lacks the code; each worker's receiver (relay_node.py)
-forwards the frames, as they arrive, to up to RELAY_FANOUT others over the workers' internal
+forwards the frames, as they arrive, to up to PODRUN_RELAY_FANOUT others over the workers' internal
 addresses. A worker the tree did not reach (a firewall between workers, a receiver that died) is
-named, then sent the code directly; only a direct send that fails stops the job.
+named, then sent the code directly, from a stream packed afresh (a stream is packed while it is
+sent, so it feeds one round); only a direct send that fails stops the job.
+
+Every wait on a receiver is bounded: one that takes no data or says nothing for RECEIVER_STALL_S
+(receivers say "receiving" every second while frames arrive) is given up on, and named.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import marshal
 import os
 import secrets
+import sys
+import time
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
-from podrun.errors import PodrunError
-from podrun.output import say
+from podrun.errors import PodrunError, UsageError
+from podrun.output import say, size_text
 from podrun.targets import Worker
-from podrun.transport import ChannelLost, script_command, script_source
+from podrun.transport import Channel, ChannelLost, script_command, script_source
 
-# children per receiver; scripts/bench_ship.py --fanout compares values
-RELAY_FANOUT = int(os.environ.get("PODRUN_RELAY_FANOUT", "4"))
+# children per receiver (PODRUN_RELAY_FANOUT; 0: the launcher feeds every worker itself);
+# scripts/bench_ship.py --fanout compares values
+DEFAULT_FANOUT = 4
+MAX_FANOUT = 64
 MARSHAL_VERSION = 4  # readable by every Python 3.4+
+# longer than relay_node.py's STALL_TIMEOUT_S, so that a receiver's own account of a stalled relay
+# peer arrives before the launcher gives up on the receiver
+RECEIVER_STALL_S = 60
+ABANDON_WAIT_S = 1.0  # after an interrupt: how long receivers get to remove their partial trees
+REDRAW_S = 0.25
 
 
 @dataclass(frozen=True)
 class Shipment:
     code_dir: str  # relative to the worker's root
-    digest: str  # sha256 of the tar archive the frames unpack to
-    frames: list[bytes]  # see relay_node.py
+    frames: Callable[[], AsyncGenerator[bytes, None]]  # a fresh stream of frames (see relay_node.py) per call
 
 
-async def deliver(shipment: Shipment, workers: list[Worker]) -> None:
-    """Put the shipment in place on every worker, or raise PodrunError naming one it cannot reach."""
-    missed = await _round(shipment, workers, RELAY_FANOUT)
-    for worker, reason in missed:
-        say(f"worker {worker.index} ({worker.address}) was not reached through the relay ({reason}); "
-            f"sending it the code directly")
-    failed = await _round(shipment, [worker for worker, _ in missed], fanout=0)
+async def deliver(shipment: Shipment, workers: list[Worker]) -> int:
+    """Put the shipment in place on every worker, or raise PodrunError naming one it cannot reach.
+    Returns the bytes the launcher sent."""
+    progress = Progress(len(workers))
+    try:
+        missed = await _round(shipment, workers, relay_fanout(), progress)
+        progress.clear()
+        for worker, reason in missed:
+            say(f"worker {worker.index} ({worker.address}) was not reached through the relay ({reason}); "
+                f"sending it the code directly")
+        failed = await _round(shipment, [worker for worker, _ in missed], 0, progress)
+    finally:
+        progress.clear()
     if failed:
         worker, reason = failed[0]
         raise PodrunError(f"worker {worker.index} ({worker.address}): shipping the workdir failed: {reason}")
+    return progress.sent
 
 
-async def _round(shipment: Shipment, workers: list[Worker], fanout: int) -> list[tuple[Worker, str]]:
+def relay_fanout() -> int:
+    text = os.environ.get("PODRUN_RELAY_FANOUT", str(DEFAULT_FANOUT))
+    if not text.isdigit() or int(text) > MAX_FANOUT:
+        raise UsageError(f"PODRUN_RELAY_FANOUT={text!r}: expected how many workers each worker relays the code to, "
+                         f"0 to {MAX_FANOUT} (default {DEFAULT_FANOUT}; 0: the launcher sends to each)")
+    return int(text)
+
+
+async def _round(shipment: Shipment, workers: list[Worker], fanout: int,
+                 progress: Progress) -> list[tuple[Worker, str]]:
     """One tree over `workers` (fanout 0: the launcher feeds each); returns those it did not reach."""
     if not workers:
         return []
@@ -51,98 +81,197 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int) -> list
     count = len(workers)
     parents = [None if fanout == 0 or i == 0 else (i - 1) // fanout for i in range(count)]
     children = {i: range(i * fanout + 1, min(count, (i + 1) * fanout + 1)) for i in range(count)}  # a heap
-    receivers = [Receiver(worker) for worker in workers]
-    await asyncio.gather(*(receiver.start(shipment, token, listen=parent is not None)
-                           for receiver, parent in zip(receivers, parents)))
-    await asyncio.gather(*(receiver.tell_children([receivers[j].address for j in children[i]])
-                           for i, receiver in enumerate(receivers)))
+    receivers = [Receiver(worker, progress) for worker in workers]
 
     async def finish(i: int) -> None:
-        if parents[i] is None:
-            await receivers[i].feed(shipment.frames)
         await receivers[i].finish()
         for j in children[i]:  # they have all they will get from this one
             receivers[j].end_input()
 
-    await asyncio.gather(*(finish(i) for i in range(count)))
+    try:
+        await asyncio.gather(*(receiver.start(shipment.code_dir, token, listen=parent is not None)
+                               for receiver, parent in zip(receivers, parents)))
+        await asyncio.gather(*(receiver.tell_children([receivers[j].address for j in children[i]])
+                               for i, receiver in enumerate(receivers)))
+        roots = [receiver for receiver, parent in zip(receivers, parents) if parent is None]
+        await _all_or_none([_feed(shipment.frames(), roots, progress), *(finish(i) for i in range(count))])
+    except BaseException:  # interrupted, or the workdir could not be packed
+        await _abandon(receivers)
+        raise
     missed = []
-    for i, receiver in enumerate(receivers):
+    for receiver, parent_index in zip(receivers, parents):
         if not receiver.ok:
-            parent = receivers[parents[i]] if parents[i] is not None else None
-            complaint = parent.complaint_about(receiver) if parent else None
+            complaint = receivers[parent_index].complaint_about(receiver) if parent_index is not None else None
             missed.append((receiver.worker, f"{receiver.problem}; {complaint}" if complaint else receiver.problem))
     return missed
+
+
+async def _feed(frames: AsyncGenerator[bytes, None], roots: list[Receiver], progress: Progress) -> None:
+    """Send the stream to every root in step; packing stops when no root is left to take it."""
+    roots = [root for root in roots if root.answered]
+    if not roots:
+        return
+    async with contextlib.aclosing(frames):
+        async for frame in frames:
+            taken = await asyncio.gather(*(root.send(frame) for root in roots))
+            roots = [root for root, ok in zip(roots, taken) if ok]
+            progress.add(sent=len(frame) * len(roots))
+            if not roots:
+                return
+    for root in roots:
+        root.end_input()
+
+
+async def _all_or_none(awaitables: list) -> None:
+    """Await them all; if one raises, cancel the others first."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _abandon(receivers: list[Receiver]) -> None:
+    """End every receiver's input (each then removes its partial tree and exits) and give them a
+    moment to do so."""
+    running = [receiver.channel for receiver in receivers if receiver.channel is not None and not receiver.exited]
+    for receiver in receivers:
+        receiver.end_input()
+    if running:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(channel.wait() for channel in running), return_exceptions=True),
+                                   ABANDON_WAIT_S)
 
 
 class Receiver:
     """relay_node.py on one worker, through the worker's transport."""
 
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: Worker, progress: Progress):
         self.worker = worker
-        self.channel = None
-        self.port = 0
+        self.progress = progress
+        self.channel: Channel | None = None
+        self.port: int | None = None  # set once it answered
         self.ok = False
+        self.exited = False
         self.problem = "did not start"
+        self.given_up: str | None = None  # why the launcher stopped waiting for it
         self.complaints: list[str] = []  # what it said about its children
 
     @property
-    def address(self) -> tuple[str, int]:
-        return self.worker.internal_ip, self.port
+    def answered(self) -> bool:
+        return self.port is not None
 
-    async def start(self, shipment: Shipment, token: str, listen: bool) -> None:
-        config = {"code_dir": shipment.code_dir, "digest": shipment.digest, "token": token, "listen": listen}
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.worker.internal_ip, self.port or 0
+
+    async def start(self, code_dir: str, token: str, listen: bool) -> None:
+        config = {"code_dir": code_dir, "token": token, "listen": listen}
         try:
             self.channel = await self.worker.transport.start(script_command(self.worker.transport.python,
                                                                             "relay_node.py"))
-            self.channel.stdin.write(script_source("relay_node.py") + _message(config))
-            await self.channel.stdin.drain()
-            answer = await self.channel.stdout.readline()
+            if not await self.send(script_source("relay_node.py") + _message(config)):
+                return
+            answer = await asyncio.wait_for(self.channel.stdout.readline(), RECEIVER_STALL_S)
         except ChannelLost as lost:
             self.problem = f"lost its connection ({lost})"
-            return
-        if answer.startswith(b"port "):
-            self.port = int(answer.split()[1])
+        except asyncio.TimeoutError:
+            self._give_up(f"did not answer within {RECEIVER_STALL_S}s")
+        else:
+            if answer.startswith(b"port "):
+                self.port = int(answer.split()[1])
 
     async def tell_children(self, addresses: list[tuple[str, int]]) -> None:
-        if self.channel is not None:
-            await self._write(_message({"children": [list(address) for address in addresses if address[1]]}))
+        if self.answered:
+            await self.send(_message({"children": [list(address) for address in addresses if address[1]]}))
 
-    async def feed(self, frames: list[bytes]) -> None:
-        for frame in frames:
-            if not await self._write(frame):
-                return
-        self.end_input()
+    async def send(self, data: bytes) -> bool:
+        """False when the receiver did not take it (finish() says why)."""
+        if self.channel is None:
+            return False
+        try:
+            self.channel.stdin.write(data)
+            await asyncio.wait_for(self.channel.stdin.drain(), RECEIVER_STALL_S)
+            return True
+        except asyncio.TimeoutError:
+            self._give_up(f"took no data for {RECEIVER_STALL_S}s")
+        except (ChannelLost, ConnectionError, RuntimeError):
+            pass
+        return False
 
     def end_input(self) -> None:
         if self.channel is not None and not self.channel.stdin.is_closing():
             self.channel.stdin.write_eof()
 
     async def finish(self) -> None:
+        """Follow it to its end: "receiving" while frames arrive, "ok" once the code is in place."""
         if self.channel is None:
             return
+        reading_errors = asyncio.ensure_future(self.channel.stderr.read())
+        last_line = b""
         try:
-            said, errors, code = await asyncio.gather(self.channel.stdout.read(), self.channel.stderr.read(),
-                                                      self.channel.wait())
+            while line := await asyncio.wait_for(self.channel.stdout.readline(), RECEIVER_STALL_S):
+                last_line = line
+            errors, code = await asyncio.wait_for(asyncio.gather(reading_errors, self.channel.wait()),
+                                                  RECEIVER_STALL_S)
         except ChannelLost as lost:
             self.problem = f"lost its connection ({lost})"
             return
+        except asyncio.TimeoutError:
+            self._give_up(f"said nothing for {RECEIVER_STALL_S}s")
+            return
+        finally:
+            reading_errors.cancel()
+        self.exited = True
         lines = errors.decode(errors="replace").splitlines()
         self.complaints = [line for line in lines if line.startswith(("cannot reach", "relaying to"))]
         failures = [line for line in lines if line not in self.complaints]
-        self.ok = code == 0 and said.endswith(b"ok\n")
-        self.problem = failures[-1] if failures else f"exit code {code}"
+        self.ok = code == 0 and last_line == b"ok\n" and not self.given_up
+        self.problem = self.given_up or (failures[-1] if failures else f"exit code {code}")
+        if self.ok:
+            self.progress.add(done=1)
 
     def complaint_about(self, child: Receiver) -> str | None:
         needle = "%s:%d" % child.address
         return next((f"worker {self.worker.index}: {line}" for line in self.complaints if needle in line), None)
 
-    async def _write(self, data: bytes) -> bool:
-        try:
-            self.channel.stdin.write(data)
-            await self.channel.stdin.drain()
-            return True
-        except (ChannelLost, ConnectionError, RuntimeError):
-            return False  # finish() reports how it ended
+    def _give_up(self, reason: str) -> None:
+        self.given_up = self.problem = self.given_up or reason
+        self.end_input()
+
+
+class Progress:
+    """Shipping on one redrawn line of a terminal: bytes sent, rate, workers done. In a pipe it shows
+    nothing (launch.py says what was shipped once it is)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.sent = 0
+        self.done = 0
+        self.started = time.monotonic()
+        self.drawn_at = 0.0
+        self.live = sys.stderr.isatty()
+
+    def add(self, sent: int = 0, done: int = 0) -> None:
+        self.sent += sent
+        self.done += done
+        now = time.monotonic()
+        if self.live and now - self.drawn_at >= REDRAW_S:
+            self.drawn_at = now
+            rate = self.sent / max(now - self.started, 1e-3)
+            self._draw(f"podrun: shipping code: {size_text(self.sent)} sent, {size_text(rate)}/s, "
+                       f"{self.done}/{self.workers} worker(s) done")
+
+    def clear(self) -> None:
+        if self.live:
+            self._draw("")
+
+    @staticmethod
+    def _draw(text: str) -> None:
+        sys.stderr.write(f"\r\x1b[K{text}")
+        sys.stderr.flush()
 
 
 def _message(content: dict) -> bytes:

@@ -6,19 +6,27 @@ any Python 3.8+. Every worker that lacks the code runs one. The launcher feeds t
 workers' own network, so the launcher's uplink carries the code once.
 
 A shipment is a stream of frames: a kind byte (b"z" zlib-compressed, b"r" raw, b"e" the end), a
-4-byte big-endian payload length, the payload. The payloads, unpacked, are one tar archive; its
-sha256 must match the launcher's before the tree is renamed into place.
+4-byte big-endian payload length, the payload. The payloads of the other frames, unpacked, are one
+tar archive, packed while it is sent; the end frame's payload is its sha256 (hex), which must match
+before the tree is renamed into place.
 
 stdin   two messages, each a decimal byte count, a newline and that many bytes of marshal:
-          1. {code_dir, digest, token, listen}: with listen, open a TCP port for the parent and
+          1. {code_dir, token, listen}: with listen, open a TCP port for the parent and
              answer "port N" on stdout (0 without listen);
           2. {children: [[ip, port], ...]}: where to forward.
         Then a root's frames. For the others, end of stdin before the parent connected means the
         parent will not: give up.
-stdout  "port N"; "delivered IP:PORT" per child that was sent every frame; "ok" once in place.
+stdout  "port N"; "receiving" at most once a second while frames arrive (the launcher gives up on
+        a receiver that says nothing for a while); "delivered IP:PORT" per child that was sent
+        every frame; "ok" once in place.
 stderr  why it failed (exit code 1).
+
+Every wait is bounded, so a receiver never outlives its shipment by long, and tar's warnings are
+read as they come: a tree whose mtimes are in this host's future makes one per file, more than a
+pipe holds.
 """
 
+import collections
 import hashlib
 import marshal
 import os
@@ -28,10 +36,17 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 import zlib
 
-STALL_TIMEOUT_S = 30  # no byte moving on a relay connection for this long: the peer is gone
+STALL_TIMEOUT_S = 30  # no byte moving on a relay connection, or into tar, for this long: the peer is gone
+# the launcher feeds the roots of a round in step and gives up on a stalled one after 60 s
+# (relay.RECEIVER_STALL_S): the others wait longer than that before giving up on the launcher
+LAUNCHER_SILENCE_S = 90
 CONNECT_TIMEOUT_S = 5
+PROGRESS_INTERVAL_S = 1
+TAR_LINES_SHOWN = 3
 HEADER = struct.Struct(">cI")
 
 
@@ -45,7 +60,7 @@ def main():
 
 
 def receive_and_forward():
-    stdin = os.fdopen(0, "rb")
+    stdin = Stream(sys.stdin, "the launcher", LAUNCHER_SILENCE_S)
     config = read_message(stdin)
     server = None
     if config["listen"]:
@@ -58,7 +73,7 @@ def receive_and_forward():
     tmp = "%s.tmp.%d" % (config["code_dir"], os.getpid())
     os.makedirs(tmp)
     try:
-        receive(source, children, tmp, config["digest"])
+        receive(source, children, tmp)
         try:
             os.rename(tmp, config["code_dir"])
         except OSError:  # another job put the same tree (same hash, same content) in place first
@@ -72,23 +87,39 @@ def receive_and_forward():
     say("ok")
 
 
-def read_message(stdin):
-    size = int(read_line(stdin))
-    return marshal.loads(read_exactly(stdin, size))
+class Stream:
+    """Reads a pipe or a socket; nothing from it for `patience` seconds means its sender is gone."""
+
+    def __init__(self, handle, sender, patience):
+        self.handle = handle  # kept here: a socket closes when dropped
+        self.sender = sender
+        self.patience = patience
+        self.buffer = bytearray()
+
+    def read_line(self):
+        while b"\n" not in self.buffer:
+            self.fill(1)
+        return self.read_exactly(self.buffer.index(b"\n") + 1)
+
+    def read_exactly(self, size):
+        while len(self.buffer) < size:
+            self.fill(size - len(self.buffer))
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    def fill(self, wanted):
+        if not select.select([self.handle], [], [], self.patience)[0]:
+            raise EOFError("nothing from %s for %ds" % (self.sender, self.patience))
+        data = os.read(self.handle.fileno(), max(wanted, 1 << 16))
+        if not data:
+            raise EOFError("the shipment ended early")
+        self.buffer += data
 
 
-def read_line(stream):
-    line = stream.readline()
-    if not line.endswith(b"\n"):
-        raise EOFError("the launcher ended the shipment early")
-    return line
-
-
-def read_exactly(stream, size):
-    data = stream.read(size)  # buffered: short only at the end of the stream
-    if len(data) < size:
-        raise EOFError("the shipment ended early")
-    return data
+def read_message(stream):
+    size = int(stream.read_line())
+    return marshal.loads(stream.read_exactly(size))
 
 
 def connect_child(address, token):
@@ -105,15 +136,14 @@ def connect_child(address, token):
 def accept_parent(server, stdin, token):
     """The first connection that presents the token; stdin's end first means no parent is coming."""
     while True:
-        readable, _, _ = select.select([server, stdin], [], [], STALL_TIMEOUT_S)
+        readable, _, _ = select.select([server, stdin.handle], [], [], STALL_TIMEOUT_S)
         if server in readable:  # before stdin: a parent that connected and finished leaves both ready
             connection, _ = server.accept()
-            connection.settimeout(STALL_TIMEOUT_S)
-            reader = connection.makefile("rb")  # one reader: its buffer may already hold frames
+            parent = Stream(connection, "the worker relaying the code", STALL_TIMEOUT_S)
             try:
-                if read_exactly(reader, len(token)) == token.encode():
+                if parent.read_exactly(len(token)) == token.encode():
                     server.close()
-                    return reader
+                    return parent
             except (OSError, EOFError):
                 pass
             connection.close()  # not our parent
@@ -123,40 +153,90 @@ def accept_parent(server, stdin, token):
             fail("no relay connection for %ds" % STALL_TIMEOUT_S)
 
 
-def receive(source, children, tmp, digest):
+def receive(source, children, tmp):
     """Forward every frame to the children, unpack into tmp with tar, check the archive's sha256."""
-    tar = subprocess.Popen(["tar", "-x", "-f", "-", "-C", tmp], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    tar = Tar(tmp)
     archive_hash = hashlib.sha256()
+    said_at = 0.0
     try:
         while True:
-            header = read_exactly(source, HEADER.size)
+            header = source.read_exactly(HEADER.size)
             kind, size = HEADER.unpack(header)
-            payload = read_exactly(source, size)
-            for position, (address, connection) in enumerate(children):
-                if connection is not None:
-                    try:
-                        connection.sendall(header + payload)
-                    except OSError as error:
-                        sys.stderr.write("relaying to %s:%d failed: %s\n" % (address[0], address[1], error))
-                        children[position] = (address, None)
+            payload = source.read_exactly(size)
+            forward(children, header + payload)
             if kind == b"e":
+                expected_hash = payload.decode()
                 break
             data = zlib.decompress(payload) if kind == b"z" else payload
             archive_hash.update(data)
-            tar.stdin.write(data)
-    except (EOFError, OSError):
+            tar.write(data)
+            if time.monotonic() - said_at >= PROGRESS_INTERVAL_S:
+                say("receiving")
+                said_at = time.monotonic()
+        tar.finish()
+    except BaseException:
         tar.kill()
         raise
     finally:
         for _, connection in children:
             if connection is not None:
                 connection.close()
-    tar.stdin.close()
-    errors = tar.stderr.read().decode(errors="replace").strip().splitlines()
-    if tar.wait() != 0:
-        fail("tar could not unpack the code: %s" % (errors[-1] if errors else "exit code %d" % tar.returncode))
-    if archive_hash.hexdigest() != digest:
+    if archive_hash.hexdigest() != expected_hash:
         fail("the code arrived damaged (sha256 mismatch)")
+
+
+def forward(children, frame):
+    for position, (address, connection) in enumerate(children):
+        if connection is not None:
+            try:
+                connection.sendall(frame)
+            except OSError as error:
+                sys.stderr.write("relaying to %s:%d failed: %s\n" % (address[0], address[1], error))
+                children[position] = (address, None)
+
+
+class Tar:
+    """`tar -x` into a directory, fed through a non-blocking pipe so that no write waits unbounded,
+    its stderr read by a thread as it comes, the last lines kept to say why it failed."""
+
+    def __init__(self, directory):
+        self.process = subprocess.Popen(["tar", "-x", "-f", "-", "-C", directory], stdin=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+        os.set_blocking(self.process.stdin.fileno(), False)
+        self.last_lines = collections.deque(maxlen=TAR_LINES_SHOWN)
+        self.reader = threading.Thread(target=self.read_stderr, daemon=True)
+        self.reader.start()
+
+    def read_stderr(self):
+        for line in self.process.stderr:
+            self.last_lines.append(line.decode(errors="replace").strip())
+
+    def write(self, data):
+        view = memoryview(data)
+        while view:
+            if not select.select([], [self.process.stdin], [], STALL_TIMEOUT_S)[1]:
+                fail("tar took no data for %ds" % STALL_TIMEOUT_S)
+            try:
+                view = view[os.write(self.process.stdin.fileno(), view):]
+            except BrokenPipeError:  # tar stopped reading: its exit says why
+                self.finish()
+                raise
+
+    def finish(self):
+        """Warnings alone (exit code 0) are no failure."""
+        self.process.stdin.close()
+        try:
+            code = self.process.wait(STALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            fail("tar did not finish within %ds of the last data" % STALL_TIMEOUT_S)
+        self.reader.join(STALL_TIMEOUT_S)
+        if code != 0:
+            fail("tar could not unpack the code: %s" % ("; ".join(self.last_lines) or "exit code %d" % code))
+
+    def kill(self):
+        """Before the partial tree is removed: a tar still writing into it would leave some behind."""
+        self.process.kill()
+        self.process.wait()
 
 
 def say(line):

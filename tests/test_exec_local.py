@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stde
 def test_every_worker_gets_the_environment_contract(home, job_file):
     spec = job_file("""
         target: {local: {workers: 3}}
-        run: env | grep -E '^(PJRT_DEVICE|PODRUN_(JOB_ID|WORKER|NUM_WORKERS|WORKER_IPS)|MASTER_(ADDR|PORT)|QUOTED)=' 
+        run: env | grep -E '^(PJRT_DEVICE|PODRUN_(JOB_ID|WORKER|NUM_WORKERS|WORKER_IPS)|MASTER_(ADDR|PORT)|QUOTED)='
         env: {QUOTED: "it's $HOME `x` \\"q\\" ü"}
         torchrun: null
     """)
@@ -176,6 +177,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
 
 def test_dry_run_writes_no_digest_cache_where_exec_writes_one(home, job_file, monkeypatch):
     from podrun import digests, sync
+
     from test_bad_input import run_cli
 
     monkeypatch.setattr(digests, "RACY_S", -3600)  # every file counts as old enough to remember
@@ -251,3 +253,19 @@ def test_the_failure_summary_names_the_exception_that_ended_the_worker(home, job
     assert result.stderr.splitlines()[-1].endswith(
         "failed: worker 1 exited with code 1 in run (ConnectionError: rendezvous at 127.0.0.1:29500 timed out);"
         " every other worker was stopped")
+
+
+def test_a_large_workdir_is_refused_in_one_line_naming_what_weighs_most(home, job_file):
+    spec = job_file("run: echo ran", files={"train.py": "", ".venv/lib/x.so": "", "wheels/a.whl": ""})
+    for name, size in ((".venv/lib/x.so", 900 << 20), ("wheels/a.whl", 300 << 20)):
+        os.truncate(spec.parent / "code" / name, size)  # sparse: no disk used
+    result = podrun("exec", spec)
+    assert result.returncode == 2
+    (line,) = stderr_lines_without_traceback(result.stderr)
+    assert line.startswith(f"podrun: error: {spec}: workdir: {spec.parent / 'code'}: 1.2 GB in 3 files would ship")
+    assert "the heaviest: .venv/ 900.0 MB in 1 file, wheels/ 300.0 MB in 1 file, train.py 0 bytes" in line
+    assert line.endswith("or pass --allow-large-workdir")
+    assert result.stdout == "" and not home.exists()
+    allowed = podrun("exec", spec, "--allow-large-workdir", "--worker", "0")
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stdout == "[w0] ran\n"

@@ -8,8 +8,9 @@ import os
 import re
 from pathlib import Path
 
-from conftest import podrun
 from podrun.sync import scan
+
+from conftest import podrun
 
 BLOB_BYTES = 4_000_000
 
