@@ -50,11 +50,10 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
 def list_jobs(as_json: bool) -> int:
     records = jobstore.all_jobs()
     if as_json:
-        rows = [{**record.to_dict(), "state": record.current_state()} for record in records]
-        print(json.dumps(rows, indent=1))
+        print(json.dumps([{**record.to_dict(), "state": record.current_state()} for record in records], indent=1))
         return 0
     header = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
-    rows = [header] + [_row(record) for record in records]
+    rows: list[tuple[str, ...]] = [header, *(_row(record) for record in records)]
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podrun.errors import SpecError
-from podrun.spec import DEFAULT_RDZV_PORT, JobSpec
+from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
 from podrun.targets import Worker
 
 SECRET_SHOWN_AS = "<secret>"
@@ -55,7 +55,7 @@ def plan(spec: JobSpec, workers: list[Worker], job_id: str, code_dir: str,
                    f" --nproc_per_node={spec.torchrun.nproc_per_node}"
                    f" --rdzv_endpoint={master_addr}:{port} {run}")
         if spec.docker:
-            run = _in_docker(spec, job_id, worker.index, list(env), run)
+            run = _in_docker(spec.docker, spec.target.kind, f"podrun-{job_id}-w{worker.index}", list(env), run)
         plans.append(WorkerPlan(worker, code_dir, env, spec.setup, run, secret_keys))
     return plans
 
@@ -85,11 +85,10 @@ def _secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> di
     return {key: launcher_env[key] for key in missing}
 
 
-def _in_docker(spec: JobSpec, job_id: str, index: int, env_keys: list[str], run: str) -> str:
-    docker = spec.docker
+def _in_docker(docker: Docker, target_kind: str, container: str, env_keys: list[str], run: str) -> str:
     # --net=host: workers rendezvous on the host's addresses; the code dir is mounted at its own path
-    argv = ["docker", "run", "--rm", "--net=host", f"--name=podrun-{job_id}-w{index}"]
-    if spec.target.kind == "tpu":
+    argv = ["docker", "run", "--rm", "--net=host", f"--name={container}"]
+    if target_kind == "tpu":
         argv.append("--privileged")  # the container needs /dev/accel* and the TPU runtime's sysfs
     argv += [f"--env={key}" for key in env_keys]  # values come from the agent's environment, not argv
     argv += [*docker.args, docker.image]

@@ -110,10 +110,10 @@ async def check_rendezvous(workers: list[Worker], port: int) -> None:
         with contextlib.suppress(ChannelLost):  # then the listener is gone already
             listener.stdin.write_eof()
         await asyncio.gather(listener.wait(), return_exceptions=True)
-    for worker, reason in zip(workers, outcomes):
-        if reason:
+    for worker, unreachable in zip(workers, outcomes):
+        if unreachable:
             raise PodrunError(f"worker {worker.index} ({worker.address}) cannot reach the rendezvous "
-                              f"endpoint {endpoint} on worker 0: {reason}")
+                              f"endpoint {endpoint} on worker 0: {unreachable}")
 
 
 async def _can_reach(worker: Worker, ip: str, port: int) -> str | None:

@@ -10,11 +10,19 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
-                      ValidationError, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from podrun.errors import SpecError
 
@@ -37,8 +45,8 @@ class _Model(BaseModel):
 
 class TpuTarget(_Model):
     name: str = Field(description="TPU VM name")
-    zone: Optional[str] = None
-    project: Optional[str] = None
+    zone: str | None = None
+    project: str | None = None
     internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
 
 
@@ -49,9 +57,9 @@ class LocalTarget(_Model):
 class Target(_Model):
     """Where the job runs: exactly one of tpu, hosts, local."""
 
-    tpu: Optional[TpuTarget] = None
-    hosts: Optional[list[HostEntry]] = Field(None, min_length=1, description="host, user@host, host:port or user@host:port")
-    local: Optional[LocalTarget] = None
+    tpu: TpuTarget | None = None
+    hosts: list[HostEntry] | None = Field(None, min_length=1, description="host, user@host, host:port or user@host:port")
+    local: LocalTarget | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
@@ -71,9 +79,9 @@ class Target(_Model):
 class SshOptions(_Model):
     """Defaults for every host; a host entry's own user@ and :port win. Unset: ~/.ssh/config, then ssh's defaults."""
 
-    user: Optional[str] = None
-    port: Optional[int] = Field(None, ge=1, le=65535)
-    identity_file: Optional[str] = None
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    identity_file: str | None = None
     check_host_keys: bool = Field(True, description="trust on first use, refuse changed host keys")
 
 
@@ -81,7 +89,7 @@ HOST_ENTRY = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\
                         r"(?::(?P<port>\d{1,5}))?$")
 
 
-def parse_host(entry: str) -> tuple[Optional[str], str, Optional[int]]:
+def parse_host(entry: str) -> tuple[str | None, str, int | None]:
     """`host`, `user@host`, `host:port`, `user@host:port` (IPv6 in brackets) -> (user, host, port)."""
     match = HOST_ENTRY.match(entry)
     if not match or (match["port"] and not 1 <= int(match["port"]) <= 65535):
@@ -105,7 +113,7 @@ def _nproc_per_node(value: Any) -> Any:
 
 
 class Torchrun(_Model):
-    nproc_per_node: Annotated[Union[Annotated[int, Field(ge=1)], Literal["auto", "gpu", "cpu"]],
+    nproc_per_node: Annotated[Annotated[int, Field(ge=1)] | Literal["auto", "gpu", "cpu"],
                               BeforeValidator(_nproc_per_node)] = 1
     port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="rendezvous port on worker 0")
 
@@ -137,17 +145,18 @@ UserEnvKey = Annotated[EnvKey, AfterValidator(_not_reserved)]
 class JobSpec(_Model):
     """A podrun job: where it runs and what runs on every worker."""
 
-    name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="default: the file's stem")
+    # optional in the file (json_schema() says so); load_spec fills in the file's stem
+    name: str = Field(pattern=NAME_PATTERN, description="default: the file's stem")
     target: Target = Field(default_factory=lambda: Target(local=LocalTarget()))
     ssh: SshOptions = Field(default_factory=SshOptions)
     workdir: str = Field(".", description="shipped to every worker; relative to the spec file")
-    setup: Optional[str] = Field(None, description="runs on every worker before run")
+    setup: str | None = Field(None, description="runs on every worker before run")
     run: str = Field(min_length=1, description="the command; with torchrun: the script and its args")
     env: dict[UserEnvKey, EnvValue] = Field(default_factory=dict)
     secret_env: list[EnvKey] = Field(default_factory=list)
-    device: Optional[Literal["TPU", "CUDA", "ROCM", "CPU"]] = Field(None, description="PJRT_DEVICE")
-    torchrun: Optional[Torchrun] = None
-    docker: Optional[Docker] = None
+    device: Literal["TPU", "CUDA", "ROCM", "CPU"] | None = Field(None, description="PJRT_DEVICE")
+    torchrun: Torchrun | None = None
+    docker: Docker | None = None
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
 
     @property
@@ -163,7 +172,7 @@ class JobSpec(_Model):
 
 
 def load_spec(path: str | Path) -> JobSpec:
-    """Read, validate and resolve a job file: `name` defaults to the stem, `workdir` becomes absolute."""
+    """Read, validate and resolve a job file: `name` defaults to the file's stem, `workdir` becomes absolute."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -180,6 +189,11 @@ def load_spec(path: str | Path) -> JobSpec:
     _refuse_unusable_text(path, data)
     if not isinstance(data, dict):
         raise SpecError(path, None, f"expected a mapping of job fields (run, target, ...), got {_yaml_kind(data)}")
+    if data.get("name") is None:
+        if not re.match(NAME_PATTERN, path.stem):
+            raise SpecError(path, "name", f"the file's stem {path.stem!r} is not a valid job name; "
+                                          f"set name: (letters, digits, . _ -)")
+        data = {**data, "name": path.stem}
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as error:
@@ -190,10 +204,7 @@ def load_spec(path: str | Path) -> JobSpec:
     workdir = (path.parent / expanded).resolve()
     if not workdir.is_dir():
         raise SpecError(path, "workdir", f"expected an existing directory, {workdir} is not one")
-    name = spec.name or path.stem
-    if not re.match(NAME_PATTERN, name):
-        raise SpecError(path, "name", f"the file's stem {name!r} is not a valid job name; set name: (letters, digits, . _ -)")
-    resolved = spec.model_copy(update={"name": name, "workdir": str(workdir)})
+    resolved = spec.model_copy(update={"workdir": str(workdir)})
     resolved._path = path
     return resolved
 
@@ -239,6 +250,7 @@ def _unusable_kind(text: str) -> str:
 
 def json_schema() -> dict:
     schema = JobSpec.model_json_schema()
+    schema["required"].remove("name")  # the file's stem when the file does not say
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "podrun job spec"
     return schema

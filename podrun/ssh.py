@@ -15,10 +15,11 @@ import asyncio
 import ctypes.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podrun import paths
 from podrun.errors import PodrunError
-from podrun.transport import ChannelLost, Transport
+from podrun.transport import Channel, ChannelLost, Transport
 
 
 def _import_asyncssh():
@@ -34,7 +35,10 @@ def _import_asyncssh():
     return asyncssh
 
 
-asyncssh = _import_asyncssh()
+if TYPE_CHECKING:
+    import asyncssh
+else:
+    asyncssh = _import_asyncssh()
 
 CONNECT_TIMEOUT_S = 10
 # a dead link or host is noticed within 15 s: asyncssh sends a keepalive after 5 s of silence and
@@ -125,9 +129,10 @@ class SshTransport(Transport):
 
     async def connect(self) -> None:
         known = known_host_keys(self.host, self.port or 22) if self.check_host_keys else None
-        options = {"known_hosts": asyncssh.import_known_hosts(known.decode()) if known else None,
-                   "connect_timeout": CONNECT_TIMEOUT_S, "encryption_algs": ENCRYPTION_ALGS,
-                   "keepalive_interval": KEEPALIVE_INTERVAL_S, "keepalive_count_max": KEEPALIVE_COUNT_MAX}
+        options: dict[str, object] = {"known_hosts": asyncssh.import_known_hosts(known.decode()) if known else None,
+                                      "connect_timeout": CONNECT_TIMEOUT_S, "encryption_algs": ENCRYPTION_ALGS,
+                                      "keepalive_interval": KEEPALIVE_INTERVAL_S,
+                                      "keepalive_count_max": KEEPALIVE_COUNT_MAX}
         if self.port:
             options["port"] = self.port
         if self.user:
@@ -144,11 +149,13 @@ class SshTransport(Transport):
             raise PodrunError(f"{self.label}: key refused for user {self.user or 'default'} "
                               f"(identity file: {self.identity_file or 'ssh defaults'})") from None
         except (asyncio.TimeoutError, TimeoutError):
-            raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s (host down or unreachable?)") from None
+            raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s "
+                              f"(host down or unreachable?)") from None
         except (OSError, asyncssh.Error) as error:
             raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}") from None
-        if self.check_host_keys and not known:
-            remember_host_key(self.host, self.port or 22, self.connection.get_server_host_key())
+        host_key = self.connection.get_server_host_key()
+        if self.check_host_keys and not known and host_key is not None:
+            remember_host_key(self.host, self.port or 22, host_key)
 
     async def _connect(self, options: dict) -> asyncssh.SSHClientConnection:
         deadline = asyncio.get_running_loop().time() + self.refused_retry_s
@@ -168,7 +175,8 @@ class SshTransport(Transport):
         who = f"{self.user}@{self.label}" if self.user else self.label
         return f"what sshd gives a command on {who} (the login user's PATH and HOME; not podrun's environment)"
 
-    async def start(self, command: str) -> SshChannel:
+    async def start(self, command: str) -> Channel:
+        assert self.connection is not None, "start() comes after connect()"
         try:
             return SshChannel(await self.connection.create_process(command, encoding=None))
         except (OSError, asyncssh.Error) as error:

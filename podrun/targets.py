@@ -73,7 +73,7 @@ def _internal_ip(host: str, spec: JobSpec, index: int) -> str:
     except ValueError:
         pass
     try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except OSError as error:
         raise SpecError(spec.path, f"target.hosts.{index}",
                         f"{host} does not resolve ({error.strerror or error}); expected a host name or IP "

@@ -41,7 +41,7 @@ API_DISABLED = re.compile(r"has not been used|is disabled|not enabled")
 class ApiCallError(Exception):
     """An error Google returned for a call: its HTTP status and message."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int | None, message: str):
         super().__init__(message)
         self.code, self.message = code, message
 
@@ -222,7 +222,7 @@ def _wait(operation, on_progress: Callable[[float], None]):
     return operation.result()
 
 
-def _error_of(response: urllib3.response.HTTPResponse) -> ApiCallError:
+def _error_of(response: urllib3.BaseHTTPResponse) -> ApiCallError:
     """The google.rpc.Status body Google answers errors with: {"error": {"code", "message", "status"}}."""
     try:
         message = json.loads(response.data)["error"]["message"]

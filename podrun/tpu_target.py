@@ -33,6 +33,7 @@ def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
     from podrun.tpu_api import TpuApi
 
     tpu = spec.target.tpu
+    assert tpu is not None, "tpu_workers is called for tpu targets only"
     api = TpuApi(location(tpu.project, tpu.zone))
     node = api.get(tpu.name)
     if node.state != "READY":

@@ -14,7 +14,7 @@ import sys
 from abc import ABC, abstractmethod
 from functools import cache
 from importlib import resources
-from typing import Protocol
+from typing import Protocol, cast
 
 from podrun import paths
 
@@ -23,14 +23,35 @@ class ChannelLost(Exception):
     """The connection under a channel broke (the worker's host, or the link to it, went away)."""
 
 
+class ChannelInput(Protocol):
+    def write(self, data: bytes, /) -> None: ...
+
+    def write_eof(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    async def drain(self) -> None: ...
+
+
+class ChannelOutput(Protocol):
+    async def read(self, size: int = -1, /) -> bytes: ...
+
+    async def readline(self) -> bytes: ...
+
+
 class Channel(Protocol):
     """A command running on a worker (asyncio.subprocess.Process has this shape).
     `stdin.write_eof()` ends its input; the command itself goes on. Reads, writes and wait()
     raise ChannelLost when the connection breaks."""
 
-    stdin: asyncio.StreamWriter
-    stdout: asyncio.StreamReader
-    stderr: asyncio.StreamReader
+    @property
+    def stdin(self) -> ChannelInput: ...
+
+    @property
+    def stdout(self) -> ChannelOutput: ...
+
+    @property
+    def stderr(self) -> ChannelOutput: ...
 
     async def wait(self) -> int: ...
 
@@ -86,10 +107,11 @@ class LocalTransport(Transport):
         return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
 
     async def start(self, command: str) -> Channel:
-        return await asyncio.create_subprocess_exec(
+        process = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", command, cwd=self.root,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
+        return cast(Channel, process)  # all three pipes were asked for: none of its streams is None
 
 
 # A worker-side script reads its own source from stdin, then its input. Compiling the agent took

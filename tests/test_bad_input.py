@@ -5,17 +5,20 @@ from __future__ import annotations
 import contextlib
 import io
 import ipaddress
+import os
 import socket
 from pathlib import Path
 from unittest import mock
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, examples, podrun
 from podrun.cli import main
 from podrun.spec import JobSpec
+
+from conftest import REPO, examples, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
 
 VALID = {"name": "fuzz", "target": {"local": {"workers": 2}}, "workdir": ".", "setup": "true",
          "run": "train.py --steps 1", "env": {"A": "1", "WANDB_API_KEY": "k"}, "secret_env": ["WANDB_API_KEY"],
@@ -133,3 +136,23 @@ def test_values_that_look_like_shell_reach_the_worker_byte_for_byte(home, lab, h
     places = [REPO, tmp_path, tmp_path / "code", *(host.home for host in lab.hosts),
               *(path for host in lab.hosts for path in (host.home / "podrun").glob("*/*"))]
     assert [path for place in places for path in place.glob("pwned*")] == []
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    ("PODRUN_RELAY_FANOUT", "x", "PODRUN_RELAY_FANOUT='x': expected how many workers each worker relays the code to, "
+                                 "0 to 64 (default 4; 0: the launcher sends to each)"),
+    ("PODRUN_RELAY_FANOUT", "-1", "PODRUN_RELAY_FANOUT='-1': expected how many workers"),
+    ("PODRUN_HOME", "{tmp}/a-file", "PODRUN_HOME={tmp}/a-file: cannot create {tmp}/a-file/jobs there (Not a directory); "
+                                    "expected a writable directory (set PODRUN_HOME to one)"),
+    ("PODRUN_HOME", "/proc/self/podrun", "PODRUN_HOME=/proc/self/podrun: cannot create /proc/self/podrun there"),
+])
+def test_a_setting_podrun_cannot_use_is_one_line_naming_it(home, job_file, tmp_path, variable, value, expected):
+    (tmp_path / "a-file").write_text("")
+    spec = job_file("run: echo ran", files={"train.py": ""})
+    env = {**os.environ, variable: value.format(tmp=tmp_path)}
+    result = podrun("exec", spec, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "ran" not in result.stdout
+    assert stderr_lines_without_traceback(result.stderr)[-1].startswith("podrun: error: " + expected.format(tmp=tmp_path))
+    if variable == "PODRUN_RELAY_FANOUT":  # found once the job had started: it is stopped everywhere
+        assert processes_of_job(job_id_in(result.stderr)) == []

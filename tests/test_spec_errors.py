@@ -23,7 +23,8 @@ BAD_SPECS = [
      "{file}: torchrun.nproc_per_node: expected a number of processes >= 1, or auto, gpu or cpu; got 'zero'"),
     ("two targets", "run: echo\ntarget: {local: {workers: 2}, hosts: [a, b]}\n",
      "{file}: target: expected exactly one of tpu, hosts, local (got hosts and local)"),
-    ("missing workdir", "run: echo\nworkdir: nowhere\n", "{file}: workdir: expected an existing directory, {dir}/nowhere is not one"),
+    ("missing workdir", "run: echo\nworkdir: nowhere\n",
+     "{file}: workdir: expected an existing directory, {dir}/nowhere is not one"),
     ("workdir in no user's home", "run: echo\nworkdir: ~no-such-user/code\n",
      "{file}: workdir: expected an existing directory, ~no-such-user/code is no user's home here"),
     ("env value a list", "run: echo\nenv: {FLAGS: [a, b]}\n", "{file}: env.FLAGS: expected a string or number, got a list"),
@@ -109,3 +110,14 @@ def test_spec_path_with_a_nul_byte_is_one_line():
 
     code, stderr = run_cli("validate", "job\0.yaml")
     assert (code, stderr) == (2, "podrun: error: 'job\\x00.yaml': expected a file name, this one holds a NUL byte\n")
+
+
+def test_a_file_stem_that_is_no_job_name_asks_for_name(home, tmp_path):
+    spec = tmp_path / "my job.yaml"
+    spec.write_text("run: echo\n")
+    result = podrun("validate", spec)
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: {spec}: name: the file's stem 'my job' is not a valid job name; set name: (letters, digits, . _ -)"]
+    spec.write_text("name: mine\nrun: echo\n")
+    assert podrun("validate", spec).stderr == f"podrun: {spec}: valid; job 'mine' on local workers\n"

@@ -28,7 +28,7 @@ def test_torchrun_ddp_across_three_hosts_from_the_example_config(home, lab, tmp_
     assert result.returncode == 0, result.stderr + result.stdout
     ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
     assert sorted(int(rank) for _, rank, *_ in ranks) == list(range(6)), result.stdout
-    for prefix_worker, rank, world_size, local_rank, env_worker, _ in ranks:
+    for prefix_worker, rank, world_size, _local_rank, env_worker, _ in ranks:
         assert world_size == "6" and prefix_worker == env_worker == str(int(rank) // 2)
     assert len({checksum for *_, checksum in ranks}) == 1
     assert processes_of_job(job_id_in(result.stderr)) == []
@@ -184,3 +184,31 @@ def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_
 
 def job_id_hint(dry_run_output: str) -> str:
     return re.search(r"^export PODRUN_JOB_ID=(\S+)$", dry_run_output, re.MULTILINE).group(1)
+
+
+def test_writing_to_a_channel_whose_command_ended_is_a_lost_channel_not_an_exception(home, lab):
+    """Reads already said ChannelLost when the connection broke; writes say it too (the launcher and
+    the relay treat a ChannelLost as a worker's failure, anything else would escape as a crash)."""
+    import asyncio
+
+    from podrun.ssh import SshTransport
+    from podrun.transport import ChannelLost
+
+    async def write_after_exit() -> BaseException | None:
+        transport = SshTransport(lab.hosts[0].ip, None, "root", str(lab.client_key), check_host_keys=False)
+        await transport.connect()
+        try:
+            channel = await transport.start("exit 3")
+            assert await channel.wait() == 3
+            try:
+                for _ in range(64):  # the first writes may still be buffered locally
+                    channel.stdin.write(b"x" * 65536)
+                    await channel.stdin.drain()
+            except BaseException as error:  # noqa: B036 - what is raised is the point of the test
+                return error
+            return None
+        finally:
+            await transport.close()
+
+    error = asyncio.run(write_after_exit())
+    assert isinstance(error, ChannelLost), repr(error)

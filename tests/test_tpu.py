@@ -18,10 +18,19 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from conftest import (REPO, Background, crashed, job_id_in, modules_imported_by, podrun, processes_of_job,
-                      stderr_lines_without_traceback)
 from podrun import accelerators
 from podrun.errors import UsageError
+
+from conftest import (
+    REPO,
+    Background,
+    crashed,
+    job_id_in,
+    modules_imported_by,
+    podrun,
+    processes_of_job,
+    stderr_lines_without_traceback,
+)
 
 ZONE = "us-central2-b"
 

@@ -23,10 +23,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"

@@ -1,0 +1,34 @@
+"""The launcher's last line of defence: an exception from a worker's transport that is not a
+PodrunError is one line naming the worker, never a traceback. A transport that raises on purpose
+stands in for a library's unexpected error (the only thing here that is not real)."""
+
+from __future__ import annotations
+
+from podrun import cli, targets
+from podrun.transport import LocalTransport
+
+from conftest import crashed
+
+
+class ExplodingTransport(LocalTransport):
+    async def connect(self) -> None:
+        raise RuntimeError("the SSH library broke in a way nobody planned for")
+
+
+def test_an_unexpected_error_while_connecting_names_the_worker(home, job_file, monkeypatch, capsys):
+    spec = job_file("run: echo ran\ntarget: {local: {workers: 3}}")
+    resolve = targets.resolve_workers
+
+    def with_worker_1_exploding(spec, dry_run=False):
+        workers = resolve(spec, dry_run)
+        broken = workers[1]
+        workers[1] = targets.Worker(broken.index, broken.address, broken.internal_ip,
+                                    ExplodingTransport(broken.transport.root))
+        return workers
+
+    monkeypatch.setattr("podrun.job.resolve_workers", with_worker_1_exploding)
+    code = cli.main(["exec", str(spec)])
+    err = capsys.readouterr().err
+    assert code == 1 and not crashed(err)
+    assert err.splitlines()[-1] == ("podrun: error: worker 1 (local/w1): RuntimeError: "
+                                    "the SSH library broke in a way nobody planned for")
