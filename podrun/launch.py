@@ -215,6 +215,9 @@ class Launch:
         except PodrunError as error:
             self.record.finish(jobstore.FAILED, 1, str(error))
             raise
+        except Exception as error:  # a bug: the CLI prints it as an internal error; the record says so too
+            self.record.finish(jobstore.FAILED, 1, f"internal error: {type(error).__name__}: {error}")
+            raise
         finally:
             for signum in HANDLED_SIGNALS:
                 loop.remove_signal_handler(signum)

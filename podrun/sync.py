@@ -67,7 +67,7 @@ def scan(workdir: str | Path, remember: bool = True, allow_large: bool = False) 
     scan (digests.py), which --dry-run does not: it writes nothing. A large workdir raises
     WorkdirTooLarge before any file is read, unless `allow_large`."""
     root = Path(workdir)
-    files = _collect(root)
+    files = ignore.shipped_files(root)
     infos = [os.lstat(root / relative) for relative in files]
     if not allow_large:
         _refuse_if_large(files, infos)
@@ -103,10 +103,6 @@ async def ship(tree: Tree, name: str, missing: list[Worker]) -> int:
         return 0
     return await relay.deliver(relay.Shipment(paths.remote_code_dir(name, tree.digest), lambda: _frames(tree)),
                                missing)
-
-
-def _collect(root: Path) -> list[str]:
-    return ignore.shipped_files(root)  # what git would list there, less .podrunignore's exclusions
 
 
 def _digest(root: Path, files: list[str], infos: list[os.stat_result], remember: bool) -> str:
