@@ -184,9 +184,11 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecError(repr(str(path)), None, "expected a file name, this one holds a NUL byte") from None
     try:
         data = _parse_yaml(text)
+        _refuse_unusable_text(path, data)
     except yaml.YAMLError as error:
         raise SpecError(path, None, _yaml_problem(error)) from None
-    _refuse_unusable_text(path, data)
+    except RecursionError:  # YAML's reader and the checks recurse: thousands of nested [ or {
+        raise SpecError(path, None, "nested too deeply to be a job spec") from None
     if not isinstance(data, dict):
         raise SpecError(path, None, f"expected a mapping of job fields (run, target, ...), got {_yaml_kind(data)}")
     if data.get("name") is None:

@@ -37,6 +37,8 @@ BAD_SPECS = [
      "{file}: workdir: holds a NUL byte, which no path, command or variable can"),
     ("NUL in identity_file", 'run: echo\nssh: {identity_file: "/k\\0"}\n',
      "{file}: ssh.identity_file: holds a NUL byte, which no path, command or variable can"),
+    ("nested thousands deep", "run: echo\nenv: " + "[" * 5000 + "]" * 5000 + "\n",
+     "{file}: nested too deeply to be a job spec"),
     ("lone surrogate in an env value", 'run: echo\nenv: {A: "\\ud800"}\n',
      "{file}: env.A: holds a lone surrogate character, which no path, command or variable can"),
 ]
