@@ -73,6 +73,9 @@ def stop_job(job_id: str) -> int:
         return 0
     import signal  # here, not at the top: `podrun jobs` and `podrun logs` start faster without it
 
+    if "pid" not in record.launcher:  # its identity comes from /proc, which only Linux has
+        raise PodrunError(f"job {job_id}: its launcher cannot be found on this system (stopping an attached job "
+                          f"needs Linux's /proc); press Ctrl-C where it runs")
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
     deadline = time.monotonic() + STOP_WAIT_S
     while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:

@@ -125,3 +125,17 @@ def test_a_detached_job_runs_on_and_logs_follow_resumes_it_to_the_end(home, job_
     listed = {job["id"]: job for job in json.loads(podrun("jobs", "--json").stdout)}
     assert listed[job_id]["state"] == "succeeded" and [w["exit_code"] for w in listed[job_id]["workers"]] == [0, 0]
     wait_until(lambda: processes_of_job(job_id) == [], "the detached agents to finish")
+
+
+def test_stop_of_a_job_whose_launcher_has_no_process_identity_is_one_line(home, job_file):
+    """Where /proc is missing (a launcher on macOS), a record carries no launcher pid."""
+    import json
+
+    job_id = job_id_in(podrun("exec", job_file("run: echo ok")).stderr)
+    record_path = home / "jobs" / job_id / "job.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "state": "running", "launcher": {}}))
+    result = podrun("stop", job_id)
+    assert result.returncode == 1 and not crashed(result.stderr)
+    assert result.stderr == (f"podrun: error: job {job_id}: its launcher cannot be found on this system (stopping an "
+                             f"attached job needs Linux's /proc); press Ctrl-C where it runs\n")
