@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from podrun import jobstore, preflight, sync
 from podrun.errors import PodrunError
-from podrun.output import Terminal, WorkerOutput, say, size_text
+from podrun.output import Terminal, WorkerOutput, counted, say, size_text
 from podrun.plan import WorkerPlan
 from podrun.spec import JobSpec
 from podrun.transport import Channel, ChannelLost, agent_command, agent_source
@@ -308,7 +308,8 @@ class Launch:
         sent = await self._until_interrupted(sync.ship(self.tree, self.spec.name, missing))
         if self.interrupted.is_set():
             return None
-        say(f"shipped code ({len(self.tree.files)} files) to {len(missing)} worker(s): {size_text(sent or 0)} sent "
+        say(f"shipped code ({counted(len(self.tree.files), 'file')}) to {counted(len(missing), 'worker')}: "
+            f"{size_text(sent or 0)} sent "
             f"in {time.monotonic() - shipping_started:.1f}s" if missing else "code unchanged on every worker")
         if self.spec.docker:  # run is wrapped in `docker run`
             await self._until_interrupted(preflight.check_docker(self.plans))

@@ -22,6 +22,11 @@ MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces
 COLOURS = (36, 33, 35, 32, 34, 31)
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 file`, `1,204 files`."""
+    return f"{count:,} {noun}{'s' * (count != 1)}"
+
+
 def size_text(count: float) -> str:
     """A byte count as people read it: 812 bytes, 4.2 KB, 1.3 GB."""
     for unit in ("bytes", "KB", "MB"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from podrun import ignore, paths, relay
 from podrun.digests import FileDigests
 from podrun.errors import PodrunError
-from podrun.output import size_text
+from podrun.output import counted, size_text
 from podrun.targets import Worker
 
 HASH_LENGTH = 16
@@ -85,15 +85,12 @@ def _refuse_if_large(files: list[str], infos: list[os.stat_result]) -> None:
         weight[0] += info.st_size
         weight[1] += 1
     heaviest = sorted(weights.items(), key=lambda item: item[1], reverse=True)[:HEAVIEST_SHOWN]
-    shown = ", ".join(f"{name} {size_text(size)} in {_files(count)}" for name, (size, count) in heaviest)
+    shown = ", ".join(f"{name} {size_text(size)} in {counted(count, 'file')}" for name, (size, count) in heaviest)
     raise WorkdirTooLarge(
-        f"{size_text(total)} in {_files(len(files))} would ship (podrun asks first past {size_text(LARGE_WORKDIR_BYTES)} "
-        f"or {LARGE_WORKDIR_FILES:,} files); the heaviest: {shown}; exclude what the job does not need in "
-        f".podrunignore, point workdir: at the code, or pass --allow-large-workdir")
-
-
-def _files(count: int) -> str:
-    return f"{count:,} file{'s' * (count != 1)}"
+        f"{size_text(total)} in {counted(len(files), 'file')} would ship (podrun asks first past "
+        f"{size_text(LARGE_WORKDIR_BYTES)} or {LARGE_WORKDIR_FILES:,} files); the heaviest: {shown}; "
+        f"exclude what the job does not need in .podrunignore, point workdir: at the code, "
+        f"or pass --allow-large-workdir")
 
 
 async def ship(tree: Tree, name: str, missing: list[Worker]) -> int:

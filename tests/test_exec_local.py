@@ -218,7 +218,7 @@ def test_unchanged_code_is_not_shipped_again_and_ignored_files_never_ship(home, 
     assert first.returncode == 0, first.stderr
     shipped = [line.removeprefix("[w0] ./") for line in first.stdout.splitlines()]
     assert shipped == [".gitignore", ".podrunignore", "keep.py", "sub/.gitignore", "sub/kept.txt"]
-    assert "shipped code (5 files) to 1 worker(s)" in first.stderr
+    assert "shipped code (5 files) to 1 worker" in first.stderr
     again = podrun("exec", spec, "--worker", "0")
     assert "code unchanged on every worker" in again.stderr
 

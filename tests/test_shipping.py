@@ -60,7 +60,7 @@ def test_a_workdir_whose_mtimes_are_in_the_workers_future_ships_despite_tars_war
     for index in range(2):
         assert [line for line in result.stdout.splitlines() if line.startswith(f"[w{index}] ")] == [
             f"[w{index}] {FUTURE_FILES}", f"[w{index}] NUMBER = 42"]
-    assert f"shipped code ({FUTURE_FILES} files) to 2 worker(s)" in result.stderr
+    assert f"shipped code ({FUTURE_FILES:,} files) to 2 workers" in result.stderr
     assert processes_under(home) == []
 
 
@@ -109,7 +109,7 @@ def test_shipping_shows_its_progress_on_one_redrawn_line_of_a_terminal(home, job
     progress = rb"podrun: shipping code: " + size + rb" sent, " + size + rb"/s, [0-2]/2 worker\(s\) done"
     assert re.fullmatch(progress, drawn[0]), drawn
     # the line is cleared for what follows
-    assert drawn[-1].startswith(b"podrun: shipped code (3 files) to 2 worker(s): "), drawn
+    assert drawn[-1].startswith(b"podrun: shipped code (3 files) to 2 workers: "), drawn
 
 
 SPARSE_FILES = 3

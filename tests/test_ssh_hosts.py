@@ -50,7 +50,7 @@ def test_each_host_gets_its_rank_the_rendezvous_address_and_its_own_code_copy(ho
         assert f"[w{index}] sees 0 marks, on {host.ip} " in result.stdout  # no other host's file
         assert f"[w{index}] shipped" in result.stdout
         assert (host.home / f"mark-{index}").exists()
-    assert "shipped code (1 files) to 4 worker(s)" in result.stderr
+    assert "shipped code (1 file) to 4 workers" in result.stderr
     again = podrun("exec", spec)
     assert "code unchanged on every worker" in again.stderr
     assert again.stdout.count(" sees 1 marks") == 4
