@@ -11,20 +11,17 @@ import gc
 import os
 import sys
 
-from podrun import __version__
-from podrun.errors import USAGE_EXIT_CODE, PodrunError
-
-BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
-INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE (sysexits.h): not the user's input, a bug of podrun's
+from podrun import __version__, exits
+from podrun.errors import PodrunError
 
 
 def _exec(args: argparse.Namespace) -> int:
     # everything start-up allocates (modules, the spec) lives until exit: collecting it is wasted
-    # work (~50 ms with asyncssh and pydantic loaded); job.execute freezes it and turns the collector
+    # work (~50 ms with asyncssh and pydantic loaded); commands.exec.execute freezes it and turns the collector
     # back on before the launch
     gc.disable()
     try:
-        from podrun.job import execute
+        from podrun.commands.exec import execute
 
         return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale,
                        args.allow_large_workdir)
@@ -33,7 +30,7 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from podrun.job import validate
+    from podrun.commands.exec import validate
 
     validate(args.spec)
     return 0
@@ -49,43 +46,43 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from podrun.logs import show_logs
+    from podrun.commands.jobs import show_logs
 
     return show_logs(args.job_id, args.worker, args.follow, args.tail)
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from podrun.logs import list_jobs
+    from podrun.commands.jobs import list_jobs
 
     return list_jobs(args.json)
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from podrun.logs import stop_job
+    from podrun.commands.jobs import stop_job
 
     return stop_job(args.job_id)
 
 
 def _create(args: argparse.Namespace) -> int:
-    from podrun.tpu_commands import create
+    from podrun.commands.tpu import create
 
     return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait)
 
 
 def _list(args: argparse.Namespace) -> int:
-    from podrun.tpu_commands import list_nodes
+    from podrun.commands.tpu import list_nodes
 
     return list_nodes(args.zone, args.project)
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from podrun.tpu_commands import describe
+    from podrun.commands.tpu import describe
 
     return describe(args.name, args.zone, args.project)
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from podrun.tpu_commands import delete
+    from podrun.commands.tpu import delete
 
     return delete(args.name, args.zone, args.project, args.yes)
 
@@ -199,20 +196,20 @@ def main(argv: list[str] | None = None) -> int:
         return int(argparse_exit.code or 0)
     if not hasattr(args, "handler"):
         parser.print_help(sys.stderr)
-        return USAGE_EXIT_CODE
+        return exits.USAGE
     try:
         return args.handler(args)
     except PodrunError as error:
         print(f"podrun: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
     except BrokenPipeError:  # stdout was closed early, as by `podrun logs | head`
-        return BROKEN_PIPE_EXIT
+        return exits.BROKEN_PIPE
     except Exception as error:  # a bug of podrun's: one line for the user, the traceback kept for a report
         print(f"podrun: internal error: {_one_line(error)} (a bug in podrun; please report it with the "
               f"traceback in {_save_traceback()})", file=sys.stderr)
-        return INTERNAL_ERROR_EXIT
+        return exits.INTERNAL_ERROR
 
 
 def _one_line(error: BaseException) -> str:

@@ -1,18 +1,18 @@
 """The one error type the CLI turns into a single line on stderr and an exit code."""
 
-USAGE_EXIT_CODE = 2
+from podrun import exits
 
 
 class PodrunError(Exception):
     """A problem the user can fix; `str(error)` is the whole message, one line."""
 
-    exit_code = 1
+    exit_code = exits.FAILURE
 
 
 class SpecError(PodrunError):
     """A job spec that cannot be run: names the file, the field path and what is expected."""
 
-    exit_code = USAGE_EXIT_CODE
+    exit_code = exits.USAGE
 
     def __init__(self, path, field: str | None, expected: str):
         where = f"{path}: {field}: " if field else f"{path}: "
@@ -22,4 +22,4 @@ class SpecError(PodrunError):
 class UsageError(PodrunError):
     """A bad flag or argument on the command line."""
 
-    exit_code = USAGE_EXIT_CODE
+    exit_code = exits.USAGE

@@ -22,6 +22,13 @@ MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces
 COLOURS = (36, 33, 35, 32, 34, 31)
 
 
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """Rows of cells (the first the header) in left-aligned columns two spaces apart, to stdout."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
 def counted(count: int, noun: str) -> str:
     """`1 file`, `1,204 files`."""
     return f"{count:,} {noun}{'s' * (count != 1)}"

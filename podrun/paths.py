@@ -33,11 +33,6 @@ def jobs_dir() -> str:
     return os.path.join(podrun_home(), "jobs")
 
 
-def local_worker_root(index: int) -> str:
-    """A local worker's stand-in for a host's home directory: its code copies and job files."""
-    return os.path.join(podrun_home(), "local", f"w{index}")
-
-
 def remote_code_dir(name: str, tree_hash: str) -> str:
     return f"podrun/{name}/{tree_hash}"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from podrun.errors import SpecError
 from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
-from podrun.targets import Worker
+from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"
 
@@ -29,7 +29,7 @@ class WorkerPlan:
         return {key: SECRET_SHOWN_AS if key in self.secret_keys else value for key, value in self.env.items()}
 
 
-def plan(spec: JobSpec, workers: list[Worker], job_id: str, code_dir: str,
+def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,
          extra_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> list[WorkerPlan]:
     """One WorkerPlan per worker, in worker order. `extra_env` is `--env K=V` from the command line;
     `launcher_env` supplies secret_env keys that the spec names but does not set."""
@@ -40,7 +40,7 @@ def plan(spec: JobSpec, workers: list[Worker], job_id: str, code_dir: str,
     plans = []
     for worker in workers:
         env = {
-            "PJRT_DEVICE": spec.pjrt_device,
+            "PJRT_DEVICE": spec.device or target.default_device,
             "PODRUN_JOB_ID": job_id,
             "PODRUN_WORKER": str(worker.index),
             "PODRUN_NUM_WORKERS": str(len(workers)),
@@ -55,7 +55,7 @@ def plan(spec: JobSpec, workers: list[Worker], job_id: str, code_dir: str,
                    f" --nproc_per_node={spec.torchrun.nproc_per_node}"
                    f" --rdzv_endpoint={master_addr}:{port} {run}")
         if spec.docker:
-            run = _in_docker(spec.docker, spec.target.kind, f"podrun-{job_id}-w{worker.index}", list(env), run)
+            run = _in_docker(spec.docker, target.container_flags, f"podrun-{job_id}-w{worker.index}", list(env), run)
         plans.append(WorkerPlan(worker, code_dir, env, spec.setup, run, secret_keys))
     return plans
 
@@ -85,11 +85,10 @@ def _secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> di
     return {key: launcher_env[key] for key in missing}
 
 
-def _in_docker(docker: Docker, target_kind: str, container: str, env_keys: list[str], run: str) -> str:
+def _in_docker(docker: Docker, target_flags: tuple[str, ...], container: str, env_keys: list[str], run: str) -> str:
     # --net=host: workers rendezvous on the host's addresses; the code dir is mounted at its own path
     argv = ["docker", "run", "--rm", "--net=host", f"--name={container}"]
-    if target_kind == "tpu":
-        argv.append("--privileged")  # the container needs /dev/accel* and the TPU runtime's sysfs
+    argv += target_flags
     argv += [f"--env={key}" for key in env_keys]  # values come from the agent's environment, not argv
     argv += [*docker.args, docker.image]
     mount = '-v "$PWD:$PWD" -w "$PWD"'

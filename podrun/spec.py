@@ -160,10 +160,6 @@ class JobSpec(_Model):
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
 
     @property
-    def pjrt_device(self) -> str:
-        return self.device or {"tpu": "TPU", "hosts": "CUDA", "local": "CPU"}[self.target.kind]
-
-    @property
     def path(self) -> Path:
         return self._path
 

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from podrun.transport import agent_command, agent_source  # noqa: E402
+from podrun.transport.base import agent_command, agent_source  # noqa: E402
 
 from benchlib import print_table  # noqa: E402
 

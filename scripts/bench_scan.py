@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_ship import make_workdir  # noqa: E402
 
-from podrun import digests  # noqa: E402
-from podrun.sync import scan  # noqa: E402
+from podrun.shipping import digests  # noqa: E402
+from podrun.shipping.scan import scan  # noqa: E402
 
 from benchlib import print_table, timed  # noqa: E402
 

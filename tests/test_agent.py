@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from podrun.transport import agent_command, agent_source
+from podrun.transport.base import agent_command, agent_source
 
 STEP_LIMIT_S = 20
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from podrun import digests
-from podrun.sync import scan
+from podrun.shipping import digests
+from podrun.shipping.scan import scan
 
 
 @pytest.fixture

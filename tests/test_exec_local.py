@@ -176,7 +176,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
 
 
 def test_dry_run_writes_no_digest_cache_where_exec_writes_one(home, job_file, monkeypatch):
-    from podrun import digests, sync
+    from podrun.shipping import digests, scan
 
     from test_bad_input import run_cli
 
@@ -184,7 +184,7 @@ def test_dry_run_writes_no_digest_cache_where_exec_writes_one(home, job_file, mo
     spec = job_file("run: echo", files={"train.py": "print(1)\n"})
     assert run_cli("exec", str(spec), "--dry-run")[0] == 0
     assert not home.exists()
-    sync.scan(spec.parent / "code")  # what exec does
+    scan.scan(spec.parent / "code")  # what exec does
     assert list((home / "cache" / "digests").iterdir())
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from podrun import ignore, sync
+from podrun.shipping import ignore, scan
 
 from conftest import examples
 
@@ -288,8 +288,8 @@ def test_scan_ships_what_git_lists(tmp_path, home):
                      "__pycache__/train.pyc": "", "configs/.gitignore": "!keep.txt\n", "configs/keep.txt": "",
                      "configs/other.txt": ""})
     git_init(tmp_path)
-    tree = sync.scan(tmp_path)
+    tree = scan.scan(tmp_path)
     assert tree.files == git_lists(tmp_path) == [".gitignore", "configs/.gitignore", "configs/keep.txt",
                                                  "train.py"]
     (tmp_path / "configs" / "keep.txt").write_text("changed")
-    assert sync.scan(tmp_path).digest != tree.digest  # a re-included file is part of the digest
+    assert scan.scan(tmp_path).digest != tree.digest  # a re-included file is part of the digest

@@ -4,8 +4,10 @@ stands in for a library's unexpected error (the only thing here that is not real
 
 from __future__ import annotations
 
-from podrun import cli, targets
-from podrun.transport import LocalTransport
+from podrun import cli
+from podrun.targets.base import Worker
+from podrun.targets.local import LocalWorkers
+from podrun.transport.local import LocalTransport
 
 from conftest import crashed
 
@@ -17,16 +19,15 @@ class ExplodingTransport(LocalTransport):
 
 def test_an_unexpected_error_while_connecting_names_the_worker(home, job_file, monkeypatch, capsys):
     spec = job_file("run: echo ran\ntarget: {local: {workers: 3}}")
-    resolve = targets.resolve_workers
+    workers_of = LocalWorkers.workers
 
-    def with_worker_1_exploding(spec, dry_run=False):
-        workers = resolve(spec, dry_run)
+    def with_worker_1_exploding(self, dry_run):
+        workers = workers_of(self, dry_run)
         broken = workers[1]
-        workers[1] = targets.Worker(broken.index, broken.address, broken.internal_ip,
-                                    ExplodingTransport(broken.transport.root))
+        workers[1] = Worker(broken.index, broken.address, broken.internal_ip, ExplodingTransport(broken.transport.root))
         return workers
 
-    monkeypatch.setattr("podrun.job.resolve_workers", with_worker_1_exploding)
+    monkeypatch.setattr(LocalWorkers, "workers", with_worker_1_exploding)
     code = cli.main(["exec", str(spec)])
     err = capsys.readouterr().err
     assert code == 1 and not crashed(err)

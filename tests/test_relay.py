@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from podrun.sync import scan
+from podrun.shipping.scan import scan
 
 from conftest import podrun
 

@@ -191,8 +191,8 @@ def test_writing_to_a_channel_whose_command_ended_is_a_lost_channel_not_an_excep
     the relay treat a ChannelLost as a worker's failure, anything else would escape as a crash)."""
     import asyncio
 
-    from podrun.ssh import SshTransport
-    from podrun.transport import ChannelLost
+    from podrun.transport.base import ChannelLost
+    from podrun.transport.ssh import SshTransport
 
     async def write_after_exit() -> BaseException | None:
         transport = SshTransport(lab.hosts[0].ip, None, "root", str(lab.client_key), check_host_keys=False)

@@ -18,7 +18,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from podrun import accelerators
+from podrun.cloud import accelerators
 from podrun.errors import UsageError
 
 from conftest import (

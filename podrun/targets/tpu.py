@@ -1,4 +1,5 @@
-"""A TPU VM (or pod slice) as a target: its workers from the API, and the user's SSH key on them.
+"""A TPU VM (or pod slice) as a target: its workers from the API, the user's SSH key on them, and
+no run while a process left from an earlier one holds the TPU.
 
 Workers come in the order of the node's `networkEndpoints` (that order is the TPU worker id, as in
 `gcloud compute tpus tpu-vm ssh --worker=N`). podrun connects to each worker's external IP, or to its
@@ -6,6 +7,11 @@ internal IP with `internal_ip: true` (from a VM in the same network); the worker
 on their internal IPs. Access works as gcloud's: the key ~/.ssh/google_compute_engine (made on first
 use) and the local user name, added to the node's `ssh-keys` metadata, which the TPU VM's guest agent
 installs on every worker.
+
+A process left from an earlier run that still holds /dev/accel* (or /dev/vfio/*, or libtpu's
+lockfile) makes the next run die with "TPU in use". Every worker's agent looks for such processes in
+its probe (remote/agent.py, tpu_holders); they are named with their PIDs and command lines, and killed only
+when the user asks (exec --kill-stale).
 """
 
 from __future__ import annotations
@@ -14,23 +20,58 @@ import getpass
 import os
 from pathlib import Path
 
-from podrun import accelerators
+from podrun.cloud import accelerators
+from podrun.cloud.settings import location
 from podrun.errors import PodrunError
-from podrun.gcloud_settings import location
+from podrun.output import say
 from podrun.spec import JobSpec
-from podrun.targets import Worker
+from podrun.targets.base import Target, Worker
 
 GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
 # right after a key is added, the guest agents need a few seconds to install it on every worker
 KEY_PROPAGATION_S = 60
 
 
+# where the TPU runtime's files are; PODRUN_ACCELERATOR_FILES (glob patterns, colon-separated)
+# replaces the list, for images that put them elsewhere
+ACCELERATOR_FILES = "/dev/accel*:/dev/vfio/[0-9]*:/tmp/libtpu_lockfile"
+STALE_KILL_GRACE_S = 3
+
+
+class TpuVm(Target):
+    kind = "tpu"
+    worker_noun = "TPU worker"
+    default_device = "TPU"
+    container_flags = ("--privileged",)  # the container needs /dev/accel* and the TPU runtime's sysfs
+
+    def workers(self, dry_run: bool) -> list[Worker]:
+        return tpu_workers(self.spec, authorize=not dry_run)
+
+    def probe(self, kill_stale: bool) -> dict:
+        return {"accelerator_files": os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES),
+                "kill_stale": kill_stale, "stale_grace": STALE_KILL_GRACE_S}
+
+    def check_probes(self, reports: list[tuple[Worker, dict]], kill_stale: bool) -> None:
+        """Fail, naming the processes that hold the TPU ("pid TAB file TAB command" lines in each
+        probe), or with kill_stale (the agents killed them already) say so and go on."""
+        lines = []
+        for worker, report in reports:
+            for line in report["holders"].splitlines():
+                pid, path, command = line.split("\t", 2)
+                lines.append(f"worker {worker.index} ({worker.address}): pid {pid} holds {path}: {command}")
+        if lines and kill_stale:
+            say(f"killed {len(lines)} process(es) that held the TPU:\n  " + "\n  ".join(lines))
+        elif lines:
+            raise PodrunError("the TPU is in use on the workers (left from an earlier run?):\n  " + "\n  ".join(lines)
+                              + "\nstop them, or run again with --kill-stale to have podrun kill them")
+
+
 def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
     """The node's workers, ready to connect to. With `authorize`, the user's key is made if it does
     not exist and added to the node's metadata if it is not there yet (not for --dry-run, which
     changes nothing, here or on the node)."""
-    from podrun.ssh import SshTransport, ensure_key_pair  # asyncssh and Google's libraries load only here
-    from podrun.tpu_api import TpuApi
+    from podrun.cloud.tpu_api import TpuApi
+    from podrun.transport.ssh import SshTransport, ensure_key_pair  # asyncssh and Google's libraries load only here
 
     tpu = spec.target.tpu
     assert tpu is not None, "tpu_workers is called for tpu targets only"

@@ -2,15 +2,14 @@
 
 Sent over stdin like the agent (transport.script_command), never installed: standard library only,
 any Python 3.8+. Every worker that lacks the code runs one. The launcher feeds the root of a tree
-(relay.py draws it) and each receiver forwards the frames, as they arrive, to its children over the
+(shipping/relay.py draws it) and each receiver forwards the frames, as they arrive, to its children over the
 workers' own network, so the launcher's uplink carries the code once.
 
-A shipment is a stream of frames: a kind byte (b"z" zlib-compressed, b"r" raw, b"e" the end), a
-4-byte big-endian payload length, the payload. The payloads of the other frames, unpacked, are one
+A shipment is a stream of frames (framing.py). The payloads of the frames before the end, unpacked, are one
 tar archive, packed while it is sent; the end frame's payload is its sha256 (hex), which must match
 before the tree is renamed into place.
 
-stdin   two messages, each a decimal byte count, a newline and that many bytes of marshal:
+stdin   two messages (framing.py):
           1. {code_dir, token, listen}: with listen, open a TCP port for the parent and
              answer "port N" on stdout (0 without listen);
           2. {children: [[ip, port], ...]}: where to forward.
@@ -28,7 +27,6 @@ pipe holds.
 
 import collections
 import hashlib
-import marshal
 import os
 import select
 import shutil
@@ -40,6 +38,11 @@ import threading
 import time
 import zlib
 
+try:
+    framing = sys.modules["podrun_remote_framing"]  # on a worker: sent ahead of this file (transport/base.py)
+except KeyError:  # imported on the launcher, by tests and type checks
+    from podrun.remote import framing
+
 STALL_TIMEOUT_S = 30  # no byte moving on a relay connection, or into tar, for this long: the peer is gone
 # the launcher feeds the roots of a round in step and gives up on a stalled one after 60 s
 # (relay.RECEIVER_STALL_S): the others wait longer than that before giving up on the launcher
@@ -47,7 +50,7 @@ LAUNCHER_SILENCE_S = 90
 CONNECT_TIMEOUT_S = 5
 PROGRESS_INTERVAL_S = 1
 TAR_LINES_SHOWN = 3
-HEADER = struct.Struct(">cI")
+HEADER = struct.Struct(framing.FRAME_HEADER)
 
 
 def main():
@@ -61,14 +64,14 @@ def main():
 
 def receive_and_forward():
     stdin = Stream(sys.stdin, "the launcher", LAUNCHER_SILENCE_S)
-    config = read_message(stdin)
+    config = framing.read_message(stdin)
     server = None
     if config["listen"]:
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("0.0.0.0", 0))
         server.listen(1)
     say("port %d" % (server.getsockname()[1] if server else 0))
-    children = [connect_child(tuple(address), config["token"]) for address in read_message(stdin)["children"]]
+    children = [connect_child(tuple(address), config["token"]) for address in framing.read_message(stdin)["children"]]
     source = stdin if server is None else accept_parent(server, stdin, config["token"])
     tmp = "%s.tmp.%d" % (config["code_dir"], os.getpid())
     os.makedirs(tmp)
@@ -115,11 +118,6 @@ class Stream:
         if not data:
             raise EOFError("the shipment ended early")
         self.buffer += data
-
-
-def read_message(stream):
-    size = int(stream.read_line())
-    return marshal.loads(stream.read_exactly(size))
 
 
 def connect_child(address, token):
@@ -249,4 +247,5 @@ def fail(reason):
     sys.exit(1)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import marshal
 import os
 import secrets
 import sys
@@ -24,14 +23,14 @@ from dataclasses import dataclass
 
 from podrun.errors import PodrunError, UsageError
 from podrun.output import say, size_text
-from podrun.targets import Worker
-from podrun.transport import Channel, ChannelLost, script_command, script_source
+from podrun.remote import framing
+from podrun.targets.base import Worker
+from podrun.transport.base import Channel, ChannelLost, script_command, script_source
 
 # children per receiver (PODRUN_RELAY_FANOUT; 0: the launcher feeds every worker itself);
 # scripts/bench_ship.py --fanout compares values
 DEFAULT_FANOUT = 4
 MAX_FANOUT = 64
-MARSHAL_VERSION = 4  # readable by every Python 3.4+
 # longer than relay_node.py's STALL_TIMEOUT_S, so that a receiver's own account of a stalled relay
 # peer arrives before the launcher gives up on the receiver
 RECEIVER_STALL_S = 60
@@ -171,8 +170,8 @@ class Receiver:
         config = {"code_dir": code_dir, "token": token, "listen": listen}
         try:
             self.channel = await self.worker.transport.start(script_command(self.worker.transport.python,
-                                                                            "relay_node.py"))
-            if not await self.send(script_source("relay_node.py") + _message(config)):
+                                                                            "relay_node"))
+            if not await self.send(script_source("relay_node") + framing.message(config)):
                 return
             answer = await asyncio.wait_for(self.channel.stdout.readline(), RECEIVER_STALL_S)
         except ChannelLost as lost:
@@ -185,7 +184,7 @@ class Receiver:
 
     async def tell_children(self, addresses: list[tuple[str, int]]) -> None:
         if self.answered:
-            await self.send(_message({"children": [list(address) for address in addresses if address[1]]}))
+            await self.send(framing.message({"children": [list(address) for address in addresses if address[1]]}))
 
     async def send(self, data: bytes) -> bool:
         """False when the receiver did not take it (finish() says why)."""
@@ -244,7 +243,7 @@ class Receiver:
 
 class Progress:
     """Shipping on one redrawn line of a terminal: bytes sent, rate, workers done. In a pipe it shows
-    nothing (launch.py says what was shipped once it is)."""
+    nothing (launch/launcher.py says what was shipped once it is)."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -272,8 +271,3 @@ class Progress:
     def _draw(text: str) -> None:
         sys.stderr.write(f"\r\x1b[K{text}")
         sys.stderr.flush()
-
-
-def _message(content: dict) -> bytes:
-    blob = marshal.dumps(content, MARSHAL_VERSION)
-    return b"%d\n" % len(blob) + blob

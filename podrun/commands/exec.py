@@ -8,13 +8,14 @@ import os
 import re
 import sys
 
-from podrun import jobstore, paths, sync
+from podrun import jobstore, paths
 from podrun.errors import SpecError, UsageError
-from podrun.launch import Launch
-from podrun.output import Terminal, say
+from podrun.launch.launcher import Launch
+from podrun.output import Terminal, counted, say
 from podrun.plan import plan, render
+from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, load_spec
-from podrun.targets import resolve_workers
+from podrun.targets import target_for
 
 
 def validate(spec_path: str) -> JobSpec:
@@ -27,29 +28,30 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
             detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False) -> int:
     spec = load_spec(spec_path)
     extra_env = parse_env_overrides(env_overrides)
-    workers = resolve_workers(spec, dry_run)
+    target = target_for(spec)
+    workers = target.workers(dry_run)
     selected = parse_worker_selection(worker_selection, len(workers))
     try:
-        tree = sync.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
-    except sync.WorkdirTooLarge as error:
+        tree = scan.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
+    except scan.WorkdirTooLarge as error:
         raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
     job_id = jobstore.new_job_id(spec.name)
     code_dir = paths.remote_code_dir(spec.name, tree.digest)
-    plans = [worker_plan for worker_plan in plan(spec, workers, job_id, code_dir, extra_env, os.environ)
+    plans = [worker_plan for worker_plan in plan(spec, target, workers, job_id, code_dir, extra_env,
+                                                       os.environ)
              if worker_plan.worker.index in selected]
     if dry_run:
         sys.stdout.write(render(plans))
         return 0
     record = jobstore.JobRecord(
-        id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
+        id=job_id, name=spec.name, target=f"{target.kind}:{len(workers)}", spec_path=str(spec.path),
         workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address, endpoint=p.worker.transport.endpoint())
                  for p in plans])
     record.create()
-    kind = {"local": "local worker", "hosts": "SSH host", "tpu": "TPU worker"}[spec.target.kind]
-    say(f"job {job_id}: {len(plans)} {kind}{'s' * (len(plans) > 1)}; logs in {record.dir}")
+    say(f"job {job_id}: {counted(len(plans), target.worker_noun)}; logs in {record.dir}")
     gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
     gc.enable()
-    return asyncio.run(Launch(spec, plans, tree, record, Terminal(), detach, kill_stale).run())
+    return asyncio.run(Launch(spec, target, plans, tree, record, Terminal(), detach, kill_stale).run())
 
 
 def parse_env_overrides(assignments: list[str]) -> dict[str, str]:

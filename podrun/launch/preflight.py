@@ -1,9 +1,7 @@
 """Pre-flight checks before `run`: what would otherwise fail late and obscurely fails now, by name.
 
-TPU devices: a process left from an earlier run that still holds /dev/accel* (or /dev/vfio/*, or
-libtpu's lockfile) makes the next run die with "TPU in use". Before a TPU job starts, every worker's
-agent searches for such processes (agent.tpu_holders, in its probe); they are named here with their
-PIDs and command lines, and killed only when the user asks (exec --kill-stale).
+A target's own checks come with the agents' probes (Target.probe, Target.check_probes: the TPU
+target names the processes that still hold the TPU).
 
 Docker: with `docker` in the spec, every worker must have the docker CLI on the job's PATH.
 
@@ -19,62 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
 
 from podrun.errors import PodrunError
-from podrun.output import say
 from podrun.plan import WorkerPlan
-from podrun.targets import Worker, naming_lost_connections
-from podrun.transport import ChannelLost
+from podrun.targets.base import Worker, naming_lost_connections
+from podrun.transport.base import ChannelLost
 
 CONNECT_TIMEOUT_S = 5
-LISTENER = """\
-import socket, sys
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    server.bind(("", int(sys.argv[1])))
-    server.listen(4096)
-except OSError as error:
-    print("busy", error.strerror, flush=True)
-    sys.exit(1)
-print("listening", flush=True)
-sys.stdin.read()  # until the launcher is done
-"""
-CONNECTOR = """\
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
-except OSError as error:
-    print(error.strerror or "timed out", flush=True)
-    sys.exit(1)
-"""
-
-
-# where the TPU runtime's files are; PODRUN_ACCELERATOR_FILES (glob patterns, colon-separated)
-# replaces the list, for images that put them elsewhere
-ACCELERATOR_FILES = "/dev/accel*:/dev/vfio/[0-9]*:/tmp/libtpu_lockfile"
-STALE_KILL_GRACE_S = 3
-
-
-def accelerator_files() -> str:
-    return os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES)
-
-
-def report_tpu_holders(found: list[tuple[Worker, str]], kill: bool) -> None:
-    """Given each worker's holders as its agent's probe reported them ("pid TAB file TAB command"
-    lines): fail, naming them, or with `kill` (they are gone already) say so and go on."""
-    lines = []
-    for worker, holders in found:
-        for line in holders.splitlines():
-            pid, path, command = line.split("\t", 2)
-            lines.append(f"worker {worker.index} ({worker.address}): pid {pid} holds {path}: {command}")
-    if lines and kill:
-        say(f"killed {len(lines)} process(es) that held the TPU:\n  " + "\n  ".join(lines))
-    elif lines:
-        raise PodrunError("the TPU is in use on the workers (left from an earlier run?):\n  " + "\n  ".join(lines)
-                          + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
 async def check_docker(plans: list[WorkerPlan]) -> None:
@@ -97,7 +47,7 @@ async def _has_docker(plan: WorkerPlan) -> bool:
 async def check_rendezvous(workers: list[Worker], port: int) -> None:
     first = workers[0]
     endpoint = f"{first.internal_ip}:{port}"
-    listener = await first.transport.start_python(LISTENER, str(port))
+    listener = await first.transport.start_python("rendezvous_listener", str(port))
     try:
         async with naming_lost_connections(first, "during the rendezvous check"):
             answer = (await listener.stdout.readline()).decode().strip()
@@ -117,7 +67,7 @@ async def check_rendezvous(workers: list[Worker], port: int) -> None:
 
 
 async def _can_reach(worker: Worker, ip: str, port: int) -> str | None:
-    channel = await worker.transport.start_python(CONNECTOR, ip, str(port), str(CONNECT_TIMEOUT_S))
+    channel = await worker.transport.start_python("rendezvous_connector", ip, str(port), str(CONNECT_TIMEOUT_S))
     async with naming_lost_connections(worker, "during the rendezvous check"):
         channel.stdin.write_eof()
         output, code = await asyncio.gather(channel.stdout.read(), channel.wait())

@@ -8,10 +8,10 @@ import time
 
 from podrun import jobstore
 from podrun.errors import PodrunError, UsageError
-from podrun.output import Terminal, WorkerOutput
+from podrun.output import Terminal, WorkerOutput, print_table
 
 FOLLOW_POLL_S = 0.1
-STOP_WAIT_S = 30  # the launcher needs at most the agents' grace period and a second
+LAUNCHER_STOP_WAIT_S = 30  # the launcher needs at most the agents' grace period and a second
 READ_SIZE = 1 << 16
 
 
@@ -25,7 +25,7 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     on_workers = record.detached and record.state == jobstore.RUNNING  # they have what is new
     if on_workers:
-        from podrun import detached
+        from podrun.launch import detached
 
         detached.fetch(record, chosen, outputs=None, follow=False)
     offsets = {index: _start_offset(record.log_path(index), tail) for index in chosen}
@@ -53,10 +53,7 @@ def list_jobs(as_json: bool) -> int:
         print(json.dumps([{**record.to_dict(), "state": record.current_state()} for record in records], indent=1))
         return 0
     header = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
-    rows: list[tuple[str, ...]] = [header, *(_row(record) for record in records)]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print_table([header, *(_row(record) for record in records)])
     return 0
 
 
@@ -66,7 +63,7 @@ def stop_job(job_id: str) -> int:
     if state != jobstore.RUNNING:
         raise PodrunError(f"job {job_id} is not running (it is {state})")
     if record.detached:
-        from podrun import detached
+        from podrun.launch import detached
 
         detached.stop(record)
         print(f"podrun: job {job_id} is {jobstore.load(job_id).current_state()}")
@@ -77,11 +74,11 @@ def stop_job(job_id: str) -> int:
         raise PodrunError(f"job {job_id}: its launcher cannot be found on this system (stopping an attached job "
                           f"needs Linux's /proc); press Ctrl-C where it runs")
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
-    deadline = time.monotonic() + STOP_WAIT_S
+    deadline = time.monotonic() + LAUNCHER_STOP_WAIT_S
     while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:
         if time.monotonic() > deadline:
             raise PodrunError(f"job {job_id}: its launcher (pid {record.launcher['pid']}) did not stop it "
-                              f"within {STOP_WAIT_S}s")
+                              f"within {LAUNCHER_STOP_WAIT_S}s")
         time.sleep(FOLLOW_POLL_S)
     print(f"podrun: job {job_id} is {record.current_state()}")
     return 0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from podrun import paths
 from podrun.errors import PodrunError
-from podrun.transport import Channel, ChannelLost, Transport
+from podrun.transport.base import Channel, ChannelLost, Transport
 
 
 def _import_asyncssh():

@@ -7,12 +7,12 @@ import re
 import sys
 import time
 
-from podrun import accelerators
+from podrun import exits
+from podrun.cloud import accelerators
+from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
-from podrun.gcloud_settings import Location, location
-from podrun.output import say
+from podrun.output import print_table, say
 
-INTERRUPTED_EXIT = 130
 NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -35,7 +35,7 @@ def create(accelerator_type: str, name: str | None, zone: str | None, project: s
         progress.done()
         say(f"interrupted: {name} may still be created (and billed); delete it with "
             f"`podrun delete {name} --zone {where.zone} --project {where.project}`")
-        return INTERRUPTED_EXIT
+        return exits.INTERRUPTED
     progress.done()
     if node is None:
         say(f"creation of {name} started; `podrun describe {name} --zone {where.zone}` shows when it is READY")
@@ -47,12 +47,9 @@ def create(accelerator_type: str, name: str | None, zone: str | None, project: s
 
 def list_nodes(zone: str | None, project: str | None) -> int:
     nodes = _api(location(project, zone)).list()
-    rows = [("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME")]
-    rows += [(node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version)
-             for node in nodes]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print_table([("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME"),
+                 *((node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version)
+                   for node in nodes)])
     return 0
 
 
@@ -72,7 +69,7 @@ def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:
     except KeyboardInterrupt:
         progress.done()
         say(f"interrupted: the deletion of {name} goes on at Google; `podrun list --zone {where.zone}` shows it")
-        return INTERRUPTED_EXIT
+        return exits.INTERRUPTED
     progress.done()
     say(f"deleted {name} after {progress.elapsed():.0f}s")
     return 0
@@ -125,7 +122,7 @@ class Progress:
 
 
 def _api(where: Location):
-    from podrun.tpu_api import TpuApi  # Google's libraries load only for the commands that need them
+    from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for the commands that need them
 
     return TpuApi(where)
 

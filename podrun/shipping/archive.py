@@ -1,12 +1,9 @@
-"""Ship the workdir to every worker, into a directory named by its content hash.
+"""The workdir as a stream of frames, to the workers that lack it (relay.py delivers it).
 
-What ships is what git would list (ignore.py: .gitignore rules), less what .podrunignore excludes. A
-worker that already has the hash gets nothing (its agent says so, before the first step starts). The
-others get one tar archive, packed while it is sent (memory stays flat whatever the workdir's size),
-cut into frames that are zlib-compressed where that pays (a sample of each shrinks), which the
-launcher sends once: the workers relay it to each other (relay.py). Each unpacks it into a
-temporary directory, checks its sha256 and renames it into place, so a half-shipped tree is never
-used.
+One tar archive, packed while it is sent (memory stays flat whatever the workdir's size), cut into
+frames (framing.py) that are zlib-compressed where that pays (a sample of each shrinks), sent once by
+the launcher: the workers relay it to each other. Each unpacks it into a temporary directory, checks
+its sha256 (in the end frame) and renames it into place, so a half-shipped tree is never used.
 """
 
 from __future__ import annotations
@@ -14,25 +11,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import stat
 import struct
 import tarfile
 import threading
 import zlib
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
-from podrun import ignore, paths, relay
-from podrun.digests import FileDigests
+from podrun import paths
 from podrun.errors import PodrunError
-from podrun.output import counted, size_text
-from podrun.targets import Worker
+from podrun.remote import framing
+from podrun.shipping import relay
+from podrun.shipping.scan import Tree
+from podrun.targets.base import Worker
 
-HASH_LENGTH = 16
 FRAME_BYTES = 1 << 20
-FRAME_HEADER = struct.Struct(">cI")  # kind, payload length: relay_node.py reads it
+FRAME_HEADER = struct.Struct(framing.FRAME_HEADER)
 # zlib level 6 (gzip's default) for frames whose sample shrinks below 90%: measured on 20 MB of
 # Python source, level 1 sends 1.24x the bytes of level 6 for a third of the CPU, and the frames
 # compress on every core at once; incompressible data (weights, archives) is sent as it is
@@ -44,78 +38,13 @@ FRAMES_AHEAD = 2 * (os.cpu_count() or 1)
 STOP_CHECK_S = 0.1  # how often a packer waiting for the sender looks whether it should stop
 
 
-# past either, a workdir is shipped only when asked (exec --allow-large-workdir): a spec saved
-# beside virtualenvs and downloads would otherwise be read, hashed and sent whole, for minutes
-LARGE_WORKDIR_BYTES = 1 << 30
-LARGE_WORKDIR_FILES = 50_000
-HEAVIEST_SHOWN = 3
-
-
-class WorkdirTooLarge(PodrunError):
-    """The workdir holds more than podrun ships without being asked; says what weighs most."""
-
-
-@dataclass(frozen=True)
-class Tree:
-    root: Path
-    files: list[str]  # relative POSIX paths, sorted
-    digest: str
-
-
-def scan(workdir: str | Path, remember: bool = True, allow_large: bool = False) -> Tree:
-    """The files that ship and their content hash; `remember` keeps their digests for the next
-    scan (digests.py), which --dry-run does not: it writes nothing. A large workdir raises
-    WorkdirTooLarge before any file is read, unless `allow_large`."""
-    root = Path(workdir)
-    files = ignore.shipped_files(root)
-    infos = [os.lstat(root / relative) for relative in files]
-    if not allow_large:
-        _refuse_if_large(files, infos)
-    return Tree(root, files, _digest(root, files, infos, remember))
-
-
-def _refuse_if_large(files: list[str], infos: list[os.stat_result]) -> None:
-    total = sum(info.st_size for info in infos)
-    if total <= LARGE_WORKDIR_BYTES and len(files) <= LARGE_WORKDIR_FILES:
-        return
-    weights: dict[str, list[int]] = {}  # top-level entry: [bytes, files]
-    for relative, info in zip(files, infos):
-        top, slash, _ = relative.partition("/")
-        weight = weights.setdefault(top + slash, [0, 0])
-        weight[0] += info.st_size
-        weight[1] += 1
-    heaviest = sorted(weights.items(), key=lambda item: item[1], reverse=True)[:HEAVIEST_SHOWN]
-    shown = ", ".join(f"{name} {size_text(size)} in {counted(count, 'file')}" for name, (size, count) in heaviest)
-    raise WorkdirTooLarge(
-        f"{size_text(total)} in {counted(len(files), 'file')} would ship (podrun asks first past "
-        f"{size_text(LARGE_WORKDIR_BYTES)} or {LARGE_WORKDIR_FILES:,} files); the heaviest: {shown}; "
-        f"exclude what the job does not need in .podrunignore, point workdir: at the code, "
-        f"or pass --allow-large-workdir")
-
-
 async def ship(tree: Tree, name: str, missing: list[Worker]) -> int:
-    """Send the tree to the workers that lack it (their agents' probes said so: launch.py); returns
+    """Send the tree to the workers that lack it (their agents' probes said so: launch/launcher.py); returns
     the bytes sent."""
     if not missing:
         return 0
     return await relay.deliver(relay.Shipment(paths.remote_code_dir(name, tree.digest), lambda: _frames(tree)),
                                missing)
-
-
-def _digest(root: Path, files: list[str], infos: list[os.stat_result], remember: bool) -> str:
-    file_digests = FileDigests(str(root))
-    digest = hashlib.sha256()
-    for relative, info in zip(files, infos):
-        path = os.path.join(root, relative)
-        digest.update(relative.encode() + b"\0")
-        if stat.S_ISLNK(info.st_mode):
-            digest.update(b"link\0" + os.readlink(path).encode())
-        else:
-            digest.update(b"exec\0" if info.st_mode & 0o111 else b"file\0")
-            digest.update(file_digests.of(relative, path, info))
-    if remember:
-        file_digests.save()
-    return digest.hexdigest()[:HASH_LENGTH]
 
 
 async def _frames(tree: Tree) -> AsyncGenerator[bytes, None]:

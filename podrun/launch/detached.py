@@ -16,44 +16,9 @@ from podrun import jobstore, paths
 from podrun.errors import PodrunError
 from podrun.output import WorkerOutput
 from podrun.targets import transport_for
-from podrun.transport import ChannelLost, Transport
+from podrun.transport.base import ChannelLost, Transport
 
-POLL_S = 0.2
-# prints output.log from an offset (following it until run.exit exists), then run.exit on stderr
-FOLLOWER = """\
-import os, sys, time
-job_dir, offset, follow = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-log, exit_file = os.path.join(job_dir, "output.log"), os.path.join(job_dir, "run.exit")
-while True:
-    done = os.path.exists(exit_file)  # looked at before reading: no tail is lost
-    try:
-        with open(log, "rb") as handle:
-            handle.seek(offset)
-            for chunk in iter(lambda: handle.read(65536), b""):
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
-                offset += len(chunk)
-    except FileNotFoundError:
-        pass
-    if done or not follow:
-        break
-    time.sleep(%s)
-if os.path.exists(exit_file):
-    sys.stderr.write(open(exit_file).read())
-""" % POLL_S
-# SIGTERM to the detached agent: it stops its step's tree as on any stop, then writes run.exit
-STOPPER = """\
-import os, signal, sys, time
-job_dir, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
-try:
-    os.kill(int(open(os.path.join(job_dir, "run.agent")).read()), signal.SIGTERM)
-except (OSError, ValueError):
-    pass  # already gone
-while not os.path.exists(os.path.join(job_dir, "run.exit")) and time.monotonic() < deadline:
-    time.sleep(0.05)
-sys.exit(0 if os.path.exists(os.path.join(job_dir, "run.exit")) else 1)
-"""
-STOP_WAIT_S = 15  # the agents' grace period, KILL, and some
+AGENT_STOP_WAIT_S = 15  # the agents' grace period, KILL, and some
 
 
 def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, WorkerOutput] | None,
@@ -89,7 +54,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> dict | None:
     log_path = record.log_path(worker.index)
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    channel = await transport.start_python(FOLLOWER, paths.remote_job_dir(record.id), str(offset), "1" if follow else "0")
+    channel = await transport.start_python("log_follower", paths.remote_job_dir(record.id), str(offset),
+                                           "1" if follow else "0")
     channel.stdin.write_eof()
     with jobstore.open_log(log_path) as log:
         while chunk := await channel.stdout.read(65536):
@@ -117,10 +83,12 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
 
 async def _stop_all(record: jobstore.JobRecord) -> None:
     async def stop_one(worker, transport: Transport) -> None:
-        channel = await transport.start_python(STOPPER, paths.remote_job_dir(record.id), str(STOP_WAIT_S))
+        channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id),
+                                               str(AGENT_STOP_WAIT_S))
         channel.stdin.write_eof()
         if await channel.wait() != 0:
-            raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {STOP_WAIT_S}s")
+            raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within "
+                              f"{AGENT_STOP_WAIT_S}s")
 
     await _on_every_worker(record.workers, stop_one)
 

@@ -1,22 +1,17 @@
 """Transports: start a shell command on one worker, with its stdin, stdout and stderr as streams.
 
-Local workers and SSH workers differ only here; launch, sync and logs use the Transport interface.
+Local workers and SSH workers differ only here (local.py, ssh.py); the rest uses this interface.
 A command runs in the worker's root: the login directory over SSH, a per-worker directory locally.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 import shlex
-import sys
 from abc import ABC, abstractmethod
 from functools import cache
 from importlib import resources
-from typing import Protocol, cast
-
-from podrun import paths
+from typing import Protocol
 
 
 class ChannelLost(Exception):
@@ -70,8 +65,9 @@ class Transport(ABC):
     async def close(self) -> None:
         """Close the connection; the worker side stops what it ran unless it was detached."""
 
-    async def start_python(self, script: str, *args: str) -> Channel:
-        """Run a small standard-library script with the worker's Python."""
+    async def start_python(self, name: str, *args: str) -> Channel:
+        """Run the small worker-side script podrun/remote/`name`.py with the worker's Python."""
+        script = remote_source(name).decode()
         return await self.start(" ".join([shlex.quote(self.python), "-I", "-S", "-c", shlex.quote(script),
                                           *map(shlex.quote, args)]))
 
@@ -82,36 +78,6 @@ class Transport(ABC):
     @abstractmethod
     def starting_environment(self) -> str:
         """Where a command's environment starts, before the plan's exports (for --dry-run)."""
-
-
-# which of the variables a local worker inherits --dry-run shows: those that pick its python and torchrun
-INHERITED_SHOWN = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")
-
-
-class LocalTransport(Transport):
-    """A local CPU worker: a process tree on this machine, rooted in its own directory."""
-
-    def __init__(self, root: str):
-        self.root = str(root)
-        self.python = sys.executable
-
-    async def connect(self) -> None:
-        paths.make_private_dir(self.root)
-
-    def endpoint(self) -> dict:
-        return {"kind": "local", "root": self.root}
-
-    def starting_environment(self) -> str:
-        shown = [f"{key}={os.environ[key]}" for key in INHERITED_SHOWN if key in os.environ]
-        others = len(os.environ) - len(shown)
-        return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
-
-    async def start(self, command: str) -> Channel:
-        process = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, cwd=self.root,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
-        return cast(Channel, process)  # all three pipes were asked for: none of its streams is None
 
 
 # A worker-side script reads its own source from stdin, then its input. Compiling the agent took
@@ -138,21 +104,37 @@ except Exception:
 exec(code,{{'__name__':'__main__'}})"""
 
 
+# the agent and the relay receiver import podrun/remote/framing.py: a worker, which has no podrun
+# package, gets its source ahead of theirs, as a module of its own (`type(sys)` is the module type)
+FRAMING_PRELUDE = """import sys
+_framing = type(sys)("podrun_remote_framing")
+exec({source!r}, _framing.__dict__)
+sys.modules["podrun_remote_framing"] = _framing
+del _framing
+"""
+
+
+@cache
+def remote_source(name: str) -> bytes:
+    """The source of podrun/remote/`name`.py."""
+    return resources.files("podrun.remote").joinpath(f"{name}.py").read_bytes()
+
+
 @cache
 def script_source(name: str) -> bytes:
-    """A worker-side script of this package (agent.py, relay_node.py), as sent to workers."""
-    return resources.files("podrun").joinpath(name).read_bytes()
+    """A worker-side script run through BOOTSTRAP (agent, relay_node), as sent over stdin."""
+    return FRAMING_PRELUDE.format(source=remote_source("framing").decode()).encode() + remote_source(name)
 
 
 def agent_source() -> bytes:
-    return script_source("agent.py")
+    return script_source("agent")
 
 
 @cache
 def script_command(python: str, name: str) -> str:
     """The command that runs the worker-side script `name` (its source follows on stdin)."""
     source = script_source(name)
-    cache_name = f"{name.removesuffix('.py')}-{hashlib.sha256(source).hexdigest()[:16]}"
+    cache_name = f"{name}-{hashlib.sha256(source).hexdigest()[:16]}"
     bootstrap = BOOTSTRAP.format(size=len(source), name=cache_name)
     # -I -S: the scripts need the standard library only; skipping site and PYTHON* variables saves
     # start-up on every worker and keeps the worker's Python settings out of them
@@ -160,4 +142,4 @@ def script_command(python: str, name: str) -> str:
 
 
 def agent_command(python: str) -> str:
-    return script_command(python, "agent.py")
+    return script_command(python, "agent")

@@ -26,8 +26,8 @@ from google.auth.exceptions import DefaultCredentialsError, RefreshError, Transp
 from google.auth.transport.urllib3 import AuthorizedHttp
 from google.oauth2.credentials import Credentials
 
+from podrun.cloud.settings import ACCESS_TOKEN_FILE, TPU_ENDPOINT, Location, gcloud_property
 from podrun.errors import PodrunError
-from podrun.gcloud_settings import ACCESS_TOKEN_FILE, TPU_ENDPOINT, Location, gcloud_property
 
 GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"

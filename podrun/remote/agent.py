@@ -33,10 +33,15 @@ group with setsid), then SIGKILL after the grace period. The same sweep runs aft
 so nothing the step started outlives it.
 """
 
-import marshal
 import os
 import select
+import sys
 import time
+
+try:
+    framing = sys.modules["podrun_remote_framing"]  # on a worker: sent ahead of this file (transport/base.py)
+except KeyError:  # imported on the launcher, by tests and type checks
+    from podrun.remote import framing
 
 try:
     import _signal as signal  # what `signal` wraps in enums: the same functions and constants
@@ -52,7 +57,7 @@ JSON_ESCAPES = {**{code: "\\u%04x" % code for code in range(32)}, ord('"'): '\\"
 
 def main():
     control = ControlInput()
-    config = marshal.loads(control.read_exactly(int(control.read_line())))
+    config = framing.read_message(control)
     job_dir = os.path.abspath(os.path.join(".podrun", "jobs", config["job_id"]))
     for directory in (".podrun", os.path.join(".podrun", "jobs"), job_dir):  # each private, not just the last
         try:
@@ -489,4 +494,5 @@ def _try_write_all(fd, data):
         return False
 
 
-main()
+if __name__ == "__main__":
+    main()

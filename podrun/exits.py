@@ -1,0 +1,18 @@
+"""Every exit code podrun gives, in one place (the README's "Exit codes" lists them).
+
+A failed job exits with the code of the first worker that failed; podrun's own outcomes are these.
+Standard library only, and no `signal`: the CLI imports this for every command.
+"""
+
+FAILURE = 1  # podrun could not go on (a PodrunError): one line says why
+USAGE = 2  # bad usage, a bad spec, a setting podrun cannot use
+INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h): not the user's input, a bug of podrun's
+LOST = 255  # a worker's connection was lost mid-step: what ssh itself exits with then
+# a stop by signal N exits 128 + N, as a shell reports a process that N ended
+INTERRUPTED = 130  # SIGINT, Ctrl-C
+BROKEN_PIPE = 141  # SIGPIPE: stdout's reader went away (`podrun exec job.yaml | head`)
+
+
+def stopped_by(signum: int) -> int:
+    """The exit code after a stop by signal `signum`: 130 for SIGINT, 143 for SIGTERM, 141 for SIGPIPE."""
+    return 128 + signum

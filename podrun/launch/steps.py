@@ -1,0 +1,163 @@
+"""The launcher's half of the agent protocol (remote/agent.py): one step of a job on one worker.
+
+A WorkerStep starts the agent over the worker's transport with its step (framing.py), optionally
+waits for its probe report and says go, sends heartbeats and stop, streams the step's output into
+the worker's log and the terminal, and reads the agent's events into a StepResult.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+
+from podrun import exits
+from podrun.output import WorkerOutput
+from podrun.plan import WorkerPlan
+from podrun.remote import framing
+from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
+
+STOP_GRACE_S = 5.0
+# the launcher says something to every agent this often; an agent that hears nothing for
+# HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself
+HEARTBEAT_S = 5.0
+HEARTBEAT_TIMEOUT_S = 20.0
+# "torch.distributed.DistNetworkError: ...", "RuntimeError: ...": the line that says why it died
+EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
+
+
+
+@dataclass
+class StepResult:
+    index: int
+    code: int
+    signal: str | None = None
+    problem: str | None = None  # set when the agent could not report an exit (start failure, lost link)
+    tail: list[str] = field(default_factory=list)
+    detached: bool = False  # the step runs on in the background (exec --detach)
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0
+
+    def describe(self) -> str:
+        if self.problem:
+            return self.problem
+        if self.signal:
+            return f"was killed by {self.signal} (exit code {self.code})"
+        return f"exited with code {self.code}"
+
+    def cause(self) -> str | None:
+        """The last exception line in the worker's final output, e.g. torchrun's rendezvous error."""
+        for line in reversed(self.tail):
+            if match := EXCEPTION_LINE.match(line):
+                return f"{match[1]}: {match[2]}"
+        return None
+
+
+class WorkerStep:
+    """One step of the job (setup or run) on one worker, through the agent."""
+
+    def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool):
+        self.plan = plan
+        self.detach = detach
+        self.step = step
+        self.command = command
+        self.output = output
+        self.channel: Channel | None = None
+        self.events: list[dict] = []
+        self.diagnostics: list[str] = []  # stderr lines that are not agent events
+
+    async def start(self, probe: dict | None = None) -> None:
+        """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
+        worker = self.plan.worker
+        config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
+                  "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S,
+                  "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach}
+        if probe is not None:
+            config["probe"] = probe
+        self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
+        channel.stdin.write(agent_source() + framing.message(config))
+        await channel.stdin.drain()
+
+    async def probed(self) -> dict | None:
+        """The agent's probe report; None if it ended without one (finish() then says why)."""
+        while line := await self._started().stderr.readline():
+            event = self._take(line)
+            if event and event["event"] == "probe":
+                return event
+        return None
+
+    def go(self) -> None:
+        self._say(b"go\n")
+
+    def stop(self) -> None:
+        self._say(b"stop\n")
+
+    def heartbeat(self) -> None:
+        self._say(b"\n")
+
+    def _say(self, line: bytes) -> None:
+        if self.channel and not self.channel.stdin.is_closing():
+            try:
+                self.channel.stdin.write(line)
+            except (ChannelLost, OSError, RuntimeError):
+                pass  # the channel is gone; finish() reports how the worker ended
+
+    async def finish(self) -> StepResult:
+        index = self.plan.worker.index
+        try:
+            await asyncio.gather(self._pump_output(), self._read_events())
+            agent_code = await self._started().wait()
+        except ChannelLost as lost:
+            self.output.close()
+            return StepResult(index, exits.LOST, problem=f"lost its connection ({lost})", tail=self.output.tail())
+        self.output.close()
+        exited = next((event for event in self.events if event.get("event") == "exited"), None)
+        if any(event.get("event") == "detached" for event in self.events):
+            return StepResult(index, 0, detached=True)
+        if exited:
+            return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
+        errors = [event["message"] for event in self.events if event.get("event") == "error"]
+        detail = (errors or self.diagnostics or [f"the agent ended with code {agent_code} and no report"])[-1]
+        return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
+
+    async def _pump_output(self) -> None:
+        while chunk := await self._started().stdout.read(65536):
+            self.output.feed(chunk)
+
+    async def _read_events(self) -> None:
+        while line := await self._started().stderr.readline():
+            self._take(line)
+
+    def _started(self) -> Channel:
+        assert self.channel is not None, "the step was started"
+        return self.channel
+
+    def _take(self, line: bytes) -> dict | None:
+        """Keep a line of the agent's stderr: an event (returned) or a diagnostic."""
+        text = line.decode(errors="replace").rstrip("\n")
+        try:
+            event = json.loads(text)
+        except ValueError:
+            event = None
+        if isinstance(event, dict) and "event" in event:
+            self.events.append(event)
+            return event
+        if text.strip():
+            self.diagnostics.append(text)
+        return None
+
+
+async def heartbeats(worker_steps: list[WorkerStep]) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        for worker_step in worker_steps:
+            worker_step.heartbeat()
+
+
+async def stop_all(worker_steps: list[WorkerStep]) -> None:
+    for worker_step in worker_steps:
+        worker_step.stop()
+    await asyncio.gather(*(worker_step.finish() for worker_step in worker_steps), return_exceptions=True)

@@ -1,0 +1,13 @@
+"""Code that runs on the workers. Never installed there: each module's source is sent over the
+worker's channel when it is needed (transport.script_command, Transport.start_python), so every
+module here uses the standard library only, runs on any Python >= 3.8, and does nothing when
+imported (each runs its main() only as __main__).
+
+  agent.py                 one step of a job: start it, report, stop its whole tree (launch/steps.py)
+  relay_node.py            receive the shipped code, unpack it, pass it on (shipping/relay.py)
+  rendezvous_listener.py   hold the rendezvous port on worker 0 (launch/preflight.py)
+  rendezvous_connector.py  connect to it from every worker (launch/preflight.py)
+  log_follower.py          a detached job's output and exit (launch/detached.py)
+  detached_stopper.py      stop a detached job's step (launch/detached.py)
+  framing.py               the message framing both ends of the agent and relay protocols use
+"""

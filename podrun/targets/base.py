@@ -1,0 +1,68 @@
+"""What a target is to the rest of podrun: its workers, in rank order, each carrying its transport,
+and the few things only the target knows (its device, container flags, checks before a run).
+
+launch, plan and the commands work with a Target and its Workers; only the modules beside this one
+know what a TPU VM, an SSH host or a local worker is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from podrun.errors import PodrunError
+from podrun.spec import JobSpec
+from podrun.transport.base import ChannelLost, Transport
+
+
+@dataclass(frozen=True)
+class Worker:
+    index: int
+    address: str  # what podrun connects to, as shown to the user
+    internal_ip: str  # what the workers use to reach each other (rendezvous, PODRUN_WORKER_IPS)
+    transport: Transport
+
+
+@contextlib.asynccontextmanager
+async def naming_lost_connections(worker: Worker, doing: str):
+    """Turn a broken connection into one line that names the worker and what it was doing."""
+    try:
+        yield
+    except ChannelLost as lost:
+        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection {doing} ({lost})") from None
+
+
+class Target(ABC):
+    """Where a job runs, as its spec says."""
+
+    kind: str  # the spec's name for it; the job record shows it ("local:2")
+    worker_noun: str  # what one of its workers is called in messages ("SSH host")
+    default_device: str  # PJRT_DEVICE when the spec sets no `device`
+    container_flags: tuple[str, ...] = ()  # what `docker run` needs here beyond podrun's usual flags
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+
+    @abstractmethod
+    def workers(self, dry_run: bool) -> list[Worker]:
+        """The workers in rank order, ready to connect to. With dry_run nothing changes anywhere."""
+
+    def probe(self, kill_stale: bool) -> dict:
+        """What each first-step agent checks before anything starts, beyond the code (agent.py)."""
+        return {}
+
+    def check_probes(self, reports: list[tuple[Worker, dict]], kill_stale: bool) -> None:
+        """Raise PodrunError if the agents' probe reports say the job must not start."""
+
+    # The capacity lifecycle (created on demand, preemption, deleted after the job) hooks in here;
+    # a target that has none keeps these defaults.
+    def provision(self) -> None:
+        """Create what the spec declares and does not exist yet."""
+
+    def health(self) -> str | None:
+        """Why the workers may have gone away (e.g. preempted), if the target can tell."""
+        return None
+
+    def release(self) -> None:
+        """Give back what provision() made, when the spec asks for it."""

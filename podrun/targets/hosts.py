@@ -1,0 +1,41 @@
+"""SSH hosts, such as GPU nodes: `host`, `user@host`, `host:port`, in the spec's order."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from podrun.errors import SpecError
+from podrun.spec import parse_host
+from podrun.targets.base import Target, Worker
+
+
+class SshHosts(Target):
+    kind = "hosts"
+    worker_noun = "SSH host"
+    default_device = "CUDA"
+
+    def workers(self, dry_run: bool) -> list[Worker]:
+        from podrun.transport.ssh import SshTransport  # asyncssh loads only for SSH targets
+
+        ssh = self.spec.ssh
+        workers = []
+        for index, entry in enumerate(self.spec.target.hosts or ()):
+            user, host, port = parse_host(entry)
+            transport = SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys)
+            workers.append(Worker(index, entry, self._internal_ip(host, index), transport))
+        return workers
+
+    def _internal_ip(self, host: str, index: int) -> str:
+        """The address the other workers use to reach this one: the host itself when it is an IP,
+        else what its name resolves to (a name only ~/.ssh/config knows is not enough for torchrun)."""
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            pass
+        try:
+            return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+        except OSError as error:
+            raise SpecError(self.spec.path, f"target.hosts.{index}",
+                            f"{host} does not resolve ({error.strerror or error}); expected a host name or IP "
+                            f"address this machine can look up") from None

@@ -1,0 +1,41 @@
+"""A local worker's transport: a process tree on this machine, in its own session, rooted in the
+worker's own directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import cast
+
+from podrun import paths
+from podrun.transport.base import Channel, Transport
+
+# which of the variables a local worker inherits --dry-run shows: those that pick its python and torchrun
+INHERITED_SHOWN = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")
+
+
+class LocalTransport(Transport):
+    """A local CPU worker: a process tree on this machine, rooted in its own directory."""
+
+    def __init__(self, root: str):
+        self.root = str(root)
+        self.python = sys.executable
+
+    async def connect(self) -> None:
+        paths.make_private_dir(self.root)
+
+    def endpoint(self) -> dict:
+        return {"kind": "local", "root": self.root}
+
+    def starting_environment(self) -> str:
+        shown = [f"{key}={os.environ[key]}" for key in INHERITED_SHOWN if key in os.environ]
+        others = len(os.environ) - len(shown)
+        return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
+
+    async def start(self, command: str) -> Channel:
+        process = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, cwd=self.root,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
+        return cast(Channel, process)  # all three pipes were asked for: none of its streams is None
