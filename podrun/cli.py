@@ -1,4 +1,4 @@
-"""The command line (GUIDE section 2). Each command parses, calls one function, and returns its exit code.
+"""The command line (the README's "Commands"). Each command parses, calls one function, and returns its exit code.
 
 Only argparse loads at start-up; each command imports what it needs, so `podrun --help`,
 `podrun jobs` and `podrun logs` start about as fast as Python itself.

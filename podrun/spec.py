@@ -1,4 +1,4 @@
-"""The job spec (GUIDE section 3): parse a YAML job file into a validated JobSpec.
+"""The job spec (the README's "The job spec"): parse a YAML job file into a validated JobSpec.
 
 Every problem becomes one SpecError line naming the file, the dotted field path and what is expected.
 """
@@ -30,7 +30,7 @@ DEFAULT_LOCAL_WORKERS = 2
 DEFAULT_RDZV_PORT = 29500
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# Set by podrun on every worker (GUIDE section 4); a spec may not override them through `env`.
+# Set by podrun on every worker (the README's "What every worker gets"); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
                 "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT")
 PLAIN_KEY = re.compile(r"^[\w-]+$")

@@ -6,7 +6,7 @@ sha256), against reading the same tree raw, in the same run.
 
 The workdir is bench_ship's (999 source files and a 30 MB binary, 46 MB). Interleaved, median of
 the rounds, seconds:
-  - scan, no digest cache (every file read and hashed: what each exec paid before podrun/digests.py)
+  - scan, no digest cache (every file read and hashed: what each exec paid before podrun/shipping/digests.py)
   - scan, unchanged workdir (digests reused by their stat signature)
   - scan, one file rewritten (only it is read again)
   - `tar -cf - . | sha256sum`: the raw cost of reading and hashing the tree once

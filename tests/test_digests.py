@@ -1,5 +1,5 @@
 """The workdir's digest names the code directory on every worker: it must change with any edit, and
-an unchanged workdir must not be read again to find that out (podrun/digests.py)."""
+an unchanged workdir must not be read again to find that out (podrun/shipping/digests.py)."""
 
 from __future__ import annotations
 

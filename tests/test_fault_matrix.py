@@ -1,6 +1,7 @@
-"""The fault matrix (README): each fault injected for real on the lab hosts, five times, and after
-each `ps` on every host must show nothing of the job. The seconds from each fault to its expected
-outcome are collected and printed at the end of the run (conftest.FAULT_TIMES)."""
+"""The fault matrix (docs/benchmarks.md lists its times): each fault injected for real on the lab
+hosts, five times, and after each `ps` on every host must show nothing of the job. The seconds from
+each fault to its expected outcome are collected and printed at the end of the run
+(conftest.FAULT_TIMES)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from conftest import Background, job_id_in, podrun, stderr_lines_without_traceback, wait_until
 
 ATTEMPTS = range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "5")))
-KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/ssh.py)
+KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/transport/ssh.py)
 HEARTBEAT_TIMEOUT_S = 20  # a worker: no word from the launcher (podrun/launch.py)
 repeated = pytest.mark.parametrize("attempt", ATTEMPTS)
 

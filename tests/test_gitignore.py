@@ -1,4 +1,4 @@
-"""What ships from a workdir is what git lists there (podrun/ignore.py): checked against the real
+"""What ships from a workdir is what git lists there (podrun/shipping/ignore.py): checked against the real
 `git ls-files --cached --others --exclude-standard` on generated trees of nested ignore files, and on
 the classic traps one by one."""
 
@@ -143,7 +143,7 @@ def test_what_ships_is_what_git_lists(git_dir, tree, data):
         workdir = top if data is None else data.draw(st.sampled_from(made))
         expected = git_lists(workdir)
         shipped = ships(workdir)
-        if shipped and not expected:  # the one deliberate difference: see podrun/ignore.py
+        if shipped and not expected:  # the one deliberate difference: see podrun/shipping/ignore.py
             assert git_ignores_a_directory_down_to(top, workdir)
         else:
             assert shipped == expected

@@ -1,4 +1,4 @@
-"""Project, zone, API endpoint and access token, read the way gcloud reads them (GUIDE section 2).
+"""Project, zone, API endpoint and access token, read the way gcloud reads them.
 
 Each setting comes from the first of: the command-line flag, the job spec, gcloud's environment
 variable (CLOUDSDK_<SECTION>_<PROPERTY>), then the active gcloud configuration
