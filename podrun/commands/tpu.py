@@ -62,7 +62,7 @@ def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:
     where = location(project, zone)
     if not yes and not _confirm(f"delete TPU VM {name} in {where.project}/{where.zone}?"):
         say("nothing deleted")
-        return 1
+        return exits.FAILURE
     progress = Progress(f"deleting {name}")
     try:
         _api(where).delete(name, progress.update)

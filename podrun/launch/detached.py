@@ -15,7 +15,7 @@ import os
 from podrun import jobstore, paths
 from podrun.errors import PodrunError
 from podrun.output import WorkerOutput
-from podrun.targets import transport_for
+from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
 
 AGENT_STOP_WAIT_S = 15  # the agents' grace period, KILL, and some

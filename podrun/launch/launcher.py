@@ -81,10 +81,10 @@ class Launch:
             say(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
             return 0
         except PodrunError as error:
-            self.record.finish(jobstore.FAILED, 1, str(error))
+            self.record.finish(jobstore.FAILED, error.exit_code, str(error))
             raise
         except Exception as error:  # a bug: the CLI prints it as an internal error; the record says so too
-            self.record.finish(jobstore.FAILED, 1, f"internal error: {type(error).__name__}: {error}")
+            self.record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"internal error: {type(error).__name__}: {error}")
             raise
         finally:
             for signum in HANDLED_SIGNALS:

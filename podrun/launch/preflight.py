@@ -21,10 +21,19 @@ import shlex
 
 from podrun.errors import PodrunError
 from podrun.plan import WorkerPlan
-from podrun.targets.base import Worker, naming_lost_connections
+from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
 
 CONNECT_TIMEOUT_S = 5
+
+
+@contextlib.asynccontextmanager
+async def naming_lost_connections(worker: Worker, doing: str):
+    """Turn a broken connection into one line that names the worker and what it was doing."""
+    try:
+        yield
+    except ChannelLost as lost:
+        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection {doing} ({lost})") from None
 
 
 async def check_docker(plans: list[WorkerPlan]) -> None:

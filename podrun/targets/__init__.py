@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from podrun.spec import JobSpec
 from podrun.targets.base import Target
-from podrun.transport.base import Transport
 
 
 def target_for(spec: JobSpec) -> Target:
@@ -20,15 +19,3 @@ def target_for(spec: JobSpec) -> Target:
     from podrun.targets.local import LocalWorkers
 
     return LocalWorkers(spec)
-
-
-def transport_for(endpoint: dict) -> Transport:
-    """The transport a job record's worker endpoint describes (Transport.endpoint())."""
-    if endpoint["kind"] == "local":
-        from podrun.transport.local import LocalTransport
-
-        return LocalTransport(endpoint["root"])
-    from podrun.transport.ssh import SshTransport
-
-    return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
-                        endpoint["check_host_keys"])

@@ -7,13 +7,11 @@ know what a TPU VM, an SSH host or a local worker is.
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from podrun.errors import PodrunError
 from podrun.spec import JobSpec
-from podrun.transport.base import ChannelLost, Transport
+from podrun.transport.base import Transport
 
 
 @dataclass(frozen=True)
@@ -22,15 +20,6 @@ class Worker:
     address: str  # what podrun connects to, as shown to the user
     internal_ip: str  # what the workers use to reach each other (rendezvous, PODRUN_WORKER_IPS)
     transport: Transport
-
-
-@contextlib.asynccontextmanager
-async def naming_lost_connections(worker: Worker, doing: str):
-    """Turn a broken connection into one line that names the worker and what it was doing."""
-    try:
-        yield
-    except ChannelLost as lost:
-        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection {doing} ({lost})") from None
 
 
 class Target(ABC):

@@ -73,7 +73,7 @@ class Transport(ABC):
 
     @abstractmethod
     def endpoint(self) -> dict:
-        """What targets.transport_for() needs to reach this worker again (stored with a job)."""
+        """What transport.transport_for() needs to reach this worker again (stored with a job)."""
 
     @abstractmethod
     def starting_environment(self) -> str:
