@@ -75,3 +75,31 @@ def test_target_kinds_are_named_only_by_the_targets_the_spec_and_the_cli():
             if isinstance(node, ast.Constant) and node.value in TARGET_KINDS:
                 named.append(f"{relative}:{node.lineno}: {node.value!r}")
     assert named == []
+
+
+REMOTE = sorted(name for name in MODULES if name.startswith("podrun.remote."))
+
+
+def test_worker_side_modules_use_the_standard_library_only():
+    """They run on the workers' own python3, where nothing but the standard library is installed
+    (framing.py travels with the scripts that import it)."""
+    import sys
+
+    foreign = []
+    for name in REMOTE:
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                       else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            foreign += [f"{name}: {module}" for module in modules
+                        if module.split(".")[0] not in sys.stdlib_module_names and module != "podrun.remote"]
+    assert foreign == []
+
+
+def test_worker_side_modules_do_nothing_when_imported():
+    import subprocess
+    import sys
+
+    imports = "; ".join(f"import {name}" for name in REMOTE)
+    result = subprocess.run([sys.executable, "-c", imports], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=30, cwd=PACKAGE.parent)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
