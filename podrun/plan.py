@@ -60,9 +60,10 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
     return plans
 
 
-def render(plans: list[WorkerPlan]) -> str:
-    """The plan as the shell script each worker effectively runs, secrets hidden."""
-    blocks = []
+def render(plans: list[WorkerPlan], title: str | None = None) -> str:
+    """The plan as the shell script each worker effectively runs, secrets hidden; `title` (what the
+    job runs on) as a comment first."""
+    blocks = [f"# {title}"] if title else []
     for worker_plan in plans:
         worker = worker_plan.worker
         lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",

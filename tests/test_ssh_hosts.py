@@ -170,6 +170,7 @@ def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_
     """)
     plan = podrun("exec", "--dry-run", spec)
     assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.startswith(f"# target: 3 SSH hosts: {', '.join(host.ip for host in lab.hosts[:3])}\n")
     for index in range(3):
         assert (f"docker run --rm --net=host --name=podrun-{job_id_hint(plan.stdout)}-w{index} "
                 f'-v "$PWD:$PWD" -w "$PWD" --env=PJRT_DEVICE') in plan.stdout

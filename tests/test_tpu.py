@@ -213,6 +213,8 @@ def test_the_example_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_i
     dry = podrun("exec", tmp_path / "tpu-hello.yaml", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert f"# worker 1: {lab.hosts[1].external_ip} (internal IP {lab.hosts[1].ip})" in dry.stdout
+    assert dry.stdout.startswith("# target: TPU VM my-pod (v4-32, runtime tpu-ubuntu2204-base, READY) in "
+                                 "podrun-test/us-central2-b: 4 TPU workers\n")
     assert not any(method == "PATCH" for method, _ in tpu_api.requests)  # a dry run changes nothing
     assert not (Path(os.environ["HOME"]) / ".ssh" / "google_compute_engine").exists()  # nor makes a key
 

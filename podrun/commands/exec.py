@@ -41,7 +41,7 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
                                                        os.environ)
              if worker_plan.worker.index in selected]
     if dry_run:
-        sys.stdout.write(render(plans))
+        sys.stdout.write(render(plans, f"target: {target.describe(workers)}"))
         return 0
     record = jobstore.JobRecord(
         id=job_id, name=spec.name, target=f"{target.kind}:{len(workers)}", spec_path=str(spec.path),

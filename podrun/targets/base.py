@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from podrun.output import counted
 from podrun.spec import JobSpec
 from podrun.transport.base import Transport
 
@@ -36,6 +37,10 @@ class Target(ABC):
     @abstractmethod
     def workers(self, dry_run: bool) -> list[Worker]:
         """The workers in rank order, ready to connect to. With dry_run nothing changes anywhere."""
+
+    def describe(self, workers: list[Worker]) -> str:
+        """One line saying what the job runs on, for --dry-run."""
+        return counted(len(workers), self.worker_noun)
 
     def probe(self, kill_stale: bool) -> dict:
         """What each first-step agent checks before anything starts, beyond the code (agent.py)."""

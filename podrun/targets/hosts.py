@@ -6,6 +6,7 @@ import ipaddress
 import socket
 
 from podrun.errors import SpecError
+from podrun.output import counted
 from podrun.spec import parse_host
 from podrun.targets.base import Target, Worker
 
@@ -25,6 +26,9 @@ class SshHosts(Target):
             transport = SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys)
             workers.append(Worker(index, entry, self._internal_ip(host, index), transport))
         return workers
+
+    def describe(self, workers: list[Worker]) -> str:
+        return f"{counted(len(workers), self.worker_noun)}: {', '.join(worker.address for worker in workers)}"
 
     def _internal_ip(self, host: str, index: int) -> str:
         """The address the other workers use to reach this one: the host itself when it is an IP,

@@ -19,13 +19,17 @@ from __future__ import annotations
 import getpass
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podrun.cloud import accelerators
 from podrun.cloud.settings import location
 from podrun.errors import PodrunError
-from podrun.output import say
+from podrun.output import counted, say
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
+
+if TYPE_CHECKING:
+    from podrun.cloud.tpu_api import TpuNode
 
 GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
 # right after a key is added, the guest agents need a few seconds to install it on every worker
@@ -45,7 +49,13 @@ class TpuVm(Target):
     container_flags = ("--privileged",)  # the container needs /dev/accel* and the TPU runtime's sysfs
 
     def workers(self, dry_run: bool) -> list[Worker]:
-        return tpu_workers(self.spec, authorize=not dry_run)
+        self.node, workers = tpu_workers(self.spec, authorize=not dry_run)
+        return workers
+
+    def describe(self, workers: list[Worker]) -> str:
+        node = self.node
+        return (f"TPU VM {node.name} ({node.accelerator_type}, runtime {node.runtime_version}, {node.state}) in "
+                f"{node.location.project}/{node.location.zone}: {counted(len(workers), self.worker_noun)}")
 
     def probe(self, kill_stale: bool) -> dict:
         return {"accelerator_files": os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES),
@@ -66,8 +76,8 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
-def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
-    """The node's workers, ready to connect to. With `authorize`, the user's key is made if it does
+def tpu_workers(spec: JobSpec, authorize: bool) -> tuple[TpuNode, list[Worker]]:
+    """The node, and its workers ready to connect to. With `authorize`, the user's key is made if it does
     not exist and added to the node's metadata if it is not there yet (not for --dry-run, which
     changes nothing, here or on the node)."""
     from podrun.cloud.tpu_api import TpuApi
@@ -99,7 +109,7 @@ def tpu_workers(spec: JobSpec, authorize: bool) -> list[Worker]:
         transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
                                  refused_retry_s=KEY_PROPAGATION_S if just_added else 0)
         workers.append(Worker(index, host, address.internal_ip, transport))
-    return workers
+    return node, workers
 
 
 def _has_key(ssh_keys: str, key_line: str) -> bool:
