@@ -27,7 +27,6 @@ HEARTBEAT_TIMEOUT_S = 20.0
 EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
 
 
-
 @dataclass
 class StepResult:
     index: int
