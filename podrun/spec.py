@@ -21,6 +21,8 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -60,6 +62,16 @@ class Target(_Model):
     tpu: TpuTarget | None = None
     hosts: list[HostEntry] | None = Field(None, min_length=1, description="host, user@host, host:port or user@host:port")
     local: LocalTarget | None = None
+
+    @field_validator("tpu", "hosts", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any, info: ValidationInfo) -> Any:
+        # absent and empty differ: `hosts:` with nothing after it names the kind but no machine
+        if value is None:
+            wanted = "the TPU VM's fields (at least name)" if info.field_name == "tpu" else (
+                "a list of hosts (host, user@host, host:port or user@host:port)")
+            raise ValueError(f"expected {wanted}, got nothing")
+        return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
