@@ -237,17 +237,24 @@ def _parse_yaml(text: str) -> Any:
     return data
 
 
-def _refuse_unusable_text(path: Path, data: Any, field: str = "") -> None:
+def _refuse_unusable_text(path: Path, data: Any, field: tuple[str, ...] = ()) -> None:
     """No field may hold a NUL byte or a lone surrogate (YAML's "\\0" or "\\ud800"): neither can be
     a path, a command or an environment value, and each would end in a traceback further on."""
     items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
     for key, value in items:
-        where = f"{field}.{key}" if field else str(key)
+        where = (*field, str(key))
         if isinstance(key, str) and not _usable(key):
-            raise SpecError(path, field or None, f"a key holds {_unusable_kind(key)}: {key!r}")
+            raise SpecError(path, _field_path(field), f"a key holds {_unusable_kind(key)}: {key!r}")
         if isinstance(value, str) and not _usable(value):
-            raise SpecError(path, where, f"holds {_unusable_kind(value)}, which no path, command or variable can")
+            raise SpecError(path, _field_path(where), f"holds {_unusable_kind(value)}, which no path, command or "
+                                                      f"variable can")
         _refuse_unusable_text(path, value, where)
+
+
+def _field_path(parts: tuple[str, ...] | list[str]) -> str | None:
+    """`target.hosts.0`; a key that is not a plain name (a generated or mistyped one may hold
+    anything, newlines included) quoted, to keep the message on one line."""
+    return ".".join(part if PLAIN_KEY.match(part) else repr(part) for part in parts) or None
 
 
 def _usable(text: str) -> bool:
@@ -284,8 +291,7 @@ def _yaml_kind(value: Any) -> str:
 def _spec_error(path: Path, error: ValidationError) -> SpecError:
     first = error.errors()[0]
     loc = [str(part) for part in first["loc"] if part != "[key]"]
-    # a generated or mistyped key may hold anything, newlines included: quote it to keep one line
-    field = ".".join(part if PLAIN_KEY.match(part) else repr(part) for part in loc) or None
+    field = _field_path(loc)
     kind, message = first["type"], first["msg"]
     if kind == "extra_forbidden":
         known = _field_names(loc[:-1])
