@@ -44,7 +44,7 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
         sys.stdout.write(render(plans, f"target: {target.describe(workers)}"))
         return 0
     record = jobstore.JobRecord(
-        id=job_id, name=spec.name, target=f"{target.kind}:{len(workers)}", spec_path=str(spec.path),
+        id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
         workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address, endpoint=p.worker.transport.endpoint())
                  for p in plans])
     record.create()

@@ -26,7 +26,6 @@ class Worker:
 class Target(ABC):
     """Where a job runs, as its spec says."""
 
-    kind: str  # the spec's name for it; the job record shows it ("local:2")
     worker_noun: str  # what one of its workers is called in messages ("SSH host")
     default_device: str  # PJRT_DEVICE when the spec sets no `device`
     container_flags: tuple[str, ...] = ()  # what `docker run` needs here beyond podrun's usual flags

@@ -12,7 +12,6 @@ from podrun.targets.base import Target, Worker
 
 
 class SshHosts(Target):
-    kind = "hosts"
     worker_noun = "SSH host"
     default_device = "CUDA"
 

@@ -13,13 +13,14 @@ LOCAL_IP = "127.0.0.1"
 
 
 class LocalWorkers(Target):
-    kind = "local"
     worker_noun = "local worker"
     default_device = "CPU"
 
     def workers(self, dry_run: bool) -> list[Worker]:
-        count = self.spec.target.local.workers if self.spec.target.local else 0
-        return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(worker_root(index))) for index in range(count)]
+        local = self.spec.target.local
+        assert local is not None, "target_for picks this target for local specs only"
+        return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(worker_root(index)))
+                for index in range(local.workers)]
 
 
 def worker_root(index: int) -> str:

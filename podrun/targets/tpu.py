@@ -43,7 +43,6 @@ STALE_KILL_GRACE_S = 3
 
 
 class TpuVm(Target):
-    kind = "tpu"
     worker_noun = "TPU worker"
     default_device = "TPU"
     container_flags = ("--privileged",)  # the container needs /dev/accel* and the TPU runtime's sysfs
