@@ -24,7 +24,7 @@ def _exec(args: argparse.Namespace) -> int:
         from podrun.commands.exec import execute
 
         return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale,
-                       args.allow_large_workdir)
+                       args.allow_large_workdir, args.grace)
     finally:
         gc.enable()
 
@@ -61,6 +61,12 @@ def _stop(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import stop_job
 
     return stop_job(args.job_id)
+
+
+def _disk(args: argparse.Namespace) -> int:
+    from podrun.commands.disk import disk
+
+    return disk(args.spec, args.free)
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -117,8 +123,18 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
                      help="add or override an environment variable (repeatable)")
     sub.add_argument("--kill-stale", action="store_true",
                      help="TPU: kill processes that still hold the TPU (from an earlier run) instead of stopping")
+    sub.add_argument("--grace", metavar="DURATION",
+                     help="how long a stopped job's processes get between SIGTERM and SIGKILL, e.g. 30s or 2m "
+                          "(default: the spec's stop_grace, else 30s)")
     sub.add_argument("--allow-large-workdir", action="store_true",
                      help="ship a workdir over 1 GB or 50,000 files (otherwise podrun stops and names what weighs most)")
+
+
+def _disk_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("spec", metavar="JOB.yaml", help="the job spec: its target and name")
+    sub.add_argument("--free", action="store_true",
+                     help="remove the name's code versions but the current one, and the files of finished jobs "
+                          "untouched for 7 days; never the run directory, which holds your checkpoints")
 
 
 def _logs_arguments(sub: argparse.ArgumentParser) -> None:
@@ -150,6 +166,8 @@ COMMANDS = {
     "jobs": ("list jobs: state, workers' exit codes, start and duration", _jobs,
              lambda sub: sub.add_argument("--json", action="store_true", help="machine-readable"), False),
     "stop": ("stop a running job on every worker", _stop, _one_positional("job_id", "JOB_ID"), False),
+    "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
+             _disk, _disk_arguments, False),
 }
 
 

@@ -35,7 +35,7 @@ class JobRecord:
     def __init__(self, id: str, name: str, target: str, spec_path: str, workers: list[WorkerRecord],
                  state: str = RUNNING, started_at: float | None = None, ended_at: float | None = None,
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
-                 detached: bool = False):
+                 detached: bool = False, stop_grace_s: float = 30.0):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -48,6 +48,7 @@ class JobRecord:
         self.summary = summary  # why it failed or stopped, one line
         self.launcher = _process_identity(os.getpid()) if launcher is None else launcher
         self.detached = detached  # the run goes on without its launcher; logs and stop reach the workers
+        self.stop_grace_s = stop_grace_s  # a stop waits this long for the job's processes to end, then kills
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -66,6 +67,13 @@ class JobRecord:
             return LOST
         return self.state
 
+    def outcome(self) -> str:
+        """How the job ended, one line: `job ID failed: worker 1 exited with code 3`."""
+        state = self.current_state()
+        detail = f": {self.summary}" if self.summary and state != SUCCEEDED else ""
+        took = f" after {self.ended_at - self.started_at:.1f}s" if self.ended_at else ""
+        return f"job {self.id} {state}{detail}{took}"
+
     def create(self) -> None:
         try:
             os.makedirs(self.dir, mode=0o700)
@@ -77,8 +85,10 @@ class JobRecord:
     def save(self) -> None:
         write_json(os.path.join(self.dir, RECORD_FILE), self.to_dict(), indent=1)
 
-    def finish(self, state: str, exit_code: int, summary: str | None = None) -> None:
-        self.state, self.exit_code, self.summary, self.ended_at = state, exit_code, summary, time.time()
+    def finish(self, state: str, exit_code: int, summary: str | None = None, ended_at: float | None = None) -> None:
+        """Record the job's end; `ended_at`: when it ended, if not now (a detached job's workers say)."""
+        self.state, self.exit_code, self.summary = state, exit_code, summary
+        self.ended_at = ended_at or time.time()
         self.save()
 
 

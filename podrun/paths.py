@@ -33,9 +33,24 @@ def jobs_dir() -> str:
     return os.path.join(podrun_home(), "jobs")
 
 
+def remote_name_dir(name: str) -> str:
+    """What podrun keeps on a worker for jobs of this name: the code versions and the run directory."""
+    return f"podrun/{name}"
+
+
 def remote_code_dir(name: str, tree_hash: str) -> str:
-    return f"podrun/{name}/{tree_hash}"
+    """One version of the code, by content hash: shipped once, never changed (remote/checkout.py)."""
+    return f"{remote_name_dir(name)}/{tree_hash}"
+
+
+def remote_run_dir(name: str) -> str:
+    """Where the job runs: the version's files linked in, beside what earlier jobs wrote (checkpoints)."""
+    return f"{remote_name_dir(name)}/run"
+
+
+def remote_jobs_dir() -> str:
+    return ".podrun/jobs"
 
 
 def remote_job_dir(job_id: str) -> str:
-    return f".podrun/jobs/{job_id}"
+    return f"{remote_jobs_dir()}/{job_id}"

@@ -9,21 +9,27 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from podrun import paths
 from podrun.errors import SpecError
 from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
 from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"
+RANK_PREFIX_VARIABLE, RANK_PREFIX = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:"
 
 
 @dataclass(frozen=True)
 class WorkerPlan:
     worker: Worker
-    cwd: str  # the code directory, relative to the worker's root
+    cwd: str  # where the job runs, relative to the worker's root: its name's run directory (paths.remote_run_dir)
+    code_dir: str  # the code version that the agent checks out there (remote/checkout.py)
     env: dict[str, str]
     setup: str | None
     run: str
     secret_keys: frozenset[str]
+    container: str | None = None  # the docker container run runs in: stopped by name
+    # torchrun passes SIGTERM on to its ranks: the agent signals it alone, or each rank got two
+    term_leader_only: bool = False
 
     def shown_env(self) -> dict[str, str]:
         return {key: SECRET_SHOWN_AS if key in self.secret_keys else value for key, value in self.env.items()}
@@ -50,13 +56,18 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             **user_env,
         }
         run = spec.run
+        container = f"podrun-{job_id}-w{worker.index}" if spec.docker else None
         if spec.torchrun:
+            env = {RANK_PREFIX_VARIABLE: RANK_PREFIX, **env}
+            # --tee: each rank's lines reach the worker's output whole, never two ranks in one line,
+            # and with RANK_PREFIX podrun can show which rank wrote each (output.py)
             run = (f"torchrun --nnodes={len(workers)} --node_rank={worker.index}"
                    f" --nproc_per_node={spec.torchrun.nproc_per_node}"
-                   f" --rdzv_endpoint={master_addr}:{port} {run}")
-        if spec.docker:
-            run = _in_docker(spec.docker, target.container_flags, f"podrun-{job_id}-w{worker.index}", list(env), run)
-        plans.append(WorkerPlan(worker, code_dir, env, spec.setup, run, secret_keys))
+                   f' --rdzv_endpoint={master_addr}:{port} --tee=3 --log-dir="$PODRUN_JOB_DIR/torchrun" {run}')
+        if container and spec.docker:
+            run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
+        plans.append(WorkerPlan(worker, paths.remote_run_dir(spec.name), code_dir, env, spec.setup, run, secret_keys,
+                                container, term_leader_only=bool(spec.torchrun)))
     return plans
 
 

@@ -138,11 +138,15 @@ class FakeAgent:
         await self.config_arrived.wait()
         assert self.config is not None
         step, script = self.config["step"], self.script
+        watch = self.config.get("watch")
+        if watch and watch["worker"] == watch["hub_worker"]:
+            self._emit(event="hub", port=40000 + self.index)
         if "probe" in self.config:
             if script.lost_in == "probe":
                 return self._lose()
             if not script.probe_held:
                 self._emit(event="probe", code=int(script.code_present), holders="")
+        if "probe" in self.config or watch:
             if await self._next_of("go", "stop") != "go":
                 return self._exit(0)  # told not to start, or the launcher is gone: no report
         if self.config["detach"]:
@@ -164,8 +168,8 @@ class FakeAgent:
     async def _next_of(self, *words: str) -> str | None:
         """The first of `words` (or "stop") that arrives; None at the end of input."""
         while (command := await self.commands.get()) is not None:
-            if command in (*words, "stop"):
-                return command
+            if command.split(" ")[0] in (*words, "stop"):
+                return command.split(" ")[0]
         return None
 
     def _emit(self, **event) -> None:

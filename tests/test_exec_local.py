@@ -170,7 +170,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
     assert "export PLAIN=visible" in result.stdout
     for index in (0, 1):
         assert (f"torchrun --nnodes=2 --node_rank={index} --nproc_per_node=4 "
-                f"--rdzv_endpoint=127.0.0.1:29411 train.py --lr 0.1") in result.stdout
+                f'--rdzv_endpoint=127.0.0.1:29411 --tee=3 --log-dir="$PODRUN_JOB_DIR/torchrun" train.py --lr 0.1'
+                ) in result.stdout
         assert f"export PODRUN_WORKER={index}" in result.stdout
     assert not home.exists()  # no job record, no worker directories
 

@@ -35,10 +35,11 @@ def ps_on_every_host(lab, job_id: str) -> list[str]:
     return found
 
 
-def started_job(hosts_spec, run: str, files: dict[str, str] | None = None) -> tuple[Background, str]:
+def started_job(hosts_spec, run: str, files: dict[str, str] | None = None,
+                name: str = "job") -> tuple[Background, str]:
     """podrun exec on hosts 0-2 in the background, once every worker printed `up <index>`."""
     body = "".join(f"  {line}\n" for line in ['echo "up $PODRUN_WORKER"', *run.splitlines()])
-    job = Background("exec", hosts_spec(f"run: |\n{body}", files=files))
+    job = Background("exec", hosts_spec(f"name: {name}\nrun: |\n{body}", files=files))
     for index in range(3):
         job.wait_for(rf"^\[w{index}\] up {index}$")
     return job, job_id_in(job.text)
@@ -190,7 +191,8 @@ def test_a_setup_failing_on_one_host_means_run_starts_nowhere(home, lab, hosts_s
 def test_two_jobs_at_once_keep_their_code_logs_and_processes_apart(home, lab, hosts_spec, attempt):
     run = 'cat which.txt; pwd; echo "group $(ps -o pgid= $$)"; exec sleep 300'
     first, first_id = started_job(hosts_spec, run, files={"which.txt": "first\n"})
-    second, second_id = started_job(hosts_spec, run, files={"which.txt": "second\n"})
+    # other code under the same name would be refused (test_rundir.py): each name has one run directory
+    second, second_id = started_job(hosts_spec, run, files={"which.txt": "second\n"}, name="second")
     for job in (first, second):
         for index in range(3):
             job.wait_for(rf"^\[w{index}\] group ")

@@ -148,7 +148,7 @@ def test_each_agent_gets_its_workers_plan_and_the_first_step_probes_then_goes(tm
         assert setup.config["command"] == "pip install -r req.txt"
         assert run.config["command"] == "python3 train.py"
         assert run.config["env"] == worker_plan.env and run.config["env"]["PODRUN_WORKER"] == str(index)
-        assert setup.config["probe"] == {"code_dir": worker_plan.cwd, "look_for": "/dev/fake*"}
+        assert setup.config["probe"] == {"code_dir": worker_plan.code_dir, "look_for": "/dev/fake*"}
         assert "probe" not in run.config  # only the first step reports and waits
         assert setup.heard[:1] == ["go"] and "go" not in run.heard
     assert [(worker.index, report["code"]) for worker, report in job.launch.target.reports] == [(0, 1), (1, 1)]
@@ -324,3 +324,26 @@ def test_detach_runs_setup_attached_first(tmp_path):
     assert [agent.config["detach"] for agent in job.agents("setup")] == [False, False]
     assert [agent.config["detach"] for agent in job.agents("run")] == [True, True]
     assert job.saved().detached
+
+
+def test_a_detached_run_on_several_workers_is_watched_from_the_first_worker(tmp_path):
+    """The agents of a detached run watch each other (agent.Hub): the first worker's agent says where
+    it listens, and every agent is told that address with "go", after the setup step too."""
+    code, job = run_job(tmp_path, [Script(), Script(), Script()], detach=True,
+                        spec="setup: ./prepare.sh\nrun: python3 train.py\n")
+    assert code == 0
+    assert all("watch" not in agent.config for agent in job.agents("setup"))
+    watches = [agent.config["watch"] for agent in job.agents("run")]
+    assert [watch["worker"] for watch in watches] == [0, 1, 2]
+    assert {watch["hub_worker"] for watch in watches} == {0} and {watch["workers"] for watch in watches} == {3}
+    assert len({watch["token"] for watch in watches}) == 1 and len(watches[0]["token"]) == 32
+    hub = "10.9.0.10:40000"  # worker 0 internal IP, and the port its fake agent reports
+    assert [[line for line in agent.heard if line.startswith("go")] for agent in job.agents("run")] == [[f"go {hub}"]] * 3
+
+
+def test_an_attached_or_single_worker_run_is_not_watched(tmp_path):
+    (tmp_path / "attached").mkdir()
+    (tmp_path / "single").mkdir()
+    _, attached = run_job(tmp_path / "attached", [Script(), Script()])
+    _, single = run_job(tmp_path / "single", [Script()], detach=True)
+    assert all("watch" not in agent.config for agent in attached.agents("run") + single.agents("run"))

@@ -70,7 +70,7 @@ def test_every_worker_gets_its_index_the_worker_count_and_everyones_ips_in_worke
     plans = plans_for(spec("run: python3 train.py\n"))
     assert [p.worker.index for p in plans] == [0, 1, 2]
     for index, worker_plan in enumerate(plans):
-        assert worker_plan.cwd == CODE_DIR
+        assert (worker_plan.cwd, worker_plan.code_dir) == ("podrun/job/run", CODE_DIR)  # runs there, checks CODE_DIR out
         assert worker_plan.env == {
             "PJRT_DEVICE": "CUDA", "PODRUN_JOB_ID": JOB_ID, "PODRUN_WORKER": str(index), "PODRUN_NUM_WORKERS": "3",
             "PODRUN_WORKER_IPS": "10.1.0.7,10.1.0.3,10.1.0.9", "MASTER_ADDR": "10.1.0.7", "MASTER_PORT": "29500"}
@@ -93,8 +93,11 @@ def test_torchrun_gets_each_workers_node_rank_and_worker_0s_endpoint(spec, torch
     plans = plans_for(spec(f"run: train.py --epochs 2\ntorchrun: {torchrun}\n"))
     for index, worker_plan in enumerate(plans):
         assert worker_plan.run == (f"torchrun --nnodes=3 --node_rank={index} --nproc_per_node={nproc}"
-                                   f" --rdzv_endpoint=10.1.0.7:{port} train.py --epochs 2")
+                                   f' --rdzv_endpoint=10.1.0.7:{port} --tee=3 --log-dir="$PODRUN_JOB_DIR/torchrun"'
+                                   f" train.py --epochs 2")
         assert (worker_plan.env["MASTER_ADDR"], worker_plan.env["MASTER_PORT"]) == ("10.1.0.7", str(port))
+        assert worker_plan.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
+        assert worker_plan.term_leader_only  # torchrun alone gets SIGTERM: it passes it on to its ranks
 
 
 @pytest.mark.parametrize("target, device, expected", [
@@ -148,7 +151,7 @@ def test_render_shows_each_worker_where_and_what_it_runs(spec):
     assert len(blocks) == 2
     lines = blocks[1].splitlines()
     assert lines[:3] == ["# worker 1: node-1 (internal IP 10.1.0.3)",
-                         "# environment: the login shell's, then:", f"cd /home/user1/{CODE_DIR}"]
+                         "# environment: the login shell's, then:", "cd /home/user1/podrun/job/run"]
     assert lines[-2:] == ["pip install -r requirements.txt  # setup", "python3 train.py"]
 
 
@@ -181,8 +184,10 @@ def test_docker_wraps_run_with_the_targets_container_flags_and_env_names_only(sp
 def test_docker_with_torchrun_runs_torchrun_inside_the_container(spec):
     plans = plans_for(spec("run: train.py\ntorchrun: {nproc_per_node: 2}\ndocker: {image: img}\n"), TpuPod)
     assert shlex.split(plans[2].run)[-3:] == [
-        "sh", "-c", "torchrun --nnodes=3 --node_rank=2 --nproc_per_node=2 --rdzv_endpoint=10.1.0.7:29500 train.py"]
+        "sh", "-c", "torchrun --nnodes=3 --node_rank=2 --nproc_per_node=2 --rdzv_endpoint=10.1.0.7:29500 --tee=3"
+                    ' --log-dir="$PODRUN_JOB_DIR/torchrun" train.py']
     assert plans[2].setup is None
+    assert plans[2].container == f"podrun-{JOB_ID}-w2"  # the agent stops it by name
 
 
 def test_plan_is_a_pure_function_of_its_inputs(spec):

@@ -14,7 +14,7 @@ from podrun.launch.launcher import Launch
 from podrun.output import Terminal, counted, say
 from podrun.plan import plan, render
 from podrun.shipping import scan
-from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, load_spec
+from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, load_spec  # TEMP
 from podrun.targets import target_for
 
 
@@ -25,9 +25,11 @@ def validate(spec_path: str) -> JobSpec:
 
 
 def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
-            detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False) -> int:
+            detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False,
+            grace: str | None = None) -> int:
     spec = load_spec(spec_path)
     extra_env = parse_env_overrides(env_overrides)
+    grace_s = parse_grace(grace)
     target = target_for(spec)
     workers = target.workers(dry_run)
     selected = parse_worker_selection(worker_selection, len(workers))
@@ -46,12 +48,21 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
     record = jobstore.JobRecord(
         id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
         workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address, endpoint=p.worker.transport.endpoint())
-                 for p in plans])
+                 for p in plans], stop_grace_s=getattr(spec, "stop_grace_s", 30.0) if grace_s is None else grace_s)  # TEMP
     record.create()
     say(f"job {job_id}: {counted(len(plans), target.worker_noun)}; logs in {record.dir}")
     gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
     gc.enable()
     return asyncio.run(Launch(spec, target, plans, tree, record, Terminal(), detach, kill_stale).run())
+
+
+def parse_grace(grace: str | None) -> float | None:
+    if grace is None:
+        return None
+    try:
+        return float(grace)  # TEMP
+    except ValueError as error:
+        raise UsageError(f"--grace {grace!r}: {error}") from None
 
 
 def parse_env_overrides(assignments: list[str]) -> dict[str, str]:

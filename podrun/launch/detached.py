@@ -12,13 +12,13 @@ import fcntl
 import json
 import os
 
-from podrun import jobstore, paths
+from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError
 from podrun.output import WorkerOutput
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
 
-AGENT_STOP_WAIT_S = 15  # the agents' grace period, KILL, and some
+AGENT_STOP_MARGIN_S = 15  # after the job's grace period: KILL, a container's removal, and some
 
 
 def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, WorkerOutput] | None,
@@ -28,6 +28,25 @@ def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, Wor
     asyncio.run(_fetch_all(record, indexes, outputs, follow))
 
 
+def refresh(records: list[jobstore.JobRecord]) -> None:
+    """Bring running detached jobs' records up to date from their workers (`podrun jobs`): a job that
+    ended meanwhile shows its true state and duration. A job whose workers cannot be reached stays as
+    it was recorded."""
+    async def refresh_one(record: jobstore.JobRecord) -> None:
+        try:
+            await _fetch_all(record, [w.index for w in record.workers], None, follow=False)
+        except PodrunError:
+            pass
+
+    running = [r for r in records if r.detached and r.state == jobstore.RUNNING]
+    if running:
+        asyncio.run(_gather(refresh_one(record) for record in running))
+
+
+async def _gather(work) -> None:
+    await asyncio.gather(*work)
+
+
 def stop(record: jobstore.JobRecord) -> None:
     asyncio.run(_stop_all(record))
     fetch(record, [w.index for w in record.workers], None, follow=False)
@@ -35,20 +54,41 @@ def stop(record: jobstore.JobRecord) -> None:
 
 async def _fetch_all(record, indexes, outputs, follow) -> None:
     workers = [w for w in record.workers if w.index in indexes]
-    exits = await _on_every_worker(workers, lambda worker, transport: _fetch(
+    exit_records = await _on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow))
-    for worker, exit_record in zip(workers, exits):
+    ended_at: list[float] = []
+    causes: dict[int, int] = {}  # worker: code, of the failures that stopped the other workers (agent.Hub)
+    for worker, exit_record in zip(workers, exit_records):
         if exit_record:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason = exit_record["stop_reason"]
-    if all(w.exit_code is not None for w in record.workers):
-        failed = [w for w in record.workers if w.exit_code != 0]
-        stopped = any(w.stop_reason == "SIGTERM" for w in record.workers)
-        state = jobstore.SUCCEEDED if not failed else jobstore.STOPPED if stopped else jobstore.FAILED
-        record.finish(state, failed[0].exit_code if failed else 0,
-                      f"worker {failed[0].index} exited with code {failed[0].exit_code}" if failed else None)
+            ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
+            if exit_record.get("cause_worker") is not None:
+                causes[exit_record["cause_worker"]] = exit_record["cause_code"]
+    # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
+    if all(w.exit_code is not None or w.index in causes for w in record.workers):
+        _record_end(record, causes, max(ended_at, default=None))
     else:
         record.save()
+
+
+def _record_end(record: jobstore.JobRecord, causes: dict[int, int], ended_at: float | None) -> None:
+    """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
+    podrun or because another worker failed) decides it, as in an attached job."""
+    failed = [(w.index, w.exit_code, w.signal) for w in record.workers if w.exit_code and w.stop_reason is None]
+    stopped = [w.exit_code for w in record.workers if w.exit_code and w.stop_reason is not None]
+    if failed:
+        index, code, signal = failed[0]
+        how = f"was killed by {signal} (exit code {code})" if signal else f"exited with code {code}"
+        record.finish(jobstore.FAILED, code, f"worker {index} {how}", ended_at)
+    elif causes:
+        index, code = min(causes.items())
+        record.finish(jobstore.FAILED, code, f"worker {index}'s agent is gone (its process or host)"
+                      if code == exits.LOST else f"worker {index} failed with code {code}", ended_at)
+    elif stopped:
+        record.finish(jobstore.STOPPED, stopped[0], "stopped", ended_at)
+    else:
+        record.finish(jobstore.SUCCEEDED, 0, None, ended_at)
 
 
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> dict | None:
@@ -83,12 +123,11 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
 
 async def _stop_all(record: jobstore.JobRecord) -> None:
     async def stop_one(worker, transport: Transport) -> None:
-        channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id),
-                                               str(AGENT_STOP_WAIT_S))
+        wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
+        channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id), str(wait_s))
         channel.stdin.write_eof()
         if await channel.wait() != 0:
-            raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within "
-                              f"{AGENT_STOP_WAIT_S}s")
+            raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {wait_s:g}s")
 
     await _on_every_worker(record.workers, stop_one)
 

@@ -12,6 +12,7 @@ dies without telling them.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import sys
 import time
@@ -19,7 +20,7 @@ import time
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
 from podrun.launch import preflight
-from podrun.launch.steps import StepResult, WorkerStep, heartbeats, stop_all
+from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, heartbeats, stop_all
 from podrun.output import Terminal, WorkerOutput, counted, say, size_text
 from podrun.plan import WorkerPlan
 from podrun.shipping import archive, scan
@@ -67,7 +68,7 @@ class Launch:
             steps = ("setup", "run") if self.spec.setup else ("run",)
             for step in steps:
                 if step != steps[0]:
-                    await self._check_rendezvous(step)
+                    await self._check_rendezvous()
                 if self.interrupted.is_set():
                     break
                 failure = await self._run_step(step, first=step == steps[0])
@@ -95,8 +96,13 @@ class Launch:
 
     async def _run_step(self, step: str, first: bool) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
+        detach = self.detach and step == "run"
+        watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
+                 "bind": self.plans[0].worker.internal_ip} if detach and len(self.plans) > 1 else None
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
-            plan.worker.index, self.terminal, self.logs[plan.worker.index]), self.detach and step == "run")
+            plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
+            self.record.stop_grace_s,
+            watch and {**watch, "worker": plan.worker.index})
             for plan in self.plans]
         started = await asyncio.gather(*(ws.start(self._probe(ws.plan) if first else None) for ws in worker_steps),
                                        return_exceptions=True)
@@ -122,8 +128,10 @@ class Launch:
                     self._record_exit(failure)
                     self._report_failure(step, failure)
                 return failure
+        if first or worker_steps[0].watch:
+            hub = await self._hub_address(worker_steps[0])
             for ws in worker_steps:
-                ws.go()
+                ws.go(hub)
         finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
@@ -149,9 +157,16 @@ class Launch:
         interrupt.cancel()
         return failure
 
+    async def _hub_address(self, first: WorkerStep) -> str:
+        """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
+        if not first.watch:
+            return ""
+        event = await first.reported("hub")
+        return f"{first.plan.worker.internal_ip}:{event['port']}" if event else ""
+
     def _probe(self, plan: WorkerPlan) -> dict:
         """What the first step's agent reports before anything starts (agent.py, "probe")."""
-        return {"code_dir": plan.cwd, **self.target.probe(self.kill_stale)}
+        return {"code_dir": plan.code_dir, **self.target.probe(self.kill_stale)}
 
     async def _prepare(self, step: str, worker_steps: list[WorkerStep]) -> StepResult | None:
         """While the first step's agents wait: read their probes, ship the code to the workers without
@@ -175,11 +190,12 @@ class Launch:
             f"in {time.monotonic() - shipping_started:.1f}s" if missing else "code unchanged on every worker")
         if self.spec.docker:  # run is wrapped in `docker run`
             await self._until_interrupted(preflight.check_docker(self.plans))
-        await self._check_rendezvous(step)
+        await self._check_rendezvous()
         return None
 
-    async def _check_rendezvous(self, step: str) -> None:
-        if step == "run" and self.spec.torchrun and len(self.plans) > 1 and not self.interrupted.is_set():
+    async def _check_rendezvous(self) -> None:
+        """Before anything starts, and again right before run: a port taken meanwhile is named too."""
+        if self.spec.torchrun and not self.interrupted.is_set():
             await self._until_interrupted(
                 preflight.check_rendezvous([p.worker for p in self.plans], self.spec.torchrun.port))
 
@@ -220,9 +236,10 @@ class Launch:
     def _report_failure(self, step: str, result: StepResult) -> None:
         plan = next(p for p in self.plans if p.worker.index == result.index)
         lines = [f"worker {result.index} ({plan.worker.address}) {result.describe()} in {step}"]
-        if result.tail:
-            lines.append(f"last lines of worker {result.index}:")
-            lines += [f"  {line}" for line in result.tail[-SHOWN_TAIL_LINES:]]
+        if tail := result.shown_tail():
+            whose = f"worker {result.index}" if result.rank is None else f"rank {result.rank}"
+            lines.append(f"last lines of {whose}:")
+            lines += [f"  {line}" for line in tail[-SHOWN_TAIL_LINES:]]
         say("\n".join(lines))
 
     def _finish_failed(self, step: str, failure: StepResult) -> int:

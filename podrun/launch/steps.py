@@ -18,13 +18,18 @@ from podrun.plan import WorkerPlan
 from podrun.remote import framing
 from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
 
-STOP_GRACE_S = 5.0
 # the launcher says something to every agent this often; an agent that hears nothing for
 # HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself
 HEARTBEAT_S = 5.0
 HEARTBEAT_TIMEOUT_S = 20.0
 # "torch.distributed.DistNetworkError: ...", "RuntimeError: ...": the line that says why it died
-EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
+EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
+# torchrun's summary of a failed run names the rank that failed first: "Root Cause (first observed
+# failure):", then "  rank      : 3 (local_rank: 1)" and "  exitcode  : 3 (pid: 1234)"
+ROOT_CAUSE = "Root Cause (first observed failure):"
+ROOT_CAUSE_FIELD = re.compile(r"^\s*(rank|exitcode)\s*: (-?\d+)")
+RANK_LINE = re.compile(r"^\[rank(\d+)\]:")  # plan.RANK_PREFIX
+TAIL_LINES_KEPT = 200  # enough to hold torchrun's summary and the failing rank's traceback before it
 
 
 @dataclass
@@ -35,6 +40,7 @@ class StepResult:
     problem: str | None = None  # set when the agent could not report an exit (start failure, lost link)
     tail: list[str] = field(default_factory=list)
     detached: bool = False  # the step runs on in the background (exec --detach)
+    rank: int | None = None  # under torchrun: the rank that failed first, whose exit code `code` is
 
     @property
     def failed(self) -> bool:
@@ -43,24 +49,53 @@ class StepResult:
     def describe(self) -> str:
         if self.problem:
             return self.problem
+        if self.rank is not None:
+            return f"rank {self.rank} exited with code {self.code}"
         if self.signal:
             return f"was killed by {self.signal} (exit code {self.code})"
         return f"exited with code {self.code}"
 
     def cause(self) -> str | None:
-        """The last exception line in the worker's final output, e.g. torchrun's rendezvous error."""
-        for line in reversed(self.tail):
+        """The last exception line in the worker's final output (of the failed rank, under torchrun:
+        else its last line, such as python's "can't open file"), e.g. torchrun's rendezvous error."""
+        lines = self.shown_tail()
+        for line in reversed(lines):
             if match := EXCEPTION_LINE.match(line):
                 return f"{match[1]}: {match[2]}"
+        return RANK_LINE.sub("", lines[-1]).strip() if self.rank is not None and lines else None
+
+    def shown_tail(self) -> list[str]:
+        """The last lines that explain the failure: under torchrun the failed rank's own, not its summary."""
+        if self.rank is None:
+            return self.tail
+        return [line for line in self.tail if (match := RANK_LINE.match(line)) and int(match[1]) == self.rank]
+
+
+def torchrun_root_cause(tail: list[str]) -> tuple[int, int] | None:
+    """(rank, exit code) of the rank torchrun's summary names as the first to fail; a rank killed by a
+    signal (torchrun says exitcode -15) gets 128 + the signal's number, as a shell reports it."""
+    starts = [position for position, line in enumerate(tail) if ROOT_CAUSE in line]
+    if not starts:
         return None
+    fields: dict[str, int] = {}
+    for line in tail[starts[-1] + 1:]:
+        if match := ROOT_CAUSE_FIELD.match(line):
+            fields.setdefault(match[1], int(match[2]))
+    if "rank" not in fields or "exitcode" not in fields:
+        return None
+    code = fields["exitcode"]
+    return fields["rank"], code if code >= 0 else 128 - code
 
 
 class WorkerStep:
     """One step of the job (setup or run) on one worker, through the agent."""
 
-    def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool):
+    def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool,
+                 grace: float, watch: dict | None = None):
         self.plan = plan
         self.detach = detach
+        self.grace = grace
+        self.watch = watch  # a detached run on several workers: the agents watch each other (agent.Hub)
         self.step = step
         self.command = command
         self.output = output
@@ -72,24 +107,36 @@ class WorkerStep:
         """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
         worker = self.plan.worker
         config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
-                  "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": STOP_GRACE_S,
-                  "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach}
+                  "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": self.grace,
+                  "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach, "code_dir": self.plan.code_dir}
+        if self.step == "run":
+            config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group")
         if probe is not None:
             config["probe"] = probe
+        if self.watch is not None:
+            config["watch"] = self.watch
         self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
         channel.stdin.write(agent_source() + framing.message(config))
         await channel.stdin.drain()
 
     async def probed(self) -> dict | None:
         """The agent's probe report; None if it ended without one (finish() then says why)."""
+        return await self.reported("probe")
+
+    async def reported(self, name: str) -> dict | None:
+        """The agent's event `name` (read on until it comes); None if the agent ended without it."""
+        for seen in self.events:
+            if seen["event"] == name:
+                return seen
         while line := await self._started().stderr.readline():
             event = self._take(line)
-            if event and event["event"] == "probe":
+            if event and event["event"] == name:
                 return event
         return None
 
-    def go(self) -> None:
-        self._say(b"go\n")
+    def go(self, hub: str = "") -> None:
+        """Start the step; `hub`: worker 0's address for a watched job's agents (agent.Hub)."""
+        self._say(f"go {hub}".rstrip().encode() + b"\n")
 
     def stop(self) -> None:
         self._say(b"stop\n")
@@ -117,7 +164,11 @@ class WorkerStep:
         if any(event.get("event") == "detached" for event in self.events):
             return StepResult(index, 0, detached=True)
         if exited:
-            return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
+            result = StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
+            if result.failed and self.step == "run" and self.plan.term_leader_only:
+                if root_cause := torchrun_root_cause(result.tail):
+                    result.rank, result.code = root_cause
+            return result
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
         detail = (errors or self.diagnostics or [f"the agent ended with code {agent_code} and no report"])[-1]
         return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())

@@ -9,5 +9,7 @@ imported (each runs its main() only as __main__).
   rendezvous_connector.py  connect to it from every worker (launch/preflight.py)
   log_follower.py          a detached job's output and exit (launch/detached.py)
   detached_stopper.py      stop a detached job's step (launch/detached.py)
+  checkout.py              the run directory: check a code version out there, prune old versions (agent.py);
+                           as a script, the disk podrun uses for a name (commands/disk.py)
   framing.py               the message framing both ends of the agent and relay protocols use
 """

@@ -42,6 +42,10 @@ try:
     framing = sys.modules["podrun_remote_framing"]  # on a worker: sent ahead of this file (transport/base.py)
 except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import framing
+try:
+    checkout = sys.modules["podrun_remote_checkout"]  # sent ahead like framing
+except KeyError:
+    from podrun.remote import checkout
 
 try:
     import _signal as signal  # what `signal` wraps in enums: the same functions and constants
@@ -49,6 +53,7 @@ except ImportError:  # not CPython
     import signal
 
 SPAWN_FAILED = 127
+LOST = 255  # the code of a worker whose agent is gone (as podrun.exits.LOST)
 # signal numbers by name, without the aliases Linux also defines for SIGCHLD, SIGABRT and SIGIO
 SIGNAL_NAMES = {getattr(signal, name): name for name in dir(signal)
                 if name.startswith("SIG") and "_" not in name and name not in ("SIGCLD", "SIGIOT", "SIGPOLL")}
@@ -65,13 +70,33 @@ def main():
         except FileExistsError:
             pass
     step = Step(config, job_dir)
+    watch_config = config.get("watch")
+    hub = Hub(watch_config) if watch_config and watch_config["worker"] == watch_config["hub_worker"] else None
+    if hub is not None:
+        emit(event="hub", port=hub.port)
     probe = config.get("probe")
     if probe is not None:
         holders = tpu_holders(probe) if probe.get("accelerator_files") else []
         emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
              holders="\n".join("%d\t%s\t%s" % holder for holder in holders))
-        if not control.wait_for("go", step.heartbeat):
+    if probe is not None or watch_config:
+        go = control.wait_for_go(step.heartbeat)
+        if go is None:
             os._exit(0)  # the launcher decided not to start the job, or is gone
+    if config.get("code_dir"):  # the code is in place now: the job runs in its run directory
+        try:
+            checkout.check_out(config["code_dir"], config["cwd"], config["job_id"])
+        except checkout.CheckoutError as error:
+            emit(event="error", message=str(error))
+            os._exit(1)
+    watch = hub
+    if watch_config and hub is None:
+        try:
+            watch = HubLink(go, watch_config)
+        except (OSError, ValueError) as error:  # ValueError: no address (that agent ended first)
+            emit(event="error", message="cannot reach worker %d's agent at %s to watch the job: %s"
+                 % (watch_config["hub_worker"], go, error))
+            os._exit(SPAWN_FAILED)
     report = detach() if config.get("detach") else None
     try:
         step.start()
@@ -84,8 +109,11 @@ def main():
         os.dup2(os.open(os.devnull, os.O_RDWR), 2)  # closes the last copy of the report pipe
         os.close(report)
         control = None
-    code, signal_name = step.supervise(control)
+    code, signal_name = step.supervise(control, watch)
     emit(event="exited", code=code, signal=signal_name)
+    if watch is not None:
+        watch.step_ended(code)
+        watch.serve(step)
     # everything went out through os.write: skipping the interpreter's teardown saves ~1 ms of CPU
     # on every worker for every step
     os._exit(code)
@@ -129,12 +157,14 @@ def emit(**event):
 
 
 def to_json(flat):
-    """A flat dict of str, int and None as JSON."""
+    """A flat dict of str, int, float and None as JSON."""
     def value(item):
         if item is None:
             return "null"
         if isinstance(item, str):
             return '"%s"' % item.translate(JSON_ESCAPES)
+        if isinstance(item, float):
+            return repr(item)
         return str(int(item))
     return "{%s}" % ", ".join("%s: %s" % (value(key), value(item)) for key, item in flat.items())
 
@@ -163,15 +193,16 @@ class ControlInput:
             raise SystemExit("podrun agent: no step description on stdin")
         self.pending += chunk
 
-    def wait_for(self, word, timeout):
-        """Whether the line `word` arrives before "stop", the end of input, or `timeout` seconds
-        without any line. Lines behind it stay buffered."""
+    def wait_for_go(self, timeout):
+        """What follows "go" on its line (worker 0's watch address, or nothing), once it arrives;
+        None on "stop", the end of input, or `timeout` seconds without any line. Lines behind it
+        stay buffered."""
         while True:
             while b"\n" in self.pending:
                 line, self.pending = self.pending.split(b"\n", 1)
-                command = line.strip().decode(errors="replace")
-                if command in (word, "stop"):
-                    return command == word
+                command, _, argument = line.strip().decode(errors="replace").partition(" ")
+                if command in ("go", "stop"):
+                    return argument if command == "go" else None
             if not select.select([0], [], [], timeout)[0]:
                 return False
             chunk = os.read(0, 4096)
@@ -198,14 +229,19 @@ class Step:
     def __init__(self, config, job_dir):
         self.config = config
         self.job_dir = job_dir
-        self.grace = float(config.get("grace", 5))
+        self.grace = float(config.get("grace", 30))
         self.heartbeat = float(config.get("heartbeat", 20))
+        self.container = config.get("container")  # the run's docker container, stopped by name
         self.pid = None
+        self.status = None  # (code, signal name) once the step's process has exited
         self.stop_reason = None
+        self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
+        self.helpers = []  # docker commands started to stop the container: reaped at the end
 
     def start(self):
         env = dict(os.environ)
         env.update(self.config["env"])
+        env["PODRUN_JOB_DIR"] = self.job_dir
         read_end, write_end = os.pipe()
         try:
             self.pid = spawn([_shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -217,30 +253,32 @@ class Step:
         self._write_file(self.config["step"] + ".pid", str(self.pid))
         self._write_file(self.config["step"] + ".agent", str(os.getpid()))
 
-    def supervise(self, control):
+    def supervise(self, control, watch):
         """Pump output until the step and everything it started are gone; returns (code, signal name)."""
         poller = Poller()
         poller.register(self.output, "output")
         attached = control is not None
         if attached:
             poller.register(0, "control")
-        wakeup = self._watch_signals()
+        self.wakeup = wakeup = self._watch_signals()
         poller.register(wakeup, "signal")
+        if watch is not None:
+            watch.attach(poller, self.stop_for_failure)
         exit_watch = _pidfd(self.pid)
         if exit_watch is not None:
             poller.register(exit_watch, "exit")
         stdout_open, output_open = attached, True
-        status = None
-        ending = Ending(self.grace, self._signal_job)
+        # docker stop sends the container its own KILL after the grace period: ours comes just after
+        ending = Ending(self.grace + (2 if self.container else 0), self._signal_job)
         heard_at = time.monotonic()
         if attached and "stop" in control.buffered_commands():
             self.request_stop("stop requested")
-        while output_open or status is None:
+        while output_open or self.status is None:
             timeout = ending.timeout(poll=exit_watch is None)
             if attached and not self.stop_reason:
                 until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
-            for ready in poller.poll(timeout):
+            for ready, fd in poller.poll(timeout):
                 if ready == "output":
                     data = os.read(self.output, 65536)
                     if not data:
@@ -263,19 +301,33 @@ class Step:
                     os.read(wakeup, 512)
                 elif ready == "exit":
                     poller.unregister(exit_watch)
+                elif ready == "watch":
+                    watch.ready(fd)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
-            if status is None:
-                status = _exited(self.pid)
+            if self.status is None:
+                self.status = _exited(self.pid)
             # once the step exits, whatever it left behind goes too
-            if self.stop_reason or status is not None:
+            if self.stop_reason or self.status is not None:
                 if ending.advance() == Ending.ABANDONED:
                     break  # a process we cannot kill holds the output pipe; stop waiting for it
+        if self.container:
+            self._until_container_gone(time.monotonic() + self.grace + 5)
         os.waitpid(self.pid, 0)  # reap only now: until here the pid, and so the group id, stayed ours
-        code, signal_name = status
-        self._write_file(self.config["step"] + ".exit",
-                         to_json({"code": code, "signal": signal_name, "stop_reason": self.stop_reason}))
+        for helper in self.helpers:
+            os.waitpid(helper, 0)
+        code, signal_name = self.status
+        cause_worker, cause_code = self.cause or (None, None)
+        self._write_file(self.config["step"] + ".exit", to_json({
+            "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
+            "cause_worker": cause_worker, "cause_code": cause_code}))
         return code, signal_name
+
+    def stop_for_failure(self, worker, code):
+        """Another worker of a watched job failed (or its agent is gone): stop this one too."""
+        if self.stop_reason is None:
+            self.cause = (worker, code)
+            self.request_stop("worker %d failed with code %d" % (worker, code))
 
     def request_stop(self, reason):
         if self.stop_reason is None:
@@ -290,15 +342,52 @@ class Step:
         return wake_read
 
     def _signal_job(self, signum):
+        """Each process of the job gets the signal once: SIGTERM lets it save its state, so a second
+        one (a checkpoint handler started twice) must not follow. A container is stopped by name;
+        its docker client would otherwise pass our SIGTERM on to the container a second time. With
+        the config's "term": "leader" (torchrun), only the leader gets SIGTERM while it runs: it
+        stops its own processes, and a SIGTERM from us too would reach each of them twice."""
+        running = self.status is None
+        if signum == signal.SIGTERM and running and self.container:
+            self._docker("stop", "-t", str(int(self.grace + 0.999)), self.container)
+            return
+        if signum == signal.SIGKILL and self.container:
+            self._docker("kill", self.container)
         try:
-            os.killpg(self.pid, signum)
+            if signum == signal.SIGTERM and running and self.config.get("term") == "leader":
+                os.kill(self.pid, signum)
+            else:
+                os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
         for pid in _processes_with_env(self._marker()):
             try:
-                os.kill(pid, signum)
+                if _group_of(pid) != self.pid:  # those of the step's own group were signalled above
+                    os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _docker(self, *args):
+        docker = _which("docker")
+        if docker is None:
+            return None
+        with open(os.devnull, "wb") as null:
+            pid = spawn([docker] + list(args), ".", dict(os.environ), null.fileno())
+        self.helpers.append(pid)
+        return pid
+
+    def _until_container_gone(self, deadline):
+        """Wait until the container is gone, so "stopped" means stopped (docker run --rm removes it
+        once it ends; a client killed before then leaves that to the daemon)."""
+        while time.monotonic() < deadline:
+            inspect = self._docker("container", "inspect", self.container)
+            if inspect is None:
+                return
+            self.helpers.remove(inspect)
+            _, status = os.waitpid(inspect, 0)
+            if status != 0:
+                return  # no such container
+            time.sleep(0.1)
 
     def _marker(self):
         return {"PODRUN_JOB_ID": self.config["job_id"], "PODRUN_WORKER": str(self.config["worker"])}
@@ -325,9 +414,9 @@ class Poller:
         self.poll_object.unregister(fd)
 
     def poll(self, timeout):
-        """Names of the descriptors ready to read (or closed); timeout in seconds, None: no limit."""
+        """(name, descriptor) of those ready to read (or closed); timeout in seconds, None: no limit."""
         events = self.poll_object.poll(None if timeout is None else timeout * 1000)
-        return [self.names[fd] for fd, _ in events]
+        return [(self.names[fd], fd) for fd, _ in events]
 
 
 class Ending:
@@ -362,6 +451,172 @@ class Ending:
         return timeout
 
 
+class Hub:
+    """Worker 0's side of a watched job (a detached run on several workers, where no launcher
+    stays to fail fast): every other worker's agent connects here, says hello with the job's token
+    and, when its step ends, its exit code. The first failure (a non-zero code, or a connection
+    that breaks before its code arrived: an agent killed, a host gone) is sent to every agent as
+    "stop WORKER CODE", and this worker stops too. Worker 0 stays until every other agent is done."""
+
+    HELLO_WAIT_S = 30  # how long a finished worker 0 waits for agents that never said hello
+
+    def __init__(self, config):
+        import socket  # only watched jobs pay for it (it imports enum)
+
+        self.token = config["token"]
+        self.worker = config["worker"]
+        self.workers = config["workers"]
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.listener.bind((config["bind"], 0))
+        except OSError:  # the internal IP is not one of this host's addresses (NAT): any address
+            self.listener.bind(("", 0))
+        self.listener.listen(self.workers)
+        self.port = self.listener.getsockname()[1]
+        self.links = {}  # descriptor: Link of an agent that connected
+        self.ended = set()  # workers whose step ended (their code arrived)
+        self.failure = None
+        self.poller = None
+        self.on_failure = None
+        self.hello_deadline = None
+
+    def attach(self, poller, on_failure):
+        self.poller, self.on_failure = poller, on_failure
+        poller.register(self.listener.fileno(), "watch")
+        for fd in self.links:
+            poller.register(fd, "watch")
+
+    def ready(self, fd):
+        if fd == self.listener.fileno():
+            connection, _ = self.listener.accept()
+            _keep_alive(connection)
+            self.links[connection.fileno()] = Link(connection)
+            self.poller.register(connection.fileno(), "watch")
+            return
+        link = self.links[fd]
+        lines = link.read_lines()
+        for words in (line.split() for line in lines or ()):
+            if len(words) == 3 and words[0] == "hello" and words[1] == self.token:
+                link.worker = int(words[2])
+            elif link.worker is None:
+                lines = None  # not one of the job's agents: hang up
+                break
+            elif len(words) == 2 and words[0] == "exit":
+                self.ended.add(link.worker)
+                if int(words[1]) != 0:
+                    self.fail(link.worker, int(words[1]))
+        if lines is None:
+            self.poller.unregister(fd)
+            del self.links[fd]
+            link.connection.close()
+            if link.worker is not None and link.worker not in self.ended:
+                self.fail(link.worker, LOST)
+
+    def fail(self, worker, code):
+        if self.failure is not None:
+            return
+        self.failure = (worker, code)
+        for link in self.links.values():
+            link.send("stop %d %d\n" % (worker, code))
+        if worker != self.worker:
+            self.on_failure(worker, code)
+
+    def step_ended(self, code):
+        self.ended.add(self.worker)
+        self.hello_deadline = time.monotonic() + self.HELLO_WAIT_S
+        if code != 0:
+            self.fail(self.worker, code)
+
+    def serve(self, step):
+        """Stay, after worker 0's own step, until every other agent is done (or podrun stop says so)."""
+        self.attach(Poller(), lambda worker, code: None)
+        self.poller.register(step.wakeup, "signal")
+        while not step.stop_reason and self._waiting():
+            timeout = None if self.links else max(0.0, self.hello_deadline - time.monotonic())
+            for ready, fd in self.poller.poll(timeout):
+                if ready == "signal":
+                    os.read(fd, 512)
+                else:
+                    self.ready(fd)
+
+    def _waiting(self):
+        """Whether an agent is still connected, or may yet connect."""
+        return bool(self.links) or (len(self.ended) < self.workers and time.monotonic() < self.hello_deadline)
+
+
+class HubLink:
+    """Any other worker's side of a watched job: its line to worker 0's agent (see Hub)."""
+
+    def __init__(self, address, config):
+        import socket
+
+        host, _, port = address.rpartition(":")
+        self.connection = socket.create_connection((host, int(port)), timeout=10)
+        self.connection.settimeout(None)
+        _keep_alive(self.connection)
+        self.link = Link(self.connection)
+        self.link.send("hello %s %d\n" % (config["token"], config["worker"]))
+        self.hub_worker = config["hub_worker"]
+        self.on_failure = None
+
+    def attach(self, poller, on_failure):
+        self.poller, self.on_failure = poller, on_failure
+        poller.register(self.connection.fileno(), "watch")
+
+    def ready(self, fd):
+        lines = self.link.read_lines()
+        for words in (line.split() for line in lines or ()):
+            if len(words) == 3 and words[0] == "stop":
+                self.on_failure(int(words[1]), int(words[2]))
+        if lines is None:
+            self.poller.unregister(fd)
+            self.on_failure(self.hub_worker, LOST)  # its agent, or its host, is gone
+
+    def step_ended(self, code):
+        self.link.send("exit %d\n" % code)
+        self.connection.close()
+
+    def serve(self, step):
+        pass
+
+
+class Link:
+    """One connection between agents of a watched job, in lines."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.worker = None
+        self.pending = b""
+
+    def read_lines(self):
+        """The complete lines that arrived, or None once the connection is closed or broken."""
+        try:
+            data = self.connection.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            return None
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+    def send(self, text):
+        try:
+            self.connection.sendall(text.encode())
+        except OSError:
+            pass  # it is gone: reading says so
+
+
+def _keep_alive(connection):
+    """Notice a host that vanished without closing the connection within about 20 s."""
+    import socket
+
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            connection.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 def spawn(argv, cwd, env, output):
     """Start argv in a session of its own (killpg then reaches its whole tree), stdin from /dev/null,
     stdout and stderr to `output`; returns its pid, or raises OSError saying why it could not start."""
@@ -391,11 +646,22 @@ def spawn(argv, cwd, env, output):
 
 
 def _shell():
+    return _which("bash") or "/bin/sh"
+
+
+def _which(program):
     for directory in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
-        candidate = os.path.join(directory, "bash")
+        candidate = os.path.join(directory, program)
         if os.access(candidate, os.X_OK):
             return candidate
-    return "/bin/sh"
+    return None
+
+
+def _group_of(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _pidfd(pid):

@@ -104,13 +104,29 @@ except Exception:
 exec(code,{{'__name__':'__main__'}})"""
 
 
-# the agent and the relay receiver import podrun/remote/framing.py: a worker, which has no podrun
-# package, gets its source ahead of theirs, as a module of its own (`type(sys)` is the module type)
-FRAMING_PRELUDE = """import sys
-_framing = type(sys)("podrun_remote_framing")
-exec({source!r}, _framing.__dict__)
-sys.modules["podrun_remote_framing"] = _framing
-del _framing
+# the modules of podrun/remote/ a worker-side script imports: a worker, which has no podrun package, gets
+# them ahead of the script, each as a module of its own, "podrun_remote_<name>" (`type(sys)` is the module
+# type), compiled once per worker and interpreter as BOOTSTRAP compiles the script (compiling checkout.py
+# afresh would cost every agent 1.3 ms)
+SCRIPT_MODULES = {"agent": ("framing", "checkout"), "relay_node": ("framing",)}
+MODULE_LOADER = """import sys
+def _podrun_module(name, cache_name, source):
+    import marshal, os
+    path = '.podrun/cache/%s-%x' % (cache_name, sys.hexversion)
+    try:
+        with open(path, 'rb') as handle:
+            code = marshal.load(handle)
+    except Exception:
+        code = compile(source, name, 'exec')
+        try:
+            with open(path + '.%d' % os.getpid(), 'wb') as handle:
+                marshal.dump(code, handle)
+            os.replace(path + '.%d' % os.getpid(), path)
+        except OSError:
+            pass
+    module = type(sys)('podrun_remote_' + name)
+    exec(code, module.__dict__)
+    sys.modules[module.__name__] = module
 """
 
 
@@ -123,7 +139,16 @@ def remote_source(name: str) -> bytes:
 @cache
 def script_source(name: str) -> bytes:
     """A worker-side script run through BOOTSTRAP (agent, relay_node), as sent over stdin."""
-    return FRAMING_PRELUDE.format(source=remote_source("framing").decode()).encode() + remote_source(name)
+    modules = SCRIPT_MODULES.get(name, ())
+    prelude = MODULE_LOADER + "".join(map(_module_load, modules)) if modules else ""
+    return prelude.encode() + remote_source(name)
+
+
+def _module_load(module: str) -> str:
+    """The line of a script's prelude that loads podrun/remote/`module`.py (see MODULE_LOADER)."""
+    source = remote_source(module)
+    cache_name = f"{module}-{hashlib.sha256(source).hexdigest()[:16]}"
+    return f"_podrun_module({module!r}, {cache_name!r}, {source.decode()!r})\n"
 
 
 def agent_source() -> bytes:

@@ -1,0 +1,348 @@
+"""A worker's directory for the jobs of one name: the code versions, the run directory, and their disk.
+
+    ~/podrun/<name>/<hash>/   one version of the code per content hash, as shipped; never changed
+    ~/podrun/<name>/run/      where every job of that name runs (its cwd): its version's files,
+                              hard-linked in, beside what jobs wrote there (checkpoints, outputs)
+
+Before a job's step starts, its agent calls check_out(): run/ then holds exactly the files of the
+job's version, and what jobs wrote there stays. The same version as last time costs one read of
+run.lock. Files are linked, not copied: a new version costs a link per file, not the
+workdir's size again. A linked file is the version's own inode, so check_out makes it read-only: a
+job that writes into a code file in place gets EACCES instead of changing a version that later jobs
+reuse by its hash (replacing a file, as editors, `sed -i` and pip do, breaks the link and is fine;
+root ignores the mode bits).
+
+  run.manifest  per file the checkout placed in run/, its inode: the next checkout removes what this
+                one placed and its version lacks, if the file is still that inode (a job that
+                replaced it made it its own)
+  run.lock      "VERSION JOB_ID" of the checkout and the job that last took it; held (flock, shared)
+                by the agent of every step running in run/, for the step's life. A job with other
+                code is refused while it is held; jobs with the same code share run/, as they shared
+                the code directory before (their files are the same)
+  run/ itself   flock'ed (exclusive) during a checkout or a pruning: one at a time
+
+After a checkout that changed run/, the versions beyond the KEPT_VERSIONS most recently used (a
+checkout touches its version) are removed; the current one never is, and it is the only one a
+running job can use (the lock refuses others).
+
+As a script (`podrun disk`): argv NAME_DIR JOBS_DIR FREE MAX_JOB_AGE_S. Prints one JSON line: the
+versions' count and bytes, the run directory's own bytes (what is not shared with a version), the
+job directories' count and bytes. With FREE "1" it first removes every version but the current one
+and the job directories of finished jobs untouched for MAX_JOB_AGE_S, and adds what it freed. Never
+the run directory: it holds the jobs' checkpoints.
+
+Standard library only, Python 3.8+, nothing done at import.
+"""
+
+import errno
+import fcntl
+import os
+import stat
+
+# beside run/, not in it: the job's directory holds its code and its files only
+MANIFEST_SUFFIX = ".manifest"
+LOCK_SUFFIX = ".lock"
+RUN = "run"
+KEPT_VERSIONS = 3
+NEW_SUFFIX = ".podrun-new"
+HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+class CheckoutError(Exception):
+    """Why the job cannot run in run/ (one line, for the user)."""
+
+
+def check_out(version_dir, run_dir, job_id):
+    """Make run_dir hold the files of version_dir and hold it (run.lock) until this process ends;
+    returns the lock's descriptor. Raises CheckoutError."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with _exclusive(run_dir):
+            return _take(version_dir, run_dir, job_id)
+    except OSError as error:
+        raise CheckoutError("cannot check out %s into %s: %s%s" % (
+            version_dir, run_dir, error.strerror or error, " (%s)" % error.filename if error.filename else "")) from None
+
+
+def _take(version_dir, run_dir, job_id):
+    version = os.path.basename(version_dir)
+    lock = os.open(run_dir + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o600)
+    last_version, last_job = (os.pread(lock, 4096, 0).decode(errors="replace").split() + ["", ""])[:2]
+    unused = _try_lock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if not unused and last_version != version:  # jobs run there now, all with last_version
+        raise CheckoutError("%s is in use by job %s, which runs other code: give this job another name: in its "
+                            "spec, or wait until that one ends (or podrun stop it)" % (os.path.abspath(run_dir), last_job))
+    if last_version != version:
+        _place(version_dir, run_dir)
+        prune(os.path.dirname(run_dir), version, KEPT_VERSIONS)
+    os.utime(version_dir)
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, ("%s %s\n" % (version, job_id)).encode(), 0)
+    fcntl.flock(lock, fcntl.LOCK_SH)  # under run/'s own lock: no one takes it in between
+    return lock
+
+
+def _try_lock(descriptor, operation):
+    try:
+        fcntl.flock(descriptor, operation)
+    except BlockingIOError:
+        return False
+    return True
+
+
+class _exclusive:
+    """flock on a directory itself, for a `with` block."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.descriptor = os.open(self.path, os.O_RDONLY)
+        fcntl.flock(self.descriptor, fcntl.LOCK_EX)
+
+    def __exit__(self, *exception):
+        os.close(self.descriptor)
+
+
+def _place(version_dir, run_dir):
+    """Link the version's files into run_dir and remove what the last checkout placed that it lacks."""
+    if not os.path.isdir(version_dir):
+        raise CheckoutError("the code version %s is gone from this worker (removed while the job started?); "
+                            "run the job again" % version_dir)
+    files = _files(version_dir)
+    for relative, inode in _read_manifest(run_dir).items():
+        if relative not in files:
+            _remove_placed(run_dir, relative, inode)
+    made = set()
+    for relative, inode in files.items():
+        target = os.path.join(run_dir, relative)
+        try:
+            if os.lstat(target).st_ino == inode:
+                continue
+            replacing = True
+        except (FileNotFoundError, NotADirectoryError):
+            replacing = False
+        parent = os.path.dirname(target)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        files[relative] = _link(os.path.join(version_dir, relative), target, replacing)
+    _write_manifest(run_dir, files)
+
+
+def _files(version_dir):
+    """{relative path: inode} of the version's files and symbolic links."""
+    files = {}
+    pending = [""]
+    while pending:
+        relative_dir = pending.pop()
+        with os.scandir(os.path.join(version_dir, relative_dir)) as entries:
+            for entry in entries:
+                relative = os.path.join(relative_dir, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(relative)
+                else:
+                    files[relative] = entry.inode()
+    return files
+
+
+def _link(source, target, replacing):
+    """Put source at target, a file there `replacing` (through a temporary name: a job never finds it
+    missing); returns target's inode."""
+    info = os.lstat(source)
+    if stat.S_ISREG(info.st_mode) and info.st_mode & 0o222:
+        os.chmod(source, stat.S_IMODE(info.st_mode) & ~0o222)
+    placed = target + NEW_SUFFIX if replacing else target
+    try:
+        inode = _hard_link(source, placed, info)
+    except FileExistsError:  # a temporary name left by a checkout that was killed
+        os.unlink(placed)
+        inode = _hard_link(source, placed, info)
+    if replacing:
+        os.replace(placed, target)
+    return inode
+
+
+def _hard_link(source, target, info):
+    """A hard link (a copy where run/ is on another file system than the version); returns its inode."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+        return info.st_ino
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    import shutil
+
+    shutil.copy2(source, target, follow_symlinks=False)
+    return os.lstat(target).st_ino
+
+
+def _remove_placed(run_dir, relative, inode):
+    """Remove a file an earlier checkout placed, unless a job replaced it since, then the directories
+    that emptied."""
+    target = os.path.join(run_dir, relative)
+    try:
+        if os.lstat(target).st_ino != inode:
+            return
+        os.unlink(target)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    relative_dir = os.path.dirname(relative)
+    while relative_dir:
+        try:
+            os.rmdir(os.path.join(run_dir, relative_dir))
+        except OSError:  # not empty: the job's files, or the version's
+            return
+        relative_dir = os.path.dirname(relative_dir)
+
+
+def _read_manifest(run_dir):
+    try:
+        with open(run_dir + MANIFEST_SUFFIX, "rb") as handle:
+            records = handle.read().split(b"\0")
+    except FileNotFoundError:
+        return {}
+    placed = {}
+    for record in filter(None, records):
+        inode, _, relative = record.partition(b" ")
+        placed[os.fsdecode(relative)] = int(inode)
+    return placed
+
+
+def _write_manifest(run_dir, files):
+    path = run_dir + MANIFEST_SUFFIX
+    with open(path + NEW_SUFFIX, "wb") as handle:
+        handle.write(b"".join(b"%d %s\0" % (inode, os.fsencode(relative)) for relative, inode in files.items()))
+    os.replace(path + NEW_SUFFIX, path)
+
+
+def prune(name_dir, current, keep):
+    """Remove the versions in name_dir beyond the `keep` most recently used, `current` counted first
+    (None: no version is current); returns how many it removed."""
+    import shutil
+
+    versions = sorted(versions_in(name_dir), key=lambda path: (os.path.basename(path) == current,
+                                                                os.stat(path).st_mtime), reverse=True)
+    for path in versions[keep:]:
+        shutil.rmtree(path)
+    return len(versions[keep:])
+
+
+def versions_in(name_dir):
+    """The version directories of a name (named by content hash; shipments still unpacking are not)."""
+    try:
+        entries = os.listdir(name_dir)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(name_dir, entry) for entry in entries
+            if set(entry) <= HEX_DIGITS and os.path.isdir(os.path.join(name_dir, entry))]
+
+
+def current_version(run_dir):
+    """The version checked out in run_dir, or None."""
+    try:
+        with open(run_dir + LOCK_SUFFIX) as handle:
+            return (handle.read().split() or [None])[0]
+    except FileNotFoundError:
+        return None
+
+
+def disk_usage(name_dir, jobs_dir):
+    """What podrun keeps for one name and its jobs, each inode counted once (run/ links the versions' files)."""
+    seen = set()
+    versions = versions_in(name_dir)
+    jobs = _job_dirs(jobs_dir)
+    return {"versions": len(versions), "versions_bytes": sum(_bytes_under(path, seen) for path in versions),
+            "run_bytes": _bytes_under(os.path.join(name_dir, RUN), seen),
+            "jobs": len(jobs), "jobs_bytes": sum(_bytes_under(path, seen) for path in jobs)}
+
+
+def free(name_dir, jobs_dir, max_job_age_s):
+    """Remove every version but the current one and the finished jobs' directories older than
+    max_job_age_s; returns (versions removed, job directories removed)."""
+    import shutil
+    import time
+
+    run_dir = os.path.join(name_dir, RUN)
+    if os.path.isdir(run_dir):
+        with _exclusive(run_dir):
+            versions = prune(name_dir, current_version(run_dir), 1)
+    else:
+        versions = prune(name_dir, None, 1)
+    old = [path for path in _job_dirs(jobs_dir)
+           if _last_change(path) < time.time() - max_job_age_s and _finished(path)]
+    for path in old:
+        shutil.rmtree(path)
+    return versions, len(old)
+
+
+def _job_dirs(jobs_dir):
+    try:
+        return [entry.path for entry in os.scandir(jobs_dir) if entry.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
+def _bytes_under(path, seen):
+    """Bytes on disk (allocated blocks) under path, skipping the inodes in `seen`, which it extends."""
+    total = 0
+    pending = [path]
+    while pending:
+        try:
+            entries = os.scandir(pending.pop())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for entry in entries:
+                info = entry.stat(follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                if (info.st_dev, info.st_ino) not in seen:
+                    seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+    return total
+
+
+def _last_change(job_dir):
+    return max([os.stat(job_dir).st_mtime] + [entry.stat().st_mtime for entry in os.scandir(job_dir)])
+
+
+def _finished(job_dir):
+    """Whether every step the job started (its agent's pid in <step>.agent) has ended."""
+    for name in os.listdir(job_dir):
+        step, extension = os.path.splitext(name)
+        if extension == ".agent" and not os.path.exists(os.path.join(job_dir, step + ".exit")):
+            with open(os.path.join(job_dir, name)) as handle:
+                if _running(int(handle.read() or 0)):
+                    return False
+    return True
+
+
+def _running(pid):
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process now has that pid
+        return True
+    return True
+
+
+def main():
+    import json
+    import sys
+
+    name_dir, jobs_dir, free_now, max_job_age_s = sys.argv[1:5]
+    before = disk_usage(name_dir, jobs_dir)
+    report = dict(before, freed_versions=0, freed_jobs=0, freed_bytes=0)
+    if free_now == "1":
+        report["freed_versions"], report["freed_jobs"] = free(name_dir, jobs_dir, float(max_job_age_s))
+        report.update(disk_usage(name_dir, jobs_dir))
+        report["freed_bytes"] = sum(before[key] - report[key] for key in ("versions_bytes", "run_bytes", "jobs_bytes"))
+    sys.stdout.write(json.dumps(report) + "\n")
+
+
+if __name__ == "__main__":
+    main()
