@@ -8,8 +8,10 @@ costs 4.5 ms of a 7 ms Python start (it builds enums), so the agent uses its C c
 
 Protocol
   stdin   the step: a decimal byte count, a newline, then that many bytes of marshal format 4 (readable
-          by every Python 3.4+) holding {job_id, worker, step, cwd, command, env, grace, heartbeat,
-          detach} and, for a job's first step, "probe"; then control lines: "stop" asks for a
+          by every Python 3.4+) holding {job_id, worker, step, cwd (the run directory), code_dir (the
+          code version checked out into cwd before the step starts: checkout.py), command, env,
+          grace, heartbeat, detach}, for run {container, term ("leader" or "group")}, for a job's
+          first step "probe", for a watched run "watch"; then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
           link that died silently), means the launcher is gone: the job stops too.
   probe   {code_dir, and on a TPU VM accelerator_files (glob patterns, colon-separated), kill_stale,
@@ -18,19 +20,26 @@ Protocol
           hold the TPU (killed first with kill_stale)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
           So one channel per worker does what would otherwise take three.
+  watch   {token, worker, hub_worker, workers, bind}: a detached run on several workers, whose
+          agents stop each other's steps when one fails, with no launcher left (Hub, HubLink). The
+          hub_worker's agent listens and reports {"event": "hub", "port": P} first; every agent waits
+          for "go HOST:PORT" (the hub's address) before it starts.
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null}, {"event": "error", "message": M}.
 Files, under ~/.podrun/jobs/<job_id>/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
-  agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON).
+  agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
+  ended_at, and cause_worker/cause_code when another worker's failure stopped this one).
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
-Stopping sends SIGTERM to the step's process group and to every process that still carries this
-job's PODRUN_JOB_ID and PODRUN_WORKER in its environment (which catches children that left the
-group with setsid), then SIGKILL after the grace period. The same sweep runs after a normal exit,
-so nothing the step started outlives it.
+Stopping sends SIGTERM, once per process, to the step's process group (to its leader alone with
+"term": "leader": torchrun passes it on to its ranks) and to every other process that still
+carries this job's PODRUN_JOB_ID and PODRUN_WORKER in its environment (which catches children that
+left the group with setsid), then SIGKILL after the grace period. A container is stopped by name
+(docker stop -t GRACE, then docker kill), and the step ends only once it is gone. The same sweep
+runs after a normal exit, so nothing the step started outlives it.
 """
 
 import os
@@ -70,33 +79,7 @@ def main():
         except FileExistsError:
             pass
     step = Step(config, job_dir)
-    watch_config = config.get("watch")
-    hub = Hub(watch_config) if watch_config and watch_config["worker"] == watch_config["hub_worker"] else None
-    if hub is not None:
-        emit(event="hub", port=hub.port)
-    probe = config.get("probe")
-    if probe is not None:
-        holders = tpu_holders(probe) if probe.get("accelerator_files") else []
-        emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
-             holders="\n".join("%d\t%s\t%s" % holder for holder in holders))
-    if probe is not None or watch_config:
-        go = control.wait_for_go(step.heartbeat)
-        if go is None:
-            os._exit(0)  # the launcher decided not to start the job, or is gone
-    if config.get("code_dir"):  # the code is in place now: the job runs in its run directory
-        try:
-            checkout.check_out(config["code_dir"], config["cwd"], config["job_id"])
-        except checkout.CheckoutError as error:
-            emit(event="error", message=str(error))
-            os._exit(1)
-    watch = hub
-    if watch_config and hub is None:
-        try:
-            watch = HubLink(go, watch_config)
-        except (OSError, ValueError) as error:  # ValueError: no address (that agent ended first)
-            emit(event="error", message="cannot reach worker %d's agent at %s to watch the job: %s"
-                 % (watch_config["hub_worker"], go, error))
-            os._exit(SPAWN_FAILED)
+    watch = prepare(config, control, step)
     report = detach() if config.get("detach") else None
     try:
         step.start()
@@ -117,6 +100,39 @@ def main():
     # everything went out through os.write: skipping the interpreter's teardown saves ~1 ms of CPU
     # on every worker for every step
     os._exit(code)
+
+
+def prepare(config, control, step):
+    """Everything before the step starts: the probe and the launcher's "go", the checkout into the
+    run directory, and a watched job's line between agents (returns its Hub or HubLink, else None)."""
+    watch_config = config.get("watch")
+    hub = Hub(watch_config) if watch_config and watch_config["worker"] == watch_config["hub_worker"] else None
+    if hub is not None:
+        emit(event="hub", port=hub.port)
+    probe = config.get("probe")
+    if probe is not None:
+        holders = tpu_holders(probe) if probe.get("accelerator_files") else []
+        emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
+             holders="\n".join("%d\t%s\t%s" % holder for holder in holders))
+    hub_address = ""
+    if probe is not None or watch_config:
+        hub_address = control.wait_for_go(step.heartbeat)
+        if hub_address is None:
+            os._exit(0)  # the launcher decided not to start the job, or is gone
+    if config.get("code_dir"):  # the code is in place now: the job runs in its run directory
+        try:
+            checkout.check_out(config["code_dir"], config["cwd"], config["job_id"])
+        except checkout.CheckoutError as error:
+            emit(event="error", message=str(error))
+            os._exit(1)
+    if not watch_config or hub is not None:
+        return hub
+    try:
+        return HubLink(hub_address, watch_config)
+    except (OSError, ValueError) as error:  # ValueError: no address (that agent ended first)
+        emit(event="error", message="cannot reach worker %d's agent at %s to watch the job: %s"
+             % (watch_config["hub_worker"], hub_address, error))
+        os._exit(SPAWN_FAILED)
 
 
 def detach():
