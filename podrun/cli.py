@@ -48,19 +48,19 @@ def _schema(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import show_logs
 
-    return show_logs(args.job_id, args.worker, args.follow, args.tail)
+    return show_logs(args.job, args.worker, args.follow, args.tail)
 
 
 def _jobs(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import list_jobs
 
-    return list_jobs(args.json)
+    return list_jobs(args.name_or_prefix, args.state, args.n, args.all, args.json)
 
 
 def _stop(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import stop_job
 
-    return stop_job(args.job_id)
+    return stop_job(args.job)
 
 
 def _disk(args: argparse.Namespace) -> int:
@@ -100,7 +100,10 @@ def _count(text: str) -> int:
 
 
 def _create_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("accelerator_type", metavar="ACCEL_TYPE", help="e.g. v4-8, v4-32, v5p-128, v6e-16")
+    sub.add_argument("accelerator_type", metavar="ACCEL_TYPE",
+                     help="generation and size: v2-8..v2-512, v3-8..v3-2048, v4-8..v4-8192, v5p-8..v5p-17920 "
+                          "(TensorCores, a multiple of 8); v5litepod-N (v5e), v6e-N (chips: 1, 4, 8, or a multiple "
+                          "of 8 up to 256)")
     sub.add_argument("--name", metavar="N", help="default: USER-ACCEL_TYPE")
     sub.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
     sub.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
@@ -137,11 +140,42 @@ def _disk_arguments(sub: argparse.ArgumentParser) -> None:
                           "untouched for 7 days; never the run directory, which holds your checkpoints")
 
 
+JOB_HELP = "an id, the beginning of one, or a job name (its newest job)"
+
+
+def _job_states(text: str) -> list[str]:
+    from podrun.jobstore import STATES
+
+    states = text.split(",")
+    if unknown := [state for state in states if state not in STATES]:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))}: expected {', '.join(STATES)}")
+    return states
+
+
+def _jobs_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("name_or_prefix", nargs="?", metavar="NAME_OR_PREFIX",
+                     help="only jobs whose id begins so (an id begins with its job's name)")
+    sub.add_argument("--state", type=_job_states, action="extend", default=[], metavar="STATE",
+                     help="only jobs in this state: running, succeeded, failed, stopped or lost "
+                          "(repeatable, or a comma-separated list)")
+    count = sub.add_mutually_exclusive_group()
+    count.add_argument("-n", type=_count, metavar="N", help="the newest N jobs (default: 20; with --json, all)")
+    count.add_argument("--all", action="store_true", help="every job")
+    sub.add_argument("--json", action="store_true", help="machine-readable: every field of each job, newest first")
+
+
+def _stop_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("job", nargs="?", metavar="JOB_ID", help=f"{JOB_HELP}; default: the newest running job")
+
+
 def _logs_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("job_id", nargs="?", metavar="JOB_ID", help="default: the newest job")
+    sub.add_argument("job", nargs="?", metavar="JOB_ID",
+                     help=f"{JOB_HELP}; default: the newest running job, else the newest job")
     sub.add_argument("--worker", type=_count, metavar="I", help="only this worker's output, unprefixed")
     sub.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    sub.add_argument("--tail", type=_count, metavar="N", help="start with the last N lines of each worker")
+    sub.add_argument("--tail", type=_count, metavar="N",
+                     help="start with the last N lines of each worker (a line redrawn with \\r counts once; "
+                          "0: none, with -f only what comes next)")
 
 
 def _cloud_arguments(sub: argparse.ArgumentParser) -> None:
@@ -163,9 +197,9 @@ COMMANDS = {
     "validate": ("check a job spec; touches nothing", _validate, _one_positional("spec", "JOB.yaml"), False),
     "schema": ("print the job spec's JSON Schema, for editors (yaml-language-server)", _schema, None, False),
     "logs": ("show a job's output, per worker, now or as it runs", _logs, _logs_arguments, False),
-    "jobs": ("list jobs: state, workers' exit codes, start and duration", _jobs,
-             lambda sub: sub.add_argument("--json", action="store_true", help="machine-readable"), False),
-    "stop": ("stop a running job on every worker", _stop, _one_positional("job_id", "JOB_ID"), False),
+    "jobs": ("list jobs, newest first: state, workers' exit codes, start and duration", _jobs, _jobs_arguments,
+             False),
+    "stop": ("stop a running job on every worker", _stop, _stop_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, _disk_arguments, False),
 }

@@ -15,7 +15,9 @@ from podrun import paths
 from podrun.errors import PodrunError
 
 RUNNING, SUCCEEDED, FAILED, STOPPED, LOST = "running", "succeeded", "failed", "stopped", "lost"
+STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST)
 RECORD_FILE = "job.json"
+AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 
 
 # plain classes: importing dataclasses (it loads inspect) made `podrun jobs` start 15 ms slower,
@@ -97,32 +99,36 @@ def new_job_id(name: str) -> str:
 
 
 def load(job_id: str) -> JobRecord:
-    path = os.path.join(paths.jobs_dir(), job_id, RECORD_FILE)
-    try:
-        return _read(path)
-    except FileNotFoundError:
-        raise PodrunError(f"no job {job_id!r} in {paths.jobs_dir()}; `podrun jobs` lists them") from None
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        raise PodrunError(f"job {job_id!r}: its record {path} is unreadable ({error})") from None
+    record = _load_if_there(job_id)
+    if record is None:
+        raise PodrunError(f"no job {job_id!r} in {paths.jobs_dir()}; `podrun jobs` lists them")
+    return record
+
+
+def find(text: str) -> JobRecord:
+    """The job `text` names: its exact id, else the one id it begins, else the newest job of that name.
+    A full id costs one file read: `podrun logs ID` starts at once however many jobs there are."""
+    exact = _load_if_there(text) if _is_plain_name(text) else None
+    if exact:
+        return exact
+    # an id begins with its job's name (new_job_id), so the jobs of that name are among these
+    candidates = sorted((entry for entry in _job_ids() if entry.startswith(text)), reverse=True)
+    if len(candidates) == 1:
+        return load(candidates[0])
+    named = [record for record in _readable(candidates) if record.name == text]
+    if named:
+        return max(named, key=lambda record: record.started_at)
+    if not candidates:
+        raise PodrunError(f"no job {text!r} in {paths.jobs_dir()} (no id begins so, no job has that name); "
+                          f"`podrun jobs` lists them")
+    more = f", and {len(candidates) - AMBIGUOUS_SHOWN} more" if len(candidates) > AMBIGUOUS_SHOWN else ""
+    raise PodrunError(f"job {text!r} is ambiguous: {len(candidates)} job ids begin so "
+                      f"({', '.join(candidates[:AMBIGUOUS_SHOWN])}{more}); give more of the id")
 
 
 def all_jobs() -> list[JobRecord]:
-    """Every readable job, oldest first."""
-    records = []
-    root = paths.jobs_dir()
-    for entry in os.listdir(root) if os.path.isdir(root) else ():
-        try:
-            records.append(_read(os.path.join(root, entry, RECORD_FILE)))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue  # half-created or damaged: not a job we can show
-    return sorted(records, key=lambda record: record.started_at)
-
-
-def newest() -> JobRecord:
-    records = all_jobs()
-    if not records:
-        raise PodrunError(f"no jobs yet in {paths.jobs_dir()}; start one with `podrun exec JOB.yaml`")
-    return records[-1]
+    """Every readable job, newest first."""
+    return sorted(_readable(_job_ids()), key=lambda record: record.started_at, reverse=True)
 
 
 def open_log(path: str) -> io.FileIO:
@@ -137,6 +143,36 @@ def write_json(path: str, data, indent: int | None = None) -> None:
     with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
         json.dump(data, handle, indent=indent)
     os.replace(temporary, path)
+
+
+def _job_ids() -> list[str]:
+    root = paths.jobs_dir()
+    return os.listdir(root) if os.path.isdir(root) else []
+
+
+def _readable(job_ids: list[str]) -> list[JobRecord]:
+    records = []
+    for job_id in job_ids:
+        try:
+            records.append(_read(os.path.join(paths.jobs_dir(), job_id, RECORD_FILE)))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # half-created or damaged: not a job we can show
+    return records
+
+
+def _load_if_there(job_id: str) -> JobRecord | None:
+    path = os.path.join(paths.jobs_dir(), job_id, RECORD_FILE)
+    try:
+        return _read(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise PodrunError(f"job {job_id!r}: its record {path} is unreadable ({error})") from None
+
+
+def _is_plain_name(text: str) -> bool:
+    """Whether text can be a job's directory name: no path of its own (`../x`, `a/b`)."""
+    return text == os.path.basename(text) and text not in ("", ".", "..")
 
 
 def _read(path: str) -> JobRecord:

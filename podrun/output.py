@@ -1,15 +1,27 @@
-"""Worker output: every byte to the worker's log, whole lines to the terminal with a `[wI]` prefix.
+"""Worker output: every byte to the worker's log; to the terminal, what a person would see of it.
 
-All workers write through one Terminal, a whole line at a time, so a line is never split between
-workers. A carriage return ends a line in the live view too, so progress bars stream instead of
-piling up; the log keeps the bytes exactly as the worker wrote them.
+A worker's stream is cut into lines at newlines. A carriage return starts the line over, as it does
+on a terminal, so a progress bar is one line whose text changes; the line is printed once, with its
+final text, when its newline arrives. On a live terminal (a tty), the unfinished lines that were
+redrawn (one per worker, or per rank) stay in a region at the bottom of the screen, redrawn in place,
+and whole lines print above it. In a pipe, such a line also prints its latest text once every
+PIPE_PROGRESS_S: a short bar costs one line, and a bar that runs for an hour still shows, in
+`podrun exec job.yaml | tee run.txt` or a CI log, that the job is alive.
+
+Under torchrun, each rank's lines and redraws arrive behind a header, `[rankN]:text`
+(remote/rank_output.py): they are kept apart per rank and shown as `[w1 r3] text`, each rank with
+its own live line; a blank rank line is left out. A header may also come in the middle of a line (as
+torchrun's own --tee writes a line it read before its end): the line goes on after the next header
+of its rank.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
+import time
 from collections import deque
 
 # mypy reads the import below; Python skips it: collections.abc would cost `podrun logs` 0.2 ms
@@ -17,9 +29,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-LINE_BREAK = re.compile(rb"\r\n|\n|\r")
+LINE_BREAK = re.compile(rb"\r\n|\n|\r|\[rank(\d+)\]:")  # a rank's header: remote/rank_output.py
 MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
+PIPE_PROGRESS_S = 30.0
+# a live line is redrawn at most this often, so a fast bar costs the terminal nothing; a newer text
+# waits for the next output of any worker (as with tqdm's own mininterval, the bar may lag a step)
+MIN_REDRAW_S = 0.1
+CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0a-\x1f\x7f]")  # escape sequences, control bytes
 COLOURS = (36, 33, 35, 32, 34, 31)
+SUCCESS, FAILURE, PHASE = "1;32", "1;31", "2"  # bold green, bold red, dim
+MORE_ROWS = (-1, None)  # the region's last row when more lines are live than fit the screen
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
@@ -43,35 +62,166 @@ def size_text(count: float) -> str:
     return f"{count:.1f} GB"
 
 
+def colour_wanted(stream) -> bool:
+    """Colour only on a terminal that shows it, and not when the user said no (https://no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 def say(message: str) -> None:
     """podrun's own messages go to stderr, so stdout carries only the workers' output."""
-    print(f"podrun: {message}", file=sys.stderr, flush=True)
+    _say(message)
+
+
+def say_success(message: str) -> None:
+    _say(message, SUCCESS)
+
+
+def say_failure(message: str) -> None:
+    _say(message, FAILURE)
+
+
+def say_phase(name: str, detail: str = "") -> None:
+    """A marker where a phase of the job (ship, setup, run) begins: `podrun: ── run (2 workers) ──`."""
+    _say(f"── {name} ({detail}) ──" if detail else f"── {name} ──", PHASE)
+
+
+def _say(message: str, style: str = "") -> None:
+    text = f"podrun: {message}"
+    if style and colour_wanted(sys.stderr):
+        text = f"\x1b[{style}m{text}\x1b[0m"
+    terminal = Terminal.showing
+    if terminal:  # stderr shares the screen: lift the live region off it, print, draw it again below
+        terminal.lift_now()
+    print(text, file=sys.stderr, flush=True)
+    if terminal:
+        terminal.flush()
 
 
 class Terminal:
-    """Where workers' lines are shown. If its reader goes away (`podrun exec job.yaml | head`), it
-    shows nothing more and calls on_closed; without one, the BrokenPipeError goes to the caller."""
+    """Where workers' lines are shown: whole lines, and on a tty the live region below them. If its
+    reader goes away (`podrun exec job.yaml | head`), it shows nothing more and calls on_closed;
+    without one, the BrokenPipeError goes to the caller. worker_count pads every prefix to the widest."""
 
-    def __init__(self, stream: io.BufferedIOBase | None = None, prefixed: bool = True):
+    showing: Terminal | None = None  # the terminal whose live region is on the screen now
+
+    def __init__(self, stream: io.BufferedIOBase | None = None, prefixed: bool = True, worker_count: int = 1):
         self.stream = stream or sys.stdout.buffer
         self.prefixed = prefixed
-        self.colour = self.stream.isatty()
+        self.colour = colour_wanted(self.stream)
+        self.live = self.stream.isatty() and os.environ.get("TERM") != "dumb"
+        self.label_width = len(f"[w{worker_count - 1}]") if prefixed else 0
         self.closed = False
         self.on_closed: Callable[[], None] | None = None
+        self.pending: list[bytes] = []  # what the next flush writes
+        self.live_lines: dict[tuple[int, int | None], bytes] = {}  # (worker, rank): its live line's text
+        self.rows: list[tuple[int, int | None]] = []  # the live region's rows on the screen, top to bottom
+        self.drawn_at: dict[tuple[int, int | None], float] = {}
+        self.stale: set[tuple[int, int | None]] = set()  # rows whose new text waits for its turn to be drawn
+        self.lifted = False  # the region was erased to print lines above it; the next flush draws it again
 
-    def prefix(self, index: int) -> bytes:
-        if not self.prefixed:
+    def label(self, index: int, rank: int | None) -> bytes:
+        """`[w1] `, `[w1 r3] `, padded to the widest label so far, so the lines' text starts in one column."""
+        if rank is None and not self.prefixed:
             return b""
-        label = f"[w{index}]"
+        names = [f"w{index}"] * self.prefixed + [f"r{rank}"] * (rank is not None)
+        text = f"[{' '.join(names)}]"
+        self.label_width = max(self.label_width, len(text))
+        padding = " " * (self.label_width - len(text) + 1)
         if self.colour:
-            label = f"\x1b[{COLOURS[index % len(COLOURS)]}m{label}\x1b[0m"
-        return label.encode() + b" "
+            text = f"\x1b[{COLOURS[index % len(COLOURS)]}m{text}\x1b[0m"
+        return (text + padding).encode()
 
-    def write_lines(self, prefix: bytes, lines: list[bytes]) -> None:
-        if self.closed:
+    def print_line(self, index: int, rank: int | None, text: bytes | None) -> None:
+        """A line of worker `index` (rank `rank`) is finished: it leaves the live region; `text`, if
+        given, prints above it."""
+        if self.live_lines.pop((index, rank), None) is not None or text is not None:
+            self._lift()
+        if text is not None:
+            self.pending.append(self.label(index, rank) + text + b"\n")
+
+    def show_live(self, index: int, rank: int | None, text: bytes) -> None:
+        """The unfinished line of worker `index` (rank `rank`) now shows `text`; on a live terminal only."""
+        key = (index, rank)
+        if not text.strip():  # the program erased its line
+            self.print_line(index, rank, None)
+            return
+        new = key not in self.live_lines
+        self.live_lines[key] = text
+        if new:
+            self._lift()  # the region is drawn again with a row for it, fitted to the screen
+        elif key in self.rows:
+            self.stale.add(key)
+
+    def flush(self) -> None:
+        """Write what is pending, the live region drawn again if it was lifted, and rows that waited
+        for their turn to be redrawn."""
+        if self.lifted:
+            self._draw_region()
+        now = time.monotonic()
+        for key in [key for key in self.stale if now - self.drawn_at[key] >= MIN_REDRAW_S]:
+            self._redraw_row(key)
+        self._write()
+        if self.rows:
+            Terminal.showing = self
+        elif Terminal.showing is self:
+            Terminal.showing = None
+
+    def lift_now(self) -> None:
+        """Erase the live region from the screen now, so that something else can print; flush draws it again."""
+        self._lift()
+        self._write()
+
+    def _lift(self) -> None:
+        if not self.live:
+            return
+        if self.rows:
+            self.pending.append(b"\x1b[%dA\r\x1b[J" % len(self.rows))
+            self.rows = []
+        self.stale.clear()
+        self.lifted = True
+
+    def _draw_region(self) -> None:
+        self.lifted = False
+        keys = list(self.live_lines)
+        if not keys:
+            self.rows = []
+            return
+        columns, lines = self._size()
+        room = max(1, lines - 2)  # a region taller than the screen could not be erased
+        self.rows = keys if len(keys) <= room else keys[:room - 1] + [MORE_ROWS]
+        for key in self.rows:
+            self.pending.append(self._row(key, columns) + b"\n")
+
+    def _redraw_row(self, key: tuple[int, int | None]) -> None:
+        up = len(self.rows) - self.rows.index(key)
+        row = self._row(key, self._size()[0])
+        self.pending.append(b"\x1b[%dA\r\x1b[2K%s\r\x1b[%dB" % (up, row, up))
+        self.stale.discard(key)
+
+    def _row(self, key: tuple[int, int | None], columns: int) -> bytes:
+        """A live row, cut to the screen's width: a row that wrapped could not be erased."""
+        self.drawn_at[key] = time.monotonic()
+        if key == MORE_ROWS:
+            text = f"... and {len(self.live_lines) - len(self.rows) + 1} more live lines"
+            return (f"\x1b[2m{text}\x1b[0m" if self.colour else text).encode()
+        label = self.label(*key)
+        text = CONTROL.sub("", self.live_lines[key].decode(errors="replace").expandtabs())
+        label_columns = self.label_width + 1 if label else 0
+        return label + _fit(text, columns - 1 - label_columns).encode()
+
+    def _size(self) -> tuple[int, int]:
+        try:
+            size = os.get_terminal_size(self.stream.fileno())
+        except (OSError, ValueError):  # not a real terminal (a test's stream)
+            return 80, 24
+        return size.columns, size.lines
+
+    def _write(self) -> None:
+        data, self.pending = b"".join(self.pending), []
+        if self.closed or not data:
             return
         try:
-            self.stream.write(b"".join(prefix + line + b"\n" for line in lines))
+            self.stream.write(data)
             self.stream.flush()
         except BrokenPipeError:
             self.closed = True
@@ -80,39 +230,131 @@ class Terminal:
             self.on_closed()
 
 
+def _fit(text: str, columns: int) -> str:
+    """The start of `text` that fills at most `columns` columns (East Asian wide characters take two)."""
+    if text.isascii():
+        return text[:max(columns, 0)]
+    import unicodedata  # here: only a live row with non-ASCII text needs it
+
+    used = 0
+    for position, char in enumerate(text):
+        used += 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        if used > columns:
+            return text[:position]
+    return text
+
+
+class _Line:
+    """An unfinished line: the text since its last carriage return, and what it showed before that."""
+
+    __slots__ = ("text", "shown", "redrawn", "since")
+
+    def __init__(self) -> None:
+        self.text = b""
+        self.shown = b""
+        self.redrawn = False
+        self.since = time.monotonic()  # its start, or when a pipe last saw its progress
+
+    def final(self) -> bytes:
+        return self.text or self.shown  # an empty last segment (`bar\r\r\n`) leaves the bar on screen
+
+
 class WorkerOutput:
-    """One worker's stream: logged, split into lines, shown prefixed, its last lines kept."""
+    """One worker's stream: logged byte for byte, cut into lines, shown prefixed, its last lines kept.
+
+    tail() is the worker's last finished lines as a person sees them: a redrawn line once, with its
+    final text; a rank's line with torchrun's prefix, `[rank3]:text`, so a failure report can pick
+    the failed rank's lines; blank lines of ranks and of redrawn lines left out."""
 
     def __init__(self, index: int, terminal: Terminal | None, log: io.RawIOBase | None, keep: int = 50):
+        self.index = index
         self.terminal = terminal
-        self.prefix = terminal.prefix(index) if terminal else b""
         self.log = log
-        self.pending = b""
+        self.pending = b""  # bytes after the last line break or rank header
+        self.lines: dict[int | None, _Line] = {}  # unfinished lines by rank; None: the worker's own
+        self.rank: int | None = None  # the rank whose line the next bytes continue
         self.last_lines: deque[bytes] = deque(maxlen=keep)
 
     def feed(self, data: bytes) -> None:
         if self.log:
             self.log.write(data)
         self.pending += data
-        # a trailing \r may be the first half of \r\n: wait for the next byte before ending the line
-        end = max(self.pending.rfind(b"\n"), self.pending.rfind(b"\r", 0, len(self.pending) - 1))
-        if end >= 0:
-            complete, self.pending = self.pending[:end + 1], self.pending[end + 1:]
-            self._show(LINE_BREAK.split(complete)[:-1])
+        consumed = 0
+        for match in LINE_BREAK.finditer(self.pending):
+            if match.end() == len(self.pending) and match[0] == b"\r":
+                break  # it may be the first half of \r\n: wait for the next byte
+            self._add(self.pending[consumed:match.start()])
+            self._take(match)
+            consumed = match.end()
+        self.pending = self.pending[consumed:]
         while len(self.pending) >= MAX_LINE:
-            piece, self.pending = self.pending[:MAX_LINE], self.pending[MAX_LINE:]
-            self._show([piece])
+            self._add(self.pending[:MAX_LINE])
+            self.pending = self.pending[MAX_LINE:]
+            self._end_line()
+        if self.terminal:
+            self._show_unfinished()
+            self.terminal.flush()
 
     def close(self) -> None:
-        """Show what is left of an unterminated last line."""
-        if self.pending:
-            self._show(LINE_BREAK.split(self.pending.rstrip(b"\r")))
-            self.pending = b""
+        """Show what is left of the unfinished lines, each with its final text."""
+        self._add(self.pending.rstrip(b"\r"))
+        if self.pending.endswith(b"\r"):
+            self._carriage_return()
+        self.pending = b""
+        for rank in list(self.lines):
+            self.rank = rank
+            self._end_line()
+        if self.terminal:
+            self.terminal.flush()
 
     def tail(self) -> list[str]:
         return [line.decode(errors="replace") for line in self.last_lines]
 
-    def _show(self, lines: list[bytes]) -> None:
-        self.last_lines.extend(lines)
-        if self.terminal and lines:
-            self.terminal.write_lines(self.prefix, lines)
+    def _current(self) -> _Line:
+        return self.lines.setdefault(self.rank, _Line())
+
+    def _add(self, text: bytes) -> None:
+        if text:
+            self._current().text += text
+
+    def _take(self, match: re.Match[bytes]) -> None:
+        if match[0] == b"\r":
+            self._carriage_return()
+        elif match[1] is None:
+            self._end_line()
+        elif self.rank is None and None in self.lines:  # `[rank3]:` inside a line of the worker's own
+            self._add(match[0])
+        else:
+            self.rank = int(match[1])
+
+    def _show_unfinished(self) -> None:
+        """On a live terminal, the current line's text as the terminal would show it: what was written
+        since its last carriage return (tqdm writes `\r` then the new state), or else the state before."""
+        line = self.lines.get(self.rank)
+        if self.terminal and self.terminal.live and line and line.redrawn:
+            self.terminal.show_live(self.index, self.rank, line.text + self.pending.rstrip(b"\r") or line.shown)
+
+    def _carriage_return(self) -> None:
+        line = self._current()
+        line.redrawn = True
+        if line.text:
+            line.shown, line.text = line.text, b""
+        if not self.terminal or not line.shown:
+            return
+        if self.terminal.live:
+            self.terminal.show_live(self.index, self.rank, line.shown)
+        elif time.monotonic() - line.since >= PIPE_PROGRESS_S and line.shown.strip():
+            line.since = time.monotonic()
+            self.terminal.print_line(self.index, self.rank, line.shown)
+
+    def _end_line(self) -> None:
+        line, rank = self.lines.pop(self.rank, _Line()), self.rank
+        self.rank = None
+        text = line.final()
+        # a redrawn line left blank was erased; a rank's blank line is mostly a \r that torchrun's
+        # --tee turned into a newline
+        shown = text if text.strip() or not (line.redrawn or rank is not None) else None
+        if shown is not None:
+            self.last_lines.append(shown if rank is None else b"[rank%d]:%s" % (rank, shown))
+        if self.terminal:
+            self.terminal.print_line(self.index, rank, shown)

@@ -15,7 +15,7 @@ from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
 from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"
-RANK_PREFIX_VARIABLE, RANK_PREFIX = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:"
+CONTAINER_SHELL_TRAP = "trap 'exit 143' TERM\n"  # see _in_docker
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,11 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
         run = spec.run
         container = f"podrun-{job_id}-w{worker.index}" if spec.docker else None
         if spec.torchrun:
-            env = {RANK_PREFIX_VARIABLE: RANK_PREFIX, **env}
-            # --tee: each rank's lines reach the worker's output whole, never two ranks in one line,
-            # and with RANK_PREFIX podrun can show which rank wrote each (output.py)
+            # torchrun runs each rank as rank_output.py SCRIPT ARGS (the agent puts it in the job's
+            # directory): its lines reach the worker's output whole and marked with the rank
             run = (f"torchrun --nnodes={len(workers)} --node_rank={worker.index}"
                    f" --nproc_per_node={spec.torchrun.nproc_per_node}"
-                   f' --rdzv_endpoint={master_addr}:{port} --tee=3 --log-dir="$PODRUN_JOB_DIR/torchrun" {run}')
+                   f' --rdzv_endpoint={master_addr}:{port} "$PODRUN_JOB_DIR/rank_output.py" {run}')
         if container and spec.docker:
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
         plans.append(WorkerPlan(worker, paths.remote_run_dir(spec.name), code_dir, env, spec.setup, run, secret_keys,
@@ -98,10 +97,15 @@ def _secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> di
 
 
 def _in_docker(docker: Docker, target_flags: tuple[str, ...], container: str, env_keys: list[str], run: str) -> str:
-    # --net=host: workers rendezvous on the host's addresses; the code dir is mounted at its own path
-    argv = ["docker", "run", "--rm", "--net=host", f"--name={container}"]
+    # --net=host: workers rendezvous on the host's addresses; the code dir is mounted at its own path.
+    # --init: `docker stop` signals only the container's PID 1, and a shell there ignores SIGTERM (the
+    # kernel drops it for a PID 1 without a handler): docker's init passes it, once, to the shell's
+    # whole process group, and the shell's trap waits for the job to finish saving before it exits
+    argv = ["docker", "run", "--rm", "--net=host", f"--name={container}", "--init", "--env=TINI_KILL_PROCESS_GROUP=1"]
     argv += target_flags
-    argv += [f"--env={key}" for key in env_keys]  # values come from the agent's environment, not argv
+    # values come from the agent's environment, not argv; PODRUN_JOB_DIR is the agent's own
+    argv += [f"--env={key}" for key in [*env_keys, "PODRUN_JOB_DIR"]]
     argv += [*docker.args, docker.image]
-    mount = '-v "$PWD:$PWD" -w "$PWD"'
-    return f"{shlex.join(argv[:5])} {mount} {shlex.join(argv[5:])} sh -c {shlex.quote(run)}"
+    # the run directory is the container's working directory; the job's directory holds rank_output.py
+    mount = '-v "$PWD:$PWD" -w "$PWD" -v "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR"'
+    return f"{shlex.join(argv[:5])} {mount} {shlex.join(argv[5:])} sh -c {shlex.quote(CONTAINER_SHELL_TRAP + run)}"

@@ -8,7 +8,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,11 +24,12 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from podrun.errors import SpecError
+from podrun.errors import PodrunError, SpecError
 
 DEFAULT_LOCAL_WORKERS = 2
 DEFAULT_RDZV_PORT = 29500
@@ -34,11 +37,21 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Set by podrun on every worker (the README's "What every worker gets"); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
-                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT")
+                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR")
 PLAIN_KEY = re.compile(r"^[\w-]+$")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 SURROGATE = re.compile("[\ud800-\udfff]")
-INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+INT_TAG, FLOAT_TAG, MERGE_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:merge"
+DEFAULT_STOP_GRACE_S = 30.0
+MAX_STOP_GRACE_S = 3600.0
+DURATION_EXAMPLES = "30s, 2m, 90 (seconds) or 1m30s"
+_NUMBER = r"\d+(?:\.\d+)?"
+# seconds, or hours, minutes and seconds; no named groups, for editors' (JavaScript) regular expressions too
+DURATION = re.compile(rf"(?=\d)(?:({_NUMBER})|(?:({_NUMBER})h)?(?:({_NUMBER})m)?(?:({_NUMBER})s)?)")
+# what `run` holds is guessed at only when it is one plain command
+SHELL_SYNTAX = re.compile(r"[;&|$`\n()<>]")
+PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 class _Model(BaseModel):
@@ -68,8 +81,7 @@ class Target(_Model):
     def _not_empty(cls, value: Any, info: ValidationInfo) -> Any:
         # absent and empty differ: `hosts:` with nothing after it names the kind but no machine
         if value is None:
-            wanted = "the TPU VM's fields (at least name)" if info.field_name == "tpu" else (
-                "a list of hosts (host, user@host, host:port or user@host:port)")
+            wanted = "the TPU VM's fields (at least name)" if info.field_name == "tpu" else f"a list of hosts ({HOST_FORMS})"
             raise ValueError(f"expected {wanted}, got nothing")
         return value
 
@@ -97,6 +109,7 @@ class SshOptions(_Model):
     check_host_keys: bool = Field(True, description="trust on first use, refuse changed host keys")
 
 
+HOST_FORMS = "host, user@host, host:port or user@host:port"
 HOST_ENTRY = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^@:\s\[\]]+))"
                         r"(?::(?P<port>\d{1,5}))?$")
 
@@ -105,7 +118,7 @@ def parse_host(entry: str) -> tuple[str | None, str, int | None]:
     """`host`, `user@host`, `host:port`, `user@host:port` (IPv6 in brackets) -> (user, host, port)."""
     match = HOST_ENTRY.match(entry)
     if not match or (match["port"] and not 1 <= int(match["port"]) <= 65535):
-        raise ValueError(f"expected host, user@host, host:port or user@host:port, got {entry!r}")
+        raise ValueError(f"expected {HOST_FORMS}, got {entry!r}")
     return match["user"], match["ipv6"] or match["host"], int(match["port"]) if match["port"] else None
 
 
@@ -119,9 +132,11 @@ HostEntry = Annotated[str, AfterValidator(_host_entry)]
 
 def _nproc_per_node(value: Any) -> Any:
     # one message for the whole union, instead of one per member under pydantic's member tags
-    if value in ("auto", "gpu", "cpu") or (type(value) is int and value >= 1):
+    if isinstance(value, str) and value.lower() in ("auto", "gpu", "cpu"):
+        return value.lower()
+    if type(value) is int and value >= 1:
         return value
-    raise ValueError(f"expected a number of processes >= 1, or auto, gpu or cpu; got {value!r}")
+    raise ValueError(f"expected {EXPECTED['torchrun.nproc_per_node']}, got {_got(value)}")
 
 
 class Torchrun(_Model):
@@ -152,6 +167,40 @@ def _not_reserved(key: str) -> str:
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 EnvKey = Annotated[str, Field(pattern=ENV_KEY_PATTERN)]
 UserEnvKey = Annotated[EnvKey, AfterValidator(_not_reserved)]
+DeviceName = Literal["TPU", "CUDA", "ROCM", "CPU"]
+DEVICES: tuple[str, ...] = typing.get_args(DeviceName)
+
+
+def _device(value: Any) -> Any:
+    if isinstance(value, str) and value.upper() in DEVICES:
+        return value.upper()
+    raise ValueError(f"expected {EXPECTED['device']}, got {_got(value)}")
+
+
+Device = Annotated[DeviceName, BeforeValidator(_device),
+                   WithJsonSchema({"enum": [*DEVICES, *(device.lower() for device in DEVICES)], "type": "string"})]
+
+
+def _duration_s(text: str) -> float | None:
+    """`30s`, `2m`, `1h`, `1m30s` or a plain number of seconds (`90`, `2.5`) -> seconds; None if none of those."""
+    match = DURATION.fullmatch(text.strip())
+    if not match:
+        return None
+    plain, hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    return plain + hours * 3600 + minutes * 60 + seconds
+
+
+def parse_stop_grace(value: Any) -> float:
+    """`stop_grace` (and `exec --grace`): a duration from 0s to 1h, a number being seconds -> seconds."""
+    seconds = _duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    if seconds is None or not 0 <= seconds <= MAX_STOP_GRACE_S:  # NaN fails the comparison too
+        raise ValueError(f"expected {EXPECTED['stop_grace']}, got {_got(value)}")
+    return float(seconds)
+
+
+StopGrace = Annotated[float, BeforeValidator(parse_stop_grace), WithJsonSchema({"anyOf": [
+    {"type": "number", "minimum": 0, "maximum": MAX_STOP_GRACE_S},
+    {"type": "string", "pattern": f"^{DURATION.pattern}$"}]})]
 
 
 class JobSpec(_Model):
@@ -166,9 +215,13 @@ class JobSpec(_Model):
     run: str = Field(min_length=1, description="the command; with torchrun: the script and its args")
     env: dict[UserEnvKey, EnvValue] = Field(default_factory=dict)
     secret_env: list[EnvKey] = Field(default_factory=list)
-    device: Literal["TPU", "CUDA", "ROCM", "CPU"] | None = Field(None, description="PJRT_DEVICE")
+    device: Device | None = Field(None, description="PJRT_DEVICE: TPU, CUDA, ROCM or CPU, in any case")
     torchrun: Torchrun | None = None
     docker: Docker | None = None
+    stop_grace_s: StopGrace = Field(
+        DEFAULT_STOP_GRACE_S, alias="stop_grace",
+        description="how long a stopped job's processes get between SIGTERM and SIGKILL, to save a checkpoint: "
+                    f"a duration such as {DURATION_EXAMPLES}, from 0s to 1h; default 30s")
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
 
     @property
@@ -177,6 +230,56 @@ class JobSpec(_Model):
 
     def is_secret(self, key: str) -> bool:
         return key in self.secret_env or bool(SECRET_KEY_PATTERN.search(key))
+
+
+VARIABLE_NAME = ("a variable name", "use letters, digits and '_', not starting with a digit")
+# (what it is not, the rule) for the fields with a pattern; `*` is any list index or env key, `[key]` the key itself
+NAME_RULES = {
+    "name": ("a valid name", "use letters, digits, '.', '_' and '-', starting with a letter or digit"),
+    "env.*.[key]": VARIABLE_NAME,
+    "secret_env.*": VARIABLE_NAME,
+}
+PORT = "a port number from 1 to 65535"
+# what every other field takes, as an error message says it: "expected ..."
+EXPECTED = {
+    "target": "a mapping with one of tpu, hosts or local, such as {local: {workers: 2}}",
+    "target.tpu": "a mapping such as {name: my-pod, zone: us-central2-b}",
+    "target.tpu.name": "the TPU VM's name, such as my-pod",
+    "target.tpu.zone": "a zone such as us-central2-b",
+    "target.tpu.project": "a project id such as my-project",
+    "target.tpu.internal_ip": "true or false",
+    "target.hosts": "a list of hosts such as [10.0.0.2, gpu-node-1, user@10.0.0.4:2222]",
+    "target.hosts.*": HOST_FORMS,
+    "target.local": "a mapping such as {workers: 2}",
+    "target.local.workers": "a number of workers from 1 to 256",
+    "ssh": "a mapping such as {user: root, port: 22, identity_file: ~/.ssh/id_ed25519}",
+    "ssh.user": "a user name such as root",
+    "ssh.port": PORT,
+    "ssh.identity_file": "the path of a private key such as ~/.ssh/id_ed25519",
+    "ssh.check_host_keys": "true or false",
+    "workdir": "a directory (relative to the spec file)",
+    "setup": "a shell command such as pip install -r requirements.txt",
+    "run": "the command to run, such as python3 train.py (with torchrun: the script and its arguments)",
+    "env": "a mapping of variable names to values, such as {WANDB_MODE: offline}",
+    "env.*": "a string or number",
+    "secret_env": "a list of variable names such as [WANDB_API_KEY]",
+    "device": "TPU, CUDA, ROCM or CPU (in any case)",
+    "torchrun": "a mapping such as {nproc_per_node: 4, port: 29500}",
+    "torchrun.nproc_per_node": "a number of processes >= 1, or auto, gpu or cpu",
+    "torchrun.port": PORT,
+    "docker": "a mapping such as {image: us-docker.pkg.dev/my-proj/repo/xla:r2.5, args: [--shm-size=16g]}",
+    "docker.image": "an image such as us-docker.pkg.dev/my-proj/repo/xla:r2.5",
+    "docker.args": "a list of `docker run` arguments such as [--shm-size=16g]",
+    "docker.args.*": "a `docker run` argument such as --shm-size=16g",
+    "stop_grace": f"a duration from 0s to 1h such as {DURATION_EXAMPLES}",
+}
+
+
+class SpecProblems(SpecError):
+    """Every problem found in one spec, one line each, as a SpecError says one."""
+
+    def __init__(self, path: Path, problems: list[tuple[str | None, str]]):
+        PodrunError.__init__(self, "\n".join(str(SpecError(path, field, expected)) for field, expected in problems))
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -191,7 +294,7 @@ def load_spec(path: str | Path) -> JobSpec:
     except ValueError:  # the only other error open() raises: a NUL byte in the name
         raise SpecError(repr(str(path)), None, "expected a file name, this one holds a NUL byte") from None
     try:
-        data = _parse_yaml(text)
+        data = _parse_yaml(path, text)
         _refuse_unusable_text(path, data)
     except yaml.YAMLError as error:
         raise SpecError(path, None, _yaml_problem(error)) from None
@@ -207,7 +310,9 @@ def load_spec(path: str | Path) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as error:
-        raise _spec_error(path, error) from None
+        raise SpecProblems(path, _problems(error)) from None
+    if spec.torchrun:
+        _refuse_python_under_torchrun(path, spec.run)
     expanded = os.path.expanduser(spec.workdir)  # pathlib's would raise for ~user of no user
     if expanded.startswith("~"):
         raise SpecError(path, "workdir", f"expected an existing directory, {spec.workdir} is no user's home here")
@@ -219,12 +324,16 @@ def load_spec(path: str | Path) -> JobSpec:
     return resolved
 
 
-def _parse_yaml(text: str) -> Any:
-    """The document as yaml.safe_load reads it, except that a number under `env` stays as it was
-    written: YAML reads `3.10` as 3.1 and `0x1F` as 31, but a variable gets the text in the file."""
+def _parse_yaml(path: Path, text: str) -> Any:
+    """The document as yaml.safe_load reads it, except that a key given twice is an error (PyYAML keeps
+    the last one silently), and that a number under `env` stays as it was written: YAML reads `3.10` as
+    3.1 and `0x1F` as 31, but a variable gets the text in the file."""
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
+        duplicates = list(_duplicate_keys(root, (), set())) if root is not None else []
+        if duplicates:
+            raise SpecProblems(path, duplicates)
         data = loader.construct_document(root) if root is not None else None
     finally:
         loader.dispose()
@@ -235,6 +344,83 @@ def _parse_yaml(text: str) -> Any:
                 if isinstance(value, yaml.ScalarNode) and value.tag in (INT_TAG, FLOAT_TAG):
                     data["env"][loader.construct_object(key)] = value.value
     return data
+
+
+def _duplicate_keys(node: yaml.Node, field: tuple[str, ...], seen: set[int]) -> Iterator[tuple[str | None, str]]:
+    """(field path, problem) for each key given twice in one mapping; `seen` stops at an alias met again."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first_lines: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            where = (*field, str(key.value))
+            if isinstance(key, yaml.ScalarNode) and key.tag != MERGE_TAG:  # `<<: *defaults` may be overridden
+                line, first = key.start_mark.line + 1, first_lines.get((key.tag, key.value))
+                if first is None:
+                    first_lines[key.tag, key.value] = line
+                else:
+                    lines = f"line {line}" if first == line else f"line {first} and line {line}"
+                    yield _field_path(where), f"given twice, on {lines}; keep one"
+            yield from _duplicate_keys(value, where, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _duplicate_keys(item, (*field, str(index)), seen)
+
+
+def _refuse_python_under_torchrun(path: Path, run: str) -> None:
+    words = run.split()
+    if words and PYTHON.match(words[0]):
+        script = _after_python(words)
+        fix = f"drop it: run: {' '.join(script)}" if script else "drop it and name the script"
+        raise SpecError(path, "run", f"with torchrun, run is the script and its arguments: torchrun starts Python "
+                                     f"itself, so it would run {words[0]!r} as the script; {fix}")
+
+
+def _after_python(words: list[str]) -> list[str] | None:
+    """The script and its arguments of `python [options] script args...`; None with -m, -c or - (stdin)."""
+    rest = words[1:]
+    while rest and rest[0].startswith("-"):
+        option = rest.pop(0)
+        if option == "--":
+            break
+        if option == "-" or option.startswith(("-m", "-c")):
+            return None
+        if option in ("-W", "-X"):  # the options that take their value as the next word
+            rest = rest[1:]
+    return rest
+
+
+def check_run_script(spec: JobSpec) -> None:
+    """Before a run: a script that `run` names (a relative path ending in .py or holding a /) is in the workdir."""
+    script = _script_in(spec)
+    # `setup` may make it: a download, a build, a checkout
+    if script is None or script in (spec.setup or "") or (Path(spec.workdir) / script).exists():
+        return
+    folder = Path(spec.workdir) / os.path.dirname(script)
+    names = sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
+    nearest = difflib.get_close_matches(os.path.basename(script), names, n=1)
+    hint = f"; did you mean {os.path.join(os.path.dirname(script), nearest[0])}?" if nearest else ""
+    raise SpecError(spec.path, "run", f"{script} is not in the workdir ({spec.workdir}){hint}")
+
+
+def _script_in(spec: JobSpec) -> str | None:
+    """The relative path of the file `run` starts, when it plainly names one; shell syntax is not guessed at."""
+    if SHELL_SYNTAX.search(spec.run):
+        return None
+    try:
+        words = shlex.split(spec.run)
+    except ValueError:  # unbalanced quotes: the shell will say so
+        return None
+    while words and ASSIGNMENT.match(words[0]):  # `OMP_NUM_THREADS=1 python3 train.py`
+        words = words[1:]
+    if words and not spec.torchrun and PYTHON.match(words[0]):
+        words = _after_python(words) or []
+    if not words:
+        return None
+    script = words[0]
+    looks_like_file = script.endswith(".py") or "/" in script
+    return script if looks_like_file and not script.startswith(("/", "~")) else None
 
 
 def _refuse_unusable_text(path: Path, data: Any, field: tuple[str, ...] = ()) -> None:
@@ -288,37 +474,60 @@ def _yaml_kind(value: Any) -> str:
     return kinds.get(type(value), f"a {type(value).__name__}")
 
 
-def _spec_error(path: Path, error: ValidationError) -> SpecError:
-    first = error.errors()[0]
-    loc = [str(part) for part in first["loc"] if part != "[key]"]
-    field = _field_path(loc)
-    kind, message = first["type"], first["msg"]
+def _problems(error: ValidationError) -> list[tuple[str | None, str]]:
+    """(field path, what is expected) for each of pydantic's errors, in podrun's words, without repeats."""
+    problems: list[tuple[str | None, str]] = []
+    for detail in error.errors():
+        loc = [str(part) for part in detail["loc"]]
+        problem = (_field_path([part for part in loc if part != "[key]"]), _in_plain_words(detail, loc))
+        if problem not in problems:
+            problems.append(problem)
+    return problems
+
+
+def _in_plain_words(detail: Any, loc: list[str]) -> str:
+    kind, value = detail["type"], detail.get("input")
+    if kind == "value_error":  # raised by podrun's own validators: already in its words
+        return detail["msg"].removeprefix("Value error, ").replace("\n", "\\n")
     if kind == "extra_forbidden":
         known = _field_names(loc[:-1])
         nearest = difflib.get_close_matches(loc[-1], known, n=1)
-        hint = f"did you mean {nearest[0]!r}?" if nearest else f"expected one of: {', '.join(known)}"
-        expected = f"unknown field; {hint}"
-    elif kind == "missing":
-        expected = "required field is missing"
-    else:
-        expected = message.removeprefix("Value error, ").replace("Input should be", "expected")
-        if kind != "value_error" and "input" in first and not isinstance(first["input"], (dict, list)):
-            expected += f", got {first['input']!r}"
-    more = error.error_count() - 1
-    expected = expected.replace("\n", "\\n")
-    return SpecError(path, field, expected + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
+        return "unknown field; " + (f"did you mean {nearest[0]!r}?" if nearest else f"expected one of: {', '.join(known)}")
+    shape = _shape(loc)
+    if kind == "string_pattern_mismatch":
+        noun, rule = NAME_RULES[shape]
+        return f"{_got(value)} is not {noun}: {rule}"
+    expected = EXPECTED.get(shape) or "{} ({})".format(*NAME_RULES[shape])
+    if kind == "missing":
+        return f"required field is missing; expected {expected}"
+    return f"expected {expected}, got {_got(value)}"
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+    if type(value) in (int, float):
+        return str(value)
+    return ("an empty " + _yaml_kind(value).removeprefix("a ")) if value in ([], {}) else _yaml_kind(value)
+
+
+def _shape(loc: list[str]) -> str:
+    """`loc` with each list index and mapping key that is not a field as `*`: `target.hosts.*`, `env.*.[key]`."""
+    return ".".join(part if part == "[key]" or part in _field_names(loc[:index]) else "*"
+                    for index, part in enumerate(loc))
 
 
 def _field_names(loc: list[str]) -> list[str]:
-    """The valid field names of the model found at `loc` inside JobSpec."""
-    model: type[BaseModel] = JobSpec
+    """The valid field names (as written in a spec) of the model found at `loc` inside JobSpec."""
+    model: type[BaseModel] | None = JobSpec
     for part in loc:
-        annotation = model.model_fields[part].annotation if part in model.model_fields else None
-        nested = _model_in(annotation)
-        if nested is None:
-            return []
-        model = nested
-    return list(model.model_fields)
+        field = _fields(model).get(part) if model else None
+        model = _model_in(field.annotation) if field else None
+    return list(_fields(model)) if model else []
+
+
+def _fields(model: type[BaseModel]) -> dict[str, Any]:
+    return {field.alias or name: field for name, field in model.model_fields.items()}
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -31,11 +31,12 @@ class Check:
         self.env, self.cwd = env, cwd
         self.failures: list[str] = []
 
-    def run(self, *args: str, expect: int = 0, stdin: str | None = None) -> str:
-        """Run `podrun ARGS`; record a failure on a traceback or an unexpected exit code."""
+    def run(self, *args: str, expect: int = 0, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+        """Run `podrun ARGS` (with `env` added to the environment); record a failure on a traceback or
+        an unexpected exit code."""
         failures_before = len(self.failures)
-        result = subprocess.run(["podrun", *args], capture_output=True, text=True, env=self.env, cwd=self.cwd,
-                                input=stdin, timeout=120)
+        result = subprocess.run(["podrun", *args], capture_output=True, text=True, env={**self.env, **(env or {})},
+                                cwd=self.cwd, input=stdin, timeout=120)
         output = result.stdout + result.stderr
         shown = " ".join(args)
         if any(mark in output for mark in CRASH_MARKS):
@@ -59,6 +60,8 @@ def main() -> int:
         commands_and_specs(check, scratch_dir)
         with stand_in(env) as url:
             tpu_commands(check, env, url, scratch_dir)
+        with stand_in(env, "--stall", "inf") as url:  # an API that never answers: one line after the timeout
+            check.run("list", expect=1, env={"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/", "PODRUN_API_TIMEOUT": "2"})
     print(f"user_path: {podrun}: " + ("no crash, every exit code as expected" if not check.failures else
                                       f"{len(check.failures)} problem(s)"))
     for failure in check.failures:
@@ -91,13 +94,13 @@ def commands_and_specs(check: Check, scratch: Path) -> None:
 class stand_in:
     """tests/tpu_stand_in.py as a server process, for as long as the `with` block runs."""
 
-    def __init__(self, env: dict[str, str]):
-        self.env = env
+    def __init__(self, env: dict[str, str], *options: str):
+        self.env, self.options = env, options
 
     def __enter__(self) -> str:
         self.process = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "tpu_stand_in.py"), "--hosts", *STAND_IN_WORKERS, "--delay", "0.2"],
-            stdout=subprocess.PIPE, text=True, env=self.env)
+            [sys.executable, str(REPO / "tests" / "tpu_stand_in.py"), "--hosts", *STAND_IN_WORKERS, "--delay", "0.2",
+             *self.options], stdout=subprocess.PIPE, text=True, env=self.env)
         return self.process.stdout.readline().strip()  # it prints its URL once it listens
 
     def __exit__(self, *exc) -> None:
@@ -118,6 +121,7 @@ def tpu_commands(check: Check, env: dict[str, str], url: str, scratch: Path) -> 
     check.run("describe", "absent", expect=1)
     check.run("delete", "my-pod", "--yes")
     check.run("create", "v9-8", expect=2)
+    check.run("create", "v5e-8", expect=2)  # did you mean v5litepod-8
 
 
 if __name__ == "__main__":

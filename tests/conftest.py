@@ -249,3 +249,7 @@ def pytest_terminal_summary(terminalreporter):
             ordered = sorted(times)
             terminalreporter.write_line(f"  {row}: {ordered[0]:.2f} / {ordered[len(ordered) // 2]:.2f} / "
                                         f"{ordered[-1]:.2f} s over {len(times)} runs")
+
+
+# the docker engine (tests/docker_lab.py): its fixtures, registered for every test module
+from docker_lab import docker, docker_engine  # noqa: E402, F401

@@ -6,6 +6,7 @@ import contextlib
 import io
 import ipaddress
 import os
+import re
 import socket
 from pathlib import Path
 from unittest import mock
@@ -55,6 +56,13 @@ def mutated_specs(draw) -> object:
     return draw(st.sampled_from([spec, spec, spec, draw(values)]))
 
 
+def spec_path(tmp_path_factory) -> Path:
+    """Where a generated spec goes: a fresh folder, its workdir, holding the script VALID runs."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    (folder / "train.py").write_text("")
+    return folder / "job.yaml"
+
+
 def run_cli(*args: str) -> tuple[int, str]:
     errors = io.StringIO()
     with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
@@ -72,13 +80,19 @@ def literal_addresses_only(host, *args, **kwargs):
 
 
 real_getaddrinfo = socket.getaddrinfo
+PYDANTIC_WORDS = re.compile(r"Input should|instance of|should match pattern|type=|For further information|"
+                            r"errors\.pydantic|model_type|[Vv]alidation error|Field required|Value error")
 
 
 def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
+    """Success, or exit 2 with one line per problem, each naming the file, in podrun's words."""
     if code == 0:
         return
     assert code == 2, stderr
-    assert stderr.count("\n") == 1 and stderr.startswith(f"podrun: error: {spec_path}: "), stderr
+    lines = stderr.splitlines(keepends=True)
+    assert lines[0].startswith(f"podrun: error: {spec_path}: "), stderr
+    assert all(line.startswith(f"{spec_path}: ") and line.endswith("\n") for line in lines[1:]), stderr
+    assert not PYDANTIC_WORDS.search(stderr), stderr
 
 
 @settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
@@ -89,7 +103,7 @@ def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
 @example(spec={**VALID, "target": {"hosts": None}})  # found by scripts/fuzz.py: an IndexError once
 @example(spec={"\n": ["\x00"]})  # found by scripts/fuzz.py: the field path broke the line
 def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
-    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path = spec_path(tmp_path_factory)
     path.write_text(yaml.safe_dump(spec) if not isinstance(spec, str) else spec)
     code, stderr = run_cli("validate", str(path))
     assert_success_or_one_line(code, stderr, path)
@@ -99,7 +113,7 @@ def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
 @given(spec=mutated_specs())
 def test_generated_specs_dry_run_or_fail_in_one_line(spec, tmp_path_factory, monkeypatch):
     assume(not (isinstance(spec, dict) and isinstance(spec.get("target"), dict) and "tpu" in spec["target"]))
-    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path = spec_path(tmp_path_factory)
     path.write_text(yaml.safe_dump(spec))
     monkeypatch.setenv("PODRUN_HOME", str(path.parent / "home"))
     with mock.patch("socket.getaddrinfo", literal_addresses_only):
@@ -110,7 +124,7 @@ def test_generated_specs_dry_run_or_fail_in_one_line(spec, tmp_path_factory, mon
 @given(text=st.text(max_size=200))
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 def test_any_text_as_a_spec_validates_or_fails_in_one_line(text, tmp_path_factory):
-    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path = spec_path(tmp_path_factory)
     path.write_text(text)
     code, stderr = run_cli("validate", str(path))
     assert_success_or_one_line(code, stderr, path)

@@ -160,7 +160,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
         secret_env: [PLAIN_SECRET]
         run: train.py --lr 0.1
         torchrun: {nproc_per_node: 4, port: 29411}
-    """)
+    """, files={"train.py": ""})
     result = podrun("exec", spec, "--dry-run", env={"PLAIN_SECRET": "s3cret", "PATH": "/usr/bin:/bin",
                                                      "PODRUN_HOME": str(home)})
     assert result.returncode == 0, result.stderr
@@ -170,8 +170,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
     assert "export PLAIN=visible" in result.stdout
     for index in (0, 1):
         assert (f"torchrun --nnodes=2 --node_rank={index} --nproc_per_node=4 "
-                f'--rdzv_endpoint=127.0.0.1:29411 --tee=3 --log-dir="$PODRUN_JOB_DIR/torchrun" train.py --lr 0.1'
-                ) in result.stdout
+                f'--rdzv_endpoint=127.0.0.1:29411 "$PODRUN_JOB_DIR/rank_output.py" train.py --lr 0.1') in result.stdout
         assert f"export PODRUN_WORKER={index}" in result.stdout
     assert not home.exists()  # no job record, no worker directories
 
@@ -239,7 +238,7 @@ def test_output_lines_keep_their_prefix_and_bytes_reach_the_log_unchanged(home, 
     """)
     result = podrun("exec", spec, text=False)
     assert result.returncode == 0
-    assert result.stdout == b"[w0] progress 1\n[w0] progress 2\n[w0] done\n[w0] no newline at the end \xff\n"
+    assert result.stdout == b"[w0] done\n[w0] no newline at the end \xff\n"  # a redrawn line: its final text
     job_id = job_id_in(result.stderr.decode())
     assert (home / "jobs" / job_id / "w0.log").read_bytes() == b"progress 1\rprogress 2\rdone\nno newline at the end \xff"
 

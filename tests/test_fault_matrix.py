@@ -1,7 +1,8 @@
 """The fault matrix (docs/benchmarks.md lists its times): each fault injected for real on the lab
 hosts, five times, and after each `ps` on every host must show nothing of the job. The seconds from
 each fault to its expected outcome are collected and printed at the end of the run
-(conftest.FAULT_TIMES)."""
+(conftest.FAULT_TIMES). The rows of a job that saves a checkpoint on SIGTERM run once each, on the
+lab hosts and in real containers (tests/docker_lab.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from conftest import Background, job_id_in, podrun, stderr_lines_without_traceback, wait_until
+from conftest import Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
 ATTEMPTS = range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "5")))
 KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/transport/ssh.py)
@@ -264,3 +268,115 @@ def test_100_mb_binary_and_unterminated_output_reach_the_log_and_never_mix_lines
         assert match and (match[2] is None or match[1] == match[2]), line[:200]  # whole lines, one worker each
         counts[int(match[1])] += 1
     assert counts == [1_000_002, 1_000_002]
+
+
+CHECKPOINT_BYTES = b"".join(bytes([chunk]) * 65536 for chunk in range(20))
+# on SIGTERM, writes the checkpoint in 20 chunks over 2 s, then renames it into place and prints its digest;
+# until then waits for a file telling it to fail (the fail-fast row)
+SAVES_A_CHECKPOINT_ON_SIGTERM = """\
+import hashlib, os, signal, sys, time
+job_id = os.environ["PODRUN_JOB_ID"]
+
+def save_checkpoint(signum, frame):
+    print("got SIGTERM, saving checkpoint", flush=True)
+    with open(f"ckpt-{job_id}.tmp", "wb") as checkpoint:
+        for chunk in range(20):
+            checkpoint.write(bytes([chunk]) * 65536)
+            checkpoint.flush()
+            time.sleep(0.1)
+    os.replace(f"ckpt-{job_id}.tmp", f"ckpt-{job_id}")
+    with open(f"ckpt-{job_id}", "rb") as checkpoint:
+        saved = checkpoint.read()
+    print("checkpoint saved", len(saved), hashlib.sha256(saved).hexdigest(), flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, save_checkpoint)
+print("up", flush=True)
+while not os.path.exists(f"fail-{job_id}"):
+    time.sleep(0.01)
+sys.exit(3)
+"""
+
+
+@dataclass
+class Placement:
+    """Where the checkpointing job runs: on lab hosts, or on local workers in containers."""
+    name: str
+    spec: Path
+    workers: int
+    home_of: Callable[[int], Path]  # what worker i has as its home, seen from here
+    leftovers: Callable[[str], list[str]]  # what is left of a job: processes, containers
+
+    def run_dir(self, worker: int) -> Path:
+        return self.home_of(worker) / "podrun" / "ckpt" / "run"
+
+    def worker_log(self, worker: int, job_id: str) -> Path:
+        """Every byte the worker's job printed, as its agent keeps it (attached or detached)."""
+        return self.home_of(worker) / ".podrun" / "jobs" / job_id / "output.log"
+
+
+@pytest.fixture(params=["hosts", "docker"])
+def placement(request, home, job_file) -> Placement:
+    body = "name: ckpt\nstop_grace: 10s\nrun: python3 ckpt.py\n"
+    files = {"ckpt.py": SAVES_A_CHECKPOINT_ON_SIGTERM}
+    if request.param == "hosts":
+        lab = request.getfixturevalue("lab")
+        return Placement("hosts", request.getfixturevalue("hosts_spec")(body, files=files), 3,
+                         lambda worker: lab.hosts[worker].home, lambda job_id: ps_on_every_host(lab, job_id))
+    docker = request.getfixturevalue("docker")
+    spec = job_file(body + f"target: {{local: {{workers: 2}}}}\ndocker: {{image: '{docker.image}'}}\n", files=files)
+    return Placement("docker", spec, 2, lambda worker: home / "local" / f"w{worker}",
+                     lambda job_id: docker.containers(f"podrun-{job_id}") + processes_of_job(job_id))
+
+
+def started_checkpointing_job(placement: Placement) -> tuple[Background, str]:
+    job = Background("exec", placement.spec)
+    for index in range(placement.workers):
+        job.wait_for(rf"^\[w{index}\] up$")
+    return job, job_id_in(job.text)
+
+
+def assert_checkpoints_complete(placement: Placement, job_id: str, stopped: range) -> None:
+    """Each stopped worker got SIGTERM once and saved its whole checkpoint; nothing of the job is left."""
+    assert placement.leftovers(job_id) == []
+    digest = hashlib.sha256(CHECKPOINT_BYTES).hexdigest()
+    for worker in stopped:
+        output = placement.worker_log(worker, job_id).read_text().splitlines()
+        assert output == ["up", "got SIGTERM, saving checkpoint", f"checkpoint saved {len(CHECKPOINT_BYTES)} {digest}"]
+        assert (placement.run_dir(worker) / f"ckpt-{job_id}").read_bytes() == CHECKPOINT_BYTES
+        assert not (placement.run_dir(worker) / f"ckpt-{job_id}.tmp").exists()
+
+
+def test_a_checkpoint_saved_on_sigterm_is_complete_after_ctrl_c(home, placement, fault_time):
+    job, job_id = started_checkpointing_job(placement)
+    interrupted_at = time.monotonic()
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish() == 130
+    fault_time(f"checkpoint on SIGTERM ({placement.name}): Ctrl-C -> saved, exit 130", time.monotonic() - interrupted_at)
+    assert_checkpoints_complete(placement, job_id, range(placement.workers))
+
+
+def test_a_checkpoint_saved_on_sigterm_is_complete_after_podrun_stop(home, placement, fault_time):
+    launched = podrun("exec", "--detach", placement.spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    logs = [placement.worker_log(worker, job_id) for worker in range(placement.workers)]
+    wait_until(lambda: all(log.exists() and log.read_text() == "up\n" for log in logs), "every worker up", timeout=60)
+    stopping_at = time.monotonic()
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    fault_time(f"checkpoint on SIGTERM ({placement.name}): stop -> saved", time.monotonic() - stopping_at)
+    assert_checkpoints_complete(placement, job_id, range(placement.workers))
+
+
+def test_a_checkpoint_saved_on_sigterm_is_complete_after_fail_fast(home, placement, fault_time):
+    job, job_id = started_checkpointing_job(placement)
+    failing = placement.workers - 1
+    failed_at = time.monotonic()
+    (placement.run_dir(failing) / f"fail-{job_id}").touch()
+    assert job.finish() == 3
+    fault_time(f"checkpoint on SIGTERM ({placement.name}): a worker exits 3 -> others saved, exit 3",
+               time.monotonic() - failed_at)
+    assert_checkpoints_complete(placement, job_id, range(failing))
+    assert placement.worker_log(failing, job_id).read_text() == "up\n"
+    assert not (placement.run_dir(failing) / f"ckpt-{job_id}").exists()

@@ -21,6 +21,12 @@ run: |
 """
 
 
+def torchrun_job(job_file, workers: int, port: int, script: str, arguments: str = "", extra: str = ""):
+    """A spec running `script` (train.py) under torchrun with 2 ranks per local worker."""
+    return job_file(f"target: {{local: {{workers: {workers}}}}}\ntorchrun: {{nproc_per_node: 2, port: {port}}}\n"
+                    f"run: train.py {arguments}\n{extra}", files={"train.py": script})
+
+
 def worker_exit(home, worker: int, job_id: str) -> dict | None:
     exit_file = home / "local" / f"w{worker}" / ".podrun" / "jobs" / job_id / "run.exit"
     return json.loads(exit_file.read_text()) if exit_file.exists() else None
@@ -37,7 +43,13 @@ def test_a_detached_job_fails_fast_on_its_workers_with_no_launcher_left(home, jo
     exits = [worker_exit(home, w, job_id) for w in range(3)]
     assert [e["code"] for e in exits] == [143, 3, 143]
     assert [e["stop_reason"] for e in exits] == ["worker 1 failed with code 3", None, "worker 1 failed with code 3"]
+    # `podrun jobs` asks the workers of a running detached job: it shows how and when it ended
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    record = next(job for job in listed if job["id"] == job_id)
+    assert (record["state"], record["exit_code"], record["summary"]) == ("failed", 3, "worker 1 exited with code 3")
+    assert record["ended_at"] - record["started_at"] < 10
     followed = podrun("logs", "-f", job_id)
+    assert followed.returncode == 3
     assert "[w0] worker 0 got SIGTERM" in followed.stdout
     assert followed.stdout.count("got SIGTERM") == 2  # once each: the job's processes got SIGTERM once
 
@@ -85,18 +97,14 @@ while True:
 
 
 def test_torchrun_exit_code_and_error_are_the_failed_ranks_and_lines_carry_the_rank(home, job_file):
-    spec = job_file("""\
-        target: {local: {workers: 2}}
-        torchrun: {nproc_per_node: 2, port: 29531}
-        run: fail.py
-        """, files={"fail.py": """\
+    spec = torchrun_job(job_file, 2, 29531, """\
 import os, sys, time
 rank = int(os.environ["RANK"])
 print(f"hello from rank {rank}", flush=True)
 if rank == 3:
     raise SystemExit("rank 3 gives up: no data in /data/shard-3")
 time.sleep(60)
-"""})
+""")
     result = podrun("exec", spec, timeout=120)
     assert result.returncode == 1  # SystemExit with a message exits 1 ... the rank's own code
     assert "worker 1 (local/w1) rank 3 exited with code 1 in run" in result.stderr
@@ -106,11 +114,8 @@ time.sleep(60)
 
 
 def test_torchrun_passes_on_a_ranks_own_exit_code(home, job_file):
-    spec = job_file("""\
-        target: {local: {workers: 1}}
-        torchrun: {nproc_per_node: 2, port: 29532}
-        run: fail.py
-        """, files={"fail.py": "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\ntime.sleep(60)\n"})
+    spec = torchrun_job(job_file, 1, 29532, "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\n"
+                                            "time.sleep(60)\n")
     result = podrun("exec", spec, timeout=120)
     assert result.returncode == 7, result.stderr
     assert "worker 0 rank 1 exited with code 7" in result.stderr
@@ -151,3 +156,51 @@ def test_a_detached_job_on_ssh_hosts_fails_fast_and_says_so_after_its_launcher_i
     assert ps_on_every_host(lab, job_id) == []
     listed = json.loads(podrun("jobs", "--json").stdout)
     assert [(job["state"], job["exit_code"]) for job in listed if job["id"] == job_id] == [("failed", 3)]
+
+
+BAR_SCRIPT = """\
+import os, signal, sys, time
+rank = os.environ["RANK"]
+def save(signum, frame):
+    print(f"rank {rank} got SIGTERM", flush=True)
+    time.sleep(1)
+    print(f"rank {rank} saved", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+for step in range(1, 51):
+    sys.stderr.write(f"\\rrank {rank} step {step}/50 " + "#" * (step // 5))
+    sys.stderr.flush()
+    time.sleep(0.01)
+sys.stderr.write("\\n")
+print(f"rank {rank} trained", flush=True)
+if "hold" in sys.argv:
+    time.sleep(300)
+"""
+
+
+def test_under_torchrun_a_ranks_progress_bar_is_one_line_and_ranks_never_share_one(home, job_file):
+    spec = torchrun_job(job_file, 2, 29533, BAR_SCRIPT)
+    result = podrun("exec", spec, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for rank in range(4):
+        worker = rank // 2
+        mine = [line for line in lines if line.startswith(f"[w{worker} r{rank}] ")]
+        assert mine == [f"[w{worker} r{rank}] rank {rank} step 50/50 ##########", f"[w{worker} r{rank}] rank {rank} trained"]
+    # no line per redraw, no empty line, nothing of two ranks in one line; torchrun's own lines are [wN]
+    assert len([line for line in lines if line.startswith(("[w0 r", "[w1 r"))]) == 8, result.stdout
+    assert all(line.startswith(("[w0 r", "[w1 r", "[w0] W", "[w1] W")) and "rank" not in line.partition("] ")[2][1:]
+               or "torch/distributed/run.py" in line for line in lines), result.stdout
+
+
+def test_ctrl_c_under_torchrun_gives_each_rank_sigterm_once(home, job_file):
+    spec = torchrun_job(job_file, 2, 29534, BAR_SCRIPT, arguments="hold", extra="stop_grace: 20s\n")
+    job = Background("exec", spec)
+    for rank in range(4):
+        job.wait_for(rf"^\[w{rank // 2} r{rank}\] rank {rank} trained$")
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish(timeout=60) == 130
+    for rank in range(4):
+        assert job.text.count(f"rank {rank} got SIGTERM") == 1, job.text
+        assert f"rank {rank} saved" in job.text
+    assert processes_of_job(job_id_in(job.text)) == []

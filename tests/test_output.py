@@ -22,9 +22,15 @@ def test_lines_split_across_chunks_are_shown_whole():
     assert log == b"hello\nworld\n"
 
 
-def test_carriage_returns_end_lines_but_crlf_is_one_break():
-    screen, _ = split(b"10%\r50%\r", b"\n100%\r\nnext\r", b"\n")
-    assert screen == b"[w2] 10%\n[w2] 50%\n[w2] 100%\n[w2] next\n"
+def test_a_redrawn_line_is_shown_once_with_its_final_text_and_crlf_is_one_break():
+    screen, log = split(b"10%\r50%\r", b"\n100%\r\nnext\r", b"\n")
+    assert screen == b"[w2] 50%\n[w2] 100%\n[w2] next\n"
+    assert log == b"10%\r50%\r\n100%\r\nnext\r\n"
+
+
+def test_empty_segments_between_carriage_returns_show_no_empty_lines():
+    screen, _ = split(b"\n\r\r", b"bar 1\r\rbar 2\r\r\n\r\rerased\r     \r\n")
+    assert screen == b"[w2] \n[w2] bar 2\n"
 
 
 def test_blank_lines_and_an_unterminated_last_line_survive():

@@ -93,10 +93,9 @@ def test_torchrun_gets_each_workers_node_rank_and_worker_0s_endpoint(spec, torch
     plans = plans_for(spec(f"run: train.py --epochs 2\ntorchrun: {torchrun}\n"))
     for index, worker_plan in enumerate(plans):
         assert worker_plan.run == (f"torchrun --nnodes=3 --node_rank={index} --nproc_per_node={nproc}"
-                                   f' --rdzv_endpoint=10.1.0.7:{port} --tee=3 --log-dir="$PODRUN_JOB_DIR/torchrun"'
+                                   f' --rdzv_endpoint=10.1.0.7:{port} "$PODRUN_JOB_DIR/rank_output.py"'
                                    f" train.py --epochs 2")
         assert (worker_plan.env["MASTER_ADDR"], worker_plan.env["MASTER_PORT"]) == ("10.1.0.7", str(port))
-        assert worker_plan.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
         assert worker_plan.term_leader_only  # torchrun alone gets SIGTERM: it passes it on to its ranks
 
 
@@ -174,18 +173,18 @@ def test_docker_wraps_run_with_the_targets_container_flags_and_env_names_only(sp
     for index, worker_plan in enumerate(plans):
         argv = shlex.split(worker_plan.run)
         assert argv[:5] == ["docker", "run", "--rm", "--net=host", f"--name=podrun-{JOB_ID}-w{index}"]
-        assert argv[5:9] == ["-v", "$PWD:$PWD", "-w", "$PWD"]
-        env_flags = [f"--env={key}" for key in worker_plan.env]
-        assert argv[9:] == [*flags, *env_flags, "--shm-size=16g", "xla:r2.5", "sh", "-c",
-                            'python3 train.py --data "/d 1"']
+        assert argv[5:11] == ["-v", "$PWD:$PWD", "-w", "$PWD", "-v", "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR"]
+        env_flags = [f"--env={key}" for key in [*worker_plan.env, "PODRUN_JOB_DIR"]]
+        assert argv[11:] == ["--init", "--env=TINI_KILL_PROCESS_GROUP=1", *flags, *env_flags, "--shm-size=16g",
+                             "xla:r2.5", "sh", "-c", 'trap \'exit 143\' TERM\npython3 train.py --data "/d 1"']
         assert "hf-123" not in worker_plan.run  # values reach the container from the agent's environment
 
 
 def test_docker_with_torchrun_runs_torchrun_inside_the_container(spec):
     plans = plans_for(spec("run: train.py\ntorchrun: {nproc_per_node: 2}\ndocker: {image: img}\n"), TpuPod)
     assert shlex.split(plans[2].run)[-3:] == [
-        "sh", "-c", "torchrun --nnodes=3 --node_rank=2 --nproc_per_node=2 --rdzv_endpoint=10.1.0.7:29500 --tee=3"
-                    ' --log-dir="$PODRUN_JOB_DIR/torchrun" train.py']
+        "sh", "-c", "trap 'exit 143' TERM\ntorchrun --nnodes=3 --node_rank=2 --nproc_per_node=2"
+                    ' --rdzv_endpoint=10.1.0.7:29500 "$PODRUN_JOB_DIR/rank_output.py" train.py']
     assert plans[2].setup is None
     assert plans[2].container == f"podrun-{JOB_ID}-w2"  # the agent stops it by name
 

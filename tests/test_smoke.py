@@ -9,7 +9,7 @@ import pytest
 
 from conftest import job_id_in, podrun, processes_of_job
 
-RANK_LINE = re.compile(r"^\[w(\d)\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
+RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
 
 
 @pytest.mark.slow

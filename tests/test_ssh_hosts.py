@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import yaml
 
 from conftest import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
 
-RANK_LINE = re.compile(r"^\[w(\d)\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
+RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
 
 
 @pytest.mark.slow
@@ -167,14 +168,16 @@ def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_
         run: python3 train.py
         docker: {image: "us-docker.pkg.dev/proj/repo/xla:r2.5", args: [--shm-size=16g]}
         env: {PATH: /usr/local/sbin, WANDB_API_KEY: hunter2}
-    """)
+    """, files={"train.py": ""})
     plan = podrun("exec", "--dry-run", spec)
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.startswith(f"# target: 3 SSH hosts: {', '.join(host.ip for host in lab.hosts[:3])}\n")
     for index in range(3):
         assert (f"docker run --rm --net=host --name=podrun-{job_id_hint(plan.stdout)}-w{index} "
-                f'-v "$PWD:$PWD" -w "$PWD" --env=PJRT_DEVICE') in plan.stdout
-    assert "--env=WANDB_API_KEY --shm-size=16g us-docker.pkg.dev/proj/repo/xla:r2.5 sh -c 'python3 train.py'" in plan.stdout
+                f'-v "$PWD:$PWD" -w "$PWD" -v "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR" --init --env=TINI_KILL_PROCESS_GROUP=1 '
+                f"--env=PJRT_DEVICE") in plan.stdout
+    assert ("--env=WANDB_API_KEY --env=PODRUN_JOB_DIR --shm-size=16g us-docker.pkg.dev/proj/repo/xla:r2.5 sh -c "
+            + shlex.quote("trap 'exit 143' TERM\npython3 train.py")) in plan.stdout
     assert "hunter2" not in plan.stdout and "--privileged" not in plan.stdout  # that is for TPU only
     result = podrun("exec", spec)
     assert result.returncode == 1

@@ -5,7 +5,11 @@ gcloud CLI reads what podrun made, which keeps the stand-in honest."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import pty
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -67,18 +71,52 @@ def test_accelerator_types_give_chips_hosts_and_runtime(name, generation, chips,
     assert accelerators.parse(name) == accelerators.AcceleratorType(name, generation, chips, hosts, runtime)
 
 
-@pytest.mark.parametrize("name", ["v4-7", "v4-12", "v7-8", "v4", "V4-8", "v6e-12", "v2-1024", "tpu-v4-8", ""])
-def test_malformed_accelerator_types_list_the_valid_forms(name):
-    with pytest.raises(UsageError, match=r"v4-8\.\.v4-8192.*v6e-N"):
+@pytest.mark.parametrize("name, expected", [
+    ("V4-8", "v4-8"), ("v5LitePod-16", "v5litepod-16"), (" v6e-4 ", "v6e-4")])
+def test_accelerator_types_are_taken_in_any_case(name, expected):
+    assert accelerators.parse(name).name == expected
+
+
+@pytest.mark.parametrize("name, message", [
+    ("v5e-8", "unknown accelerator type 'v5e-8'; did you mean v5litepod-8?"),
+    ("V5E-16", "unknown accelerator type 'V5E-16'; did you mean v5litepod-16?"),
+    ("v6-8", "unknown accelerator type 'v6-8'; did you mean v6e-8?"),
+    ("v4_8", "unknown accelerator type 'v4_8'; did you mean v4-8?"),
+    ("tpu-v4-32", "unknown accelerator type 'tpu-v4-32'; did you mean v4-32?"),
+    ("v4", "unknown accelerator type 'v4'; did you mean v4-8?"),
+    ("v4-7", "accelerator type 'v4-7' has no valid size; did you mean v4-8?"),
+    ("v4-12", "accelerator type 'v4-12' has no valid size; did you mean v4-8 or v4-16?"),
+    ("v6e-12", "accelerator type 'v6e-12' has no valid size; did you mean v6e-8 or v6e-16?"),
+    ("v5e-2", "unknown accelerator type 'v5e-2'; did you mean v5litepod-1 or v5litepod-4?"),
+    ("v2-1024", "accelerator type 'v2-1024' has no valid size; did you mean v2-512?"),
+    ("v7-8", "unknown accelerator type 'v7-8'; expected a generation and a size, such as v4-8, v5p-8, "
+             "v5litepod-8 or v6e-8"),
+    ("", "unknown accelerator type ''; expected a generation and a size"),
+])
+def test_a_mistyped_accelerator_type_gets_a_did_you_mean_in_one_line(name, message):
+    with pytest.raises(UsageError) as refused:
         accelerators.parse(name)
+    assert str(refused.value).startswith(message)
+    assert str(refused.value).endswith(f"? {accelerators.SEE_HELP}" if "did you mean" in message
+                                       else f" {accelerators.SEE_HELP}")
 
 
 def test_a_bad_accelerator_type_is_refused_before_any_api_call(tpu_api):
-    result = podrun("create", "v4-7")
-    assert result.returncode == 2
-    assert stderr_lines_without_traceback(result.stderr) == [
-        "podrun: error: accelerator type 'v4-7' has no valid size; expected one of: " + accelerators.VALID_FORMS]
+    for typed, meant in (("v5e-8", "unknown accelerator type 'v5e-8'; did you mean v5litepod-8?"),
+                         ("v4-7", "accelerator type 'v4-7' has no valid size; did you mean v4-8?")):
+        result = podrun("create", typed)
+        assert result.returncode == 2
+        assert stderr_lines_without_traceback(result.stderr) == [
+            f"podrun: error: {meant} (podrun create --help lists the generations)"]
     assert tpu_api.requests == []
+    generations = podrun("create", "--help")
+    assert "v5litepod-N (v5e)" in " ".join(generations.stdout.split())
+
+
+def test_an_accelerator_type_in_capitals_creates_the_type_the_api_names(home, tpu_api):
+    created = create("shouted", "V4-8")
+    assert "creating TPU VM shouted (v4-8: 1 worker" in created.stderr
+    assert "accelerator  v4-8, 1 worker(s)" in created.stdout
 
 
 def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu_api, lab):
@@ -99,13 +137,18 @@ def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu
 
     listed = podrun("list")
     assert listed.returncode == 0, listed.stderr
+    assert listed.stderr == "podrun: TPU VMs in project podrun-test, zone us-central2-b:\n"
     assert listed.stdout.splitlines()[1].split() == ["my-pod", "READY", "v4-32", "4", "tpu-ubuntu2204-base"]
     assert podrun("describe", "my-pod").stdout == created.stdout
 
     deleted = podrun("delete", "my-pod", "--yes")
     assert deleted.returncode == 0, deleted.stderr
+    assert "podrun: waiting for my-pod to be deleted (at most 1800s; Ctrl-C stops the wait" in deleted.stderr
     assert "deleted my-pod after" in deleted.stderr
-    assert podrun("list").stdout.splitlines() == ["NAME  STATE  ACCELERATOR  WORKERS  RUNTIME"]
+    empty = podrun("list", "--project", "other-proj", "--zone", "europe-west4-a")
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr == "podrun: no TPU VMs in project other-proj, zone europe-west4-a\n"
+    assert podrun("list").stderr == "podrun: no TPU VMs in project podrun-test, zone us-central2-b\n"
     gone = gcloud("describe", "my-pod")
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr
 
@@ -175,6 +218,116 @@ def test_google_errors_are_one_line_each_saying_what_to_do(home, tpu_api, tmp_pa
         monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
         monkeypatch.delenv("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE")
         assert "reading TPU VM taken: cannot reach Google to refresh the credentials (" in error_of("describe", "taken")
+
+
+def no_answer(doing: str, timeout: int = 2) -> str:
+    endpoint = os.environ["CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"].rstrip("/")
+    return (f"podrun: error: no answer from the Cloud TPU API ({endpoint}) after {timeout}s while {doing} in "
+            f"podrun-test/us-central2-b; check your network or CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU "
+            f"(PODRUN_API_TIMEOUT sets the seconds to wait)")
+
+
+def timed(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = podrun(*args, timeout=60)
+    return result, time.monotonic() - started
+
+
+def test_an_api_that_never_answers_ends_each_command_in_one_line_after_the_timeout(home, tpu_api, monkeypatch):
+    create("pod", "v4-8")
+    monkeypatch.setenv("PODRUN_API_TIMEOUT", "2")
+    tpu_api.stall_s = math.inf  # the connection is accepted, the request read, and nothing ever answered
+    for args, doing in ((("list",), "listing TPU VMs"), (("describe", "pod"), "reading TPU VM pod"),
+                        (("delete", "pod", "--yes"), "deleting TPU VM pod"),
+                        (("create", "v4-8", "--name", "other"), "creating TPU VM other")):
+        result, seconds = timed(*args)
+        assert result.returncode == 1, result.stderr
+        assert stderr_lines_without_traceback(result.stderr)[-1] == no_answer(doing)
+        assert 2 <= seconds < 2 + 8, f"podrun {' '.join(args)} took {seconds:.1f}s"
+
+
+def test_a_slow_api_is_waited_for_up_to_the_timeout(home, tpu_api, monkeypatch):
+    create("pod", "v4-8")
+    tpu_api.stall_s = 1.5
+    monkeypatch.setenv("PODRUN_API_TIMEOUT", "6")
+    listed, seconds = timed("list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[0] == "pod"
+    assert seconds >= 1.5
+    monkeypatch.setenv("PODRUN_API_TIMEOUT", "1")
+    assert stderr_lines_without_traceback(podrun("list").stderr)[-1] == no_answer("listing TPU VMs", timeout=1)
+    monkeypatch.setenv("PODRUN_API_TIMEOUT", "soon")
+    refused = podrun("list")
+    assert refused.returncode == 2
+    assert stderr_lines_without_traceback(refused.stderr) == [
+        "podrun: error: PODRUN_API_TIMEOUT='soon': expected a number of seconds above 0, e.g. 30"]
+
+
+def test_an_api_that_stops_answering_while_podrun_waits_for_an_operation_ends_in_one_line(home, tpu_api, monkeypatch):
+    monkeypatch.setenv("PODRUN_API_TIMEOUT", "2")
+    tpu_api.operation_delay_s = 60
+    creating = Background("create", "v4-8", "--name", "slow")
+    creating.wait_for(r"^podrun: waiting for slow to be READY \(at most 1800s; Ctrl-C stops the wait, not the "
+                      r"operation at Google\)$")
+    tpu_api.stall_s = math.inf
+    assert creating.finish() == 1
+    assert creating.lines[-1] == no_answer("creating TPU VM slow")
+
+
+def test_a_wait_past_its_deadline_says_the_operation_goes_on_and_how_to_follow_it(home, tpu_api, monkeypatch):
+    tpu_api.operation_delay_s = 60
+    monkeypatch.setenv("PODRUN_WAIT_TIMEOUT", "2")
+    result, seconds = timed("create", "v4-8", "--name", "slow")
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr)[1:] == [
+        "podrun: waiting for slow to be READY (at most 2s; Ctrl-C stops the wait, not the operation at Google)",
+        "podrun: error: creating TPU VM slow: still not done after 2s; it goes on at Google: `podrun describe slow "
+        "--zone us-central2-b --project podrun-test` shows its state (PODRUN_WAIT_TIMEOUT sets how many seconds "
+        "podrun waits)"]
+    assert seconds < 2 + 8
+    assert "state        CREATING" in podrun("describe", "slow").stdout
+
+
+def on_a_terminal(*args: str) -> tuple[subprocess.Popen, int]:
+    """podrun with its stderr on a pseudo-terminal, as in a user's shell; returns the process and
+    the terminal's other end, to read what it shows."""
+    reader, terminal = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "podrun", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=terminal)
+    os.close(terminal)
+    return process, reader
+
+
+def read_terminal(reader: int, until: str | None, timeout: float = 30) -> str:
+    """What the terminal shows, until `until` matches it (None: until podrun closes it)."""
+    shown = ""
+    deadline = time.monotonic() + timeout
+    while until is None or not re.search(until, shown):
+        assert time.monotonic() < deadline, f"no {until!r} on the terminal within {timeout}s; got {shown!r}"
+        if select.select([reader], [], [], 0.1)[0]:
+            try:
+                shown += os.read(reader, 4096).decode(errors="replace")
+            except OSError:  # EIO: podrun has exited and the terminal is closed
+                assert until is None, f"no {until!r} on the terminal; got {shown!r}"
+                break
+    return shown
+
+
+def test_a_wait_shows_the_node_state_on_a_terminal_and_ctrl_c_says_the_deletion_goes_on(home, tpu_api):
+    create("pod", "v4-8")
+    tpu_api.operation_delay_s = 60
+    deleting, reader = on_a_terminal("delete", "pod", "--yes")
+    try:
+        read_terminal(reader, r"\rpodrun: waiting for pod to be deleted: DELETING, [1-9]\d*s")
+        deleting.send_signal(signal.SIGINT)
+        assert deleting.wait(timeout=30) == 130
+        lines = read_terminal(reader, None).splitlines()  # \r too ends a line here
+    finally:
+        os.close(reader)
+    assert lines[-1] == ("podrun: interrupted: podrun stopped waiting, but the deletion of pod goes on at Google: "
+                         "`podrun describe pod --zone us-central2-b --project podrun-test` shows its state until it "
+                         "is gone")
+    assert not crashed("\n".join(lines))
 
 
 def test_project_and_zone_come_from_the_active_gcloud_configuration(home, tpu_api, tmp_path, monkeypatch):
@@ -290,8 +443,9 @@ def test_ctrl_c_while_creating_says_the_node_may_still_come_and_how_to_delete_it
         time.sleep(0.05)
     creating.process.send_signal(signal.SIGINT)
     assert creating.finish() == 130
-    assert ("podrun: interrupted: slow may still be created (and billed); delete it with "
-            "`podrun delete slow --zone us-central2-b --project podrun-test`") in creating.lines
+    assert ("podrun: interrupted: podrun stopped waiting, but slow may still be created at Google (and billed "
+            "once READY): `podrun describe slow --zone us-central2-b --project podrun-test` shows its state; "
+            "`podrun delete slow --zone us-central2-b --project podrun-test` deletes it") in creating.lines
     assert not crashed(creating.text)
 
 

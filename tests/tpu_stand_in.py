@@ -12,6 +12,9 @@ Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `n
 with RESOURCE_EXHAUSTED, as a zone out of capacity does. Like the guest agent on a real TPU VM,
 the `ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
 
+An API that is slow or does not answer: with `stall_s` set, every request is read and then left
+unanswered for that many seconds (math.inf: never, until shutdown), the connection held open.
+
 Run alone for benchmarks:  python tests/tpu_stand_in.py --hosts 10.99.0.10,10.99.16.10 ...
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import re
 import threading
 import time
@@ -97,6 +101,8 @@ class TpuStandIn:
         self.denied_projects: set[str] = set()  # projects where the API is not enabled
         self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
+        self.stall_s = 0.0  # seconds each request waits before it is answered; math.inf: never
+        self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
         self.server: ThreadingHTTPServer | None = None
@@ -134,6 +140,8 @@ class TpuStandIn:
                 url = urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                if stand_in.stall():
+                    return
                 try:
                     if not self.headers.get("Authorization", "").startswith("Bearer "):
                         raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential.")
@@ -155,7 +163,15 @@ class TpuStandIn:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    def stall(self) -> bool:
+        """Hold the request for stall_s; whether the stand-in is shutting down meanwhile (then the
+        request is never answered)."""
+        if not self.stall_s:
+            return False
+        return self.stopping.wait(None if math.isinf(self.stall_s) else self.stall_s)
+
     def shutdown(self) -> None:
+        self.stopping.set()
         if self.server:
             self.server.shutdown()
             self.server.server_close()
@@ -334,9 +350,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--hosts", nargs="*", default=[], metavar="INTERNAL,EXTERNAL")
     parser.add_argument("--delay", type=float, default=0.5)
+    parser.add_argument("--stall", type=float, default=0.0,
+                        help="seconds each request waits before it is answered; inf: never")
     args = parser.parse_args()
     endpoints = [LabEndpoint(*pair.split(","), host_index=i) for i, pair in enumerate(args.hosts)]
-    print(TpuStandIn(endpoints, args.delay).serve(args.port), flush=True)
+    stand_in = TpuStandIn(endpoints, args.delay)
+    stand_in.stall_s = args.stall
+    print(stand_in.serve(args.port), flush=True)
     threading.Event().wait()
 
 

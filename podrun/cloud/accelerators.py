@@ -6,12 +6,18 @@ pages https://cloud.google.com/tpu/docs/v4, /v5p, /v5e, /v6e):
   (v4-8 -> 1 host, v4-32 -> 4, v5p-12288 -> 1536).
 - v5litepod (v5e) and v6e names count chips: up to 8 chips is one host, larger slices have 4 chips
   per host (v6e-16 -> 4 hosts).
+
+Names are taken in any case (`V4-8` is v4-8). Other spellings are refused with the name the API
+takes: Google's docs call v5litepod "v5e", but the API, the console, quotas and `podrun list` say
+v5litepod, so a spec or a script that says v5e would not match what every other place shows.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
+from functools import cache
 
 from podrun.errors import UsageError
 
@@ -25,9 +31,11 @@ GENERATIONS = {
     "v6e": ("chips", 256, "v2-alpha-tpuv6e"),
 }
 SINGLE_HOST_CHIP_COUNTS = (1, 4, 8)  # v5e and v6e slices that fit on one host
-VALID_FORMS = ("v2-8..v2-512, v3-8..v3-2048, v4-8..v4-8192, v5p-8..v5p-17920 (TensorCores, a multiple of 8); "
-               "v5litepod-N, v6e-N (chips: 1, 4, 8, or a multiple of 8 up to 256)")
 TYPE_PATTERN = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
+# what people also write: a generation by another name, another separator, a `tpu` prefix, no size
+LOOSE_PATTERN = re.compile(r"^(?:tpu[-_ ]?)?(v\d+[a-z]*|trillium)[-_ ]*(\d*)$")
+GENERATION_ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6": "v6e", "trillium": "v6e"}
+SEE_HELP = "(podrun create --help lists the generations)"
 
 
 @dataclass(frozen=True)
@@ -40,17 +48,45 @@ class AcceleratorType:
 
 
 def parse(name: str) -> AcceleratorType:
-    match = TYPE_PATTERN.match(name)
-    if not match:
-        raise UsageError(f"unknown accelerator type {name!r}; expected one of: {VALID_FORMS}")
+    match = TYPE_PATTERN.match(name.strip().lower())
+    if not match or int(match[2]) not in valid_sizes(match[1]):
+        raise UsageError(_not_valid(name, known_generation=match is not None))
     generation, count = match[1], int(match[2])
-    counts, largest, runtime = GENERATIONS[generation]
+    counts, _, runtime = GENERATIONS[generation]
     if counts == "cores":
-        valid = count % 8 == 0 and 8 <= count <= largest
         chips, hosts = count // 2, count // 8
     else:
-        valid = count in SINGLE_HOST_CHIP_COUNTS or (count % 8 == 0 and count <= largest)
         chips, hosts = count, 1 if count <= 8 else count // 4
-    if not valid:
-        raise UsageError(f"accelerator type {name!r} has no valid size; expected one of: {VALID_FORMS}")
-    return AcceleratorType(name, generation, chips, hosts, runtime)
+    return AcceleratorType(match[0], generation, chips, hosts, runtime)
+
+
+@cache
+def valid_sizes(generation: str) -> list[int]:
+    """The sizes a generation's slices come in, ascending."""
+    counts, largest, _ = GENERATIONS[generation]
+    multiples_of_8 = range(8, largest + 1, 8)
+    return list(multiples_of_8) if counts == "cores" else sorted({*SINGLE_HOST_CHIP_COUNTS, *multiples_of_8})
+
+
+def suggestions(name: str) -> list[str]:
+    """The valid types a user most likely meant: the same size under the API's name for the
+    generation, or the nearest sizes of that generation."""
+    match = LOOSE_PATTERN.match(name.strip().lower())
+    if not match:
+        return []
+    generation = GENERATION_ALIASES.get(match[1], match[1])
+    if generation not in GENERATIONS:
+        return []
+    sizes = valid_sizes(generation)
+    count = int(match[2]) if match[2] else sizes[0]
+    if count in sizes:
+        return [f"{generation}-{count}"]
+    above = bisect.bisect(sizes, count)
+    return [f"{generation}-{size}" for size in sizes[max(above - 1, 0):above + 1]]
+
+
+def _not_valid(name: str, known_generation: bool) -> str:
+    problem = f"accelerator type {name!r} has no valid size" if known_generation else f"unknown accelerator type {name!r}"
+    if meant := suggestions(name):
+        return f"{problem}; did you mean {' or '.join(meant)}? {SEE_HELP}"
+    return f"{problem}; expected a generation and a size, such as v4-8, v5p-8, v5litepod-8 or v6e-8 {SEE_HELP}"

@@ -9,6 +9,7 @@ active_config file). Standard library only: `podrun list` must not pay for more 
 from __future__ import annotations
 
 import configparser
+import math
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -21,6 +22,10 @@ PROJECT = ("core", "project")
 ZONE = ("compute", "zone")
 TPU_ENDPOINT = ("api_endpoint_overrides", "tpu")
 ACCESS_TOKEN_FILE = ("auth", "access_token_file")
+# podrun's own: how long one request to the API may go unanswered, and how long podrun waits for a
+# long-running operation (creating or deleting a TPU VM, updating its metadata) before it gives up
+API_TIMEOUT = ("PODRUN_API_TIMEOUT", 30.0)
+WAIT_TIMEOUT = ("PODRUN_WAIT_TIMEOUT", 1800.0)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,21 @@ def gcloud_property(name: tuple[str, str]) -> str | None:
     if from_env:
         return from_env
     return _active_configuration().get(section, key, fallback=None) or None
+
+
+def seconds(setting: tuple[str, float]) -> float:
+    """A number of seconds from the environment variable, or its default."""
+    variable, default = setting
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{variable}={text!r}: expected a number of seconds above 0, e.g. {default:g}")
+    return value
 
 
 def config_dir() -> Path:

@@ -7,6 +7,11 @@ generated client over REST, as gcloud's requests do; with the requests library i
 ~0.15 s more CPU to import, so it is imported only by those calls.
 The endpoint and the access token come from gcloud's settings (CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU,
 CLOUDSDK_AUTH_ACCESS_TOKEN_FILE), otherwise Google's endpoint and Application Default Credentials.
+
+Every request carries a timeout (PODRUN_API_TIMEOUT, 30 s): the generated client's default is none,
+and an API that accepts the connection and never answers would hang podrun for good. Long-running
+operations are polled here, one request at a time with that timeout, up to PODRUN_WAIT_TIMEOUT; the
+client's own polling has a fixed 10 s timeout per request and no deadline.
 """
 
 from __future__ import annotations
@@ -26,14 +31,20 @@ from google.auth.exceptions import DefaultCredentialsError, RefreshError, Transp
 from google.auth.transport.urllib3 import AuthorizedHttp
 from google.oauth2.credentials import Credentials
 
-from podrun.cloud.settings import ACCESS_TOKEN_FILE, TPU_ENDPOINT, Location, gcloud_property
+from podrun.cloud.settings import (
+    ACCESS_TOKEN_FILE,
+    API_TIMEOUT,
+    TPU_ENDPOINT,
+    WAIT_TIMEOUT,
+    Location,
+    gcloud_property,
+    seconds,
+)
 from podrun.errors import PodrunError
 
 GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-READ_TIMEOUT_S = 30
 OPERATION_POLL_S = 0.5
-PROGRESS_EVERY_S = 1.0
 HTTP_PREFIX = re.compile(r"^(?:GET|POST|PATCH|PUT|DELETE) \S+: ")  # the REST client's prefix to Google's message
 API_DISABLED = re.compile(r"has not been used|is disabled|not enabled")
 
@@ -47,7 +58,11 @@ class ApiCallError(Exception):
 
 
 class ApiUnreachable(Exception):
-    """No answer from the API: the connection failed or timed out (the error's type name)."""
+    """The API could not be reached: the connection failed (the error's type name)."""
+
+
+class ApiTimeout(Exception):
+    """The API did not answer a request within the timeout."""
 
 
 @dataclass(frozen=True)
@@ -73,53 +88,113 @@ class TpuNode:
         return f"{self.location.parent}/nodes/{self.name}"
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A long-running operation at Google: its name, what it does (`creating TPU VM x`), on which node."""
+
+    operation: str
+    doing: str
+    node: str
+
+
 class TpuApi:
     def __init__(self, location: Location):
         self.location = location
         self.endpoint = (gcloud_property(TPU_ENDPOINT) or "").rstrip("/").removesuffix("/v2") or None
+        self.timeout_s = seconds(API_TIMEOUT)
+        self.wait_timeout_s = seconds(WAIT_TIMEOUT)
         self.credentials = _credentials()
         self.client = None  # Google's generated client, made on first use
 
     def get(self, name: str) -> TpuNode:
         with self._errors(f"reading TPU VM {name}", name):
-            base = self.endpoint or GOOGLE_ENDPOINT
-            url = f"{base if '://' in base else 'https://' + base}/v2/{self._full_name(name)}"
+            return self._node(self._read(name))
+
+    def state(self, name: str) -> str:
+        """The node's state, or `gone` once it no longer exists."""
+        with self._errors(f"reading TPU VM {name}", name):
             try:
-                response = AuthorizedHttp(self.credentials).request("GET", url, timeout=READ_TIMEOUT_S, retries=False)
-            except urllib3.exceptions.HTTPError as error:
-                raise ApiUnreachable(type(error).__name__) from None
-            if response.status >= 400:
-                raise _error_of(response)
-            return self._node(json.loads(response.data))
+                return self._read(name).get("state", "STATE_UNSPECIFIED")
+            except ApiCallError as error:
+                if error.code != 404:
+                    raise
+                return "gone"
 
     def list(self) -> list[TpuNode]:
         with self._errors("listing TPU VMs"), _client_errors():
-            return [self._node(_json(node)) for node in self._google_client().list_nodes(parent=self.location.parent)]
+            nodes = self._google_client().list_nodes(parent=self.location.parent, timeout=self.timeout_s)
+            return [self._node(_json(node)) for node in nodes]
 
-    def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
-               on_progress: Callable[[float], None] | None) -> TpuNode | None:
-        """The new node once it is READY; None right after the request without on_progress (--no-wait)."""
+    def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool) -> Pending:
         from google.cloud import tpu_v2
 
         node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version,
                            scheduling_config=tpu_v2.SchedulingConfig(spot=spot))
-        with self._errors(f"creating TPU VM {name}", name), _client_errors():
-            operation = self._google_client().create_node(parent=self.location.parent, node_id=name, node=node)
-            return self._node(_json(_wait(operation, on_progress))) if on_progress else None
+        doing = f"creating TPU VM {name}"
+        with self._errors(doing, name), _client_errors():
+            operation = self._google_client().create_node(parent=self.location.parent, node_id=name, node=node,
+                                                          timeout=self.timeout_s)
+        return Pending(operation.operation.name, doing, name)
 
-    def delete(self, name: str, on_progress: Callable[[float], None]) -> None:
-        with self._errors(f"deleting TPU VM {name}", name), _client_errors():
-            _wait(self._google_client().delete_node(name=self._full_name(name)), on_progress)
+    def delete(self, name: str) -> Pending:
+        doing = f"deleting TPU VM {name}"
+        with self._errors(doing, name), _client_errors():
+            operation = self._google_client().delete_node(name=self._full_name(name), timeout=self.timeout_s)
+        return Pending(operation.operation.name, doing, name)
 
     def set_metadata(self, node: TpuNode, metadata: dict[str, str]) -> None:
         """Replace the node's metadata (as `gcloud compute tpus tpu-vm ssh` does to add a key) and wait."""
         from google.cloud import tpu_v2
         from google.protobuf import field_mask_pb2
 
-        with self._errors(f"updating the metadata of TPU VM {node.name}", node.name), _client_errors():
+        doing = f"updating the metadata of TPU VM {node.name}"
+        with self._errors(doing, node.name), _client_errors():
             operation = self._google_client().update_node(node=tpu_v2.Node(name=node.full_name, metadata=metadata),
-                                                          update_mask=field_mask_pb2.FieldMask(paths=["metadata"]))
-            _wait(operation, lambda elapsed: None)
+                                                          update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+                                                          timeout=self.timeout_s)
+        self.wait(Pending(operation.operation.name, doing, node.name), lambda elapsed: None)
+
+    def wait(self, pending: Pending, on_poll: Callable[[float], None]) -> None:
+        """Poll the operation until it is done, calling on_poll with the seconds waited after each poll
+        that finds it running; its error, or running past the wait timeout, as a PodrunError."""
+        started = time.monotonic()
+        while not self._done(pending):
+            elapsed = time.monotonic() - started
+            if elapsed >= self.wait_timeout_s:
+                where = self.location
+                raise PodrunError(
+                    f"{pending.doing}: still not done after {self.wait_timeout_s:g}s; it goes on at Google: "
+                    f"`podrun describe {pending.node} --zone {where.zone} --project {where.project}` shows its "
+                    f"state (PODRUN_WAIT_TIMEOUT sets how many seconds podrun waits)")
+            on_poll(elapsed)
+            time.sleep(OPERATION_POLL_S)
+
+    def _done(self, pending: Pending) -> bool:
+        """Whether the operation is done (one request); if it failed, its error. An operation's error
+        carries a google.rpc.Code, which api_core maps to the HTTP status Google's calls answer with."""
+        from google.api_core import exceptions
+
+        with self._errors(pending.doing, pending.node), _client_errors():
+            operation = self._google_client().get_operation({"name": pending.operation}, timeout=self.timeout_s)
+            if operation.HasField("error"):
+                failure = exceptions.from_grpc_status(operation.error.code, operation.error.message)
+                raise ApiCallError(failure.code, failure.message)
+        return operation.done
+
+    def _read(self, name: str) -> dict:
+        """The node's JSON, with one GET."""
+        base = self.endpoint or GOOGLE_ENDPOINT
+        url = f"{base if '://' in base else 'https://' + base}/v2/{self._full_name(name)}"
+        try:
+            response = AuthorizedHttp(self.credentials).request("GET", url, timeout=self.timeout_s, retries=False)
+        except urllib3.exceptions.HTTPError as error:
+            # a refused connection is a NewConnectionError, which urllib3 derives from its TimeoutError
+            timed_out = (isinstance(error, urllib3.exceptions.TimeoutError)
+                         and not isinstance(error, urllib3.exceptions.NewConnectionError))
+            raise (ApiTimeout() if timed_out else ApiUnreachable(type(error).__name__)) from None
+        if response.status >= 400:
+            raise _error_of(response)
+        return json.loads(response.data)
 
     def _full_name(self, name: str) -> str:
         return f"{self.location.parent}/nodes/{name}"
@@ -161,6 +236,11 @@ class TpuApi:
         except ApiUnreachable as error:
             raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "
                               f"({error})") from None
+        except ApiTimeout:
+            override = " or CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU" if self.endpoint else ""
+            raise PodrunError(f"no answer from the Cloud TPU API ({self.endpoint or GOOGLE_ENDPOINT}) after "
+                              f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
+                              f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
 
     def _advice(self, error: ApiCallError, name: str | None) -> str:
         """What went wrong and what to do, by the HTTP status Google answered with."""
@@ -191,9 +271,8 @@ class TpuApi:
 
 @contextlib.contextmanager
 def _client_errors() -> Iterator[None]:
-    """The client's errors as ApiCallError or ApiUnreachable. Errors of calls arrive as HTTP classes
-    (Conflict, ...), errors of failed operations as their gRPC subclasses (AlreadyExists, ...): `code`
-    is the HTTP status for both. The client's REST transport is requests."""
+    """The client's errors as ApiCallError, ApiUnreachable or ApiTimeout. Errors of calls arrive as
+    HTTP classes (Conflict, ...): `code` is the HTTP status. The client's REST transport is requests."""
     import requests
     from google.api_core import exceptions
 
@@ -201,6 +280,8 @@ def _client_errors() -> Iterator[None]:
         yield
     except exceptions.GoogleAPICallError as error:
         raise ApiCallError(error.code, error.message or "") from None
+    except requests.exceptions.Timeout:
+        raise ApiTimeout() from None
     except requests.exceptions.RequestException as error:
         raise ApiUnreachable(type(error).__name__) from None
 
@@ -208,18 +289,6 @@ def _client_errors() -> Iterator[None]:
 def _json(node) -> dict:
     """A node from the client as the API's JSON has it."""
     return type(node).to_dict(node, use_integers_for_enums=False, preserving_proto_field_name=False)
-
-
-def _wait(operation, on_progress: Callable[[float], None]):
-    """The operation's result once it is done, reporting the seconds waited now and then."""
-    started = time.monotonic()
-    reported = started
-    while not operation.done():
-        time.sleep(OPERATION_POLL_S)
-        if time.monotonic() - reported >= PROGRESS_EVERY_S:
-            reported = time.monotonic()
-            on_progress(reported - started)
-    return operation.result()
 
 
 def _error_of(response: urllib3.BaseHTTPResponse) -> ApiCallError:

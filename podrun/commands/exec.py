@@ -14,12 +14,13 @@ from podrun.launch.launcher import Launch
 from podrun.output import Terminal, counted, say
 from podrun.plan import plan, render
 from podrun.shipping import scan
-from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, load_spec  # TEMP
+from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stop_grace
 from podrun.targets import target_for
 
 
 def validate(spec_path: str) -> JobSpec:
     spec = load_spec(spec_path)
+    check_run_script(spec)
     say(f"{spec_path}: valid; job {spec.name!r} on {spec.target.kind} workers")
     return spec
 
@@ -28,6 +29,7 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
             detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False,
             grace: str | None = None) -> int:
     spec = load_spec(spec_path)
+    check_run_script(spec)
     extra_env = parse_env_overrides(env_overrides)
     grace_s = parse_grace(grace)
     target = target_for(spec)
@@ -48,19 +50,20 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
     record = jobstore.JobRecord(
         id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
         workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address, endpoint=p.worker.transport.endpoint())
-                 for p in plans], stop_grace_s=getattr(spec, "stop_grace_s", 30.0) if grace_s is None else grace_s)  # TEMP
+                 for p in plans], stop_grace_s=spec.stop_grace_s if grace_s is None else grace_s)
     record.create()
     say(f"job {job_id}: {counted(len(plans), target.worker_noun)}; logs in {record.dir}")
     gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
     gc.enable()
-    return asyncio.run(Launch(spec, target, plans, tree, record, Terminal(), detach, kill_stale).run())
+    return asyncio.run(Launch(spec, target, plans, tree, record, Terminal(worker_count=len(workers)), detach,
+                                kill_stale).run())
 
 
 def parse_grace(grace: str | None) -> float | None:
     if grace is None:
         return None
     try:
-        return float(grace)  # TEMP
+        return parse_stop_grace(grace)
     except ValueError as error:
         raise UsageError(f"--grace {grace!r}: {error}") from None
 

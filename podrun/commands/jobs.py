@@ -6,22 +6,30 @@ import json
 import os
 import time
 
-from podrun import jobstore
+from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError, UsageError
-from podrun.output import Terminal, WorkerOutput, print_table
+from podrun.output import Terminal, WorkerOutput, counted, print_table, say, say_failure, say_success
 
+DEFAULT_JOBS_SHOWN = 20
+HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
+# what gives way when the table is wider than the terminal, {column: how narrow it may get}, group by
+# group: the name and the id (the wider of the two first, the name on a tie: the id begins with it),
+# then the exit codes
+SHRINKABLE = ({1: 4, 0: 12}, {4: len("EXIT CODES")})
+FAILURES_SHOWN = 3  # then `+N`
 FOLLOW_POLL_S = 0.1
-LAUNCHER_STOP_WAIT_S = 30  # the launcher needs at most the agents' grace period and a second
+LAUNCHER_STOP_MARGIN_S = 15  # the launcher needs the job's grace period, the KILL, and a little
 READ_SIZE = 1 << 16
 
 
-def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | None) -> int:
-    record = jobstore.load(job_id) if job_id else jobstore.newest()
+def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None) -> int:
+    """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job."""
+    record = jobstore.find(job) if job else _newest_running_or_newest()
     indexes = [w.index for w in record.workers]
     if worker is not None and worker not in indexes:
         raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
     chosen = [worker] if worker is not None else indexes
-    terminal = Terminal(prefixed=worker is None)
+    terminal = Terminal(prefixed=worker is None, worker_count=len(record.workers))
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     on_workers = record.detached and record.state == jobstore.RUNNING  # they have what is new
     if on_workers:
@@ -33,7 +41,7 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
         for index in chosen:
             _copy_new(record.log_path(index), offsets[index], outputs[index])
         detached.fetch(record, chosen, outputs, follow=True)
-        return 0
+        return _ended(jobstore.load(record.id))
     while True:
         finished = record.current_state() != jobstore.RUNNING  # read before the logs: no lost tail
         for index in chosen:
@@ -44,52 +52,127 @@ def show_logs(job_id: str | None, worker: int | None, follow: bool, tail: int | 
         record = jobstore.load(record.id)
     for output in outputs.values():
         output.close()
-    return 0
+    return _ended(record) if follow else 0
 
 
-def list_jobs(as_json: bool) -> int:
-    records = jobstore.all_jobs()
-    if as_json:
-        print(json.dumps([{**record.to_dict(), "state": record.current_state()} for record in records], indent=1))
+def _ended(record: jobstore.JobRecord) -> int:
+    """A followed job's last word: its outcome, and its exit code as the exit code of `logs -f`."""
+    state = record.current_state()
+    if state == jobstore.RUNNING:  # a detached job whose workers could not all be reached
         return 0
-    header = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
-    print_table([header, *(_row(record) for record in records)])
+    (say_success if state == jobstore.SUCCEEDED else say_failure)(record.outcome())
+    return record.exit_code if record.exit_code is not None else exits.LOST
+
+
+def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, show_all: bool,
+              as_json: bool) -> int:
+    """Newest first: at most `count` jobs (default 20; with --json, all), of these states (any if none),
+    whose id begins with `name_or_prefix` (an id begins with its job's name)."""
+    records = [record for record in jobstore.all_jobs() if record.id.startswith(name_or_prefix or "")]
+    if any(record.detached and record.state == jobstore.RUNNING for record in records):
+        from podrun.launch import detached  # asks their workers: a detached job that ended shows it now
+
+        detached.refresh(records)
+    jobs = [(record, record.current_state()) for record in records]
+    jobs = [(record, state) for record, state in jobs if not states or state in states]
+    limit = None if show_all or (as_json and count is None) else DEFAULT_JOBS_SHOWN if count is None else count
+    shown = jobs[:limit]
+    if as_json:
+        print(json.dumps([{**record.to_dict(), "state": state} for record, state in shown], indent=1))
+    else:
+        rows = [HEADER, *(_row(record, state) for record, state in shown)]
+        print_table(_fit(rows, _terminal_width()))
+    if len(shown) < len(jobs):
+        say(f"{counted(len(jobs) - len(shown), 'older job')} not shown; -n N or --all shows them")
     return 0
 
 
-def stop_job(job_id: str) -> int:
-    record = jobstore.load(job_id)
+def stop_job(job: str | None) -> int:
+    """`job`: an id, an id's beginning or a name; none: the newest running job."""
+    record = jobstore.find(job) if job else _newest_running()
     state = record.current_state()
     if state != jobstore.RUNNING:
-        raise PodrunError(f"job {job_id} is not running (it is {state})")
+        raise PodrunError(f"job {record.id} is not running (it is {state})")
     if record.detached:
         from podrun.launch import detached
 
         detached.stop(record)
-        print(f"podrun: job {job_id} is {jobstore.load(job_id).current_state()}")
+        print(f"podrun: job {record.id} is {jobstore.load(record.id).current_state()}")
         return 0
     import signal  # here, not at the top: `podrun jobs` and `podrun logs` start faster without it
 
     if "pid" not in record.launcher:  # its identity comes from /proc, which only Linux has
-        raise PodrunError(f"job {job_id}: its launcher cannot be found on this system (stopping an attached job "
+        raise PodrunError(f"job {record.id}: its launcher cannot be found on this system (stopping an attached job "
                           f"needs Linux's /proc); press Ctrl-C where it runs")
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
-    deadline = time.monotonic() + LAUNCHER_STOP_WAIT_S
-    while (record := jobstore.load(job_id)).current_state() == jobstore.RUNNING:
+    wait_s = record.stop_grace_s + LAUNCHER_STOP_MARGIN_S
+    deadline = time.monotonic() + wait_s
+    while (record := jobstore.load(record.id)).current_state() == jobstore.RUNNING:
         if time.monotonic() > deadline:
-            raise PodrunError(f"job {job_id}: its launcher (pid {record.launcher['pid']}) did not stop it "
-                              f"within {LAUNCHER_STOP_WAIT_S}s")
+            raise PodrunError(f"job {record.id}: its launcher (pid {record.launcher['pid']}) did not stop it "
+                              f"within {wait_s:g}s")
         time.sleep(FOLLOW_POLL_S)
-    print(f"podrun: job {job_id} is {record.current_state()}")
+    print(f"podrun: job {record.id} is {record.current_state()}")
     return 0
 
 
-def _row(record: jobstore.JobRecord) -> tuple[str, ...]:
-    codes = ",".join("-" if w.exit_code is None else str(w.exit_code) for w in record.workers)
-    end = record.ended_at or (time.time() if record.current_state() == jobstore.RUNNING else None)
+def _newest_running_or_newest() -> jobstore.JobRecord:
+    records = jobstore.all_jobs()
+    if not records:
+        raise PodrunError(f"no jobs yet in {paths.jobs_dir()}; start one with `podrun exec JOB.yaml`")
+    return next((record for record in records if record.current_state() == jobstore.RUNNING), records[0])
+
+
+def _newest_running() -> jobstore.JobRecord:
+    running = next((record for record in jobstore.all_jobs() if record.current_state() == jobstore.RUNNING), None)
+    if running is None:
+        raise PodrunError("no job is running; `podrun jobs` lists them, `podrun stop JOB_ID` names one")
+    say(f"stopping job {running.id}, the newest running job")
+    return running
+
+
+def _row(record: jobstore.JobRecord, state: str) -> tuple[str, ...]:
+    end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
     duration = _duration(end - record.started_at) if end else "-"
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started_at))
-    return record.id, record.name, record.target, record.current_state(), codes, started, duration
+    return record.id, record.name, record.target, state, _exit_codes(record, state), _started(record), duration
+
+
+def _started(record: jobstore.JobRecord) -> str:
+    """As ps shows a start (STIME): the time today, the day this year, else the year (--json has it all)."""
+    started, now = time.localtime(record.started_at), time.localtime()
+    if started[:3] == now[:3]:
+        return time.strftime("%H:%M", started)
+    return time.strftime("%b %d" if started.tm_year == now.tm_year else "%Y", started)
+
+
+def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
+    """`32/32 ok`, `30/32 ok, 2 running`, `32 stopped`, or the failed workers and how many were stopped
+    (by `podrun stop`, fail-fast or Ctrl-C): `w5=3, 31 stopped`."""
+    failed = [w for w in record.workers if w.exit_code and not _stopped(w)]
+    stopped = sum(_stopped(w) for w in record.workers)
+    ok = sum(w.exit_code == 0 for w in record.workers)
+    pending = sum(w.exit_code is None for w in record.workers)
+    parts = []
+    if failed:
+        parts.append(_failures(failed))
+    elif ok or not (stopped or pending):
+        parts.append(f"{ok}/{len(record.workers)} ok")
+    if stopped:
+        parts.append(f"{stopped} stopped")
+    if pending:
+        parts.append(f"{pending} {'running' if state == jobstore.RUNNING else 'unknown'}")
+    return ", ".join(parts)
+
+
+def _stopped(worker: jobstore.WorkerRecord) -> bool:
+    """Whether the worker ended because it was told to: SIGTERM (an attached job's launcher stopping it),
+    or its agent's stop_reason (a detached job's)."""
+    return bool(worker.exit_code) and (worker.signal == "SIGTERM" or worker.stop_reason is not None)
+
+
+def _failures(failed: list[jobstore.WorkerRecord]) -> str:
+    shown = " ".join(f"w{worker.index}={worker.exit_code}" for worker in failed[:FAILURES_SHOWN])
+    return f"{shown} +{len(failed) - FAILURES_SHOWN}" if len(failed) > FAILURES_SHOWN else shown
 
 
 def _duration(seconds: float) -> str:
@@ -100,25 +183,57 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
+def _terminal_width() -> int | None:
+    """COLUMNS, else the width of the terminal stdout shows on; None for a pipe or a file, which get
+    whole rows, as from `ps` or `docker ps`: a script that reads them must not get cut cells."""
+    try:
+        return int(os.environ["COLUMNS"]) or None
+    except (KeyError, ValueError):
+        try:
+            return os.get_terminal_size(1).columns
+        except OSError:
+            return None
+
+
+def _fit(rows: list[tuple[str, ...]], width: int | None) -> list[tuple[str, ...]]:
+    """The rows, with SHRINKABLE columns cut in the middle until a row fits `width` (or they can give no more)."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    excess = sum(widths) + 2 * (len(widths) - 1) - width if width else 0
+    for narrowest in SHRINKABLE:
+        while excess > 0 and (wider := [column for column in narrowest if widths[column] > narrowest[column]]):
+            widths[max(wider, key=lambda column: widths[column])] -= 1
+            excess -= 1
+    return [tuple(_cut_middle(cell, width) for cell, width in zip(row, widths)) for row in rows]
+
+
+def _cut_middle(text: str, width: int) -> str:
+    """`text`, or its beginning and end around a `…` to fit `width`: both ends of an id stay readable."""
+    if len(text) <= width:
+        return text
+    end = (width - 1) // 2
+    return f"{text[:width - 1 - end]}…{text[len(text) - end:]}"
+
+
 def _start_offset(path: str, tail: int | None) -> int:
-    """0, or the offset where the last `tail` lines of the file begin."""
+    """0, or the offset where the last `tail` lines of the file begin, as a person counts lines: a line
+    redrawn with \\r (a progress bar) is one, and so is a last line without \\n."""
     if tail is None or not os.path.exists(path):
         return 0
     with open(path, "rb") as handle:
         end = position = handle.seek(0, os.SEEK_END)
-        newlines = 0
+        if tail == 0:
+            return end
         while position > 0:
             size = min(READ_SIZE, position)
             position -= size
             handle.seek(position)
             block = handle.read(size)
-            if position + size == end and block.endswith(b"\n"):
-                block = block[:-1]  # the final newline ends the last line, it does not start one
-            for offset in range(len(block) - 1, -1, -1):
-                if block[offset] == 10:
-                    newlines += 1
-                    if newlines == tail:
-                        return position + offset + 1
+            # the final newline ends the last line, it does not start one
+            newline = len(block) - 1 if position + size == end and block.endswith(b"\n") else len(block)
+            while (newline := block.rfind(b"\n", 0, newline)) >= 0:
+                tail -= 1
+                if tail == 0:
+                    return position + newline + 1
         return 0
 
 

@@ -6,12 +6,16 @@ import getpass
 import re
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from podrun import exits
 from podrun.cloud import accelerators
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
+
+if TYPE_CHECKING:
+    from podrun.cloud.tpu_api import TpuApi
 
 NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -28,25 +32,35 @@ def create(accelerator_type: str, name: str | None, zone: str | None, project: s
     workers = f"{accelerator.hosts} worker{'s' * (accelerator.hosts > 1)}"
     say(f"creating TPU VM {name} ({accelerator.name}: {workers}, runtime {runtime}{', spot' * spot}) "
         f"in {where.project}/{where.zone}")
-    progress = Progress(f"waiting for {name} to be READY")
+    waiting = Waiting(api, name, f"{name} to be READY")
     try:
-        node = api.create(name, accelerator.name, runtime, spot, progress.update if wait else None)
+        with waiting:
+            pending = api.create(name, accelerator.name, runtime, spot)
+            if wait:
+                waiting.start()
+                api.wait(pending, waiting.update)
     except KeyboardInterrupt:
-        progress.done()
-        say(f"interrupted: {name} may still be created (and billed); delete it with "
-            f"`podrun delete {name} --zone {where.zone} --project {where.project}`")
+        say(f"interrupted: podrun stopped waiting, but {name} may still be created at Google (and billed once "
+            f"READY): {_how_to_check(name, where)}; `podrun delete {name} --zone {where.zone} "
+            f"--project {where.project}` deletes it")
         return exits.INTERRUPTED
-    progress.done()
-    if node is None:
+    if not wait:
         say(f"creation of {name} started; `podrun describe {name} --zone {where.zone}` shows when it is READY")
         return 0
-    say(f"{name} is {node.state} after {progress.elapsed():.0f}s")
+    node = api.get(name)
+    say(f"{name} is {node.state} after {waiting.elapsed():.0f}s")
     print(describe_text(node))
     return 0
 
 
 def list_nodes(zone: str | None, project: str | None) -> int:
-    nodes = _api(location(project, zone)).list()
+    where = location(project, zone)
+    nodes = _api(where).list()
+    listed = f"TPU VMs in project {where.project}, zone {where.zone}"
+    if not nodes:
+        say(f"no {listed}")
+        return 0
+    say(f"{listed}:")
     print_table([("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME"),
                  *((node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version)
                    for node in nodes)])
@@ -63,15 +77,18 @@ def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:
     if not yes and not _confirm(f"delete TPU VM {name} in {where.project}/{where.zone}?"):
         say("nothing deleted")
         return exits.FAILURE
-    progress = Progress(f"deleting {name}")
+    api = _api(where)
+    waiting = Waiting(api, name, f"{name} to be deleted")
     try:
-        _api(where).delete(name, progress.update)
+        with waiting:
+            pending = api.delete(name)
+            waiting.start()
+            api.wait(pending, waiting.update)
     except KeyboardInterrupt:
-        progress.done()
-        say(f"interrupted: the deletion of {name} goes on at Google; `podrun list --zone {where.zone}` shows it")
+        say(f"interrupted: podrun stopped waiting, but the deletion of {name} goes on at Google: "
+            f"{_how_to_check(name, where)} until it is gone")
         return exits.INTERRUPTED
-    progress.done()
-    say(f"deleted {name} after {progress.elapsed():.0f}s")
+    say(f"deleted {name} after {waiting.elapsed():.0f}s")
     return 0
 
 
@@ -92,28 +109,40 @@ def default_node_name(accelerator_type: str) -> str:
     return f"{user}-{accelerator_type}"[:63].rstrip("-")
 
 
-class Progress:
-    """Seconds waited so far: redrawn in place on a terminal, a line every 10 s to a pipe."""
+class Waiting:
+    """A wait for an operation on a node, told as it goes: a line when it starts, then the node's state
+    every 30 s; on a terminal, the state and the seconds waited are redrawn in place instead."""
 
-    PIPE_EVERY_S = 10
+    REPORT_EVERY_S = 30
 
-    def __init__(self, doing: str):
-        self.doing = doing
+    def __init__(self, api: TpuApi, node: str, waiting_for: str):
+        self.api, self.node, self.waiting_for = api, node, waiting_for
         self.started = time.monotonic()
         self.terminal = sys.stderr.isatty()
-        self.shown_at = 0.0
+        self.state: str | None = None
+        self.checked_at = 0.0
         self.drawn = False
 
+    def start(self) -> None:
+        say(f"waiting for {self.waiting_for} (at most {self.api.wait_timeout_s:g}s; Ctrl-C stops the wait, "
+            f"not the operation at Google)")
+
     def update(self, elapsed: float) -> None:
+        due = elapsed - self.checked_at >= self.REPORT_EVERY_S
+        if due or (self.terminal and self.state is None):
+            self.state, self.checked_at = self.api.state(self.node), elapsed
         if self.terminal:
-            sys.stderr.write(f"\rpodrun: {self.doing}... {elapsed:.0f}s")
+            sys.stderr.write(f"\rpodrun: waiting for {self.waiting_for}: {self.state}, {elapsed:.0f}s\x1b[K")
             sys.stderr.flush()
             self.drawn = True
-        elif elapsed - self.shown_at >= self.PIPE_EVERY_S:
-            self.shown_at = elapsed
-            say(f"{self.doing}... {elapsed:.0f}s")
+        elif due:
+            say(f"still waiting for {self.waiting_for}: {self.state} after {elapsed:.0f}s")
 
-    def done(self) -> None:
+    def __enter__(self) -> Waiting:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        """End the line redrawn in place, so that what is said next starts on a line of its own."""
         if self.drawn:
             sys.stderr.write("\n")
 
@@ -121,10 +150,14 @@ class Progress:
         return time.monotonic() - self.started
 
 
-def _api(where: Location):
+def _api(where: Location) -> TpuApi:
     from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for the commands that need them
 
     return TpuApi(where)
+
+
+def _how_to_check(name: str, where: Location) -> str:
+    return f"`podrun describe {name} --zone {where.zone} --project {where.project}` shows its state"
 
 
 def _confirm(question: str) -> bool:

@@ -21,7 +21,7 @@ from podrun import exits, jobstore
 from podrun.errors import PodrunError
 from podrun.launch import preflight
 from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, heartbeats, stop_all
-from podrun.output import Terminal, WorkerOutput, counted, say, size_text
+from podrun.output import Terminal, WorkerOutput, counted, say, say_failure, say_phase, say_success, size_text
 from podrun.plan import WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
@@ -79,7 +79,7 @@ class Launch:
             if self.interrupted.is_set():
                 return self._finish_interrupted()
             self.record.finish(jobstore.SUCCEEDED, 0)
-            say(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
+            say_success(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
             return 0
         except PodrunError as error:
             self.record.finish(jobstore.FAILED, error.exit_code, str(error))
@@ -132,6 +132,7 @@ class Launch:
             hub = await self._hub_address(worker_steps[0])
             for ws in worker_steps:
                 ws.go(hub)
+        say_phase(step, counted(len(worker_steps), self.target.worker_noun))
         finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
@@ -181,6 +182,8 @@ class Launch:
         workers = [ws.plan.worker for ws in worker_steps]
         self.target.check_probes(list(zip(workers, reports)), self.kill_stale)
         missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
+        if missing:
+            say_phase("ship", counted(len(missing), self.target.worker_noun))
         shipping_started = time.monotonic()
         sent = await self._until_interrupted(archive.ship(self.tree, self.spec.name, missing))
         if self.interrupted.is_set():
@@ -247,7 +250,7 @@ class Launch:
         if cause := failure.cause():
             summary += f" ({cause})"
         self.record.finish(jobstore.FAILED, failure.code, summary)
-        say(f"job {self.record.id} failed: {summary}; every other worker was stopped")
+        say_failure(f"job {self.record.id} failed: {summary}; every other worker was stopped")
         return failure.code
 
     def _finish_detached(self) -> int:

@@ -16,7 +16,7 @@ from podrun import exits
 from podrun.output import WorkerOutput
 from podrun.plan import WorkerPlan
 from podrun.remote import framing
-from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
+from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source, remote_source
 
 # the launcher says something to every agent this often; an agent that hears nothing for
 # HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself
@@ -28,7 +28,7 @@ EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|E
 # failure):", then "  rank      : 3 (local_rank: 1)" and "  exitcode  : 3 (pid: 1234)"
 ROOT_CAUSE = "Root Cause (first observed failure):"
 ROOT_CAUSE_FIELD = re.compile(r"^\s*(rank|exitcode)\s*: (-?\d+)")
-RANK_LINE = re.compile(r"^\[rank(\d+)\]:")  # plan.RANK_PREFIX
+RANK_LINE = re.compile(r"^\[rank(\d+)\]:")  # remote/rank_output.py
 TAIL_LINES_KEPT = 200  # enough to hold torchrun's summary and the failing rank's traceback before it
 
 
@@ -111,6 +111,8 @@ class WorkerStep:
                   "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach, "code_dir": self.plan.code_dir}
         if self.step == "run":
             config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group")
+            if self.plan.term_leader_only:  # torchrun: each rank runs behind rank_output.py (plan.py)
+                config["job_files"] = {"rank_output.py": remote_source("rank_output").decode()}
         if probe is not None:
             config["probe"] = probe
         if self.watch is not None:

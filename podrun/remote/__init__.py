@@ -11,5 +11,6 @@ imported (each runs its main() only as __main__).
   detached_stopper.py      stop a detached job's step (launch/detached.py)
   checkout.py              the run directory: check a code version out there, prune old versions (agent.py);
                            as a script, the disk podrun uses for a name (commands/disk.py)
+  rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
 """

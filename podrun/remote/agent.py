@@ -10,7 +10,8 @@ Protocol
   stdin   the step: a decimal byte count, a newline, then that many bytes of marshal format 4 (readable
           by every Python 3.4+) holding {job_id, worker, step, cwd (the run directory), code_dir (the
           code version checked out into cwd before the step starts: checkout.py), command, env,
-          grace, heartbeat, detach}, for run {container, term ("leader" or "group")}, for a job's
+          grace, heartbeat, detach}, for run {container, term ("leader" or "group"), job_files (name:
+          text, written into the job's directory first: rank_output.py under torchrun)}, for a job's
           first step "probe", for a watched run "watch"; then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
           link that died silently), means the launcher is gone: the job stops too.
@@ -258,6 +259,8 @@ class Step:
         env = dict(os.environ)
         env.update(self.config["env"])
         env["PODRUN_JOB_DIR"] = self.job_dir
+        for name, text in self.config.get("job_files", {}).items():  # e.g. rank_output.py, for torchrun
+            self._write_file(name, text)
         read_end, write_end = os.pipe()
         try:
             self.pid = spawn([_shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -361,25 +364,28 @@ class Step:
         """Each process of the job gets the signal once: SIGTERM lets it save its state, so a second
         one (a checkpoint handler started twice) must not follow. A container is stopped by name;
         its docker client would otherwise pass our SIGTERM on to the container a second time. With
-        the config's "term": "leader" (torchrun), only the leader gets SIGTERM while it runs: it
-        stops its own processes, and a SIGTERM from us too would reach each of them twice."""
+        the config's "term": "leader" (torchrun), only the leader and what is not its descendant get
+        SIGTERM while it runs: torchrun stops its ranks itself (each in a session of its own), and a
+        SIGTERM from us too would reach each of them twice."""
         running = self.status is None
         if signum == signal.SIGTERM and running and self.container:
             self._docker("stop", "-t", str(int(self.grace + 0.999)), self.container)
             return
         if signum == signal.SIGKILL and self.container:
             self._docker("kill", self.container)
+        leader_only = signum == signal.SIGTERM and running and self.config.get("term") == "leader"
         try:
-            if signum == signal.SIGTERM and running and self.config.get("term") == "leader":
+            if leader_only:
                 os.kill(self.pid, signum)
             else:
                 os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
         for pid in _processes_with_env(self._marker()):
+            if _group_of(pid) == self.pid or (leader_only and _descends_from(pid, self.pid)):
+                continue  # signalled above, or the leader's to stop
             try:
-                if _group_of(pid) != self.pid:  # those of the step's own group were signalled above
-                    os.kill(pid, signum)
+                os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -671,6 +677,18 @@ def _which(program):
         if os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def _descends_from(pid, ancestor):
+    while pid > 1:
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                pid = int(handle.read().rsplit(")", 1)[1].split()[1])  # the parent's pid, after the name
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
 
 
 def _group_of(pid):

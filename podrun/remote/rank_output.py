@@ -1,0 +1,104 @@
+"""One torchrun rank, its output marked with its rank: torchrun starts this file in place of the
+job's script (plan.py: `torchrun ... rank_output.py SCRIPT ARGS...`), with its own interpreter.
+
+It runs SCRIPT ARGS with that same interpreter (`-u`, as torchrun would), in the process group
+torchrun made for the rank, and exits as the script did (killed by the same signal, if it was). It does not pass signals on:
+torchrun signals each rank's whole process group (os.killpg), and podrun's agent signals each
+process of the job by itself, so the script receives each of them once already; this process
+outlives them, to pass on the script's last output. The script's
+stdout and stderr come through a pipe and leave as `[rankN]:` + one line, or one redraw of a line
+ended by a carriage return, each in a single write of less than PIPE_BUF bytes: two ranks never share
+a line, and a progress bar stays one redrawn line (output.py). torchrun's own --tee would read each
+rank's file a line at a time in text mode, turning every carriage return into a new line, and write
+half-read lines that another rank's line then continues.
+
+The agent writes this file into the job's directory on the worker before run starts.
+"""
+
+import os
+import signal
+import sys
+
+OUTLIVED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+ATOMIC_WRITE = 4000  # below PIPE_BUF (4096 on Linux): the kernel never interleaves such a write
+LONGEST_PENDING = 65536  # a longer run of bytes without a line end leaves as a line of its own
+
+
+def main():
+    prefix = ("[rank%s]:" % os.environ.get("RANK", "?")).encode()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        os.dup2(write_end, 1)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        try:
+            os.execv(sys.executable, [sys.executable, "-u"] + sys.argv[1:])
+        except OSError as error:
+            os.write(2, ("cannot run %s: %s\n" % (sys.executable, error)).encode())
+        os._exit(127)
+    os.close(write_end)
+    for name in OUTLIVED:  # a handler, not SIG_IGN: the script would inherit an ignored signal
+        signal.signal(getattr(signal, name), lambda signum, frame: None)
+    pending = b""
+    while True:
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        segments, pending = split_segments(pending + chunk)
+        if len(pending) >= LONGEST_PENDING:
+            segments, pending = segments + [pending + b"\n"], b""
+        write_marked(prefix, segments)
+    if pending:
+        write_marked(prefix, [pending + b"\n"])
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    sys.exit(os.WEXITSTATUS(status))
+
+
+def split_segments(data):
+    """(the complete segments of data, each ending in "\\n", "\\r\\n" or "\\r", the rest). A lone "\\r"
+    (a redraw starting over at the beginning of a line) is no segment; a "\\r" at the very end waits:
+    it may be the first half of "\\r\\n"."""
+    segments = []
+    start = 0
+    while True:
+        ends = [end for end in (data.find(b"\n", start), data.find(b"\r", start)) if end >= 0]
+        if not ends:
+            break
+        end = min(ends)
+        if data[end:end + 1] == b"\r":
+            if end + 1 == len(data):
+                break
+            if data[end + 1:end + 2] == b"\n":
+                end += 1
+        if data[start:end + 1] != b"\r":
+            segments.append(data[start:end + 1])
+        start = end + 1
+    return segments, data[start:]
+
+
+def write_marked(prefix, segments):
+    """Each segment behind the prefix, as few writes as stay atomic."""
+    batch = b""
+    for segment in segments:
+        marked = prefix + segment
+        if batch and len(batch) + len(marked) > ATOMIC_WRITE:
+            _write_all(batch)
+            batch = b""
+        batch += marked
+    if batch:
+        _write_all(batch)
+
+
+def _write_all(data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+
+
+if __name__ == "__main__":
+    main()
