@@ -10,6 +10,8 @@ import signal
 import socket
 import time
 
+import pytest
+
 from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
 
 # worker 1 fails after a second; the others run until they are stopped, saying so once per SIGTERM
@@ -64,6 +66,34 @@ def test_a_detached_job_whose_first_worker_is_killed_stops_everywhere(home, job_
     os.kill(int(agent_file.read_text()), signal.SIGKILL)
     wait_until(lambda: worker_exit(home, 1, job_id), "worker 1 to stop", timeout=20)
     assert worker_exit(home, 1, job_id)["stop_reason"] == "worker 0 failed with code 255"
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert [(job["state"], job["exit_code"], job["summary"]) for job in listed if job["id"] == job_id] == [
+        ("failed", 255, "worker 0's agent is gone (its process or host)")]
+
+
+@pytest.mark.parametrize("exits, causes, outcome", [
+    # podrun stop reached worker 2 first; its exit made worker 0's agent stop worker 1 "for" it
+    ([(143, "SIGTERM"), (143, "worker 2 failed with code 143"), (143, "SIGTERM")], {2: 143},
+     ("stopped", 143, "stopped")),
+    ([(143, "worker 1 failed with code 3"), (3, None), (143, "worker 1 failed with code 3")], {1: 3},
+     ("failed", 3, "worker 1 exited with code 3")),
+    ([None, (143, "worker 0 failed with code 255")], {0: 255},
+     ("failed", 255, "worker 0's agent is gone (its process or host)")),
+    ([(0, None), (0, None)], {}, ("succeeded", 0, None)),
+])
+def test_a_detached_jobs_outcome_comes_from_its_workers_exits(home, exits, causes, outcome):
+    """exits: (code, stop_reason) per worker, None where the worker left no exit; causes: the failures
+    the stopped workers' exit files name (cause_worker: cause_code)."""
+    from podrun import jobstore
+    from podrun.launch.detached import _record_end
+
+    workers = [jobstore.WorkerRecord(index, f"w{index}") for index in range(len(exits))]
+    for worker, exit_record in zip(workers, exits):
+        worker.exit_code, worker.stop_reason = exit_record or (None, None)
+    record = jobstore.JobRecord("j-1", "j", f"local:{len(workers)}", "j.yaml", workers, detached=True)
+    record.create()
+    _record_end(record, causes, None)
+    assert (record.state, record.exit_code, record.summary) == outcome
 
 
 def test_ctrl_c_gives_each_process_sigterm_once_and_the_grace_period_to_save(home, job_file):

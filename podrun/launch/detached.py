@@ -12,7 +12,7 @@ import fcntl
 import json
 import os
 
-from podrun import exits, jobstore, paths
+from podrun import jobstore, paths
 from podrun.errors import PodrunError
 from podrun.output import WorkerOutput
 from podrun.transport import transport_for
@@ -74,17 +74,20 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
 
 def _record_end(record: jobstore.JobRecord, causes: dict[int, int], ended_at: float | None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
-    podrun or because another worker failed) decides it, as in an attached job."""
+    podrun or because another worker failed) decides it, as in an attached job; else one whose agent
+    is gone, named by the others. A worker stopped by `podrun stop` that another worker's agent took
+    for a failure is no cause: the job was stopped."""
     failed = [(w.index, w.exit_code, w.signal) for w in record.workers if w.exit_code and w.stop_reason is None]
+    gone = sorted((index, code) for index, code in causes.items()
+                  if next(w for w in record.workers if w.index == index).exit_code is None)
     stopped = [w.exit_code for w in record.workers if w.exit_code and w.stop_reason is not None]
     if failed:
         index, code, signal = failed[0]
         how = f"was killed by {signal} (exit code {code})" if signal else f"exited with code {code}"
         record.finish(jobstore.FAILED, code, f"worker {index} {how}", ended_at)
-    elif causes:
-        index, code = min(causes.items())
-        record.finish(jobstore.FAILED, code, f"worker {index}'s agent is gone (its process or host)"
-                      if code == exits.LOST else f"worker {index} failed with code {code}", ended_at)
+    elif gone:
+        index, code = gone[0]
+        record.finish(jobstore.FAILED, code, f"worker {index}'s agent is gone (its process or host)", ended_at)
     elif stopped:
         record.finish(jobstore.STOPPED, stopped[0], "stopped", ended_at)
     else:
