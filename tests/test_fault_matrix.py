@@ -158,6 +158,27 @@ def test_a_host_whose_link_goes_down_fails_the_job_and_stops_on_its_own(home, la
         subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)
 
 
+def test_a_detached_job_whose_host_loses_its_link_stops_everywhere_with_no_launcher(home, lab, hosts_spec, fault_time):
+    """The agents' watch (agent.Hub) notices a host gone silent by TCP keepalive: the others stop the
+    job, and the cut-off host stops its own part, as no word comes from worker 0's agent."""
+    launched = podrun("exec", "--detach", hosts_spec('run: |\n  echo "up $PODRUN_WORKER"\n  exec sleep 300\n'))
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    exit_file = lab.hosts[2].home / ".podrun" / "jobs" / job_id / "run.exit"
+    lost_at = time.monotonic()
+    subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "down"], check=True)
+    try:
+        wait_until(lambda: ps_on_every_host(lab, job_id) == [], "every host to stop the job", timeout=60)
+        fault_time("detached, link down -> every host stopped", time.monotonic() - lost_at)
+        assert time.monotonic() - lost_at < KEEPALIVE_TIMEOUT_S + 15
+        assert json.loads(exit_file.read_text())["stop_reason"] == "worker 0 failed with code 255"
+    finally:
+        subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert [(job["state"], job["summary"]) for job in listed if job["id"] == job_id] == [
+        ("failed", "worker 2 was lost (its agent, its host or the link to it)")]
+
+
 @repeated
 def test_sshd_stopped_on_one_host_is_one_line_and_nothing_starts(home, lab, hosts_spec, fault_time, attempt):
     spec = hosts_spec("run: echo started; sleep 300")

@@ -68,22 +68,26 @@ def test_a_detached_job_whose_first_worker_is_killed_stops_everywhere(home, job_
     assert worker_exit(home, 1, job_id)["stop_reason"] == "worker 0 failed with code 255"
     listed = json.loads(podrun("jobs", "--json").stdout)
     assert [(job["state"], job["exit_code"], job["summary"]) for job in listed if job["id"] == job_id] == [
-        ("failed", 255, "worker 0's agent is gone (its process or host)")]
+        ("failed", 255, "worker 0 was lost (its agent, its host or the link to it)")]
 
 
 @pytest.mark.parametrize("exits, causes, outcome", [
     # podrun stop reached worker 2 first; its exit made worker 0's agent stop worker 1 "for" it
-    ([(143, "SIGTERM"), (143, "worker 2 failed with code 143"), (143, "SIGTERM")], {2: 143},
+    ([(143, "SIGTERM"), (143, "worker 2 failed with code 143"), (143, "SIGTERM")], [(2, 143)],
      ("stopped", 143, "stopped")),
-    ([(143, "worker 1 failed with code 3"), (3, None), (143, "worker 1 failed with code 3")], {1: 3},
+    ([(143, "worker 1 failed with code 3"), (3, None), (143, "worker 1 failed with code 3")], [(1, 3), (1, 3)],
      ("failed", 3, "worker 1 exited with code 3")),
-    ([None, (143, "worker 0 failed with code 255")], {0: 255},
-     ("failed", 255, "worker 0's agent is gone (its process or host)")),
-    ([(0, None), (0, None)], {}, ("succeeded", 0, None)),
+    ([None, (143, "worker 0 failed with code 255")], [(0, 255)],
+     ("failed", 255, "worker 0 was lost (its agent, its host or the link to it)")),
+    # worker 2's link went down: the first worker's agent names it; worker 2, cut off, names worker 0
+    ([(143, "worker 2 failed with code 255"), (143, "worker 2 failed with code 255"),
+      (143, "worker 0 failed with code 255")], [(2, 255), (2, 255), (0, 255)],
+     ("failed", 255, "worker 2 was lost (its agent, its host or the link to it)")),
+    ([(0, None), (0, None)], [], ("succeeded", 0, None)),
 ])
 def test_a_detached_jobs_outcome_comes_from_its_workers_exits(home, exits, causes, outcome):
     """exits: (code, stop_reason) per worker, None where the worker left no exit; causes: the failures
-    the stopped workers' exit files name (cause_worker: cause_code)."""
+    the stopped workers' exit files name, (cause_worker, cause_code), in worker order."""
     from podrun import jobstore
     from podrun.launch.detached import _record_end
 

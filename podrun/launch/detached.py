@@ -18,6 +18,7 @@ from podrun.output import WorkerOutput
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
 
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # an agent's stop_reason when podrun stop (or a user) signalled it
 AGENT_STOP_MARGIN_S = 15  # after the job's grace period: KILL, a container's removal, and some
 
 
@@ -57,37 +58,41 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     exit_records = await _on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow))
     ended_at: list[float] = []
-    causes: dict[int, int] = {}  # worker: code, of the failures that stopped the other workers (agent.Hub)
+    # (worker, code) of the failures that stopped other workers (agent.Hub), as each worker in turn
+    # names it: the first worker's agent, the hub that sees every other, first
+    causes: list[tuple[int, int]] = []
     for worker, exit_record in zip(workers, exit_records):
         if exit_record:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason = exit_record["stop_reason"]
             ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
             if exit_record.get("cause_worker") is not None:
-                causes[exit_record["cause_worker"]] = exit_record["cause_code"]
+                causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
-    if all(w.exit_code is not None or w.index in causes for w in record.workers):
+    if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
         _record_end(record, causes, max(ended_at, default=None))
     else:
         record.save()
 
 
-def _record_end(record: jobstore.JobRecord, causes: dict[int, int], ended_at: float | None) -> None:
+def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
-    podrun or because another worker failed) decides it, as in an attached job; else one whose agent
-    is gone, named by the others. A worker stopped by `podrun stop` that another worker's agent took
-    for a failure is no cause: the job was stopped."""
+    podrun or because another worker failed) decides it, as in an attached job; else the worker lost
+    that the first worker's agent named (its agent killed, its host or its link gone). A worker
+    stopped by `podrun stop` that another worker's agent took for a failure is no cause: the job was
+    stopped."""
     failed = [(w.index, w.exit_code, w.signal) for w in record.workers if w.exit_code and w.stop_reason is None]
-    gone = sorted((index, code) for index, code in causes.items()
-                  if next(w for w in record.workers if w.index == index).exit_code is None)
+    stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
+    lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
     stopped = [w.exit_code for w in record.workers if w.exit_code and w.stop_reason is not None]
     if failed:
         index, code, signal = failed[0]
         how = f"was killed by {signal} (exit code {code})" if signal else f"exited with code {code}"
         record.finish(jobstore.FAILED, code, f"worker {index} {how}", ended_at)
-    elif gone:
-        index, code = gone[0]
-        record.finish(jobstore.FAILED, code, f"worker {index}'s agent is gone (its process or host)", ended_at)
+    elif lost:
+        index, code = lost[0]
+        record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",
+                      ended_at)
     elif stopped:
         record.finish(jobstore.STOPPED, stopped[0], "stopped", ended_at)
     else:
