@@ -69,6 +69,11 @@ def test_a_detached_job_whose_first_worker_is_killed_stops_everywhere(home, job_
     listed = json.loads(podrun("jobs", "--json").stdout)
     assert [(job["state"], job["exit_code"], job["summary"]) for job in listed if job["id"] == job_id] == [
         ("failed", 255, "worker 0 was lost (its agent, its host or the link to it)")]
+    # the known limit: nothing is left on worker 0 to stop worker 0's own step (the README's Limits)
+    left = processes_of_job(job_id)
+    for line in left:
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert [line.split(None, 1)[1].strip() for line in left] == ["sleep 300"]  # worker 0's; nothing of worker 1
 
 
 @pytest.mark.parametrize("exits, causes, outcome", [
