@@ -479,6 +479,8 @@ def _problems(error: ValidationError) -> list[tuple[str | None, str]]:
     problems: list[tuple[str | None, str]] = []
     for detail in error.errors():
         loc = [str(part) for part in detail["loc"]]
+        if detail["type"] == "invalid_key":  # a key that is no text (`? ` alone, `1: x`): the mapping is at fault
+            loc = loc[:-1]
         problem = (_field_path([part for part in loc if part != "[key]"]), _in_plain_words(detail, loc))
         if problem not in problems:
             problems.append(problem)
@@ -489,6 +491,8 @@ def _in_plain_words(detail: Any, loc: list[str]) -> str:
     kind, value = detail["type"], detail.get("input")
     if kind == "value_error":  # raised by podrun's own validators: already in its words
         return detail["msg"].removeprefix("Value error, ").replace("\n", "\\n")
+    if kind == "invalid_key":
+        return f"every key must be a field name, got {_got(value)} as a key"
     if kind == "extra_forbidden":
         known = _field_names(loc[:-1])
         nearest = difflib.get_close_matches(loc[-1], known, n=1)
