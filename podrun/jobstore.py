@@ -24,13 +24,14 @@ AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 # a sixth of its whole run
 class WorkerRecord:
     def __init__(self, index: int, address: str, exit_code: int | None = None, signal: str | None = None,
-                 endpoint: dict | None = None, stop_reason: str | None = None):
+                 endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None):
         self.index = index
         self.address = address
         self.exit_code = exit_code
         self.signal = signal
         self.endpoint = endpoint or {}  # how to reach it again: Transport.endpoint()
         self.stop_reason = stop_reason  # why its agent stopped it early (e.g. SIGTERM from podrun stop)
+        self.rank = rank  # under torchrun: the rank that failed first, whose exit code exit_code is
 
 
 class JobRecord:

@@ -243,3 +243,28 @@ def test_ctrl_c_under_torchrun_gives_each_rank_sigterm_once(home, job_file):
         assert job.text.count(f"rank {rank} got SIGTERM") == 1, job.text
         assert f"rank {rank} saved" in job.text
     assert processes_of_job(job_id_in(job.text)) == []
+
+
+def test_a_detached_torchrun_job_records_the_failed_ranks_own_code(home, job_file):
+    spec = torchrun_job(job_file, 2, 29535, "import os, sys, time\nif os.environ['RANK'] == '2': sys.exit(9)\n"
+                                            "time.sleep(300)\n")
+    launched = podrun("exec", "--detach", spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    followed = podrun("logs", "-f", job_id, timeout=60)
+    assert followed.returncode == 9, followed.stderr
+    assert f"podrun: job {job_id} failed: worker 1 rank 2 exited with code 9" in followed.stderr
+    assert worker_exit(home, 1, job_id)["rank"] == 2
+    assert processes_of_job(job_id) == []
+
+
+def test_torchruns_failure_summary_names_the_rank_and_its_code():
+    from podrun.remote.agent import torchrun_root_cause
+
+    summary = (b"[rank1]:Traceback ...\nFailures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 7)\n"
+               b"------\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-11-23_20:12:54\n"
+               b"  host      : vm\n  rank      : 3 (local_rank: 1)\n  exitcode  : -9 (pid: 26555)\n"
+               b"  error_file: <N/A>\n====\n")
+    assert torchrun_root_cause(summary) == (3, 137)  # killed by SIGKILL: 128 + 9, as a shell says
+    assert torchrun_root_cause(summary.replace(b"-9 (pid", b"4 (pid")) == (3, 4)
+    assert torchrun_root_cause(b"no summary at all\n") is None

@@ -14,6 +14,7 @@ import os
 
 from podrun import jobstore, paths
 from podrun.errors import PodrunError
+from podrun.launch.steps import StepResult
 from podrun.output import WorkerOutput
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
@@ -64,7 +65,7 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     for worker, exit_record in zip(workers, exit_records):
         if exit_record:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
-            worker.stop_reason = exit_record["stop_reason"]
+            worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
             ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
             if exit_record.get("cause_worker") is not None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
@@ -81,14 +82,13 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
     stopped by `podrun stop` that another worker's agent took for a failure is no cause: the job was
     stopped."""
-    failed = [(w.index, w.exit_code, w.signal) for w in record.workers if w.exit_code and w.stop_reason is None]
+    failed = [StepResult(w.index, w.exit_code, w.signal, rank=w.rank) for w in record.workers
+              if w.exit_code and w.stop_reason is None]
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
     lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
     stopped = [w.exit_code for w in record.workers if w.exit_code and w.stop_reason is not None]
     if failed:
-        index, code, signal = failed[0]
-        how = f"was killed by {signal} (exit code {code})" if signal else f"exited with code {code}"
-        record.finish(jobstore.FAILED, code, f"worker {index} {how}", ended_at)
+        record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
     elif lost:
         index, code = lost[0]
         record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",

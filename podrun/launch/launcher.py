@@ -234,7 +234,7 @@ class Launch:
         if result.detached:
             return
         worker = self.worker_records[result.index]
-        worker.exit_code, worker.signal = result.code, result.signal
+        worker.exit_code, worker.signal, worker.rank = result.code, result.signal, result.rank
 
     def _report_failure(self, step: str, result: StepResult) -> None:
         plan = next(p for p in self.plans if p.worker.index == result.index)

@@ -24,10 +24,6 @@ HEARTBEAT_S = 5.0
 HEARTBEAT_TIMEOUT_S = 20.0
 # "torch.distributed.DistNetworkError: ...", "RuntimeError: ...": the line that says why it died
 EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
-# torchrun's summary of a failed run names the rank that failed first: "Root Cause (first observed
-# failure):", then "  rank      : 3 (local_rank: 1)" and "  exitcode  : 3 (pid: 1234)"
-ROOT_CAUSE = "Root Cause (first observed failure):"
-ROOT_CAUSE_FIELD = re.compile(r"^\s*(rank|exitcode)\s*: (-?\d+)")
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:")  # remote/rank_output.py
 TAIL_LINES_KEPT = 200  # enough to hold torchrun's summary and the failing rank's traceback before it
 
@@ -40,7 +36,7 @@ class StepResult:
     problem: str | None = None  # set when the agent could not report an exit (start failure, lost link)
     tail: list[str] = field(default_factory=list)
     detached: bool = False  # the step runs on in the background (exec --detach)
-    rank: int | None = None  # under torchrun: the rank that failed first, whose exit code `code` is
+    rank: int | None = None  # under torchrun: the rank that failed first, whose exit code `code` is (agent.py)
 
     @property
     def failed(self) -> bool:
@@ -69,22 +65,6 @@ class StepResult:
         if self.rank is None:
             return self.tail
         return [line for line in self.tail if (match := RANK_LINE.match(line)) and int(match[1]) == self.rank]
-
-
-def torchrun_root_cause(tail: list[str]) -> tuple[int, int] | None:
-    """(rank, exit code) of the rank torchrun's summary names as the first to fail; a rank killed by a
-    signal (torchrun says exitcode -15) gets 128 + the signal's number, as a shell reports it."""
-    starts = [position for position, line in enumerate(tail) if ROOT_CAUSE in line]
-    if not starts:
-        return None
-    fields: dict[str, int] = {}
-    for line in tail[starts[-1] + 1:]:
-        if match := ROOT_CAUSE_FIELD.match(line):
-            fields.setdefault(match[1], int(match[2]))
-    if "rank" not in fields or "exitcode" not in fields:
-        return None
-    code = fields["exitcode"]
-    return fields["rank"], code if code >= 0 else 128 - code
 
 
 class WorkerStep:
@@ -166,11 +146,7 @@ class WorkerStep:
         if any(event.get("event") == "detached" for event in self.events):
             return StepResult(index, 0, detached=True)
         if exited:
-            result = StepResult(index, exited["code"], exited["signal"], tail=self.output.tail())
-            if result.failed and self.step == "run" and self.plan.term_leader_only:
-                if root_cause := torchrun_root_cause(result.tail):
-                    result.rank, result.code = root_cause
-            return result
+            return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail(), rank=exited.get("rank"))
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
         detail = (errors or self.diagnostics or [f"the agent ended with code {agent_code} and no report"])[-1]
         return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())

@@ -27,11 +27,12 @@ Protocol
           for "go HOST:PORT" (the hub's address) before it starts.
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
-          "signal": NAME or null}, {"event": "error", "message": M}.
+          "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is)},
+          {"event": "error", "message": M}.
 Files, under ~/.podrun/jobs/<job_id>/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
   agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
-  ended_at, and cause_worker/cause_code when another worker's failure stopped this one).
+  ended_at, rank, and cause_worker/cause_code when another worker's failure stopped this one).
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
@@ -94,7 +95,7 @@ def main():
         os.close(report)
         control = None
     code, signal_name = step.supervise(control, watch)
-    emit(event="exited", code=code, signal=signal_name)
+    emit(event="exited", code=code, signal=signal_name, rank=step.rank)
     if watch is not None:
         watch.step_ended(code)
         watch.serve(step)
@@ -253,6 +254,7 @@ class Step:
         self.status = None  # (code, signal name) once the step's process has exited
         self.stop_reason = None
         self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
+        self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.helpers = []  # docker commands started to stop the container: reaped at the end
 
     def start(self):
@@ -336,10 +338,13 @@ class Step:
         for helper in self.helpers:
             os.waitpid(helper, 0)
         code, signal_name = self.status
+        if code and self.config.get("term") == "leader" and not self.stop_reason:
+            # torchrun exits 1 whatever its rank did: the rank's own code is the step's
+            self.rank, code = torchrun_root_cause(_tail(os.path.join(self.job_dir, "output.log"))) or (None, code)
         cause_worker, cause_code = self.cause or (None, None)
         self._write_file(self.config["step"] + ".exit", to_json({
             "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
-            "cause_worker": cause_worker, "cause_code": cause_code}))
+            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank}))
         return code, signal_name
 
     def stop_for_failure(self, worker, code):
@@ -677,6 +682,37 @@ def _which(program):
         if os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def torchrun_root_cause(text):
+    """(rank, exit code) of the rank that torchrun's failure summary names first ("Root Cause (first
+    observed failure):", then "  rank      : 3 (local_rank: 1)" and "  exitcode  : 3 (pid: 1234)");
+    a rank killed by a signal (exitcode -15) gets 128 + its number, as a shell reports it. None if
+    the text holds no summary."""
+    start = text.rfind(b"Root Cause (first observed failure):")
+    if start < 0:
+        return None
+    fields = {}
+    for line in text[start:].splitlines()[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip() in (b"rank", b"exitcode") and name.strip() not in fields:
+            try:
+                fields[name.strip()] = int(value.split()[0])
+            except (ValueError, IndexError):
+                pass
+    if len(fields) < 2:
+        return None
+    code = fields[b"exitcode"]
+    return fields[b"rank"], code if code >= 0 else 128 - code
+
+
+def _tail(path, size=65536):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - size))
+            return handle.read()
+    except OSError:
+        return b""
 
 
 def _descends_from(pid, ancestor):
