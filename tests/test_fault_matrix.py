@@ -293,13 +293,15 @@ def test_100_mb_binary_and_unterminated_output_reach_the_log_and_never_mix_lines
 
 CHECKPOINT_BYTES = b"".join(bytes([chunk]) * 65536 for chunk in range(20))
 # on SIGTERM, writes the checkpoint in 20 chunks over 2 s, then renames it into place and prints its digest;
-# until then waits for a file telling it to fail (the fail-fast row)
+# until then waits for a file telling it to fail (the fail-fast row). The handler writes with os.write: a
+# SIGTERM that lands while print("up") still holds stdout's lock would make a print in it raise
+# "reentrant call inside BufferedWriter" (seen once in a full run)
 SAVES_A_CHECKPOINT_ON_SIGTERM = """\
 import hashlib, os, signal, sys, time
 job_id = os.environ["PODRUN_JOB_ID"]
 
 def save_checkpoint(signum, frame):
-    print("got SIGTERM, saving checkpoint", flush=True)
+    os.write(1, b"got SIGTERM, saving checkpoint\\n")
     with open(f"ckpt-{job_id}.tmp", "wb") as checkpoint:
         for chunk in range(20):
             checkpoint.write(bytes([chunk]) * 65536)
@@ -308,8 +310,8 @@ def save_checkpoint(signum, frame):
     os.replace(f"ckpt-{job_id}.tmp", f"ckpt-{job_id}")
     with open(f"ckpt-{job_id}", "rb") as checkpoint:
         saved = checkpoint.read()
-    print("checkpoint saved", len(saved), hashlib.sha256(saved).hexdigest(), flush=True)
-    sys.exit(0)
+    os.write(1, f"checkpoint saved {len(saved)} {hashlib.sha256(saved).hexdigest()}\\n".encode())
+    os._exit(0)
 
 signal.signal(signal.SIGTERM, save_checkpoint)
 print("up", flush=True)
