@@ -268,3 +268,25 @@ def test_torchruns_failure_summary_names_the_rank_and_its_code():
     assert torchrun_root_cause(summary) == (3, 137)  # killed by SIGKILL: 128 + 9, as a shell says
     assert torchrun_root_cause(summary.replace(b"-9 (pid", b"4 (pid")) == (3, 4)
     assert torchrun_root_cause(b"no summary at all\n") is None
+
+
+def test_jobs_does_not_hang_on_a_detached_jobs_workers_that_do_not_answer(home):
+    """A listener that accepts and never speaks SSH: `podrun jobs` gives up on it and says so."""
+    from podrun import jobstore
+    from podrun.launch.detached import REFRESH_TIMEOUT_S
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoint = {"kind": "ssh", "host": "127.0.0.1", "port": silent.getsockname()[1], "user": "root",
+                    "identity_file": None, "check_host_keys": False}
+        record = jobstore.JobRecord("quiet-1", "quiet", "hosts:1", "quiet.yaml",
+                                    [jobstore.WorkerRecord(0, "127.0.0.1", endpoint=endpoint)], detached=True)
+        record.create()
+        started = time.monotonic()
+        listed = podrun("jobs")
+    assert time.monotonic() - started < REFRESH_TIMEOUT_S + 5
+    assert listed.returncode == 0
+    assert "quiet-1" in listed.stdout and "running" in listed.stdout
+    assert (f"podrun: job quiet-1: shown as last recorded; its workers could not be asked (no answer within "
+            f"{REFRESH_TIMEOUT_S}s)") in listed.stderr

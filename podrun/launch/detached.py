@@ -15,11 +15,12 @@ import os
 from podrun import jobstore, paths
 from podrun.errors import PodrunError
 from podrun.launch.steps import StepResult
-from podrun.output import WorkerOutput
+from podrun.output import WorkerOutput, say
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # an agent's stop_reason when podrun stop (or a user) signalled it
+REFRESH_TIMEOUT_S = 10  # `podrun jobs` does not wait longer for a detached job's workers
 AGENT_STOP_MARGIN_S = 15  # after the job's grace period: KILL, a container's removal, and some
 
 
@@ -36,9 +37,11 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
     it was recorded."""
     async def refresh_one(record: jobstore.JobRecord) -> None:
         try:
-            await _fetch_all(record, [w.index for w in record.workers], None, follow=False)
-        except PodrunError:
-            pass
+            await asyncio.wait_for(_fetch_all(record, [w.index for w in record.workers], None, follow=False),
+                                   REFRESH_TIMEOUT_S)
+        except (PodrunError, asyncio.TimeoutError) as error:
+            say(f"job {record.id}: shown as last recorded; its workers could not be asked "
+                f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
 
     running = [r for r in records if r.detached and r.state == jobstore.RUNNING]
     if running:
