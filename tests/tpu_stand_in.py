@@ -12,6 +12,22 @@ Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `n
 with RESOURCE_EXHAUSTED, as a zone out of capacity does. Like the guest agent on a real TPU VM,
 the `ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
 
+Queued resources (`/v2/projects/P/locations/Z/queuedResources[/ID]`, GUIDE section 9): create is a
+long-running operation that leaves the request ACCEPTED; then, driven by time like the operations
+(each state lasts at least `operation_delay_s`, checked on every request), it goes
+WAITING_FOR_RESOURCES -> PROVISIONING (its node(s) are created, CREATING, taking lab hosts as node
+create does) -> ACTIVE (nodes READY). It waits in WAITING_FOR_RESOURCES while capacity is withheld
+(`withhold_capacity(seconds)`), its zone is in `exhausted_zones`, too few lab hosts are free (the
+real service queues rather than fails) or before its `validAfter*`; its `validUntil*` passing while
+it waits makes it FAILED. `DELETE` without `force` takes only ACCEPTED, WAITING_FOR_RESOURCES,
+FAILED or SUSPENDED requests with no nodes (else FAILED_PRECONDITION); `force=true` deletes the
+nodes first. `preempt(node)` is what happens to a spot VM: the node goes PREEMPTED, its queued
+resource SUSPENDED (stateInitiator SERVICE), never re-queued, keeping its name until force-deleted,
+and its hosts vanish: `on_preempt(endpoints)` is called (on a lab: every process in the hosts'
+namespaces is killed, sshd included); when the node is deleted its hosts come back as fresh
+capacity through `on_revive(endpoints)` (on a lab: sshd started again), and `shutdown()` revives any
+host still gone, so a later test finds the lab whole.
+
 An API that is slow or does not answer: with `stall_s` set, every request is read and then left
 unanswered for that many seconds (math.inf: never, until shutdown), the connection held open.
 
@@ -24,7 +40,10 @@ import argparse
 import itertools
 import json
 import math
+import os
 import re
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +55,7 @@ from urllib.parse import parse_qs, urlsplit
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+QUEUED_RESOURCE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 NODE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # the zone's acceleratorTypes and how many hosts (workers) each has
 ACCELERATOR_HOSTS = {
@@ -51,6 +71,7 @@ RUNTIME_VERSIONS = {"tpu-ubuntu2204-base", "tpu-vm-tf-2.16.1-pod-pjrt", "v2-alph
                     "v2-alpha-tpuv6e"}
 # google.rpc.Code numbers and the HTTP status each maps to
 CODES = {"INVALID_ARGUMENT": (3, 400), "NOT_FOUND": (5, 404), "ALREADY_EXISTS": (6, 409),
+         "FAILED_PRECONDITION": (9, 400),
          "PERMISSION_DENIED": (7, 403), "RESOURCE_EXHAUSTED": (8, 429), "UNAUTHENTICATED": (16, 401)}
 # enum fields as the Python client sends them (integers), by their names in the v2 protos
 ENUMS = {"state": ["STATE_UNSPECIFIED", "CREATING", "READY", "RESTARTING", "REIMAGING", "DELETING",
@@ -59,6 +80,16 @@ ENUMS = {"state": ["STATE_UNSPECIFIED", "CREATING", "READY", "RESTARTING", "REIM
          "health": ["HEALTH_UNSPECIFIED", "HEALTHY", "TIMEOUT", "UNHEALTHY_TENSORFLOW",
                     "UNHEALTHY_MAINTENANCE"],
          "apiVersion": ["API_VERSION_UNSPECIFIED", "V1_ALPHA1", "V1", "V2_ALPHA1", "V2"]}
+# google.cloud.tpu.v2.QueuedResourceState: State and StateInitiator, by number
+QUEUED_STATES = ["STATE_UNSPECIFIED", "CREATING", "ACCEPTED", "PROVISIONING", "FAILED", "DELETING", "ACTIVE",
+                 "SUSPENDING", "SUSPENDED", "WAITING_FOR_RESOURCES"]
+STATE_INITIATORS = ["STATE_INITIATOR_UNSPECIFIED", "USER", "SERVICE"]
+# the oneof state_data member each state carries (WAITING_FOR_RESOURCES has none in v2)
+STATE_DATA = {"CREATING": "creatingData", "ACCEPTED": "acceptedData", "PROVISIONING": "provisioningData",
+              "FAILED": "failedData", "DELETING": "deletingData", "ACTIVE": "activeData",
+              "SUSPENDING": "suspendingData", "SUSPENDED": "suspendedData"}
+# what DELETE without force takes (and only with no nodes); WAITING_FOR_RESOURCES replaced ACCEPTED
+DELETABLE_WITHOUT_FORCE = {"ACCEPTED", "WAITING_FOR_RESOURCES", "FAILED", "SUSPENDED"}
 
 
 class ApiError(Exception):
@@ -86,14 +117,35 @@ class Operation:
     outcome: dict | ApiError | None = None
 
 
+@dataclass
+class Queued:
+    """What the stand-in keeps beside a queued resource's JSON."""
+    resource: dict  # the QueuedResource as the API returns it
+    zone: str
+    specs: list[tuple[str, dict]]  # (node full name, the Node body to create it from)
+    hosts: int  # lab hosts all its nodes take together
+    since: float  # monotonic time it entered its state
+    not_before: float  # validAfter*, monotonic
+    deadline: float  # validUntil*, monotonic (math.inf: none)
+    nodes: list[str] = field(default_factory=list)  # full names of the nodes it created that still exist
+
+
 class TpuStandIn:
     """The API's state; `serve()` puts it on a port. Tests read and set it directly."""
 
     def __init__(self, endpoints: list[LabEndpoint], operation_delay_s: float = 0.5,
-                 on_ssh_keys: Callable[[list[LabEndpoint], str], None] | None = None):
+                 on_ssh_keys: Callable[[list[LabEndpoint], str], None] | None = None,
+                 on_preempt: Callable[[list[LabEndpoint]], None] | None = None,
+                 on_revive: Callable[[list[LabEndpoint]], None] | None = None):
         self.free = list(endpoints)
         self.operation_delay_s = operation_delay_s
         self.on_ssh_keys = on_ssh_keys or (lambda endpoints, keys: None)
+        # a preempted node's hosts vanish (on_preempt) and come back as fresh capacity when it is deleted
+        self.on_preempt = on_preempt or (lambda endpoints: None)
+        self.on_revive = on_revive or (lambda endpoints: None)
+        self.vanished: list[LabEndpoint] = []
+        self.queued: dict[str, Queued] = {}  # by full name
+        self.capacity_withheld_until = 0.0  # monotonic; until then queued requests keep waiting
         self.nodes: dict[str, dict] = {}  # by full name
         self.node_endpoints: dict[str, list[LabEndpoint]] = {}
         self.operations: dict[str, Operation] = {}
@@ -116,8 +168,27 @@ class TpuStandIn:
             for endpoint in endpoints:
                 lab.authorize(endpoint.host_index, keys)
 
+        def vanish(endpoints: list[LabEndpoint]) -> None:
+            """A preempted VM: every process on the host (its sshd, a job's workers) is gone."""
+            for endpoint in endpoints:
+                host = lab.hosts[endpoint.host_index]
+                pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
+                                      text=True).stdout.split()
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                if host.sshd:
+                    host.sshd.wait()
+
+        def revive(endpoints: list[LabEndpoint]) -> None:
+            for endpoint in endpoints:
+                lab.authorize(endpoint.host_index)
+                lab.start_sshd(endpoint.host_index)
+
         return cls([LabEndpoint(h.ip, h.external_ip, h.index, h.host_key()) for h in lab.hosts], operation_delay_s,
-                   install_root_keys)
+                   install_root_keys, vanish, revive)
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, port: int = 0) -> str:
@@ -175,6 +246,39 @@ class TpuStandIn:
         if self.server:
             self.server.shutdown()
             self.server.server_close()
+        with self.lock:
+            vanished, self.vanished = self.vanished, []
+        if vanished:
+            self.on_revive(vanished)
+
+    # --- test hooks ----------------------------------------------------------------------------
+    def withhold_capacity(self, seconds: float) -> None:
+        """For `seconds` from now (math.inf: until called again with 0), queued requests find no
+        capacity and stay WAITING_FOR_RESOURCES."""
+        with self.lock:
+            self.capacity_withheld_until = time.monotonic() + seconds
+
+    def preempt(self, node: str) -> None:
+        """Preempt a node (its id or full name), as Google preempts a spot VM: it goes PREEMPTED, its
+        queued resource (if any) SUSPENDED by the SERVICE, and its hosts vanish (`on_preempt`)."""
+        with self.lock:
+            self._advance()
+            name = node if "/" in node else next((full for full in self.nodes if full.endswith(f"/nodes/{node}")), node)
+            self._find(self.nodes, name, "Node")["state"] = "PREEMPTED"
+            endpoints = [e for e in self.node_endpoints.get(name, []) if e not in self.vanished]
+            self.vanished += endpoints
+            for queued in self.queued.values():
+                if name in queued.nodes:
+                    self._set_state(queued, "SUSPENDED", "SERVICE")
+        if endpoints:
+            self.on_preempt(endpoints)
+
+    def node_names(self, queued_resource: str) -> list[str]:
+        """The full names of the nodes a queued resource (its id or full name) names, in order."""
+        with self.lock:
+            name = queued_resource if "/" in queued_resource else next(
+                (full for full in self.queued if full.endswith(f"/queuedResources/{queued_resource}")), "")
+            return [node for node, _ in self._find(self.queued, name, "QueuedResource").specs]
 
     # --- the API ---------------------------------------------------------------------------
     def handle(self, method: str, path: str, query: dict, body: dict) -> dict:
@@ -184,8 +288,8 @@ class TpuStandIn:
                 if method != "GET":
                     raise ApiError("NOT_FOUND", f"{method} {path} not found")
                 return self._compute_project(compute[1])
-            match = re.fullmatch(r"/v2/(projects/([^/]+)/locations/([^/]+))/(nodes|operations)(?:/([^/:]+))?(:\w+)?",
-                                 path)
+            match = re.fullmatch(r"/v2/(projects/([^/]+)/locations/([^/]+))/(nodes|operations|queuedResources)"
+                                 r"(?:/([^/:]+))?(:\w+)?", path)
             if not match:
                 raise ApiError("NOT_FOUND", f"The requested URL {path} was not found on this server.")
             parent, project, zone, collection, resource_id, verb = match.groups()
@@ -198,6 +302,8 @@ class TpuStandIn:
             name = f"{parent}/{collection}/{resource_id}"
             if collection == "operations" and method == "GET" and resource_id:
                 return self._operation_json(self._find(self.operations, name, "Operation"))
+            if collection == "queuedResources":
+                return self._queued_resources(method, parent, zone, name if resource_id else "", verb, query, body)
             if collection != "nodes":
                 raise ApiError("NOT_FOUND", f"{path} not found")
             if method == "POST" and not resource_id:
@@ -222,15 +328,61 @@ class TpuStandIn:
         name = f"{parent}/nodes/{node_id}"
         if name in self.nodes:
             raise ApiError("ALREADY_EXISTS", f"Resource '{name}' already exists")
+        self._validate_node_body(zone, body)
+        accelerator = body["acceleratorType"]
+        if parent.split("/")[1] in self.quota_exhausted_projects:
+            raise ApiError("RESOURCE_EXHAUSTED", f"Quota 'TPUV4sPodPerProjectPerZoneForTPUAPI' exhausted. "
+                                                 f"Limit 0 in zone {zone}")
+        node = self._new_node(parent, zone, name, body)
+        self.nodes[name] = node
+        hosts = ACCELERATOR_HOSTS[accelerator]
+
+        def finish() -> dict | ApiError:
+            if zone in self.exhausted_zones or len(self.free) < hosts:
+                del self.nodes[name]
+                return ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone \"{zone}\"; you can "
+                                                      f"try in another zone where Cloud TPU Nodes are offered "
+                                                      f"(see https://cloud.google.com/tpu/docs/regions)")
+            self._take_hosts(name, hosts)
+            self._make_ready(name)
+            return {"@type": NODE_TYPE, **node}
+
+        return self._start_operation(parent, name, "create", finish)
+
+    def _validate_node_body(self, zone: str, body: dict) -> None:
         accelerator = body.get("acceleratorType")
         if accelerator not in ACCELERATOR_HOSTS:
             raise ApiError("INVALID_ARGUMENT", f"Accelerator type {accelerator!r} is not available in zone {zone}")
         if body.get("runtimeVersion") not in RUNTIME_VERSIONS:
             raise ApiError("INVALID_ARGUMENT", f"Runtime version {body.get('runtimeVersion')!r} is not available "
                                                f"in zone {zone}")
-        if parent.split("/")[1] in self.quota_exhausted_projects:
-            raise ApiError("RESOURCE_EXHAUSTED", f"Quota 'TPUV4sPodPerProjectPerZoneForTPUAPI' exhausted. "
-                                                 f"Limit 0 in zone {zone}")
+
+    def _take_hosts(self, name: str, hosts: int) -> None:
+        endpoints, self.free = self.free[:hosts], self.free[hosts:]
+        self.node_endpoints[name] = endpoints
+
+    def _make_ready(self, name: str) -> None:
+        node = self.nodes[name]
+        node["networkEndpoints"] = [{"ipAddress": e.internal_ip, "port": 8470,
+                                     "accessConfig": {"externalIp": e.external_ip}} for e in self.node_endpoints[name]]
+        node["state"] = "READY"
+        self._apply_ssh_keys(name)
+
+    def _release_hosts(self, name: str) -> None:
+        """A deleted node's hosts are free again; those that vanished with a preemption come back first."""
+        endpoints = self.node_endpoints.pop(name, [])
+        revived = [e for e in endpoints if e in self.vanished]
+        if revived:
+            self.vanished = [e for e in self.vanished if e not in revived]
+            self.on_revive(revived)
+        self.free = endpoints + self.free
+        for queued in self.queued.values():
+            if name in queued.nodes:
+                queued.nodes.remove(name)
+                if queued.resource["state"]["state"] in ("ACTIVE", "PROVISIONING"):
+                    self._set_state(queued, "SUSPENDED", "USER")
+
+    def _new_node(self, parent: str, zone: str, name: str, body: dict) -> dict:
         node = {**body, "name": name, "state": "CREATING", "id": str(next(self.ids) + 4_000_000_000_000_000_000),
                 "createTime": _timestamp(), "apiVersion": "V2", "health": "HEALTHY",
                 "networkConfig": {"network": f"projects/{parent.split('/')[1]}/global/networks/default",
@@ -241,31 +393,14 @@ class TpuStandIn:
         for key, names in ENUMS.items():
             if isinstance(node.get(key), int):
                 node[key] = names[node[key]]
-        self.nodes[name] = node
-        hosts = ACCELERATOR_HOSTS[accelerator]
-
-        def finish() -> dict | ApiError:
-            if zone in self.exhausted_zones or len(self.free) < hosts:
-                del self.nodes[name]
-                return ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone \"{zone}\"; you can "
-                                                      f"try in another zone where Cloud TPU Nodes are offered "
-                                                      f"(see https://cloud.google.com/tpu/docs/regions)")
-            endpoints, self.free = self.free[:hosts], self.free[hosts:]
-            self.node_endpoints[name] = endpoints
-            node["networkEndpoints"] = [{"ipAddress": e.internal_ip, "port": 8470,
-                                         "accessConfig": {"externalIp": e.external_ip}} for e in endpoints]
-            node["state"] = "READY"
-            self._apply_ssh_keys(name)
-            return {"@type": NODE_TYPE, **node}
-
-        return self._start_operation(parent, name, "create", finish)
+        return node
 
     def _delete(self, parent: str, name: str, node: dict) -> dict:
         node["state"] = "DELETING"
 
         def finish() -> dict:
             del self.nodes[name]
-            self.free = self.node_endpoints.pop(name, []) + self.free
+            self._release_hosts(name)
             return {"@type": EMPTY_TYPE}
 
         return self._start_operation(parent, name, "delete", finish)
@@ -282,6 +417,152 @@ class TpuStandIn:
             return {"@type": NODE_TYPE, **node}
 
         return self._start_operation(parent, name, "update", finish)
+
+    # --- queued resources ------------------------------------------------------------------------
+    def _queued_resources(self, method: str, parent: str, zone: str, name: str, verb: str | None, query: dict,
+                          body: dict) -> dict:
+        if method == "POST" and not name:
+            return self._create_queued(parent, zone, query.get("queuedResourceId", [""])[0], body)
+        if method == "GET" and not name:
+            found = [queued.resource for full_name, queued in sorted(self.queued.items())
+                     if full_name.startswith(parent + "/")]
+            return {"queuedResources": found} if found else {}
+        queued = self._find(self.queued, name, "QueuedResource") if name else None
+        if queued and method == "GET" and not verb:
+            return queued.resource
+        if queued and method == "DELETE" and not verb:
+            force = query.get("force", ["false"])[0].lower() in ("true", "1")
+            return self._delete_queued(parent, name, queued, force)
+        raise ApiError("NOT_FOUND", f"{method} {name or parent} not found")
+
+    def _create_queued(self, parent: str, zone: str, queued_id: str, body: dict) -> dict:
+        if not NODE_ID.match(queued_id):
+            raise ApiError("INVALID_ARGUMENT", f"Invalid queued resource id {queued_id!r}: it must match "
+                                               f"{NODE_ID.pattern}")
+        name = f"{parent}/queuedResources/{queued_id}"
+        if name in self.queued:
+            raise ApiError("ALREADY_EXISTS", f"Resource '{name}' already exists")
+        node_specs = (body.get("tpu") or {}).get("nodeSpec") or []
+        if not node_specs:
+            raise ApiError("INVALID_ARGUMENT", "tpu.node_spec must hold at least one node spec")
+        if "spot" in body and "guaranteed" in body:
+            raise ApiError("INVALID_ARGUMENT", "Only one of spot and guaranteed may be set")
+        specs: list[tuple[str, dict]] = []
+        hosts = 0
+        for spec in node_specs:
+            if spec.get("parent") != parent:
+                raise ApiError("INVALID_ARGUMENT", f"node_spec.parent {spec.get('parent')!r} must be {parent!r}")
+            node_body = dict(spec.get("node") or {})
+            self._validate_node_body(zone, node_body)
+            multislice = spec.get("multisliceParams")
+            if bool(spec.get("nodeId")) == bool(multislice):
+                raise ApiError("INVALID_ARGUMENT", "Exactly one of node_spec.node_id and node_spec.multislice_params "
+                                                   "must be set")
+            if multislice:
+                count = int(multislice.get("nodeCount") or 0)
+                if count < 2:
+                    raise ApiError("INVALID_ARGUMENT", f"multislice_params.node_count must be greater than 1, "
+                                                       f"got {count}")
+                prefix = multislice.get("nodeIdPrefix") or queued_id
+                node_ids = [f"{prefix}-{i}" for i in range(count)]
+                node_body["multisliceNode"] = True
+            else:
+                node_ids = [spec["nodeId"]]
+            for node_id in node_ids:
+                node_name = f"{spec['parent']}/nodes/{node_id}"
+                if not NODE_ID.match(node_id):
+                    raise ApiError("INVALID_ARGUMENT", f"Invalid node id {node_id!r}: it must match {NODE_ID.pattern}")
+                if node_name in self.nodes or any(node_name == other for q in self.queued.values() for other, _ in q.specs):
+                    raise ApiError("ALREADY_EXISTS", f"Resource '{node_name}' already exists")
+                specs.append((node_name, node_body))
+                hosts += ACCELERATOR_HOSTS[node_body["acceleratorType"]]
+        if parent.split("/")[1] in self.quota_exhausted_projects:
+            raise ApiError("RESOURCE_EXHAUSTED", f"Quota 'TPUV4sPodPerProjectPerZoneForTPUAPI' exhausted. "
+                                                 f"Limit 0 in zone {zone}")
+        now, wall = time.monotonic(), time.time()
+        policy = body.get("queueingPolicy") or {}
+        interval = policy.get("validInterval") or {}
+        not_before = now + (_seconds(policy["validAfterDuration"]) if "validAfterDuration" in policy
+                            else _epoch(policy.get("validAfterTime") or interval.get("startTime"), wall) - wall)
+        deadline = now + (_seconds(policy["validUntilDuration"]) if "validUntilDuration" in policy
+                          else _epoch(policy.get("validUntilTime") or interval.get("endTime"), math.inf) - wall)
+        resource = {key: value for key, value in body.items() if key in ("tpu", "spot", "guaranteed", "queueingPolicy",
+                                                                         "reservationName")}
+        resource.update(name=name, createTime=_timestamp())
+        queued = Queued(resource, zone, specs, hosts, now, not_before, deadline)
+        self._set_state(queued, "CREATING", "USER")
+        self.queued[name] = queued
+
+        def finish() -> dict:
+            self._set_state(queued, "ACCEPTED", "USER")
+            return {"@type": QUEUED_RESOURCE_TYPE, **queued.resource}
+
+        return self._start_operation(parent, name, "create", finish)
+
+    def _delete_queued(self, parent: str, name: str, queued: Queued, force: bool) -> dict:
+        state = queued.resource["state"]["state"]
+        if state == "DELETING":
+            raise ApiError("FAILED_PRECONDITION", f"Queued resource '{name}' is already being deleted")
+        if not force and (state not in DELETABLE_WITHOUT_FORCE or queued.nodes):
+            raise ApiError("FAILED_PRECONDITION",
+                           f"Queued resource '{name}' in state {state} cannot be deleted"
+                           + (f" while its nodes exist ({', '.join(n.rsplit('/', 1)[1] for n in queued.nodes)})"
+                              if queued.nodes else "")
+                           + "; set force=true to delete it with its nodes")
+        self._set_state(queued, "DELETING", "USER")
+        for node_name in queued.nodes:
+            self.nodes[node_name]["state"] = "DELETING"
+
+        def finish() -> dict:
+            for node_name in list(queued.nodes):
+                del self.nodes[node_name]
+                self._release_hosts(node_name)
+            del self.queued[name]
+            return {"@type": EMPTY_TYPE}
+
+        return self._start_operation(parent, name, "delete", finish)
+
+    def _set_state(self, queued: Queued, state: str, initiator: str, error: ApiError | None = None) -> None:
+        answer: dict = {"state": state}
+        if state in STATE_DATA:
+            data = {"error": {"code": CODES[error.status][0], "message": error.message}} if error else {}
+            answer[STATE_DATA[state]] = data
+        answer["stateInitiator"] = initiator
+        queued.resource["state"] = answer
+        queued.since = time.monotonic()
+
+    def _advance_queued(self) -> None:
+        """Move each queued request on by time, at most one state per `operation_delay_s`."""
+        now = time.monotonic()
+        for name, queued in self.queued.items():
+            state = queued.resource["state"]["state"]
+            if now - queued.since < self.operation_delay_s:
+                continue
+            if state in ("ACCEPTED", "WAITING_FOR_RESOURCES") and now >= queued.deadline:
+                self._set_state(queued, "FAILED", "SERVICE", ApiError(
+                    "RESOURCE_EXHAUSTED", f"The queued resource request could not be satisfied before its valid "
+                                          f"until time: there was no capacity in zone {queued.zone}"))
+            elif state == "ACCEPTED":
+                self._set_state(queued, "WAITING_FOR_RESOURCES", "USER")
+            elif state == "WAITING_FOR_RESOURCES":
+                if (now < self.capacity_withheld_until or now < queued.not_before or queued.zone in self.exhausted_zones
+                        or len(self.free) < queued.hosts):
+                    continue
+                self._set_state(queued, "PROVISIONING", "USER")
+                parent = name.rsplit("/queuedResources/", 1)[0]
+                scheduling = {**({"spot": True} if "spot" in queued.resource else {}),
+                              **({"reserved": True} if queued.resource.get("reservationName") else {})}
+                for node_name, body in queued.specs:
+                    node = self._new_node(parent, queued.zone, node_name, body)
+                    node["queuedResource"] = name
+                    node["schedulingConfig"] = {**node["schedulingConfig"], **scheduling}
+                    self.nodes[node_name] = node
+                    self._take_hosts(node_name, ACCELERATOR_HOSTS[body["acceleratorType"]])
+                    queued.nodes.append(node_name)
+            elif state == "PROVISIONING":
+                for node_name in queued.nodes:
+                    self._make_ready(node_name)
+                self._set_state(queued, "ACTIVE", "USER")
 
     def _guest_attributes(self, name: str) -> dict:
         """What each worker's guest agent published; gcloud's `tpu-vm ssh` reads the `hostkeys`."""
@@ -322,6 +603,7 @@ class TpuStandIn:
         for operation in self.operations.values():
             if operation.outcome is None and time.monotonic() >= operation.done_at:
                 operation.outcome = operation.finish()
+        self._advance_queued()
 
     def _operation_json(self, operation: Operation) -> dict:
         answer = {"name": operation.name,
@@ -343,6 +625,28 @@ class TpuStandIn:
 
 def _timestamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _seconds(duration) -> float:
+    """A google.protobuf.Duration in JSON ("3600s", "1.5s"), or as a number of seconds."""
+    if isinstance(duration, (int, float)):
+        return float(duration)
+    if isinstance(duration, dict):  # {"seconds": ..., "nanos": ...}
+        return float(duration.get("seconds", 0)) + duration.get("nanos", 0) / 1e9
+    if not re.fullmatch(r"-?\d+(\.\d+)?s", duration):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid duration {duration!r}")
+    return float(duration[:-1])
+
+
+def _epoch(timestamp: str | None, default: float) -> float:
+    """A google.protobuf.Timestamp in JSON (RFC 3339) as seconds since the epoch; `default` if unset."""
+    if not timestamp:
+        return default
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", timestamp)
+    if not match:
+        raise ApiError("INVALID_ARGUMENT", f"Invalid timestamp {timestamp!r}")
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    return datetime.fromisoformat(match[1] + zone).timestamp() + float(match[2] or 0)
 
 
 def main() -> None:
