@@ -43,6 +43,11 @@ def main() -> None:
     del model, optimizer
     dist.barrier()
     dist.destroy_process_group()
+    # gloo's C++ threads can still abort a rank in the interpreter's teardown ("terminate called
+    # without an active exception", exit 134: seen in 2 of about 20 suite runs on 2 busy cores);
+    # everything is written and the group is gone, so leave without that teardown
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
