@@ -36,10 +36,12 @@ def cpu_ms(run) -> float:
     return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
 
 
-def agent_step(python: str, root: Path) -> None:
+def agent_step(python: str, root: Path, **fields) -> None:
+    """One agent step of `true` in `root`, as the launcher runs it; `fields` add to the step or replace
+    its own (bench_checkout.py: cwd and code_dir)."""
     step = marshal.dumps({"job_id": "bench", "worker": 0, "step": "run", "cwd": str(root), "command": "true",
                           "env": {"PODRUN_JOB_ID": "bench", "PODRUN_WORKER": "0"}, "grace": 5, "heartbeat": 20,
-                          "detach": False}, 4)
+                          "detach": False, **fields}, 4)
     agent = subprocess.Popen(["/bin/sh", "-c", agent_command(python)], cwd=root, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     agent.stdin.write(agent_source() + b"%d\n" % len(step) + step)
@@ -51,6 +53,23 @@ def agent_step(python: str, root: Path) -> None:
         raise SystemExit(f"the agent failed: {errors.decode(errors='replace')}")
 
 
+def print_cpu_medians(contenders: dict, runs: int, python: str) -> None:
+    """Run the contenders interleaved, `runs` times each, with `python3 -I -S -c pass` (the floor for
+    any Python supervisor) among them; print each one's median CPU and its ratio to that floor."""
+    floor_name = "python3 -I -S -c pass"
+    contenders = {**contenders, floor_name: lambda: subprocess.run([python, "-I", "-S", "-c", "pass"], check=True)}
+    for run in contenders.values():
+        run()  # fills the agent's compiled-code cache on the "worker"
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(runs):
+        for name, run in contenders.items():
+            samples[name].append(cpu_ms(run))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    print_table(f"CPU per agent step of `true`, median of {runs} interleaved runs ({python})",
+                ["process", "CPU ms", f"ratio to {floor_name}"],
+                {name: [f"{ms:.1f}", f"{ms / medians[floor_name]:.2f}x"] for name, ms in medians.items()})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
@@ -58,27 +77,16 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         cache = Path(root) / ".podrun" / "cache"
-        agent_step(args.python, Path(root))  # fills the cache
 
         def uncached() -> None:
             shutil.rmtree(cache, ignore_errors=True)
             agent_step(args.python, Path(root))
 
-        contenders = {
+        print_cpu_medians({
             "agent, compiled code cached": lambda: agent_step(args.python, Path(root)),
             "agent, compiled on every run": uncached,
-            "python3 -I -S -c pass": lambda: subprocess.run([args.python, "-I", "-S", "-c", "pass"], check=True),
             "sh -c true": lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True),
-        }
-        samples = {name: [] for name in contenders}
-        for _ in range(args.runs):
-            for name, run in contenders.items():
-                samples[name].append(cpu_ms(run))
-    medians = {name: statistics.median(values) for name, values in samples.items()}
-    floor = medians["python3 -I -S -c pass"]
-    print_table(f"CPU per agent step of `true`, median of {args.runs} interleaved runs ({args.python})",
-                ["process", "CPU ms", "ratio to python3 -I -S -c pass"],
-                {name: [f"{ms:.1f}", f"{ms / floor:.2f}x"] for name, ms in medians.items()})
+        }, args.runs, args.python)
 
 
 if __name__ == "__main__":

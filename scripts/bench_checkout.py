@@ -13,9 +13,7 @@ the launcher runs it, with the checkout (code_dir in its step) and without, inte
 from __future__ import annotations
 
 import argparse
-import marshal
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,9 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_agent import cpu_ms  # noqa: E402
-
-from podrun.transport.base import agent_command, agent_source  # noqa: E402
+from bench_agent import agent_step, print_cpu_medians  # noqa: E402
 
 from benchlib import print_table  # noqa: E402
 
@@ -47,23 +43,6 @@ def timed_checkout(version: Path, run_dir: Path) -> float:
     return time.perf_counter() - started
 
 
-def agent_step(python: str, root: Path, code_dir: str | None) -> None:
-    """One step of `true`, as bench_agent.py runs it; with code_dir, the agent checks it out first."""
-    step = {"job_id": "bench", "worker": 0, "step": "run", "cwd": "podrun/bench/run" if code_dir else ".",
-            "command": "true", "env": {"PODRUN_JOB_ID": "bench", "PODRUN_WORKER": "0"}, "grace": 5,
-            "heartbeat": 20, "detach": False, **({"code_dir": code_dir} if code_dir else {})}
-    blob = marshal.dumps(step, 4)
-    agent = subprocess.Popen(["/bin/sh", "-c", agent_command(python)], cwd=root, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    agent.stdin.write(agent_source() + b"%d\n" % len(blob) + blob)
-    agent.stdin.flush()
-    agent.stdout.read()
-    errors = agent.stderr.read()  # end of input would stop the step, so stdin stays open until here
-    agent.stdin.close()
-    if agent.wait() != 0:
-        raise SystemExit(f"the agent failed: {errors.decode(errors='replace')}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=5000)
@@ -81,23 +60,12 @@ def main() -> None:
                      "the same version again (fast path)": timed_checkout(second, run_dir)}
         print_table(f"checkout of {args.files:,} files (a process each: python start-up included)",
                     ["checkout", "seconds"], {name: [f"{seconds:.3f}"] for name, seconds in checkouts.items()})
-        code_dir = str(second.relative_to(root))  # checked out: the agent steps take the fast path
-        contenders = {
-            "agent step, with the checkout (fast path)": lambda: agent_step(args.python, root, code_dir),
-            "agent step, no checkout": lambda: agent_step(args.python, root, None),
-            "python3 -I -S -c pass": lambda: subprocess.run([args.python, "-I", "-S", "-c", "pass"], check=True),
-        }
-        for run in contenders.values():
-            run()  # fills the compiled-code cache
-        samples: dict[str, list[float]] = {name: [] for name in contenders}
-        for _ in range(args.runs):
-            for name, run in contenders.items():
-                samples[name].append(cpu_ms(run))
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-        floor = medians["python3 -I -S -c pass"]
-        print_table(f"CPU per agent step of `true`, median of {args.runs} interleaved runs ({args.python})",
-                    ["process", "CPU ms", "ratio to python3 -I -S -c pass"],
-                    {name: [f"{ms:.1f}", f"{ms / floor:.2f}x"] for name, ms in medians.items()})
+        # checked out already: the agent steps take the fast path
+        with_checkout = {"cwd": "podrun/bench/run", "code_dir": str(second.relative_to(root))}
+        print_cpu_medians({
+            "agent step, with the checkout (fast path)": lambda: agent_step(args.python, root, **with_checkout),
+            "agent step, no checkout": lambda: agent_step(args.python, root),
+        }, args.runs, args.python)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
