@@ -81,51 +81,41 @@ class Transport(ABC):
 
 
 # A worker-side script reads its own source from stdin, then its input. Compiling the agent took
-# 4 ms of its start on every worker for every step, so the compiled code is kept in the worker's
-# ~/.podrun/cache under the source's hash and the interpreter's version: the source is still sent
-# every time, and a cache entry is only ever used for the exact source it was compiled from.
+# 4 ms of its start on every worker for every step, so compiled code is kept in the worker's
+# ~/.podrun/cache under the source's hash and the interpreter's version (`c`): the source is still
+# sent every time, and a cache entry is only ever used for the exact source it was compiled from.
+# The script gets `c` as _podrun_compiled, for the modules sent ahead of it (MODULE_LOADER).
 BOOTSTRAP = """import os,sys,marshal
-b=b''
-while len(b)<{size}:
- c=os.read(0,{size}-len(b))
- if not c:sys.exit('podrun: short read of a worker-side script')
- b+=c
-p='.podrun/cache/{name}-%x'%sys.hexversion
-try:
- with open(p,'rb') as f:code=marshal.load(f)
-except Exception:
- code=compile(b,'podrun-worker-script','exec')
+def c(n,s):
+ p='.podrun/cache/%s-%x'%(n,sys.hexversion)
+ try:
+  with open(p,'rb') as f:return marshal.load(f)
+ except Exception:pass
+ k=compile(s,n,'exec')
  try:
   for d in('.podrun','.podrun/cache'):
    if not os.path.isdir(d):os.mkdir(d,0o700)
-  with open(p+'.%d'%os.getpid(),'wb') as f:marshal.dump(code,f)
+  with open(p+'.%d'%os.getpid(),'wb') as f:marshal.dump(k,f)
   os.replace(p+'.%d'%os.getpid(),p)
  except OSError:pass
-exec(code,{{'__name__':'__main__'}})"""
+ return k
+b=b''
+while len(b)<{size}:
+ r=os.read(0,{size}-len(b))
+ if not r:sys.exit('podrun: short read of a worker-side script')
+ b+=r
+exec(c('{name}',b),{{'__name__':'__main__','_podrun_compiled':c}})"""
 
 
 # the modules of podrun/remote/ a worker-side script imports: a worker, which has no podrun package, gets
 # them ahead of the script, each as a module of its own, "podrun_remote_<name>" (`type(sys)` is the module
-# type), compiled once per worker and interpreter as BOOTSTRAP compiles the script (compiling checkout.py
-# afresh would cost every agent 1.3 ms)
+# type), compiled once per worker and interpreter by BOOTSTRAP's cache (compiling checkout.py afresh would
+# cost every agent 1.3 ms)
 SCRIPT_MODULES = {"agent": ("framing", "checkout"), "relay_node": ("framing",)}
 MODULE_LOADER = """import sys
 def _podrun_module(name, cache_name, source):
-    import marshal, os
-    path = '.podrun/cache/%s-%x' % (cache_name, sys.hexversion)
-    try:
-        with open(path, 'rb') as handle:
-            code = marshal.load(handle)
-    except Exception:
-        code = compile(source, name, 'exec')
-        try:
-            with open(path + '.%d' % os.getpid(), 'wb') as handle:
-                marshal.dump(code, handle)
-            os.replace(path + '.%d' % os.getpid(), path)
-        except OSError:
-            pass
     module = type(sys)('podrun_remote_' + name)
-    exec(code, module.__dict__)
+    exec(_podrun_compiled(cache_name, source), module.__dict__)
     sys.modules[module.__name__] = module
 """
 
