@@ -24,7 +24,7 @@ def _exec(args: argparse.Namespace) -> int:
         from podrun.commands.exec import execute
 
         return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale,
-                       args.allow_large_workdir, args.grace)
+                       args.allow_large_workdir, args.grace, args.down, args.restarts)
     finally:
         gc.enable()
 
@@ -48,7 +48,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import show_logs
 
-    return show_logs(args.job, args.worker, args.follow, args.tail)
+    return show_logs(args.job, args.worker, args.follow, args.tail, args.attempt)
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -129,6 +129,12 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--grace", metavar="DURATION",
                      help="how long a stopped job's processes get between SIGTERM and SIGKILL, e.g. 30s or 2m "
                           "(default: the spec's stop_grace, else 30s)")
+    sub.add_argument("--down", action="store_true",
+                     help="TPU: delete the TPU VM (and its queued resource) when the job ends, also after Ctrl-C "
+                          "(the spec's delete_after: always)")
+    sub.add_argument("--restarts", type=_count, metavar="N",
+                     help="restart the job at most N times (the spec's restarts.max; by default on preemption, "
+                          "creating the TPU again)")
     sub.add_argument("--allow-large-workdir", action="store_true",
                      help="ship a workdir over 1 GB or 50,000 files (otherwise podrun stops and names what weighs most)")
 
@@ -156,7 +162,7 @@ def _jobs_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("name_or_prefix", nargs="?", metavar="NAME_OR_PREFIX",
                      help="only jobs whose id begins so (an id begins with its job's name)")
     sub.add_argument("--state", type=_job_states, action="extend", default=[], metavar="STATE",
-                     help="only jobs in this state: running, succeeded, failed, stopped or lost "
+                     help="only jobs in this state: running, succeeded, failed, stopped, preempted or lost "
                           "(repeatable, or a comma-separated list)")
     count = sub.add_mutually_exclusive_group()
     count.add_argument("-n", type=_count, metavar="N", help="the newest N jobs (default: 20; with --json, all)")
@@ -173,6 +179,9 @@ def _logs_arguments(sub: argparse.ArgumentParser) -> None:
                      help=f"{JOB_HELP}; default: the newest running job, else the newest job")
     sub.add_argument("--worker", type=_count, metavar="I", help="only this worker's output, unprefixed")
     sub.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    sub.add_argument("--attempt", type=_count, metavar="K",
+                     help="the output of attempt K (0: the first; a job restarts as its spec's `restarts` says); "
+                          "default: the last")
     sub.add_argument("--tail", type=_count, metavar="N",
                      help="start with the last N lines of each worker (a line redrawn with \\r counts once; "
                           "0: none, with -f only what comes next)")

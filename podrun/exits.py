@@ -8,6 +8,9 @@ FAILURE = 1  # podrun could not go on (a PodrunError): one line says why
 USAGE = 2  # bad usage, a bad spec, a setting podrun cannot use
 INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h): not the user's input, a bug of podrun's
 LOST = 255  # a worker's connection was lost mid-step: what ssh itself exits with then
+# EX_TEMPFAIL (sysexits.h), "try again later": the TPU was preempted (the Cloud TPU API said so) and
+# no restart was left; a script may retry on it
+PREEMPTED = 75
 # a stop by signal N exits 128 + N, as a shell reports a process that N ended
 INTERRUPTED = 130  # SIGINT, Ctrl-C
 BROKEN_PIPE = 141  # SIGPIPE: stdout's reader went away (`podrun exec job.yaml | head`)

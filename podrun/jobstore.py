@@ -15,7 +15,8 @@ from podrun import paths
 from podrun.errors import PodrunError
 
 RUNNING, SUCCEEDED, FAILED, STOPPED, LOST = "running", "succeeded", "failed", "stopped", "lost"
-STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST)
+PREEMPTED = "preempted"  # the TPU was preempted and no restart was left (exits.PREEMPTED)
+STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED)
 RECORD_FILE = "job.json"
 AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 
@@ -38,7 +39,8 @@ class JobRecord:
     def __init__(self, id: str, name: str, target: str, spec_path: str, workers: list[WorkerRecord],
                  state: str = RUNNING, started_at: float | None = None, ended_at: float | None = None,
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
-                 detached: bool = False, stop_grace_s: float = 30.0):
+                 detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
+                 attempts: list[dict] | None = None, supervisor: dict | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -49,9 +51,14 @@ class JobRecord:
         self.ended_at = ended_at
         self.exit_code = exit_code
         self.summary = summary  # why it failed or stopped, one line
-        self.launcher = _process_identity(os.getpid()) if launcher is None else launcher
+        self.launcher = process_identity(os.getpid()) if launcher is None else launcher
         self.detached = detached  # the run goes on without its launcher; logs and stop reach the workers
         self.stop_grace_s = stop_grace_s  # a stop waits this long for the job's processes to end, then kills
+        self.attempt = attempt  # restarts so far (`restarts`): the attempt that runs now, or ran last
+        # how each earlier attempt ended: {attempt, state, exit_code, summary, started_at, ended_at}
+        self.attempts = attempts or []
+        # a detached job that restarts or deletes its TPU: the local process that watches it (pid, start)
+        self.supervisor = supervisor
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -60,13 +67,32 @@ class JobRecord:
     def dir(self) -> str:
         return os.path.join(paths.jobs_dir(), self.id)
 
-    def log_path(self, index: int) -> str:
-        return os.path.join(self.dir, f"w{index}.log")
+    def log_path(self, index: int, attempt: int | None = None) -> str:
+        """Worker `index`'s log of `attempt` (default: the current one); a restart's have a folder each."""
+        attempt = self.attempt if attempt is None else attempt
+        return os.path.join(self.dir, *([f"attempt-{attempt}"] if attempt else []), f"w{index}.log")
+
+    def restart(self) -> None:
+        """Close the current attempt (its outcome is the record's state now) and start the next, running
+        again; its workers are the caller's to set."""
+        self.attempts.append({"attempt": self.attempt, "state": self.state, "exit_code": self.exit_code,
+                              "summary": self.summary, "started_at": self.attempt_started_at(),
+                              "ended_at": self.ended_at})
+        self.attempt += 1
+        self.state, self.exit_code, self.summary, self.ended_at = RUNNING, None, None, None
+        os.makedirs(os.path.dirname(self.log_path(0)), mode=0o700, exist_ok=True)
+        self.save()
+
+    def attempt_started_at(self) -> float:
+        return self.attempts[-1]["ended_at"] if self.attempts else self.started_at
+
+    def supervised(self) -> bool:
+        """Whether the job's supervisor (a detached job that restarts or deletes its TPU) is at work."""
+        return self.supervisor is not None and is_alive(self.supervisor)
 
     def current_state(self) -> str:
         """The state, with a running job whose launcher has died shown as lost."""
-        if (self.state == RUNNING and not self.detached
-                and _process_identity(self.launcher.get("pid", 0)) != self.launcher):
+        if self.state == RUNNING and not self.detached and not is_alive(self.launcher):
             return LOST
         return self.state
 
@@ -183,12 +209,21 @@ def _read(path: str) -> JobRecord:
     return JobRecord(**data)
 
 
-def _process_identity(pid: int) -> dict:
-    """pid plus the kernel's start time of that process, so a reused pid is not mistaken for it."""
+def is_alive(identity: dict) -> bool:
+    """Whether the process of this identity (process_identity) still runs; an empty identity (no
+    /proc to take it from) cannot be told dead."""
+    return process_identity(identity.get("pid", 0)) == identity
+
+
+def process_identity(pid: int) -> dict:
+    """pid plus the kernel's start time of that process, so a reused pid is not mistaken for it;
+    {} for no such process, or one that has exited and waits to be reaped (a zombie)."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            # field 22, counted after the command name, which may itself hold spaces
-            start_ticks = handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+            # fields 3 and 22, counted after the command name, which may itself hold spaces
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
         return {}
-    return {"pid": pid, "start": start_ticks}
+    if len(fields) < 20 or fields[0] == "Z":
+        return {}
+    return {"pid": pid, "start": fields[19]}

@@ -52,5 +52,6 @@ def remote_jobs_dir() -> str:
     return ".podrun/jobs"
 
 
-def remote_job_dir(job_id: str) -> str:
-    return f"{remote_jobs_dir()}/{job_id}"
+def remote_job_dir(job_id: str, attempt: int = 0) -> str:
+    """A job's files on a worker; each restart of the job (`restarts`) has its own: its log, its exit."""
+    return f"{remote_jobs_dir()}/{job_id}" + (f".attempt-{attempt}" if attempt else "")

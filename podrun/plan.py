@@ -23,6 +23,7 @@ class WorkerPlan:
     worker: Worker
     cwd: str  # where the job runs, relative to the worker's root: its name's run directory (paths.remote_run_dir)
     code_dir: str  # the code version that the agent checks out there (remote/checkout.py)
+    job_dir: str  # the job's files on the worker, this attempt's (paths.remote_job_dir)
     env: dict[str, str]
     setup: str | None
     run: str
@@ -36,9 +37,10 @@ class WorkerPlan:
 
 
 def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,
-         extra_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> list[WorkerPlan]:
+         extra_env: Mapping[str, str], launcher_env: Mapping[str, str], attempt: int = 0) -> list[WorkerPlan]:
     """One WorkerPlan per worker, in worker order. `extra_env` is `--env K=V` from the command line;
-    `launcher_env` supplies secret_env keys that the spec names but does not set."""
+    `launcher_env` supplies secret_env keys that the spec names but does not set; `attempt` counts the
+    job's restarts (`restarts`)."""
     user_env = {**spec.env, **_secrets_from_launcher(spec, launcher_env), **extra_env}
     secret_keys = frozenset(key for key in user_env if spec.is_secret(key))
     port = spec.torchrun.port if spec.torchrun else DEFAULT_RDZV_PORT
@@ -48,6 +50,7 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
         env = {
             "PJRT_DEVICE": spec.device or target.default_device,
             "PODRUN_JOB_ID": job_id,
+            "PODRUN_ATTEMPT": str(attempt),
             "PODRUN_WORKER": str(worker.index),
             "PODRUN_NUM_WORKERS": str(len(workers)),
             "PODRUN_WORKER_IPS": ",".join(w.internal_ip for w in workers),
@@ -65,8 +68,8 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
                    f' --rdzv_endpoint={master_addr}:{port} "$PODRUN_JOB_DIR/rank_output.py" {run}')
         if container and spec.docker:
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
-        plans.append(WorkerPlan(worker, paths.remote_run_dir(spec.name), code_dir, env, spec.setup, run, secret_keys,
-                                container, term_leader_only=bool(spec.torchrun)))
+        plans.append(WorkerPlan(worker, paths.remote_run_dir(spec.name), code_dir, paths.remote_job_dir(job_id, attempt),
+                                env, spec.setup, run, secret_keys, container, term_leader_only=bool(spec.torchrun)))
     return plans
 
 

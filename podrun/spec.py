@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from podrun.cloud import accelerators
 from podrun.errors import PodrunError, SpecError
 
 DEFAULT_LOCAL_WORKERS = 2
@@ -37,7 +38,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Set by podrun on every worker (the README's "What every worker gets"); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
-                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR")
+                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR", "PODRUN_ATTEMPT")
 PLAIN_KEY = re.compile(r"^[\w-]+$")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -58,11 +59,58 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _accelerator_type(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError(f"expected {EXPECTED['target.tpu.accelerator_type']}, got {_got(value)}")
+    try:
+        return accelerators.parse(value).name
+    except PodrunError as error:
+        raise ValueError(str(error)) from None
+
+
+def _valid_for(value: Any) -> float:
+    seconds = _duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    if seconds is None or not seconds > 0:
+        raise ValueError(f"expected {EXPECTED['target.tpu.valid_for']}, got {_got(value)}")
+    return float(seconds)
+
+
+def parse_valid_for(value: Any) -> float:
+    """`target.tpu.valid_for` (and `create --valid-for`): a duration above 0 -> seconds."""
+    return _valid_for(value)
+
+
+DURATION_SCHEMA = {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
+                             {"type": "string", "pattern": f"^{DURATION.pattern}$"}]}
+# what says how podrun creates the TPU; each needs accelerator_type, without which podrun creates nothing
+CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s")
+
+
 class TpuTarget(_Model):
     name: str = Field(description="TPU VM name")
     zone: str | None = None
     project: str | None = None
     internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
+    accelerator_type: Annotated[str, BeforeValidator(_accelerator_type)] | None = Field(
+        None, description="e.g. v4-32, v5litepod-16: `podrun exec` creates the TPU VM when it does not exist")
+    runtime_version: str | None = Field(None, min_length=1, description="default: the generation's runtime")
+    queued: bool = Field(False, description="create it through a queued resource, waiting for capacity")
+    spot: bool = Field(False, description="a Spot TPU: cheaper, may be preempted")
+    reservation: str | None = Field(None, min_length=1, description="create it in this reservation (queued)")
+    valid_for_s: Annotated[float, BeforeValidator(_valid_for), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+        None, alias="valid_for", description="how long a queued request may wait for capacity, e.g. 6h")
+
+    @model_validator(mode="after")
+    def _creation_needs_a_type(self) -> TpuTarget:
+        given = [name for name in CREATION_FIELDS if name in self.model_fields_set]
+        if given and not self.accelerator_type:
+            shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in given)
+            raise ValueError(f"{shown} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
+        if self.spot and self.reservation:
+            raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
+        if self.valid_for_s is not None and not self.queued:
+            raise ValueError("valid_for is how long a queued request waits: set queued: true too")
+        return self
 
 
 class LocalTarget(_Model):
@@ -198,6 +246,33 @@ def parse_stop_grace(value: Any) -> float:
     return float(seconds)
 
 
+DeleteAfter = Literal["never", "success", "always"]
+RestartCause = Literal["preemption", "failure"]
+
+
+def _lower_choice(field: str, choices: tuple[str, ...]):
+    def parse(value: Any) -> Any:
+        if isinstance(value, str) and value.lower() in choices:
+            return value.lower()
+        raise ValueError(f"expected {EXPECTED[field]}, got {_got(value)}")
+    return parse
+
+
+class Restarts(_Model):
+    max: int = Field(1, ge=0, le=100, description="how many times the job may restart (default 1)")
+    on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", ("preemption", "failure")))]] = \
+        Field(["preemption"], min_length=1,
+              description="preemption (the TPU is created again) and/or failure (run again on the same workers)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_as_written(cls, data: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads the key `on` as the boolean true, as GitHub Actions users know
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+
 StopGrace = Annotated[float, BeforeValidator(parse_stop_grace), WithJsonSchema({"anyOf": [
     {"type": "number", "minimum": 0, "maximum": MAX_STOP_GRACE_S},
     {"type": "string", "pattern": f"^{DURATION.pattern}$"}]})]
@@ -222,6 +297,9 @@ class JobSpec(_Model):
         DEFAULT_STOP_GRACE_S, alias="stop_grace",
         description="how long a stopped job's processes get between SIGTERM and SIGKILL, to save a checkpoint: "
                     f"a duration such as {DURATION_EXAMPLES}, from 0s to 1h; default 30s")
+    delete_after: Annotated[DeleteAfter, BeforeValidator(_lower_choice("delete_after", ("never", "success", "always")))] \
+        = Field("never", description="delete the TPU VM when the job ends: never, success or always")
+    restarts: Restarts | None = Field(None, description="restart the job on preemption and/or failure")
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
 
     @property
@@ -248,6 +326,12 @@ EXPECTED = {
     "target.tpu.zone": "a zone such as us-central2-b",
     "target.tpu.project": "a project id such as my-project",
     "target.tpu.internal_ip": "true or false",
+    "target.tpu.accelerator_type": "an accelerator type such as v4-8, v5p-8, v5litepod-16 or v6e-8",
+    "target.tpu.runtime_version": "a runtime version such as tpu-ubuntu2204-base",
+    "target.tpu.queued": "true or false",
+    "target.tpu.spot": "true or false",
+    "target.tpu.reservation": "a reservation's name",
+    "target.tpu.valid_for": "a duration above 0 such as 30m, 6h or 1h30m",
     "target.hosts": "a list of hosts such as [10.0.0.2, gpu-node-1, user@10.0.0.4:2222]",
     "target.hosts.*": HOST_FORMS,
     "target.local": "a mapping such as {workers: 2}",
@@ -272,6 +356,11 @@ EXPECTED = {
     "docker.args": "a list of `docker run` arguments such as [--shm-size=16g]",
     "docker.args.*": "a `docker run` argument such as --shm-size=16g",
     "stop_grace": f"a duration from 0s to 1h such as {DURATION_EXAMPLES}",
+    "delete_after": "never, success or always",
+    "restarts": "a mapping such as {max: 3, on: [preemption]}",
+    "restarts.max": "a number of restarts from 0 to 100",
+    "restarts.on": "a list of preemption and/or failure",
+    "restarts.on.*": "preemption or failure",
 }
 
 
@@ -313,12 +402,14 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecProblems(path, _problems(error)) from None
     if spec.torchrun:
         _refuse_python_under_torchrun(path, spec.run)
+    _refuse_lifecycle_without_a_tpu(path, spec)
     expanded = os.path.expanduser(spec.workdir)  # pathlib's would raise for ~user of no user
     if expanded.startswith("~"):
-        raise SpecError(path, "workdir", f"expected an existing directory, {spec.workdir} is no user's home here")
+        raise SpecError(path, "workdir",
+                        f"expected an existing directory, {_printable(spec.workdir)} is no user's home here")
     workdir = (path.parent / expanded).resolve()
     if not workdir.is_dir():
-        raise SpecError(path, "workdir", f"expected an existing directory, {workdir} is not one")
+        raise SpecError(path, "workdir", f"expected an existing directory, {_printable(str(workdir))} is not one")
     resolved = spec.model_copy(update={"workdir": str(workdir)})
     resolved._path = path
     return resolved
@@ -375,6 +466,16 @@ def _refuse_python_under_torchrun(path: Path, run: str) -> None:
         fix = f"drop it: run: {' '.join(script)}" if script else "drop it and name the script"
         raise SpecError(path, "run", f"with torchrun, run is the script and its arguments: torchrun starts Python "
                                      f"itself, so it would run {words[0]!r} as the script; {fix}")
+
+
+def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
+    tpu = spec.target.tpu
+    if spec.delete_after != "never" and tpu is None:
+        raise SpecError(path, "delete_after", f"{spec.delete_after} deletes the TPU VM the job ran on, but the "
+                                              f"target is {spec.target.kind}: remove it")
+    if spec.restarts and "preemption" in spec.restarts.on and not (tpu and tpu.accelerator_type):
+        raise SpecError(path, "restarts.on", "preemption restarts create the TPU VM again, so they need "
+                                             "target.tpu.accelerator_type; `on: [failure]` restarts failures")
 
 
 def _after_python(words: list[str]) -> list[str] | None:
@@ -441,6 +542,11 @@ def _field_path(parts: tuple[str, ...] | list[str]) -> str | None:
     """`target.hosts.0`; a key that is not a plain name (a generated or mistyped one may hold
     anything, newlines included) quoted, to keep the message on one line."""
     return ".".join(part if PLAIN_KEY.match(part) else repr(part) for part in parts) or None
+
+
+def _printable(text: str) -> str:
+    """text, or its repr when it holds a control character (which could end the message's line)."""
+    return text if text.isprintable() else repr(text)
 
 
 def _usable(text: str) -> bool:

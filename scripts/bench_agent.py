@@ -39,7 +39,8 @@ def cpu_ms(run) -> float:
 def agent_step(python: str, root: Path, **fields) -> None:
     """One agent step of `true` in `root`, as the launcher runs it; `fields` add to the step or replace
     its own (bench_checkout.py: cwd and code_dir)."""
-    step = marshal.dumps({"job_id": "bench", "worker": 0, "step": "run", "cwd": str(root), "command": "true",
+    step = marshal.dumps({"job_id": "bench", "job_dir": ".podrun/jobs/bench", "worker": 0, "step": "run",
+                          "cwd": str(root), "command": "true",
                           "env": {"PODRUN_JOB_ID": "bench", "PODRUN_WORKER": "0"}, "grace": 5, "heartbeat": 20,
                           "detach": False, **fields}, 4)
     agent = subprocess.Popen(["/bin/sh", "-c", agent_command(python)], cwd=root, stdin=subprocess.PIPE,

@@ -17,7 +17,8 @@ STEP_LIMIT_S = 20
 def run_agent(tmp_path, command: str, cwd: str, control: bytes = b"",
               probe: dict | None = None) -> tuple[bytes, list[dict], int]:
     """Run the agent as the launcher does; `control` follows the step description in the same write."""
-    step = {"job_id": "agent-test", "worker": 0, "step": "run", "cwd": cwd, "command": command,
+    step = {"job_id": "agent-test", "job_dir": ".podrun/jobs/agent-test", "worker": 0, "step": "run", "cwd": cwd,
+            "command": command,
             "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 60, "heartbeat": 60,
             "detach": False, **({"probe": probe} if probe else {})}
     blob = marshal.dumps(step, 4)

@@ -98,6 +98,7 @@ def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
 @settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(spec=mutated_specs())
 @example(spec={**VALID, "workdir": "\x00"})  # found by hypothesis in CI: ValueError: embedded null byte
+@example(spec={**VALID, "workdir": "\x1e"})  # found by hypothesis: a control character split the message's line
 @example(spec={**VALID, "ssh": {"identity_file": "\udc80"}})
 @example(spec={**VALID, "env": {"PY": 3.1}})
 @example(spec={**VALID, "target": {"hosts": None}})  # found by scripts/fuzz.py: an IndexError once

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
 ATTEMPTS = range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "5")))
 KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/transport/ssh.py)
@@ -403,3 +404,58 @@ def test_a_checkpoint_saved_on_sigterm_is_complete_after_fail_fast(home, placeme
     assert_checkpoints_complete(placement, job_id, range(failing))
     assert placement.worker_log(failing, job_id).read_text() == "up\n"
     assert not (placement.run_dir(failing) / f"ckpt-{job_id}").exists()
+
+
+def preemptible_job(job_file, tmp_path: Path, restarts: int) -> tuple[Background, Path]:
+    """configs/tpu-spot-restarts.yaml's job (examples/resume/train.py) on a spot v4-16 (2 lab hosts) that
+    exec creates and deletes, its checkpoints in a directory that outlives the VMs (a bucket's stand-in),
+    started once both workers are past step 2."""
+    bucket = tmp_path / "bucket"
+    spec = job_file(f"name: spot-train\n"
+                    f"target: {{tpu: {{name: spot-train, accelerator_type: v4-16, spot: true}}}}\n"
+                    f"ssh: {{user: root}}\nworkdir: {REPO / 'examples' / 'resume'}\n"
+                    f"env: {{CHECKPOINT_DIR: '{bucket}', STEP_SECONDS: '0.1',"
+                    f" PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n"
+                    f"run: python3 train.py 40\nrestarts: {{max: {restarts}}}\ndelete_after: always\n")
+    job = Background("exec", spec)
+    for index in range(2):
+        job.wait_for(rf"^\[w{index}\] step 2$")
+    return job, bucket
+
+
+def assert_nothing_left(tpu_api, lab, job_id: str) -> None:
+    assert ps_on_every_host(lab, job_id) == []
+    deadline = time.monotonic() + 30
+    while tpu_api.queued or tpu_api.nodes:  # deletions finish on the stand-in's clock
+        assert time.monotonic() < deadline, (list(tpu_api.queued), list(tpu_api.nodes))
+        with tpu_api.lock:
+            tpu_api._advance()
+        time.sleep(0.1)
+
+
+@repeated
+def test_a_preempted_spot_tpu_is_created_again_and_the_job_resumes_from_its_checkpoint(
+        home, tpu_api, lab, job_file, tmp_path, fault_time, attempt):
+    job, bucket = preemptible_job(job_file, tmp_path, restarts=1)
+    preempted_at = time.monotonic()
+    tpu_api.preempt("spot-train")
+    for index in range(2):
+        resumed = job.wait_for(rf"^\[w{index}\] attempt 1: resuming at step \d+ of 40$", timeout=90)
+        assert int(resumed.split()[-3]) >= 2
+    fault_time("preempted mid-run -> TPU created again, run restarted everywhere", time.monotonic() - preempted_at)
+    assert job.finish(timeout=120) == 0, job.text
+    assert "preempted" in job.text and "restart 1 of 1" in job.text
+    assert all(json.loads((bucket / f"worker-{index}.json").read_text()) == {"step": 40} for index in range(2))
+    assert_nothing_left(tpu_api, lab, job_id_in(job.text))
+
+
+@repeated
+def test_a_preempted_spot_tpu_with_no_restart_left_ends_the_job_preempted_and_is_deleted(
+        home, tpu_api, lab, job_file, tmp_path, fault_time, attempt):
+    job, _ = preemptible_job(job_file, tmp_path, restarts=0)
+    preempted_at = time.monotonic()
+    tpu_api.preempt("spot-train")
+    assert job.finish(timeout=90) == 75, job.text
+    fault_time("preempted, no restart left -> exit 75, TPU deleted", time.monotonic() - preempted_at)
+    assert "job spot-train-" in job.text and "preempted: TPU VM spot-train was preempted" in job.text
+    assert_nothing_left(tpu_api, lab, job_id_in(job.text))

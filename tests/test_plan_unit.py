@@ -62,8 +62,8 @@ def spec(tmp_path):
     return load
 
 
-def plans_for(spec, target=GpuNodes, count=3, extra_env=None, launcher_env=None):
-    return plan(spec, target(spec), workers(count), JOB_ID, CODE_DIR, extra_env or {}, launcher_env or {})
+def plans_for(spec, target=GpuNodes, count=3, extra_env=None, launcher_env=None, attempt=0):
+    return plan(spec, target(spec), workers(count), JOB_ID, CODE_DIR, extra_env or {}, launcher_env or {}, attempt)
 
 
 def test_every_worker_gets_its_index_the_worker_count_and_everyones_ips_in_worker_order(spec):
@@ -72,8 +72,16 @@ def test_every_worker_gets_its_index_the_worker_count_and_everyones_ips_in_worke
     for index, worker_plan in enumerate(plans):
         assert (worker_plan.cwd, worker_plan.code_dir) == ("podrun/job/run", CODE_DIR)  # runs there, checks CODE_DIR out
         assert worker_plan.env == {
-            "PJRT_DEVICE": "CUDA", "PODRUN_JOB_ID": JOB_ID, "PODRUN_WORKER": str(index), "PODRUN_NUM_WORKERS": "3",
-            "PODRUN_WORKER_IPS": "10.1.0.7,10.1.0.3,10.1.0.9", "MASTER_ADDR": "10.1.0.7", "MASTER_PORT": "29500"}
+            "PJRT_DEVICE": "CUDA", "PODRUN_JOB_ID": JOB_ID, "PODRUN_ATTEMPT": "0", "PODRUN_WORKER": str(index),
+            "PODRUN_NUM_WORKERS": "3", "PODRUN_WORKER_IPS": "10.1.0.7,10.1.0.3,10.1.0.9", "MASTER_ADDR": "10.1.0.7",
+            "MASTER_PORT": "29500"}
+        assert worker_plan.job_dir == f".podrun/jobs/{JOB_ID}"
+
+
+def test_a_restart_gets_its_attempt_number_and_a_job_directory_of_its_own(spec):
+    plans = plans_for(spec("run: python3 train.py\n"), attempt=2)
+    assert {p.env["PODRUN_ATTEMPT"] for p in plans} == {"2"}
+    assert {p.job_dir for p in plans} == {f".podrun/jobs/{JOB_ID}.attempt-2"}
 
 
 def test_without_torchrun_every_worker_runs_the_command_as_written(spec):

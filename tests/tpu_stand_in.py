@@ -25,8 +25,8 @@ nodes first. `preempt(node)` is what happens to a spot VM: the node goes PREEMPT
 resource SUSPENDED (stateInitiator SERVICE), never re-queued, keeping its name until force-deleted,
 and its hosts vanish: `on_preempt(endpoints)` is called (on a lab: every process in the hosts'
 namespaces is killed, sshd included); when the node is deleted its hosts come back as fresh
-capacity through `on_revive(endpoints)` (on a lab: sshd started again), and `shutdown()` revives any
-host still gone, so a later test finds the lab whole.
+capacity through `on_revive(endpoints)` (on a lab: an empty home, as a new VM's boot disk, and sshd
+started again), and `shutdown()` revives any host still gone, so a later test finds the lab whole.
 
 An API that is slow or does not answer: with `stall_s` set, every request is read and then left
 unanswered for that many seconds (math.inf: never, until shutdown), the connection held open.
@@ -42,6 +42,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -183,7 +184,11 @@ class TpuStandIn:
                     host.sshd.wait()
 
         def revive(endpoints: list[LabEndpoint]) -> None:
+            """A VM created again: a fresh boot disk (nothing of the old home is left) and sshd up."""
             for endpoint in endpoints:
+                home = lab.hosts[endpoint.host_index].home
+                shutil.rmtree(home)
+                home.mkdir()
                 lab.authorize(endpoint.host_index)
                 lab.start_sshd(endpoint.host_index)
 

@@ -82,10 +82,28 @@ class TpuNode:
     spot: bool
     workers: list[WorkerAddress]
     metadata: dict[str, str] = field(default_factory=dict)
+    queued_resource: str | None = None  # the short name of the queued resource that created it
 
     @property
     def full_name(self) -> str:
         return f"{self.location.parent}/nodes/{self.name}"
+
+
+@dataclass(frozen=True)
+class QueuedResource:
+    """A queued resource (a request for TPU capacity, GUIDE section 9) as the API has it."""
+
+    name: str  # the short name (queued resource id)
+    location: Location
+    state: str  # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED, SUSPENDED, ...
+    initiator: str  # who moved it there: USER or SERVICE
+    error: str | None  # Google's message, for a FAILED (or SUSPENDED) request
+    node_names: list[str]  # the nodes it makes: its node id, or a multislice prefix's NAME-0 .. NAME-(N-1)
+    accelerator_type: str
+    runtime_version: str
+    spot: bool
+    reservation: str | None
+    valid_until: str | None  # its queueing policy, as the API writes it (e.g. "21600s")
 
 
 @dataclass(frozen=True)
@@ -108,13 +126,62 @@ class TpuApi:
 
     def get(self, name: str) -> TpuNode:
         with self._errors(f"reading TPU VM {name}", name):
-            return self._node(self._read(name))
+            return self._node(self._read(f"nodes/{name}"))
+
+    def find(self, name: str) -> TpuNode | None:
+        """The node, or None if there is none of that name."""
+        with self._errors(f"reading TPU VM {name}", name):
+            return _unless_missing(lambda: self._node(self._read(f"nodes/{name}")))
+
+    def get_queued(self, name: str) -> QueuedResource | None:
+        """The queued resource of that name, or None."""
+        with self._errors(f"reading queued resource {name}", name, kind="queued resource"):
+            return _unless_missing(lambda: self._queued(self._read(f"queuedResources/{name}")))
+
+    def list_queued(self) -> list[QueuedResource]:
+        with self._errors("listing queued resources"), _client_errors():
+            found = self._google_client().list_queued_resources(parent=self.location.parent, timeout=self.timeout_s)
+            return [self._queued(_json(resource)) for resource in found]
+
+    def create_queued(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
+                      reservation: str | None, valid_for_s: float | None) -> Pending:
+        """A queued resource named `name` for one node of that name."""
+        from google.cloud import tpu_v2
+        from google.protobuf import duration_pb2
+
+        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version)
+        resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+            tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.location.parent, node_id=name, node=node)]))
+        if spot:
+            resource.spot = tpu_v2.QueuedResource.Spot()
+        if reservation:
+            resource.reservation_name = (reservation if "/" in reservation
+                                         else f"{self.location.parent}/reservations/{reservation}")
+        if valid_for_s:
+            resource.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(
+                valid_until_duration=duration_pb2.Duration(seconds=int(valid_for_s)))
+        doing = f"requesting queued resource {name}"
+        with self._errors(doing, name, kind="queued resource"), _client_errors():
+            operation = self._google_client().create_queued_resource(
+                parent=self.location.parent, queued_resource_id=name, queued_resource=resource, timeout=self.timeout_s)
+        return Pending(operation.operation.name, doing, name)
+
+    def delete_queued(self, name: str) -> Pending:
+        """Delete the queued resource with its nodes (force: whatever its state)."""
+        from google.cloud import tpu_v2
+
+        doing = f"deleting queued resource {name} with its TPU VM"
+        with self._errors(doing, name, kind="queued resource"), _client_errors():
+            operation = self._google_client().delete_queued_resource(
+                request=tpu_v2.DeleteQueuedResourceRequest(name=f"{self.location.parent}/queuedResources/{name}",
+                                                           force=True), timeout=self.timeout_s)
+        return Pending(operation.operation.name, doing, name)
 
     def state(self, name: str) -> str:
         """The node's state, or `gone` once it no longer exists."""
         with self._errors(f"reading TPU VM {name}", name):
             try:
-                return self._read(name).get("state", "STATE_UNSPECIFIED")
+                return self._read(f"nodes/{name}").get("state", "STATE_UNSPECIFIED")
             except ApiCallError as error:
                 if error.code != 404:
                     raise
@@ -181,10 +248,10 @@ class TpuApi:
                 raise ApiCallError(failure.code, failure.message)
         return operation.done
 
-    def _read(self, name: str) -> dict:
-        """The node's JSON, with one GET."""
+    def _read(self, path: str) -> dict:
+        """The JSON of `nodes/NAME` or `queuedResources/NAME` in this location, with one GET."""
         base = self.endpoint or GOOGLE_ENDPOINT
-        url = f"{base if '://' in base else 'https://' + base}/v2/{self._full_name(name)}"
+        url = f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}"
         try:
             response = AuthorizedHttp(self.credentials).request("GET", url, timeout=self.timeout_s, retries=False)
         except urllib3.exceptions.HTTPError as error:
@@ -218,15 +285,35 @@ class TpuApi:
             workers=[WorkerAddress(endpoint.get("ipAddress", ""),
                                    endpoint.get("accessConfig", {}).get("externalIp") or None)
                      for endpoint in node.get("networkEndpoints", [])],
-            metadata=dict(node.get("metadata", {})))
+            metadata=dict(node.get("metadata", {})),
+            queued_resource=node["queuedResource"].rsplit("/", 1)[-1] if node.get("queuedResource") else None)
+
+    def _queued(self, resource: dict) -> QueuedResource:
+        """A queued resource as the API's JSON has it (camelCase, enums by name, defaults left out)."""
+        state = resource.get("state", {})
+        data = next((value for key, value in state.items() if key.endswith("Data") and isinstance(value, dict)), {})
+        specs = resource.get("tpu", {}).get("nodeSpec", [])
+        names: list[str] = []
+        for spec in specs:
+            multislice = spec.get("multisliceParams")
+            names += ([f"{multislice.get('nodeIdPrefix')}-{i}" for i in range(int(multislice.get("nodeCount", 0)))]
+                      if multislice else [spec.get("nodeId", "")])
+        node = specs[0].get("node", {}) if specs else {}
+        return QueuedResource(
+            name=resource["name"].rsplit("/", 1)[-1], location=self.location,
+            state=state.get("state", "STATE_UNSPECIFIED"), initiator=state.get("stateInitiator", ""),
+            error=(data.get("error") or {}).get("message"), node_names=names,
+            accelerator_type=node.get("acceleratorType", ""), runtime_version=node.get("runtimeVersion", ""),
+            spot="spot" in resource, reservation=resource.get("reservationName", "").rsplit("/", 1)[-1] or None,
+            valid_until=(resource.get("queueingPolicy") or {}).get("validUntilDuration"))
 
     @contextlib.contextmanager
-    def _errors(self, doing: str, name: str | None = None) -> Iterator[None]:
-        """Google's errors, as one line each that says what to do."""
+    def _errors(self, doing: str, name: str | None = None, kind: str = "TPU VM") -> Iterator[None]:
+        """Google's errors, as one line each that says what to do; `kind`: what `name` names."""
         try:
             yield
         except ApiCallError as error:
-            raise PodrunError(f"{doing}: {self._advice(error, name)}") from None
+            raise PodrunError(f"{doing}: {self._advice(error, name, kind)}") from None
         except RefreshError as error:
             raise PodrunError(f"{doing}: cannot refresh the Google credentials ({error}); run "
                               f"`gcloud auth application-default login`") from None
@@ -242,16 +329,16 @@ class TpuApi:
                               f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
                               f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
 
-    def _advice(self, error: ApiCallError, name: str | None) -> str:
+    def _advice(self, error: ApiCallError, name: str | None, kind: str) -> str:
         """What went wrong and what to do, by the HTTP status Google answered with."""
         message = HTTP_PREFIX.sub("", error.message)
         zone, project = self.location.zone, self.location.project
         where = f"{project}/{zone}"
         if error.code == 409:
-            return (f"a TPU VM named {name} already exists in {where}; pick another --name, "
+            return (f"a {kind} named {name} already exists in {where}; pick another --name, "
                     f"or delete it with `podrun delete {name} --zone {zone}`")
         if error.code == 404:
-            return f"no TPU VM named {name} in {where}; `podrun list --zone {zone}` shows the ones there"
+            return f"no {kind} named {name} in {where}; `podrun list --zone {zone}` shows the ones there"
         if error.code == 429 and "quota" in message.lower():
             return (f"quota exceeded in {where} ({message}); ask for more quota in the console's "
                     f"IAM & Admin > Quotas, or use a smaller slice")
@@ -286,8 +373,18 @@ def _client_errors() -> Iterator[None]:
         raise ApiUnreachable(type(error).__name__) from None
 
 
+def _unless_missing(read):
+    """read(), or None when Google answers 404."""
+    try:
+        return read()
+    except ApiCallError as error:
+        if error.code != 404:
+            raise
+        return None
+
+
 def _json(node) -> dict:
-    """A node from the client as the API's JSON has it."""
+    """A node (or queued resource) from the client as the API's JSON has it."""
     return type(node).to_dict(node, use_integers_for_enums=False, preserving_proto_field_name=False)
 
 

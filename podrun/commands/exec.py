@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import gc
-import os
+import functools
 import re
 import sys
 
-from podrun import jobstore, paths
+from podrun import jobstore
 from podrun.errors import SpecError, UsageError
-from podrun.launch.launcher import Launch
-from podrun.output import Terminal, counted, say
-from podrun.plan import plan, render
+from podrun.launch.lifecycle import Lifecycle
+from podrun.output import say
+from podrun.plan import render
 from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stop_grace
 from podrun.targets import target_for
@@ -27,36 +25,40 @@ def validate(spec_path: str) -> JobSpec:
 
 def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
             detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False,
-            grace: str | None = None) -> int:
+            grace: str | None = None, down: bool = False, restarts: int | None = None) -> int:
     spec = load_spec(spec_path)
     check_run_script(spec)
     extra_env = parse_env_overrides(env_overrides)
     grace_s = parse_grace(grace)
+    max_restarts = parse_restarts(spec, restarts)
+    if down and spec.target.tpu is None:
+        raise UsageError(f"--down: deletes the TPU the job ran on, but {spec.path} runs on {spec.target.kind} workers")
     target = target_for(spec)
-    workers = target.workers(dry_run)
-    selected = parse_worker_selection(worker_selection, len(workers))
     try:
         tree = scan.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
     except scan.WorkdirTooLarge as error:
         raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
-    job_id = jobstore.new_job_id(spec.name)
-    code_dir = paths.remote_code_dir(spec.name, tree.digest)
-    plans = [worker_plan for worker_plan in plan(spec, target, workers, job_id, code_dir, extra_env,
-                                                       os.environ)
-             if worker_plan.worker.index in selected]
+    lifecycle = Lifecycle(spec, target, tree, extra_env, kill_stale, detach, max_restarts, down)
     if dry_run:
+        workers = target.workers(dry_run=True)
+        plans = lifecycle.plans(workers, parse_worker_selection(worker_selection, len(workers)),
+                                jobstore.new_job_id(spec.name), attempt=0)
         sys.stdout.write(render(plans, f"target: {target.describe(workers)}"))
         return 0
-    record = jobstore.JobRecord(
-        id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}", spec_path=str(spec.path),
-        workers=[jobstore.WorkerRecord(p.worker.index, p.worker.address, endpoint=p.worker.transport.endpoint())
-                 for p in plans], stop_grace_s=spec.stop_grace_s if grace_s is None else grace_s)
-    record.create()
-    say(f"job {job_id}: {counted(len(plans), target.worker_noun)}; logs in {record.dir}")
-    gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
-    gc.enable()
-    return asyncio.run(Launch(spec, target, plans, tree, record, Terminal(worker_count=len(workers)), detach,
-                                kill_stale).run())
+    return lifecycle.run(functools.partial(parse_worker_selection, worker_selection),
+                         spec.stop_grace_s if grace_s is None else grace_s)
+
+
+def parse_restarts(spec: JobSpec, restarts: int | None) -> int:
+    """restarts.max, or --restarts N; restarts on preemption need a TPU podrun can create again."""
+    if restarts is None:
+        return spec.restarts.max if spec.restarts else 0
+    tpu = spec.target.tpu
+    if restarts and not spec.restarts and not (tpu and tpu.accelerator_type):
+        raise UsageError(f"--restarts {restarts}: restarts on preemption need a tpu target with accelerator_type "
+                         f"(podrun creates it again); {spec.path} has none. To restart failures, set "
+                         f"`restarts: {{on: [failure]}}` in the spec")
+    return restarts
 
 
 def parse_grace(grace: str | None) -> float | None:

@@ -8,7 +8,7 @@ import time
 
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError, UsageError
-from podrun.output import Terminal, WorkerOutput, counted, print_table, say, say_failure, say_success
+from podrun.output import Terminal, WorkerOutput, counted, print_table, say, say_failure, say_phase, say_success
 
 DEFAULT_JOBS_SHOWN = 20
 HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
@@ -22,16 +22,21 @@ LAUNCHER_STOP_MARGIN_S = 15  # the launcher needs the job's grace period, the KI
 READ_SIZE = 1 << 16
 
 
-def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None) -> int:
-    """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job."""
+def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None) -> int:
+    """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job.
+    `attempt`: an earlier attempt's output (kept locally), else the current attempt's."""
     record = jobstore.find(job) if job else _newest_running_or_newest()
+    if attempt is not None and attempt != record.attempt:
+        return _show_earlier_attempt(record, attempt, worker, tail)
     indexes = [w.index for w in record.workers]
     if worker is not None and worker not in indexes:
         raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
     chosen = [worker] if worker is not None else indexes
     terminal = Terminal(prefixed=worker is None, worker_count=len(record.workers))
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
-    on_workers = record.detached and record.state == jobstore.RUNNING  # they have what is new
+    # a detached job's workers have what is new, unless its supervisor (lifecycle.py) fetches it already
+    supervised = record.supervised()
+    on_workers = record.detached and record.state == jobstore.RUNNING and not supervised
     if on_workers:
         from podrun.launch import detached
 
@@ -42,17 +47,41 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
             _copy_new(record.log_path(index), offsets[index], outputs[index])
         detached.fetch(record, chosen, outputs, follow=True)
         return _ended(jobstore.load(record.id))
+    attempt = record.attempt
     while True:
-        finished = record.current_state() != jobstore.RUNNING  # read before the logs: no lost tail
+        # read before the logs: no lost tail
+        finished = record.current_state() != jobstore.RUNNING or (supervised and not record.supervised())
         for index in chosen:
-            offsets[index] = _copy_new(record.log_path(index), offsets[index], outputs[index])
+            offsets[index] = _copy_new(record.log_path(index, attempt), offsets[index], outputs[index])
         if not follow or finished:
             break
         time.sleep(FOLLOW_POLL_S)
         record = jobstore.load(record.id)
+        if record.attempt != attempt:  # the job restarted: the rest of this attempt's output, then the next's
+            for index in chosen:
+                _copy_new(record.log_path(index, attempt), offsets[index], outputs[index])
+            attempt, offsets = record.attempt, dict.fromkeys(chosen, 0)
+            say_phase(f"attempt {attempt}")
     for output in outputs.values():
         output.close()
     return _ended(record) if follow else 0
+
+
+def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int | None, tail: int | None) -> int:
+    if attempt > record.attempt:
+        raise UsageError(f"--attempt {attempt}: job {record.id} has attempts 0 to {record.attempt}")
+    indexes = [w.index for w in record.workers]
+    if worker is not None and worker not in indexes:
+        raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
+    terminal = Terminal(prefixed=worker is None, worker_count=len(record.workers))
+    for index in [worker] if worker is not None else indexes:
+        path = record.log_path(index, attempt)
+        output = WorkerOutput(index, terminal, log=None)
+        _copy_new(path, _start_offset(path, tail), output)
+        output.close()
+    ended = record.attempts[attempt]
+    say(f"attempt {attempt} of job {record.id} {ended['state']}" + (f": {ended['summary']}" if ended["summary"] else ""))
+    return 0
 
 
 def _ended(record: jobstore.JobRecord) -> int:
@@ -93,6 +122,8 @@ def stop_job(job: str | None) -> int:
     state = record.current_state()
     if state != jobstore.RUNNING:
         raise PodrunError(f"job {record.id} is not running (it is {state})")
+    if record.supervised():
+        return _stop_supervised(record)
     if record.detached:
         from podrun.launch import detached
 
@@ -116,6 +147,21 @@ def stop_job(job: str | None) -> int:
     return 0
 
 
+def _stop_supervised(record: jobstore.JobRecord) -> int:
+    """A detached job with a supervisor (restarts, delete_after): it stops the job and cleans up, as
+    after Ctrl-C; podrun waits for it to finish."""
+    import signal
+
+    assert record.supervisor is not None
+    pid = record.supervisor["pid"]
+    os.kill(pid, signal.SIGTERM)
+    say(f"asked job {record.id}'s supervisor (pid {pid}) to stop it; waiting for it to finish")
+    while record.supervised():
+        time.sleep(FOLLOW_POLL_S)
+    print(f"podrun: job {record.id} is {jobstore.load(record.id).current_state()}")
+    return 0
+
+
 def _newest_running_or_newest() -> jobstore.JobRecord:
     records = jobstore.all_jobs()
     if not records:
@@ -134,7 +180,16 @@ def _newest_running() -> jobstore.JobRecord:
 def _row(record: jobstore.JobRecord, state: str) -> tuple[str, ...]:
     end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
     duration = _duration(end - record.started_at) if end else "-"
-    return record.id, record.name, record.target, state, _exit_codes(record, state), _started(record), duration
+    return record.id, record.name, record.target, _state_text(record, state), _exit_codes(record, state), \
+        _started(record), duration
+
+
+def _state_text(record: jobstore.JobRecord, state: str) -> str:
+    """The state, with the restarts it took (`restarts`) and, while it runs, its supervisor if it has one."""
+    notes = [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] if record.attempt else []
+    if state == jobstore.RUNNING and record.supervised():
+        notes.append("supervised")
+    return f"{state} ({', '.join(notes)})" if notes else state
 
 
 def _started(record: jobstore.JobRecord) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import getpass
 import re
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from podrun import exits
 from podrun.cloud import accelerators
+from podrun.cloud.capacity import Waiting
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
@@ -107,47 +107,6 @@ def describe_text(node) -> str:
 def default_node_name(accelerator_type: str) -> str:
     user = re.sub(r"[^a-z0-9-]", "-", getpass.getuser().lower()).strip("-") or "podrun"
     return f"{user}-{accelerator_type}"[:63].rstrip("-")
-
-
-class Waiting:
-    """A wait for an operation on a node, told as it goes: a line when it starts, then the node's state
-    every 30 s; on a terminal, the state and the seconds waited are redrawn in place instead."""
-
-    REPORT_EVERY_S = 30
-
-    def __init__(self, api: TpuApi, node: str, waiting_for: str):
-        self.api, self.node, self.waiting_for = api, node, waiting_for
-        self.started = time.monotonic()
-        self.terminal = sys.stderr.isatty()
-        self.state: str | None = None
-        self.checked_at = 0.0
-        self.drawn = False
-
-    def start(self) -> None:
-        say(f"waiting for {self.waiting_for} (at most {self.api.wait_timeout_s:g}s; Ctrl-C stops the wait, "
-            f"not the operation at Google)")
-
-    def update(self, elapsed: float) -> None:
-        due = elapsed - self.checked_at >= self.REPORT_EVERY_S
-        if due or (self.terminal and self.state is None):
-            self.state, self.checked_at = self.api.state(self.node), elapsed
-        if self.terminal:
-            sys.stderr.write(f"\rpodrun: waiting for {self.waiting_for}: {self.state}, {elapsed:.0f}s\x1b[K")
-            sys.stderr.flush()
-            self.drawn = True
-        elif due:
-            say(f"still waiting for {self.waiting_for}: {self.state} after {elapsed:.0f}s")
-
-    def __enter__(self) -> Waiting:
-        return self
-
-    def __exit__(self, *exception) -> None:
-        """End the line redrawn in place, so that what is said next starts on a line of its own."""
-        if self.drawn:
-            sys.stderr.write("\n")
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
 
 
 def _api(where: Location) -> TpuApi:

@@ -43,7 +43,8 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
             say(f"job {record.id}: shown as last recorded; its workers could not be asked "
                 f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
 
-    running = [r for r in records if r.detached and r.state == jobstore.RUNNING]
+    running = [r for r in records if r.detached and r.state == jobstore.RUNNING
+               and not r.supervised()]  # a supervisor keeps its record current
     if running:
         asyncio.run(_gather(refresh_one(record) for record in running))
 
@@ -105,8 +106,8 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> dict | None:
     log_path = record.log_path(worker.index)
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    channel = await transport.start_python("log_follower", paths.remote_job_dir(record.id), str(offset),
-                                           "1" if follow else "0")
+    channel = await transport.start_python("log_follower", paths.remote_job_dir(record.id, record.attempt),
+                                           str(offset), "1" if follow else "0")
     channel.stdin.write_eof()
     with jobstore.open_log(log_path) as log:
         while chunk := await channel.stdout.read(65536):
@@ -135,7 +136,8 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
 async def _stop_all(record: jobstore.JobRecord) -> None:
     async def stop_one(worker, transport: Transport) -> None:
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
-        channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id), str(wait_s))
+        channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id, record.attempt),
+                                               str(wait_s))
         channel.stdin.write_eof()
         if await channel.wait() != 0:
             raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {wait_s:g}s")

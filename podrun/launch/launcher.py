@@ -52,6 +52,7 @@ class Launch:
         self.record_saved_at = 0.0
         self.worker_records = {worker.index: worker for worker in record.workers}
         self.interrupt_signal = signal.SIGINT  # which signal stopped the job, once `interrupted` is set
+        self.preempted: str | None = None  # why the target went away, once the API was asked ("" if not preempted)
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
@@ -82,6 +83,8 @@ class Launch:
             say_success(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
             return 0
         except PodrunError as error:
+            if reason := await self._preemption():  # a worker unreachable because the TPU is gone
+                return self._finish_preempted(reason)
             self.record.finish(jobstore.FAILED, error.exit_code, str(error))
             raise
         except Exception as error:  # a bug: the CLI prints it as an internal error; the record says so too
@@ -143,7 +146,7 @@ class Launch:
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             for task in [task for task in finishing if task in done]:
                 finishing.pop(task)
-                result = task.result()
+                result = await self._explained(task.result())
                 self._record_exit(result)
                 if result.failed and not stopping:
                     failure = result
@@ -164,6 +167,18 @@ class Launch:
             return ""
         event = await first.reported("hub")
         return f"{first.plan.worker.internal_ip}:{event['port']}" if event else ""
+
+    async def _explained(self, result: StepResult) -> StepResult:
+        """A worker whose connection dropped, as the target explains it: preempted, if the API says so."""
+        if result.code != exits.LOST or not (reason := await self._preemption()):
+            return result
+        return StepResult(result.index, exits.PREEMPTED, problem=f"was lost: {reason}", tail=result.tail)
+
+    async def _preemption(self) -> str | None:
+        """Whether the target was preempted (the API is asked once, off the event loop); why, if so."""
+        if self.preempted is None:
+            self.preempted = await asyncio.to_thread(self.target.preemption) or ""
+        return self.preempted or None
 
     def _probe(self, plan: WorkerPlan) -> dict:
         """What the first step's agent reports before anything starts (agent.py, "probe")."""
@@ -246,12 +261,19 @@ class Launch:
         say("\n".join(lines))
 
     def _finish_failed(self, step: str, failure: StepResult) -> int:
+        if failure.code == exits.PREEMPTED and self.preempted:
+            return self._finish_preempted(self.preempted)
         summary = f"worker {failure.index} {failure.describe()} in {step}"
         if cause := failure.cause():
             summary += f" ({cause})"
         self.record.finish(jobstore.FAILED, failure.code, summary)
         say_failure(f"job {self.record.id} failed: {summary}; every other worker was stopped")
         return failure.code
+
+    def _finish_preempted(self, reason: str) -> int:
+        self.record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
+        say_failure(f"job {self.record.id} preempted: {reason}")
+        return exits.PREEMPTED
 
     def _finish_detached(self) -> int:
         self.record.detached = True

@@ -86,7 +86,8 @@ class WorkerStep:
     async def start(self, probe: dict | None = None) -> None:
         """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
         worker = self.plan.worker
-        config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "worker": worker.index, "step": self.step,
+        config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "job_dir": self.plan.job_dir, "worker": worker.index,
+                  "step": self.step,
                   "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": self.grace,
                   "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach, "code_dir": self.plan.code_dir}
         if self.step == "run":

@@ -8,7 +8,8 @@ costs 4.5 ms of a 7 ms Python start (it builds enums), so the agent uses its C c
 
 Protocol
   stdin   the step: a decimal byte count, a newline, then that many bytes of marshal format 4 (readable
-          by every Python 3.4+) holding {job_id, worker, step, cwd (the run directory), code_dir (the
+          by every Python 3.4+) holding {job_id, job_dir (where its files go, relative to the root: one
+          per attempt of a restarted job), worker, step, cwd (the run directory), code_dir (the
           code version checked out into cwd before the step starts: checkout.py), command, env,
           grace, heartbeat, detach}, for run {container, term ("leader" or "group"), job_files (name:
           text, written into the job's directory first: rank_output.py under torchrun)}, for a job's
@@ -29,7 +30,7 @@ Protocol
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is)},
           {"event": "error", "message": M}.
-Files, under ~/.podrun/jobs/<job_id>/ (mode 0700), so that output survives the launcher:
+Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
   agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
   ended_at, rank, and cause_worker/cause_code when another worker's failure stopped this one).
@@ -74,7 +75,7 @@ JSON_ESCAPES = {**{code: "\\u%04x" % code for code in range(32)}, ord('"'): '\\"
 def main():
     control = ControlInput()
     config = framing.read_message(control)
-    job_dir = os.path.abspath(os.path.join(".podrun", "jobs", config["job_id"]))
+    job_dir = os.path.abspath(config["job_dir"])  # .podrun/jobs/<job_id>, one per attempt (paths.remote_job_dir)
     for directory in (".podrun", os.path.join(".podrun", "jobs"), job_dir):  # each private, not just the last
         try:
             os.mkdir(directory, 0o700)

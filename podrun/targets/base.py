@@ -48,14 +48,19 @@ class Target(ABC):
     def check_probes(self, reports: list[tuple[Worker, dict]], kill_stale: bool) -> None:
         """Raise PodrunError if the agents' probe reports say the job must not start."""
 
-    # The capacity lifecycle (created on demand, preemption, deleted after the job) hooks in here;
+    # The capacity lifecycle (created on demand, preemption named, recreated, deleted after the job);
     # a target that has none keeps these defaults.
     def provision(self) -> None:
-        """Create what the spec declares and does not exist yet."""
+        """Create what the spec declares and does not exist yet (waiting until it is ready)."""
 
-    def health(self) -> str | None:
-        """Why the workers may have gone away (e.g. preempted), if the target can tell."""
+    def preemption(self) -> str | None:
+        """Why every worker went away, when the target can tell it was preempted: one line; else None.
+        Asked when a worker's connection dropped, before that is reported."""
         return None
 
+    def recreate(self) -> None:
+        """Delete what was preempted and create it again from the spec (`restarts: {on: [preemption]}`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be created again")
+
     def release(self) -> None:
-        """Give back what provision() made, when the spec asks for it."""
+        """Delete what the job ran on (`delete_after`, `exec --down`)."""

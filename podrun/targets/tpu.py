@@ -29,7 +29,8 @@ from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 
 if TYPE_CHECKING:
-    from podrun.cloud.tpu_api import TpuNode
+    from podrun.cloud.capacity import TpuRequest
+    from podrun.cloud.tpu_api import TpuApi, TpuNode
 
 GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
 # right after a key is added, the guest agents need a few seconds to install it on every worker
@@ -47,14 +48,89 @@ class TpuVm(Target):
     default_device = "TPU"
     container_flags = ("--privileged",)  # the container needs /dev/accel* and the TPU runtime's sysfs
 
+    def __init__(self, spec: JobSpec):
+        super().__init__(spec)
+        tpu = spec.target.tpu
+        assert tpu is not None, "TpuVm is made for tpu targets only"
+        self.tpu = tpu
+        self.node: TpuNode | None = None  # None while a TPU the spec declares does not exist (--dry-run)
+        self._api: TpuApi | None = None
+
+    @property
+    def api(self) -> TpuApi:
+        if self._api is None:
+            from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for TPU targets
+
+            self._api = TpuApi(location(self.tpu.project, self.tpu.zone))
+        return self._api
+
     def workers(self, dry_run: bool) -> list[Worker]:
-        self.node, workers = tpu_workers(self.spec, authorize=not dry_run)
+        if dry_run and self.tpu.accelerator_type and self.api.state(self.tpu.name) == "gone":
+            return self._workers_to_be()
+        self.node, workers = tpu_workers(self.spec, self.api, authorize=not dry_run)
         return workers
 
     def describe(self, workers: list[Worker]) -> str:
         node = self.node
+        if node is None:
+            return (f"TPU VM {self.tpu.name} does not exist: podrun exec creates it ({self._request().summary()}); "
+                    f"its {counted(len(workers), self.worker_noun)}' addresses are known then")
         return (f"TPU VM {node.name} ({node.accelerator_type}, runtime {node.runtime_version}, {node.state}) in "
                 f"{node.location.project}/{node.location.zone}: {counted(len(workers), self.worker_noun)}")
+
+    def provision(self) -> None:
+        """Create the TPU the spec declares (accelerator_type) when it does not exist; refuse one of that
+        name that is of another type, or dead (preempted, a failed or suspended queued resource)."""
+        from podrun.cloud import capacity
+
+        if not self.tpu.accelerator_type:
+            return
+        if problem := capacity.blocked(self.api, self.tpu.name):
+            raise PodrunError(problem)
+        if self.api.state(self.tpu.name) == "gone":
+            capacity.obtain(self.api, self._request())
+            return
+        existing = self.api.get(self.tpu.name)
+        if existing.accelerator_type != self.tpu.accelerator_type:
+            raise PodrunError(f"TPU VM {self.tpu.name} exists as a {existing.accelerator_type}, but the spec's "
+                              f"target.tpu.accelerator_type is {self.tpu.accelerator_type}; delete it "
+                              f"(`podrun delete {self.tpu.name}`) or give the spec another target.tpu.name")
+
+    def preemption(self) -> str | None:
+        from podrun.cloud import capacity
+
+        return capacity.preemption(self.api, self.tpu.name)
+
+    def recreate(self) -> None:
+        from podrun.cloud import capacity
+
+        capacity.release(self.api, self.tpu.name)
+        capacity.obtain(self.api, self._request())
+
+    def release(self) -> None:
+        from podrun.cloud import capacity
+
+        capacity.release(self.api, self.tpu.name)
+
+    def _request(self) -> TpuRequest:
+        from podrun.cloud.capacity import TpuRequest
+
+        tpu = self.tpu
+        assert tpu.accelerator_type, "only a TPU the spec declares is created"
+        return TpuRequest(tpu.name, tpu.accelerator_type,
+                          tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
+                          queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s)
+
+    def _workers_to_be(self) -> list[Worker]:
+        """The workers a TPU the spec declares will have, for --dry-run: their addresses are not known yet."""
+        from podrun.transport.ssh import SshTransport
+
+        assert self.tpu.accelerator_type
+        user = self.spec.ssh.user or getpass.getuser()
+        hosts = accelerators.parse(self.tpu.accelerator_type).hosts
+        return [Worker(index, f"<worker {index}>", f"<worker {index} internal IP>",
+                       SshTransport(f"<worker {index}>", self.spec.ssh.port, user, str(GCLOUD_KEY), True))
+                for index in range(hosts)]
 
     def probe(self, kill_stale: bool) -> dict:
         return {"accelerator_files": os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES),
@@ -75,16 +151,14 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
-def tpu_workers(spec: JobSpec, authorize: bool) -> tuple[TpuNode, list[Worker]]:
+def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool) -> tuple[TpuNode, list[Worker]]:
     """The node, and its workers ready to connect to. With `authorize`, the user's key is made if it does
     not exist and added to the node's metadata if it is not there yet (not for --dry-run, which
     changes nothing, here or on the node)."""
-    from podrun.cloud.tpu_api import TpuApi
-    from podrun.transport.ssh import SshTransport, ensure_key_pair  # asyncssh and Google's libraries load only here
+    from podrun.transport.ssh import SshTransport, ensure_key_pair  # asyncssh loads only here
 
     tpu = spec.target.tpu
     assert tpu is not None, "tpu_workers is called for tpu targets only"
-    api = TpuApi(location(tpu.project, tpu.zone))
     node = api.get(tpu.name)
     if node.state != "READY":
         raise PodrunError(f"TPU VM {tpu.name} is {node.state}, not READY; `podrun describe {tpu.name}` shows "

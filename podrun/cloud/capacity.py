@@ -1,0 +1,249 @@
+"""TPU capacity, got and given back (GUIDE section 9): create a TPU VM directly or through a queued
+resource and wait until it is READY; tell a preempted one; delete one with whatever holds its name.
+
+Used by `podrun create`/`delete` and by `podrun exec` for a TPU its spec declares. The rule for
+interrupts: what podrun asked Google for, podrun deletes when the user interrupts the wait, and the
+DELETE request itself is sent with Ctrl-C held off, so that a second Ctrl-C cannot leave a request
+queued or a half-made node billing. Waiting for a deletion may be interrupted: Google finishes it.
+
+A queued request is polled with backoff: POLL_FIRST_S after it is accepted, then each wait
+POLL_GROWTH times the last, up to POLL_MAX_S (about 6 reads a minute while it waits in the queue,
+which can last hours: the request's `valid_for` bounds it, Google fails it then).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from podrun.cloud import accelerators
+from podrun.errors import PodrunError
+from podrun.output import say
+
+if TYPE_CHECKING:
+    from podrun.cloud.tpu_api import QueuedResource, TpuApi, TpuNode
+
+POLL_FIRST_S = 0.5
+POLL_GROWTH = 1.5
+POLL_MAX_S = 10.0
+PREEMPTED_NODE_STATES = ("PREEMPTED", "TERMINATED")
+PREEMPTED_QUEUED_STATES = ("SUSPENDING", "SUSPENDED")
+
+
+@dataclass(frozen=True)
+class TpuRequest:
+    """What to create: a TPU VM `name` of `accelerator_type`, directly or through a queued resource
+    of the same name (`queued`, which a reservation implies)."""
+
+    name: str
+    accelerator_type: str
+    runtime_version: str
+    queued: bool = False
+    spot: bool = False
+    reservation: str | None = None
+    valid_for_s: float | None = None
+
+    @property
+    def through_queue(self) -> bool:
+        return self.queued or self.reservation is not None
+
+    def summary(self) -> str:
+        """`v4-32: 4 workers, runtime tpu-ubuntu2204-base, spot, queued for at most 6h`."""
+        hosts = accelerators.parse(self.accelerator_type).hosts
+        parts = [f"{self.accelerator_type}: {hosts} worker{'s' * (hosts > 1)}", f"runtime {self.runtime_version}"]
+        parts += ["spot"] * self.spot + [f"reservation {self.reservation}"] * bool(self.reservation)
+        if self.through_queue:
+            parts.append(f"queued for at most {_duration(self.valid_for_s)}" if self.valid_for_s else "queued")
+        return ", ".join(parts)
+
+
+def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | None:
+    """Create the TPU VM and (wait) wait until it is READY, saying so on one line; None without wait,
+    once Google accepted the request. An interrupt, or a queued request that FAILED, deletes what
+    was asked for before it is raised."""
+    where = api.location
+    say(f"creating TPU VM {request.name} ({request.summary()}) in {where.project}/{where.zone}")
+    waiting = Waiting(api, request.name, f"{request.name} to be READY")
+    try:
+        with waiting:
+            if request.through_queue:
+                pending = api.create_queued(request.name, request.accelerator_type, request.runtime_version,
+                                            request.spot, request.reservation, request.valid_for_s)
+                api.wait(pending, lambda elapsed: None)  # accepted: now it waits in the queue
+                if not wait:
+                    return None
+                waiting.start(queued=True, interrupt="deletes the request")
+                _wait_in_queue(api, request.name, waiting)
+            else:
+                pending = api.create(request.name, request.accelerator_type, request.runtime_version, request.spot)
+                if not wait:
+                    return None
+                waiting.start(interrupt="deletes it")
+                api.wait(pending, waiting.update)
+    except KeyboardInterrupt:
+        say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or billing")
+        release(api, request.name)
+        raise
+    except PodrunError:
+        release(api, request.name, quiet=True)
+        raise
+    node = api.get(request.name)
+    say(f"{request.name} is {node.state} after {waiting.elapsed():.0f}s")
+    return node
+
+
+def _wait_in_queue(api: TpuApi, name: str, waiting: Waiting) -> None:
+    """Poll the queued resource until its node is READY; its failure as a PodrunError."""
+    interval = POLL_FIRST_S
+    while True:
+        queued = api.get_queued(name)
+        if queued is None:
+            raise PodrunError(f"queued resource {name} was deleted while podrun waited for it")
+        if queued.state == "FAILED":
+            raise PodrunError(f"queued resource {name} FAILED: {queued.error or 'Google gave no reason'}; podrun "
+                              f"deleted the request")
+        if queued.state in PREEMPTED_QUEUED_STATES:
+            raise PodrunError(f"queued resource {name} went {queued.state} before its TPU VM was READY; podrun "
+                              f"deleted it")
+        if queued.state == "ACTIVE" and api.state(name) == "READY":
+            return
+        waiting.show(queued.state if queued.state != "ACTIVE" else "ACTIVE, the TPU VM starting", waiting.elapsed())
+        time.sleep(interval)
+        interval = min(interval * POLL_GROWTH, POLL_MAX_S)
+
+
+def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
+    """Delete what holds the name: its queued resource with its node (force), else the node; wait
+    until it is gone. Whether there was anything."""
+    queued = api.get_queued(name)
+    with _uninterrupted():
+        if queued is not None:
+            pending = api.delete_queued(name)
+        elif api.state(name) != "gone":
+            pending = api.delete(name)
+        else:
+            return False
+    what = f"queued resource {name} and its TPU VM" if queued else f"TPU VM {name}"
+    if not quiet:
+        say(f"deleting {what}")
+    waiting = Waiting(api, name, f"{name} to be deleted")
+    try:
+        with waiting:
+            api.wait(pending, waiting.update)
+    except KeyboardInterrupt:
+        say(f"interrupted: podrun stopped waiting, but the deletion of {what} goes on at Google")
+        raise
+    return True
+
+
+def preemption(api: TpuApi, name: str) -> str | None:
+    """Whether the TPU VM was preempted, asked of the API: its node PREEMPTED or TERMINATED, or its
+    queued resource SUSPENDED; why, in words. None when it was not, or the API cannot say."""
+    try:
+        node = api.find(name)
+        queued = api.get_queued(node.queued_resource if node and node.queued_resource else name)
+    except PodrunError:
+        return None
+    node_gone = node is not None and node.state in PREEMPTED_NODE_STATES
+    queued_gone = queued is not None and queued.state in PREEMPTED_QUEUED_STATES
+    if not (node_gone or queued_gone):
+        return None
+    parts = [f"node {node.state}"] if node else []
+    parts += [f"queued resource {queued.name} {queued.state}"] if queued else []
+    return f"TPU VM {name} was preempted ({', '.join(parts)})"
+
+
+def blocked(api: TpuApi, name: str) -> str | None:
+    """Why a TPU cannot be made or used under this name, with the command that clears it: a queued
+    resource FAILED or SUSPENDED, a node PREEMPTED or TERMINATED. None if nothing stands in the way."""
+    queued = api.get_queued(name)
+    if queued is not None and queued.state == "FAILED":
+        return (f"queued resource {name} FAILED ({queued.error or 'no reason given'}) and holds the name; "
+                f"`podrun delete {name}` clears it (or `podrun create ... --replace`)")
+    node = api.find(name)
+    dead = _dead(node, queued)
+    if dead:
+        return (f"TPU VM {name} was preempted ({dead}) and keeps its name and quota until deleted; "
+                f"`podrun delete {name}` clears it (or `podrun create ... --replace`)")
+    return None
+
+
+def _dead(node: TpuNode | None, queued: QueuedResource | None) -> str:
+    parts = [f"node {node.state}"] if node and node.state in PREEMPTED_NODE_STATES else []
+    parts += [f"queued resource {queued.state}"] if queued and queued.state in PREEMPTED_QUEUED_STATES else []
+    return ", ".join(parts)
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C held off (and delivered after) while a request that must reach Google is sent."""
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    minutes = rest // 60
+    return f"{hours}h{minutes:02d}m" if hours and minutes else f"{hours}h" if hours else f"{minutes or 1}m"
+
+
+class Waiting:
+    """A wait for a TPU VM, told as it goes: a line when it starts, then its state when it changes and
+    every 30 s; on a terminal, the state and the seconds waited are redrawn in place instead."""
+
+    REPORT_EVERY_S = 30
+
+    def __init__(self, api: TpuApi, node: str, waiting_for: str):
+        self.api, self.node, self.waiting_for = api, node, waiting_for
+        self.started = time.monotonic()
+        self.terminal = sys.stderr.isatty()
+        self.state: str | None = None
+        self.checked_at = 0.0
+        self.reported_at = 0.0
+        self.drawn = False
+
+    def start(self, queued: bool = False, interrupt: str = "stops the wait, not the operation at Google") -> None:
+        limit = "as long as the request is valid" if queued else f"at most {self.api.wait_timeout_s:g}s"
+        say(f"waiting for {self.waiting_for} ({limit}; Ctrl-C {interrupt})")
+
+    def update(self, elapsed: float) -> None:
+        """After a poll of an operation: the node's state, read every 30 s (at once on a terminal)."""
+        if elapsed - self.checked_at >= self.REPORT_EVERY_S or (self.terminal and self.state is None):
+            self.checked_at = elapsed
+            self.show(self.api.state(self.node), elapsed)
+        elif self.terminal and self.state:
+            self.show(self.state, elapsed)
+
+    def show(self, state: str, elapsed: float) -> None:
+        changed, self.state = state != self.state, state
+        if self.terminal:
+            sys.stderr.write(f"\rpodrun: waiting for {self.waiting_for}: {state}, {elapsed:.0f}s\x1b[K")
+            sys.stderr.flush()
+            self.drawn = True
+        elif changed or elapsed - self.reported_at >= self.REPORT_EVERY_S:
+            say(f"waiting for {self.waiting_for}: {state} after {elapsed:.0f}s")
+            self.reported_at = elapsed
+
+    def __enter__(self) -> Waiting:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        """End the line redrawn in place, so that what is said next starts on a line of its own."""
+        if self.drawn:
+            sys.stderr.write("\n")
+            self.drawn = False
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+

@@ -1,0 +1,222 @@
+"""A job's whole life on its target: create the TPU the spec declares, run the job, restart it as
+`restarts` says (after a preemption on a TPU created again, after a failure on the same workers, each
+attempt with PODRUN_ATTEMPT=k and logs of its own), and delete the TPU as `delete_after` says, also
+after Ctrl-C.
+
+An attached job lives in `podrun exec`. A detached one that restarts or deletes its TPU is watched by
+a supervisor: `podrun exec` forks it once the first attempt runs, in a session of its own, with what
+exec knew (the spec, the code scanned, the --env values); it follows the workers as `podrun logs -f`
+does and does the rest. `podrun stop` sends it SIGTERM: it stops the job and cleans up as Ctrl-C does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+
+from podrun import exits, jobstore, paths
+from podrun.errors import PodrunError
+from podrun.launch.launcher import Launch
+from podrun.output import Terminal, counted, say, say_failure
+from podrun.plan import WorkerPlan, plan
+from podrun.shipping import scan
+from podrun.spec import JobSpec
+from podrun.targets.base import Target, Worker
+
+SUPERVISOR_LOG = "supervisor.log"
+
+
+class Lifecycle:
+    def __init__(self, spec: JobSpec, target: Target, tree: scan.Tree, extra_env: Mapping[str, str],
+                 kill_stale: bool, detach: bool, restarts: int, down: bool):
+        self.spec, self.target, self.tree = spec, target, tree
+        self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
+        self.max_restarts = restarts
+        self.restart_on = spec.restarts.on if spec.restarts else ["preemption"]  # `exec --restarts N` alone
+        self.delete_after = "always" if down else spec.delete_after
+        self.code_dir = paths.remote_code_dir(spec.name, tree.digest)
+        self.workers: list[Worker] = []
+        self.selected: set[int] = set()
+
+    def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> list[WorkerPlan]:
+        return [worker_plan for worker_plan in plan(self.spec, self.target, workers, job_id, self.code_dir,
+                                                    self.extra_env, os.environ, attempt)
+                if worker_plan.worker.index in selected]
+
+    def run(self, select: Callable[[int], set[int]], stop_grace_s: float) -> int:
+        """Create the TPU if the spec declares it and it does not exist, run the job (on the workers
+        `select` picks, given their count) until it ends, restarting it as asked, then delete the TPU
+        if asked. Detached, this returns once the first attempt runs, leaving a supervisor if needed."""
+        record: jobstore.JobRecord | None = None
+        try:
+            with _sigterm_as_interrupt():
+                self.target.provision()
+                self.workers = self.target.workers(dry_run=False)
+                self.selected = select(len(self.workers))
+                job_id = jobstore.new_job_id(self.spec.name)
+                plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
+                record = self._new_record(job_id, stop_grace_s)
+                gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
+                gc.enable()
+                code = self._launch(record, plans)
+                if self.detach and record.state == jobstore.RUNNING:
+                    if self._needs_supervisor():
+                        self._fork_supervisor(record)
+                    return code
+                return self._restart_while_due(record, code)
+        except KeyboardInterrupt:
+            if record and record.state == jobstore.RUNNING:  # between attempts: restarting
+                record.finish(jobstore.STOPPED, exits.INTERRUPTED, "interrupted while restarting")
+            raise
+        finally:
+            if not (self.detach and record and record.state == jobstore.RUNNING):
+                self._release_if_asked(record)
+
+    def _new_record(self, job_id: str, stop_grace_s: float) -> jobstore.JobRecord:
+        spec, workers = self.spec, self.workers
+        record = jobstore.JobRecord(
+            id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}",
+            spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s)
+        record.create()
+        say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
+        return record
+
+    def _worker_records(self) -> list[jobstore.WorkerRecord]:
+        return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
+                for w in self.workers if w.index in self.selected]
+
+    def _restart_while_due(self, record: jobstore.JobRecord, code: int) -> int:
+        while self._restart_due(record):
+            self._next_attempt(record)
+            code = self._launch(record, self.plans(self.workers, self.selected, record.id, record.attempt))
+            if self.detach:
+                code = self._watch(record)
+        return code
+
+    def _launch(self, record: jobstore.JobRecord, plans: list[WorkerPlan]) -> int:
+        try:
+            return asyncio.run(Launch(self.spec, self.target, plans, self.tree, record,
+                                      Terminal(worker_count=len(self.workers)), self.detach, self.kill_stale).run())
+        finally:  # the event loop leaves SIGTERM at its default when it removes its handler
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def _restart_due(self, record: jobstore.JobRecord) -> bool:
+        cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure"}.get(record.state)
+        if cause is None or cause not in self.restart_on:
+            return False
+        if record.attempt >= self.max_restarts:
+            if self.max_restarts:
+                say(f"no restart left ({self.max_restarts} of {self.max_restarts} used)")
+            return False
+        return True
+
+    def _next_attempt(self, record: jobstore.JobRecord) -> None:
+        preempted, why = record.state == jobstore.PREEMPTED, record.summary
+        record.restart()
+        if preempted:
+            say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
+            self.target.recreate()
+            self.workers = self.target.workers(dry_run=False)
+        else:
+            say(f"restart {record.attempt} of {self.max_restarts}: running again on the same workers ({why})")
+        record.workers = self._worker_records()
+        record.save()
+
+    def _release_if_asked(self, record: jobstore.JobRecord | None) -> None:
+        """Delete the TPU when delete_after says so; a preempted one too when podrun can create it again
+        (it is of no use, and holds its name and quota until deleted), else say how."""
+        tpu = self.spec.target.tpu
+        state = record.state if record else jobstore.FAILED  # no record: it failed before the job started
+        preempted = state == jobstore.PREEMPTED
+        if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
+            self.target.release()
+        elif preempted and tpu and tpu.accelerator_type:
+            say(f"deleting the preempted TPU VM {tpu.name}; the next `podrun exec` creates it again")
+            self.target.release()
+        elif preempted and tpu:
+            say(f"the preempted TPU VM {tpu.name} keeps its name and quota until deleted: `podrun delete {tpu.name}`")
+
+    # --- detached jobs: the supervisor ------------------------------------------------------------
+    def _needs_supervisor(self) -> bool:
+        return bool(self.max_restarts) or self.delete_after != "never"
+
+    def _fork_supervisor(self, record: jobstore.JobRecord) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            record.supervisor = jobstore.process_identity(pid)
+            record.save()
+            say(f"a supervisor (pid {pid}) watches it and {self._duties()}; its log: "
+                f"{os.path.join(record.dir, SUPERVISOR_LOG)}")
+            return
+        os._exit(self._supervise(record))
+
+    def _duties(self) -> str:
+        duties = []
+        if self.max_restarts:
+            duties.append(f"restarts it (at most {self.max_restarts} times, on {' or '.join(self.restart_on)})")
+        if self.delete_after != "never":
+            duties.append(f"deletes the TPU when it ends ({'always' if self.delete_after == 'always' else 'on success'})")
+        return " and ".join(duties)
+
+    def _supervise(self, record: jobstore.JobRecord) -> int:
+        """The supervisor's life, in the forked child: watch, restart, clean up; its exit code is the job's."""
+        os.setsid()
+        log = os.open(os.path.join(record.dir, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        record.supervisor = jobstore.process_identity(os.getpid())
+        try:
+            with _sigterm_as_interrupt():
+                try:
+                    return self._restart_while_due(record, self._watch(record))
+                except KeyboardInterrupt:
+                    say("SIGTERM: stopping the job on every worker")
+                    from podrun.launch import detached
+
+                    detached.stop(record)
+                    return exits.stopped_by(signal.SIGTERM)
+        except PodrunError as error:
+            say_failure(str(error))
+            record.finish(jobstore.FAILED, error.exit_code, str(error))
+            return error.exit_code
+        except Exception as error:  # a bug: the record says so, the log keeps the traceback
+            traceback.print_exc()
+            record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
+            return exits.INTERNAL_ERROR
+        finally:
+            self._release_if_asked(record)
+            sys.stdout.flush()
+
+    def _watch(self, record: jobstore.JobRecord) -> int:
+        """Follow a detached attempt to its end, as `podrun logs -f` does; a worker lost with its host
+        is checked against the API: preempted, or lost."""
+        from podrun.launch import detached
+
+        try:
+            detached.fetch(record, [w.index for w in record.workers], None, follow=True)
+        except PodrunError as error:
+            record.finish(jobstore.FAILED, exits.LOST, str(error))
+        if record.state == jobstore.RUNNING:  # a worker's log ended without its exit: it cannot be followed
+            record.finish(jobstore.FAILED, exits.LOST, "a worker's agent ended without recording an exit")
+        if record.state == jobstore.FAILED and record.exit_code == exits.LOST and (reason := self.target.preemption()):
+            record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
+        say(record.outcome())
+        return record.exit_code if record.exit_code is not None else exits.LOST
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (`podrun stop`) does what Ctrl-C does, outside Launch (which handles both itself)."""
+
+    def __enter__(self) -> None:
+        self.previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def __exit__(self, *exception) -> None:
+        signal.signal(signal.SIGTERM, self.previous)

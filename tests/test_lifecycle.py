@@ -1,0 +1,181 @@
+"""A job's TPU lifecycle (GUIDE section 9): `podrun exec` creates the TPU its spec declares, names a
+preemption as such, restarts the job as `restarts` says (each attempt with its own PODRUN_ATTEMPT and
+logs), and leaves in the API exactly what the user asked to keep, attached, detached (its supervisor)
+and after Ctrl-C. Against the Cloud TPU stand-in, whose workers are lab hosts; run under
+`flock /tmp/podrun-lab.lock`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Background, job_id_in, podrun, processes_of_job
+
+PREEMPTED = 75  # exits.PREEMPTED, as the README documents it
+
+
+def lifecycle_spec(job_file, run: str, tpu: str = "", **top: str) -> Path:
+    """A spec whose target.tpu declares a v4-16 (2 lab hosts) named `life`, plus `tpu` fields."""
+    lines = [f"target: {{tpu: {{name: life, accelerator_type: v4-16{', ' + tpu if tpu else ''}}}}}",
+             "ssh: {user: root}", f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}", "run: |",
+             *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in top.items())]
+    return job_file("\n".join(lines) + "\n")
+
+
+def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
+    """(queued resources, nodes) the stand-in holds, by short name, once pending deletions finish."""
+    deadline = time.monotonic() + 30
+    while True:
+        with tpu_api.lock:
+            tpu_api._advance()
+            pending = any(op.outcome is None for op in tpu_api.operations.values())
+            queued = sorted(name.rsplit("/", 1)[1] for name in tpu_api.queued)
+            nodes = sorted(name.rsplit("/", 1)[1] for name in tpu_api.nodes)
+        if not pending or time.monotonic() > deadline:
+            return queued, nodes
+        time.sleep(0.1)
+
+
+def job_record(home: Path, job_id: str) -> dict:
+    return json.loads((home / "jobs" / job_id / "job.json").read_text())
+
+
+# a run that says it started, then waits to be preempted on attempt 0 and succeeds on a later one
+WAIT_FOR_PREEMPTION = ('echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\n'
+                       'if [ "$PODRUN_ATTEMPT" = 0 ]; then exec sleep 600; fi\n'
+                       'echo "resumed on worker $PODRUN_WORKER"')
+
+
+@pytest.mark.slow
+def test_exec_creates_the_declared_tpu_through_a_queued_spot_request_and_deletes_it_after_success(
+        home, tpu_api, lab, job_file):
+    spec = lifecycle_spec(job_file, 'echo "hello from $PODRUN_WORKER of $PODRUN_NUM_WORKERS"', "queued: true, spot: true",
+                          delete_after="success")
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert "[w0] hello from 0 of 2" in result.stdout and "[w1] hello from 1 of 2" in result.stdout
+    assert "life" in result.stderr and "v4-16" in result.stderr  # it says what it creates
+    assert ("POST", "/v2/projects/podrun-test/locations/us-central2-b/queuedResources") in tpu_api.requests
+    assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_a_tpu_of_another_type_under_the_spec_name_is_refused_in_one_line(home, tpu_api, lab, job_file):
+    assert podrun("create", "v4-8", "--name", "life").returncode == 0
+    result = podrun("exec", lifecycle_spec(job_file, "true"))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "life exists as a v4-8" in lines[0] and "v4-16" in lines[0], result.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_of_a_tpu_not_created_yet_says_what_exec_would_create_and_touches_nothing(home, tpu_api, job_file):
+    result = podrun("exec", lifecycle_spec(job_file, "true", "spot: true"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "TPU VM life does not exist: podrun exec creates it" in result.stdout
+    assert "# worker 1: <worker 1>" in result.stdout
+    assert all(method == "GET" for method, _ in tpu_api.requests)
+
+
+@pytest.mark.slow
+def test_a_preemption_mid_run_is_named_and_the_job_restarts_on_a_tpu_created_again(home, tpu_api, lab, job_file):
+    spec = lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, "spot: true", restarts="{max: 1}", delete_after="always")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w0\] attempt 0 on worker 0")
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    tpu_api.preempt("life")
+    job.wait_for(r"preempted")
+    job.wait_for(r"\[w0\] resumed on worker 0", timeout=90)
+    assert job.finish(timeout=90) == 0, job.text
+    assert "restart 1 of 1" in job.text
+    job_id = job_id_in(job.text)
+    record = job_record(home, job_id)
+    assert record["attempt"] == 1 and record["attempts"][0]["state"] == "preempted"
+    earlier = podrun("logs", job_id, "--attempt", "0")
+    assert "attempt 0 on worker 1" in earlier.stdout and "resumed" not in earlier.stdout
+    last = podrun("logs", job_id)
+    assert "attempt 1 on worker 1" in last.stdout and "resumed on worker 1" in last.stdout
+    listed = podrun("jobs")
+    assert "succeeded (1 restart)" in listed.stdout
+    assert left_in_api(tpu_api) == ([], [])
+    assert processes_of_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_a_preemption_with_no_restart_left_exits_75_and_leaves_nothing_in_the_api(home, tpu_api, lab, job_file):
+    job = Background("exec", lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, "queued: true, spot: true"))
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    tpu_api.preempt("life")
+    assert job.finish() == PREEMPTED, job.text
+    assert "preempted: TPU VM life was preempted (node PREEMPTED, queued resource life SUSPENDED)" in job.text
+    assert "lost its connection" not in job.text
+    job_id = job_id_in(job.text)
+    assert job_record(home, job_id)["state"] == "preempted"
+    assert "preempted" in podrun("jobs").stdout
+    assert left_in_api(tpu_api) == ([], [])  # the dead node and its suspended request were deleted
+
+
+def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(home, job_file):
+    spec = job_file("target: {local: {workers: 2}}\n"
+                    "run: |\n"
+                    "  echo \"attempt $PODRUN_ATTEMPT\"\n"
+                    "  test \"$PODRUN_ATTEMPT\" = 2 || exit 3\n"
+                    "restarts: {max: 2, on: [failure]}\n")
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert "restart 1 of 2" in result.stderr and "restart 2 of 2" in result.stderr
+    for attempt in range(3):
+        assert f"[w1] attempt {attempt}" in result.stdout
+    job_id = job_id_in(result.stderr)
+    assert "attempt 1" in podrun("logs", job_id, "--attempt", "1", "--worker", "0").stdout
+    assert podrun("logs", job_id, "--attempt", "3").returncode == 2
+    again = podrun("exec", spec, "--restarts", "1")
+    assert again.returncode == 3 and "no restart left" in again.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_queued_deletes_the_request_even_with_a_second_ctrl_c(home, tpu_api, lab, job_file):
+    tpu_api.withhold_capacity(3600)
+    job = Background("exec", lifecycle_spec(job_file, "true", "queued: true"))
+    job.wait_for("WAITING_FOR_RESOURCES")
+    job.process.send_signal(signal.SIGINT)
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish() == 130, job.text
+    assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_down_deletes_the_tpu_after_ctrl_c_mid_run(home, tpu_api, lab, job_file):
+    job = Background("exec", lifecycle_spec(job_file, "echo started; exec sleep 600"), "--down")
+    job.wait_for(r"\[w1\] started")
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish() == 130, job.text
+    assert left_in_api(tpu_api) == ([], [])
+    assert processes_of_job(job_id_in(job.text)) == []
+
+
+@pytest.mark.slow
+def test_a_detached_job_is_recovered_by_its_supervisor_and_stop_ends_both(home, tpu_api, lab, job_file):
+    run = ('echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; exec sleep 600')
+    spec = lifecycle_spec(job_file, run, "spot: true", restarts="{max: 2}", delete_after="always")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    assert "supervisor" in started.stderr
+    job_id = job_id_in(started.stderr)
+    assert "supervised" in podrun("jobs").stdout
+    tpu_api.preempt("life")
+    deadline = time.monotonic() + 90
+    while "attempt 1 on worker 1" not in podrun("logs", job_id, "--worker", "1").stdout:
+        assert time.monotonic() < deadline, podrun("logs", job_id).stdout
+        time.sleep(0.5)
+    assert job_record(home, job_id)["attempts"][0]["state"] == "preempted"
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert job_record(home, job_id)["state"] == "stopped"
+    assert left_in_api(tpu_api) == ([], [])
+    assert processes_of_job(job_id) == []
