@@ -72,7 +72,8 @@ def _disk(args: argparse.Namespace) -> int:
 def _create(args: argparse.Namespace) -> int:
     from podrun.commands.tpu import create
 
-    return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait)
+    return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait,
+                  args.queued, args.reservation, args.valid_for, args.replace)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -106,9 +107,18 @@ def _create_arguments(sub: argparse.ArgumentParser) -> None:
                           "of 8 up to 256)")
     sub.add_argument("--name", metavar="N", help="default: USER-ACCEL_TYPE")
     sub.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
-    sub.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
+    sub.add_argument("--queued", action="store_true",
+                     help="ask through a queued resource, which waits for capacity (v5e, v5p and v6e mostly come so)")
+    capacity = sub.add_mutually_exclusive_group()
+    capacity.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
+    capacity.add_argument("--reservation", metavar="NAME", help="in this reservation (through a queued resource)")
+    sub.add_argument("--valid-for", metavar="DURATION",
+                     help="how long a queued request may wait for capacity, e.g. 30m or 6h (then Google fails it)")
+    sub.add_argument("--replace", action="store_true",
+                     help="first delete a preempted TPU VM, or a failed or suspended queued resource, of that name")
     sub.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
-                     help="wait until the TPU VM is READY (default) or return once it is requested")
+                     help="wait until the TPU VM is READY (default), or return once Google accepted the request; "
+                          "Ctrl-C while waiting deletes what was asked for")
 
 
 def _delete_arguments(sub: argparse.ArgumentParser) -> None:
@@ -199,9 +209,11 @@ def _one_positional(name: str, metavar: str):
 # name: (summary, handler, its arguments, takes --zone/--project)
 COMMANDS = {
     "create": ("create a TPU VM (or pod slice) from its accelerator type", _create, _create_arguments, True),
-    "list": ("list the TPU VMs in a zone, with state and worker count", _list, None, True),
-    "describe": ("show one TPU VM: state, accelerator, worker IPs", _describe, _one_positional("name", "NAME"), True),
-    "delete": ("delete a TPU VM (asks first unless --yes)", _delete, _delete_arguments, True),
+    "list": ("list the TPU VMs and queued resources in a zone, with state and worker count", _list, None, True),
+    "describe": ("show one TPU VM: state, accelerator, worker IPs, its queued resource", _describe,
+                 _one_positional("name", "NAME"), True),
+    "delete": ("delete a TPU VM with its queued resource (asks first unless --yes)", _delete, _delete_arguments,
+               True),
     "exec": ("ship the workdir and run the job on every worker; stream their output", _exec, _exec_arguments, False),
     "validate": ("check a job spec; touches nothing", _validate, _one_positional("spec", "JOB.yaml"), False),
     "schema": ("print the job spec's JSON Schema, for editors (yaml-language-server)", _schema, None, False),

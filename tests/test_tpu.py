@@ -137,8 +137,8 @@ def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu
 
     listed = podrun("list")
     assert listed.returncode == 0, listed.stderr
-    assert listed.stderr == "podrun: TPU VMs in project podrun-test, zone us-central2-b:\n"
-    assert listed.stdout.splitlines()[1].split() == ["my-pod", "READY", "v4-32", "4", "tpu-ubuntu2204-base"]
+    assert listed.stderr == "podrun: TPU VMs and queued resources in project podrun-test, zone us-central2-b:\n"
+    assert listed.stdout.splitlines()[1].split() == ["my-pod", "READY", "v4-32", "4", "tpu-ubuntu2204-base", "spot"]
     assert podrun("describe", "my-pod").stdout == created.stdout
 
     deleted = podrun("delete", "my-pod", "--yes")
@@ -147,8 +147,8 @@ def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu
     assert "deleted my-pod after" in deleted.stderr
     empty = podrun("list", "--project", "other-proj", "--zone", "europe-west4-a")
     assert (empty.returncode, empty.stdout) == (0, "")
-    assert empty.stderr == "podrun: no TPU VMs in project other-proj, zone europe-west4-a\n"
-    assert podrun("list").stderr == "podrun: no TPU VMs in project podrun-test, zone us-central2-b\n"
+    assert empty.stderr == "podrun: no TPU VMs or queued resources in project other-proj, zone europe-west4-a\n"
+    assert podrun("list").stderr == "podrun: no TPU VMs or queued resources in project podrun-test, zone us-central2-b\n"
     gone = gcloud("describe", "my-pod")
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr
 
@@ -238,8 +238,8 @@ def test_an_api_that_never_answers_ends_each_command_in_one_line_after_the_timeo
     monkeypatch.setenv("PODRUN_API_TIMEOUT", "2")
     tpu_api.stall_s = math.inf  # the connection is accepted, the request read, and nothing ever answered
     for args, doing in ((("list",), "listing TPU VMs"), (("describe", "pod"), "reading TPU VM pod"),
-                        (("delete", "pod", "--yes"), "deleting TPU VM pod"),
-                        (("create", "v4-8", "--name", "other"), "creating TPU VM other")):
+                        (("delete", "pod", "--yes"), "reading queued resource pod"),
+                        (("create", "v4-8", "--name", "other"), "reading queued resource other")):
         result, seconds = timed(*args)
         assert result.returncode == 1, result.stderr
         assert stderr_lines_without_traceback(result.stderr)[-1] == no_answer(doing)
@@ -267,8 +267,7 @@ def test_an_api_that_stops_answering_while_podrun_waits_for_an_operation_ends_in
     monkeypatch.setenv("PODRUN_API_TIMEOUT", "2")
     tpu_api.operation_delay_s = 60
     creating = Background("create", "v4-8", "--name", "slow")
-    creating.wait_for(r"^podrun: waiting for slow to be READY \(at most 1800s; Ctrl-C stops the wait, not the "
-                      r"operation at Google\)$")
+    creating.wait_for(r"^podrun: waiting for slow to be READY \(at most 1800s; Ctrl-C deletes it\)$")
     tpu_api.stall_s = math.inf
     assert creating.finish() == 1
     assert creating.lines[-1] == no_answer("creating TPU VM slow")
@@ -280,7 +279,7 @@ def test_a_wait_past_its_deadline_says_the_operation_goes_on_and_how_to_follow_i
     result, seconds = timed("create", "v4-8", "--name", "slow")
     assert result.returncode == 1
     assert stderr_lines_without_traceback(result.stderr)[1:] == [
-        "podrun: waiting for slow to be READY (at most 2s; Ctrl-C stops the wait, not the operation at Google)",
+        "podrun: waiting for slow to be READY (at most 2s; Ctrl-C deletes it)",
         "podrun: error: creating TPU VM slow: still not done after 2s; it goes on at Google: `podrun describe slow "
         "--zone us-central2-b --project podrun-test` shows its state (PODRUN_WAIT_TIMEOUT sets how many seconds "
         "podrun waits)"]
@@ -434,18 +433,20 @@ def test_processes_holding_the_tpu_are_named_and_killed_only_when_asked(home, tp
         holder.wait()
 
 
-def test_ctrl_c_while_creating_says_the_node_may_still_come_and_how_to_delete_it(home, tpu_api):
+def test_ctrl_c_while_creating_deletes_the_node_podrun_asked_for(home, tpu_api):
     tpu_api.operation_delay_s = 60
     creating = Background("create", "v4-8", "--name", "slow")
     creating.wait_for(r"creating TPU VM slow")
     while ("POST", "/v2/projects/podrun-test/locations/us-central2-b/nodes") not in tpu_api.requests:
         assert creating.process.poll() is None
         time.sleep(0.05)
+    tpu_api.operation_delay_s = 0.3  # the deletion's (the creation still takes 60 s)
     creating.process.send_signal(signal.SIGINT)
     assert creating.finish() == 130
-    assert ("podrun: interrupted: podrun stopped waiting, but slow may still be created at Google (and billed "
-            "once READY): `podrun describe slow --zone us-central2-b --project podrun-test` shows its state; "
-            "`podrun delete slow --zone us-central2-b --project podrun-test` deletes it") in creating.lines
+    assert ("podrun: interrupted: deleting what podrun asked for (slow), so that nothing is left queued or "
+            "billing") in creating.lines
+    assert "podrun: deleting TPU VM slow" in creating.lines
+    assert tpu_api.nodes == {}
     assert not crashed(creating.text)
 
 

@@ -343,6 +343,8 @@ class TpuStandIn:
         hosts = ACCELERATOR_HOSTS[accelerator]
 
         def finish() -> dict | ApiError:
+            if name not in self.nodes:  # deleted while it was being created
+                return {"@type": NODE_TYPE, **node}
             if zone in self.exhausted_zones or len(self.free) < hosts:
                 del self.nodes[name]
                 return ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone \"{zone}\"; you can "

@@ -35,6 +35,10 @@ PREEMPTED_NODE_STATES = ("PREEMPTED", "TERMINATED")
 PREEMPTED_QUEUED_STATES = ("SUSPENDING", "SUSPENDED")
 
 
+class RequestFailed(PodrunError):
+    """Google gave up on a queued request (FAILED, or SUSPENDED before it was ACTIVE)."""
+
+
 @dataclass(frozen=True)
 class TpuRequest:
     """What to create: a TPU VM `name` of `accelerator_type`, directly or through a queued resource
@@ -64,8 +68,9 @@ class TpuRequest:
 
 def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | None:
     """Create the TPU VM and (wait) wait until it is READY, saying so on one line; None without wait,
-    once Google accepted the request. An interrupt, or a queued request that FAILED, deletes what
-    was asked for before it is raised."""
+    once Google accepted the request. An interrupt, or a queued request that Google gave up on,
+    deletes what was asked for before it is raised; an API that fails to answer leaves it (podrun
+    cannot delete through it either) and says so."""
     where = api.location
     say(f"creating TPU VM {request.name} ({request.summary()}) in {where.project}/{where.zone}")
     waiting = Waiting(api, request.name, f"{request.name} to be READY")
@@ -89,7 +94,7 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | Non
         say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or billing")
         release(api, request.name)
         raise
-    except PodrunError:
+    except RequestFailed:
         release(api, request.name, quiet=True)
         raise
     node = api.get(request.name)
@@ -105,10 +110,10 @@ def _wait_in_queue(api: TpuApi, name: str, waiting: Waiting) -> None:
         if queued is None:
             raise PodrunError(f"queued resource {name} was deleted while podrun waited for it")
         if queued.state == "FAILED":
-            raise PodrunError(f"queued resource {name} FAILED: {queued.error or 'Google gave no reason'}; podrun "
+            raise RequestFailed(f"queued resource {name} FAILED: {queued.error or 'Google gave no reason'}; podrun "
                               f"deleted the request")
         if queued.state in PREEMPTED_QUEUED_STATES:
-            raise PodrunError(f"queued resource {name} went {queued.state} before its TPU VM was READY; podrun "
+            raise RequestFailed(f"queued resource {name} went {queued.state} before its TPU VM was READY; podrun "
                               f"deleted it")
         if queued.state == "ACTIVE" and api.state(name) == "READY":
             return
@@ -134,9 +139,12 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
     waiting = Waiting(api, name, f"{name} to be deleted")
     try:
         with waiting:
+            waiting.start(interrupt="stops the wait, not the deletion at Google")
             api.wait(pending, waiting.update)
     except KeyboardInterrupt:
-        say(f"interrupted: podrun stopped waiting, but the deletion of {what} goes on at Google")
+        where = api.location
+        say(f"interrupted: podrun stopped waiting, but the deletion of {name} goes on at Google: `podrun describe "
+            f"{name} --zone {where.zone} --project {where.project}` shows its state until it is gone")
         raise
     return True
 

@@ -1,95 +1,131 @@
-"""`podrun create`, `list`, `describe` and `delete`: TPU VMs through the Cloud TPU API."""
+"""`podrun create`, `list`, `describe` and `delete`: TPU VMs and their queued resources through the
+Cloud TPU API (the lifecycle itself is cloud/capacity.py's)."""
 
 from __future__ import annotations
 
 import getpass
 import re
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from podrun import exits
-from podrun.cloud import accelerators
-from podrun.cloud.capacity import Waiting
+from podrun.cloud import accelerators, capacity
+from podrun.cloud.capacity import TpuRequest
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
 
 if TYPE_CHECKING:
-    from podrun.cloud.tpu_api import TpuApi
+    from podrun.cloud.tpu_api import QueuedResource, TpuApi
 
 NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def create(accelerator_type: str, name: str | None, zone: str | None, project: str | None,
-           version: str | None, spot: bool, wait: bool) -> int:
+           version: str | None, spot: bool, wait: bool, queued: bool = False, reservation: str | None = None,
+           valid_for: str | None = None, replace: bool = False) -> int:
     accelerator = accelerators.parse(accelerator_type)  # before any API call
     name = name or default_node_name(accelerator.name)
     if not NODE_NAME.match(name):
         raise UsageError(f"--name {name!r}: expected lowercase letters, digits and dashes, starting with a letter")
-    where = location(project, zone)
-    runtime = version or accelerator.default_runtime
-    api = _api(where)
-    workers = f"{accelerator.hosts} worker{'s' * (accelerator.hosts > 1)}"
-    say(f"creating TPU VM {name} ({accelerator.name}: {workers}, runtime {runtime}{', spot' * spot}) "
-        f"in {where.project}/{where.zone}")
-    waiting = Waiting(api, name, f"{name} to be READY")
+    if valid_for is not None and not (queued or reservation):
+        raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
+    request = TpuRequest(name, accelerator.name, version or accelerator.default_runtime, queued, spot, reservation,
+                         _valid_for_s(valid_for))
+    api = _api(location(project, zone))
+    if problem := capacity.blocked(api, name):
+        if not replace:
+            raise PodrunError(problem)
+        capacity.release(api, name)
     try:
-        with waiting:
-            pending = api.create(name, accelerator.name, runtime, spot)
-            if wait:
-                waiting.start()
-                api.wait(pending, waiting.update)
+        node = capacity.obtain(api, request, wait)
     except KeyboardInterrupt:
-        say(f"interrupted: podrun stopped waiting, but {name} may still be created at Google (and billed once "
-            f"READY): {_how_to_check(name, where)}; `podrun delete {name} --zone {where.zone} "
-            f"--project {where.project}` deletes it")
         return exits.INTERRUPTED
-    if not wait:
-        say(f"creation of {name} started; `podrun describe {name} --zone {where.zone}` shows when it is READY")
+    if node is None:
+        what = f"the queued request for {name} was accepted" if request.through_queue else f"creation of {name} started"
+        say(f"{what}; `podrun describe {name} --zone {api.location.zone}` shows when it is READY")
         return 0
-    node = api.get(name)
-    say(f"{name} is {node.state} after {waiting.elapsed():.0f}s")
     print(describe_text(node))
     return 0
 
 
+def _valid_for_s(valid_for: str | None) -> float | None:
+    if valid_for is None:
+        return None
+    from podrun.spec import parse_valid_for  # pydantic loads only with --valid-for
+
+    try:
+        return parse_valid_for(valid_for)
+    except ValueError as error:
+        raise UsageError(f"--valid-for {valid_for!r}: {error}") from None
+
+
 def list_nodes(zone: str | None, project: str | None) -> int:
+    """The TPU VMs and the queued resources of a zone, one row per name: a request whose TPU VM does
+    not exist yet shows its own state."""
     where = location(project, zone)
-    nodes = _api(where).list()
-    listed = f"TPU VMs in project {where.project}, zone {where.zone}"
-    if not nodes:
-        say(f"no {listed}")
+    api = _api(where)
+    nodes, requests = api.list(), {queued.name: queued for queued in api.list_queued()}
+    where_text = f"in project {where.project}, zone {where.zone}"
+    if not nodes and not requests:
+        say(f"no TPU VMs or queued resources {where_text}")
         return 0
-    say(f"{listed}:")
-    print_table([("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME"),
-                 *((node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version)
-                   for node in nodes)])
+    rows = [(node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version,
+             _how_made(node.spot, requests.get(node.queued_resource or ""))) for node in nodes]
+    made = {name for node in nodes for name in [node.queued_resource] if name}
+    rows += [(queued.name, f"{queued.state} (queued)", queued.accelerator_type, "-", queued.runtime_version,
+              _how_made(queued.spot, queued)) for queued in requests.values() if queued.name not in made]
+    say(f"TPU VMs and queued resources {where_text}:")
+    print_table([("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME", "CAPACITY"), *sorted(rows)])
     return 0
 
 
+def _how_made(spot: bool, queued: QueuedResource | None) -> str:
+    """`spot, queued`, `reservation R, queued`, `on demand`."""
+    parts = ["spot"] if spot or (queued and queued.spot) else []
+    parts += [f"reservation {queued.reservation}"] if queued and queued.reservation else []
+    parts += ["queued"] if queued else []
+    return ", ".join(parts) or "on demand"
+
+
 def describe(name: str, zone: str | None, project: str | None) -> int:
-    print(describe_text(_api(location(project, zone)).get(name)))
+    api = _api(location(project, zone))
+    node = api.find(name)
+    queued = api.get_queued(node.queued_resource if node and node.queued_resource else name)
+    if node is None and queued is None:
+        api.get(name)  # the API's own not-found, in podrun's words
+    lines = [describe_text(node)] if node else []
+    if queued:
+        lines.append(queued_text(queued))
+    print("\n".join(lines))
     return 0
 
 
 def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:
     where = location(project, zone)
-    if not yes and not _confirm(f"delete TPU VM {name} in {where.project}/{where.zone}?"):
+    if not yes and not _confirm(f"delete TPU VM {name} (and its queued resource) in {where.project}/{where.zone}?"):
         say("nothing deleted")
         return exits.FAILURE
     api = _api(where)
-    waiting = Waiting(api, name, f"{name} to be deleted")
+    started = time.monotonic()
     try:
-        with waiting:
-            pending = api.delete(name)
-            waiting.start()
-            api.wait(pending, waiting.update)
+        if not capacity.release(api, name):
+            api.get(name)  # not there: the API's own not-found, in podrun's words
     except KeyboardInterrupt:
-        say(f"interrupted: podrun stopped waiting, but the deletion of {name} goes on at Google: "
-            f"{_how_to_check(name, where)} until it is gone")
         return exits.INTERRUPTED
-    say(f"deleted {name} after {waiting.elapsed():.0f}s")
+    say(f"deleted {name} after {time.monotonic() - started:.0f}s")
     return 0
+
+
+def queued_text(queued: QueuedResource) -> str:
+    lines = [f"queued resource {queued.name}",
+             f"  state        {queued.state}" + (f" ({queued.initiator})" if queued.initiator else ""),
+             f"  capacity     {_how_made(queued.spot, queued)}",
+             f"  nodes        {', '.join(queued.node_names)} ({queued.accelerator_type})"]
+    lines += [f"  valid for    {queued.valid_until}"] if queued.valid_until else []
+    lines += [f"  error        {queued.error}"] if queued.error else []
+    return "\n".join(lines)
 
 
 def describe_text(node) -> str:
@@ -113,10 +149,6 @@ def _api(where: Location) -> TpuApi:
     from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for the commands that need them
 
     return TpuApi(where)
-
-
-def _how_to_check(name: str, where: Location) -> str:
-    return f"`podrun describe {name} --zone {where.zone} --project {where.project}` shows its state"
 
 
 def _confirm(question: str) -> bool:
