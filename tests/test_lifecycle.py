@@ -7,6 +7,7 @@ and after Ctrl-C. Against the Cloud TPU stand-in, whose workers are lab hosts; r
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import sys
 import time
@@ -19,12 +20,13 @@ from conftest import Background, job_id_in, podrun, processes_of_job
 PREEMPTED = 75  # exits.PREEMPTED, as the README documents it
 
 
-def lifecycle_spec(job_file, run: str, tpu: str = "", **top: str) -> Path:
-    """A spec whose target.tpu declares a v4-16 (2 lab hosts) named `life`, plus `tpu` fields."""
+def lifecycle_spec(job_file, run: str, tpu: str = "", files: dict[str, str] | None = None, **top: str) -> Path:
+    """A spec whose target.tpu declares a v4-16 (2 lab hosts) named `life`, plus `tpu` fields, and
+    its workdir with `files`."""
     lines = [f"target: {{tpu: {{name: life, accelerator_type: v4-16{', ' + tpu if tpu else ''}}}}}",
              "ssh: {user: root}", f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}", "run: |",
              *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in top.items())]
-    return job_file("\n".join(lines) + "\n")
+    return job_file("\n".join(lines) + "\n", files)
 
 
 def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
@@ -179,3 +181,53 @@ def test_a_detached_job_is_recovered_by_its_supervisor_and_stop_ends_both(home, 
     assert job_record(home, job_id)["state"] == "stopped"
     assert left_in_api(tpu_api) == ([], [])
     assert processes_of_job(job_id) == []
+
+
+# (phase, the line that marks it, what the API keeps with delete_after: never) for a queued spot TPU
+# that exec creates; `recovering`: after a preemption, while the TPU is deleted and created again
+PHASES = [
+    ("queued", r"READY: WAITING_FOR_RESOURCES", ([], [])),
+    ("provisioning", r"READY: PROVISIONING", ([], [])),
+    ("shipping", r"── ship", (["life"], ["life"])),
+    ("running", r"\[w1\] attempt 0", (["life"], ["life"])),
+    ("recovering", r"restart 1 of 1: creating the TPU again", ([], [])),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interrupts", [1, 2], ids=["ctrl-c", "ctrl-c twice"])
+@pytest.mark.parametrize("phase, marker, kept", PHASES, ids=[phase for phase, _, _ in PHASES])
+def test_an_interrupt_in_any_phase_leaves_only_what_the_user_keeps(home, tpu_api, lab, job_file, phase, marker, kept,
+                                                                   interrupts):
+    if phase == "queued":
+        tpu_api.withhold_capacity(3600)
+    if phase == "provisioning":
+        tpu_api.operation_delay_s = 3  # each state of the request lasts 3 s
+    # code never shipped before (the lab hosts keep earlier tests' code), big enough to take a moment
+    code = {"data.txt": secrets.token_hex(4_000_000 if phase == "shipping" else 8)}
+    job = Background("exec", lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, "queued: true, spot: true", code,
+                                            restarts="{max: 1}"))
+    if phase == "recovering":
+        job.wait_for(r"\[w1\] attempt 0")
+        tpu_api.operation_delay_s = 3  # the deletion and the new request take a while
+        tpu_api.preempt("life")
+    job.wait_for(marker, timeout=90)
+    for _ in range(interrupts):
+        job.process.send_signal(signal.SIGINT)
+    assert job.finish(timeout=90) == 130, job.text
+    assert "Traceback" not in job.text
+    tpu_api.operation_delay_s = 0.3
+    assert left_in_api(tpu_api) == kept, job.text
+    if "job job-" in job.text:
+        assert processes_of_job(job_id_in(job.text)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delete_after, code, kept", [
+    ("never", 0, ([], ["life"])), ("success", 0, ([], [])), ("success", 3, ([], ["life"])), ("always", 3, ([], [])),
+])
+def test_delete_after_keeps_or_deletes_the_tpu_as_the_job_ended(home, tpu_api, lab, job_file, delete_after, code,
+                                                                 kept):
+    result = podrun("exec", lifecycle_spec(job_file, f"exit {code}", delete_after=delete_after))
+    assert result.returncode == code, result.stderr
+    assert left_in_api(tpu_api) == kept

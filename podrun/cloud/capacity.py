@@ -74,29 +74,32 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | Non
     where = api.location
     say(f"creating TPU VM {request.name} ({request.summary()}) in {where.project}/{where.zone}")
     waiting = Waiting(api, request.name, f"{request.name} to be READY")
-    try:
-        with waiting:
-            if request.through_queue:
-                pending = api.create_queued(request.name, request.accelerator_type, request.runtime_version,
-                                            request.spot, request.reservation, request.valid_for_s)
-                api.wait(pending, lambda elapsed: None)  # accepted: now it waits in the queue
-                if not wait:
-                    return None
-                waiting.start(queued=True, interrupt="deletes the request")
-                _wait_in_queue(api, request.name, waiting)
-            else:
-                pending = api.create(request.name, request.accelerator_type, request.runtime_version, request.spot)
-                if not wait:
-                    return None
-                waiting.start(interrupt="deletes it")
-                api.wait(pending, waiting.update)
-    except KeyboardInterrupt:
-        say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or billing")
-        release(api, request.name)
-        raise
-    except RequestFailed:
-        release(api, request.name, quiet=True)
-        raise
+    with _interruptible_once():  # the cleanup below runs with a second Ctrl-C held until its DELETE is out
+        try:
+            with waiting:
+                if request.through_queue:
+                    pending = api.create_queued(request.name, request.accelerator_type, request.runtime_version,
+                                                request.spot, request.reservation, request.valid_for_s)
+                    api.wait(pending, lambda elapsed: None)  # accepted: now it waits in the queue
+                    if not wait:
+                        return None
+                    waiting.start(queued=True, interrupt="deletes the request")
+                    _wait_in_queue(api, request.name, waiting)
+                else:
+                    pending = api.create(request.name, request.accelerator_type, request.runtime_version,
+                                         request.spot)
+                    if not wait:
+                        return None
+                    waiting.start(interrupt="deletes it")
+                    api.wait(pending, waiting.update)
+        except KeyboardInterrupt:
+            say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or "
+                f"billing")
+            release(api, request.name)
+            raise
+        except RequestFailed:
+            release(api, request.name, quiet=True)
+            raise
     node = api.get(request.name)
     say(f"{request.name} is {node.state} after {waiting.elapsed():.0f}s")
     return node
@@ -124,29 +127,40 @@ def _wait_in_queue(api: TpuApi, name: str, waiting: Waiting) -> None:
 
 def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
     """Delete what holds the name: its queued resource with its node (force), else the node; wait
-    until it is gone. Whether there was anything."""
-    queued = api.get_queued(name)
-    with _uninterrupted():
-        if queued is not None:
-            pending = api.delete_queued(name)
-        elif api.state(name) != "gone":
-            pending = api.delete(name)
-        else:
-            return False
-    what = f"queued resource {name} and its TPU VM" if queued else f"TPU VM {name}"
-    if not quiet:
-        say(f"deleting {what}")
+    until it is gone (also when its deletion had begun already). Whether there was anything."""
     waiting = Waiting(api, name, f"{name} to be deleted")
     try:
+        with _uninterrupted():  # what to delete is read here too: an interrupt before the DELETE would leave it
+            queued = api.get_queued(name)
+            state = queued.state if queued else api.state(name)
+            if state == "gone":
+                return False
+            pending = None if state == "DELETING" else api.delete_queued(name) if queued else api.delete(name)
+        if not quiet:
+            say(f"deleting {f'queued resource {name} and its TPU VM' if queued else f'TPU VM {name}'}")
         with waiting:
             waiting.start(interrupt="stops the wait, not the deletion at Google")
-            api.wait(pending, waiting.update)
+            if pending:
+                api.wait(pending, waiting.update)
+            else:
+                _until_gone(api, name, queued is not None, waiting)
     except KeyboardInterrupt:
         where = api.location
         say(f"interrupted: podrun stopped waiting, but the deletion of {name} goes on at Google: `podrun describe "
             f"{name} --zone {where.zone} --project {where.project}` shows its state until it is gone")
         raise
     return True
+
+
+def _until_gone(api: TpuApi, name: str, queued: bool, waiting: Waiting) -> None:
+    """Poll a deletion that another podrun (or an earlier interrupt) began, up to the wait timeout."""
+    interval = POLL_FIRST_S
+    while (api.get_queued(name) is not None) if queued else api.state(name) != "gone":
+        if waiting.elapsed() > api.wait_timeout_s:
+            raise PodrunError(f"{name} is still being deleted after {api.wait_timeout_s:g}s; it goes on at Google")
+        waiting.show("DELETING", waiting.elapsed())
+        time.sleep(interval)
+        interval = min(interval * POLL_GROWTH, POLL_MAX_S)
 
 
 def preemption(api: TpuApi, name: str) -> str | None:
@@ -187,16 +201,40 @@ def _dead(node: TpuNode | None, queued: QueuedResource | None) -> str:
     return ", ".join(parts)
 
 
+_held_interrupts: list[int] = []
+
+
+def _hold(signum: int, frame) -> None:
+    _held_interrupts.append(signum)
+
+
+def _raise_once(signum: int, frame) -> None:
+    """The first Ctrl-C of a wait interrupts it; the ones right after it are held until the cleanup's
+    DELETE is out (a user who presses Ctrl-C twice must not stop it from being sent)."""
+    signal.signal(signal.SIGINT, _hold)
+    raise KeyboardInterrupt
+
+
 @contextmanager
-def _uninterrupted() -> Iterator[None]:
-    """Ctrl-C held off (and delivered after) while a request that must reach Google is sent."""
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+def _interruptible_once() -> Iterator[None]:
+    previous = signal.signal(signal.SIGINT, _raise_once)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if caught:
+        _held_interrupts.clear()  # the KeyboardInterrupt they stand for is already on its way
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C held off while a request that must reach Google is sent; one held is raised after it."""
+    previous = signal.signal(signal.SIGINT, _hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is _hold else previous)
+        if _held_interrupts:
+            _held_interrupts.clear()
             raise KeyboardInterrupt
 
 

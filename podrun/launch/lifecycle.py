@@ -42,6 +42,7 @@ class Lifecycle:
         self.code_dir = paths.remote_code_dir(spec.name, tree.digest)
         self.workers: list[Worker] = []
         self.selected: set[int] = set()
+        self.recreating = False  # between a preemption and the TPU made again: the old one is of no use
 
     def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> list[WorkerPlan]:
         return [worker_plan for worker_plan in plan(self.spec, self.target, workers, job_id, self.code_dir,
@@ -120,7 +121,9 @@ class Lifecycle:
         record.restart()
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
+            self.recreating = True
             self.target.recreate()
+            self.recreating = False
             self.workers = self.target.workers(dry_run=False)
         else:
             say(f"restart {record.attempt} of {self.max_restarts}: running again on the same workers ({why})")
@@ -132,7 +135,7 @@ class Lifecycle:
         (it is of no use, and holds its name and quota until deleted), else say how."""
         tpu = self.spec.target.tpu
         state = record.state if record else jobstore.FAILED  # no record: it failed before the job started
-        preempted = state == jobstore.PREEMPTED
+        preempted = state == jobstore.PREEMPTED or self.recreating
         if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
             self.target.release()
         elif preempted and tpu and tpu.accelerator_type:
