@@ -18,7 +18,6 @@ the time from starting the command to the first line of worker output, and to it
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Lab, all_at_once, print_table, require_lab_tools
+from benchlib import Lab, all_at_once, print_table, require_lab_tools, stand_in_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tpu_stand_in import TpuStandIn  # noqa: E402
@@ -57,17 +56,11 @@ def main() -> None:
             work = Path(workdir)
             stand_in = TpuStandIn.on_lab(lab, operation_delay_s=0.0)
             url = stand_in.serve()
-            (work / "token").write_text("token")
             (work / "code").mkdir()
-            (work / "user-home").mkdir()
             (work / "job.yaml").write_text("target: {tpu: {name: bench}}\n"
                                            f"ssh: {{user: root, identity_file: {lab.client_key}}}\n"
                                            "workdir: code\nrun: echo hello\n")
-            env = {**os.environ, "PODRUN_HOME": str(work / "home"), "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/",
-                   "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{url}/compute/v1/",
-                   "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(work / "token"), "CLOUDSDK_CONFIG": str(work / "gcloud"),
-                   "CLOUDSDK_CORE_PROJECT": "bench", "CLOUDSDK_COMPUTE_ZONE": "us-central2-b",
-                   "HOME": str(work / "user-home"), "NO_GCE_CHECK": "True"}
+            env = stand_in_env(work, url)
             podrun = [sys.executable, "-m", "podrun"]
             subprocess.run([*podrun, "create", f"v4-{8 * count}", "--name", "bench"], env=env, check=True,
                            stdout=subprocess.DEVNULL)

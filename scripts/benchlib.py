@@ -55,6 +55,18 @@ def write_lab_spec(path: Path, lab: Lab, workdir: str, run: str, hosts=None) -> 
     return path
 
 
+def stand_in_env(work: Path, url: str) -> dict[str, str]:
+    """podrun's and gcloud's environment for the Cloud TPU API stand-in serving at `url`, with their
+    state (podrun's home, gcloud's config, the user's home) under `work`."""
+    (work / "token").write_text("token")
+    (work / "user-home").mkdir(exist_ok=True)
+    return {**os.environ, "PODRUN_HOME": str(work / "home"), "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{url}/compute/v1/",
+            "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(work / "token"), "CLOUDSDK_CONFIG": str(work / "gcloud"),
+            "CLOUDSDK_CORE_PROJECT": "bench", "CLOUDSDK_COMPUTE_ZONE": "us-central2-b",
+            "HOME": str(work / "user-home"), "NO_GCE_CHECK": "True"}
+
+
 def print_table(title: str, columns: list[str], rows: dict[str, list[str]]) -> None:
     print(title)
     print("| " + " | ".join(columns) + " |")

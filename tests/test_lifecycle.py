@@ -63,6 +63,7 @@ def test_exec_creates_the_declared_tpu_through_a_queued_spot_request_and_deletes
     assert "[w0] hello from 0 of 2" in result.stdout and "[w1] hello from 1 of 2" in result.stdout
     assert "life" in result.stderr and "v4-16" in result.stderr  # it says what it creates
     assert ("POST", "/v2/projects/podrun-test/locations/us-central2-b/queuedResources") in tpu_api.requests
+    assert [method for method, _ in tpu_api.requests if method == "PATCH"] == []  # the key came with the request
     assert left_in_api(tpu_api) == ([], [])
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from podrun.cloud import accelerators
@@ -51,6 +51,7 @@ class TpuRequest:
     spot: bool = False
     reservation: str | None = None
     valid_for_s: float | None = None
+    metadata: dict[str, str] = field(default_factory=dict)  # the node's: `ssh-keys` lets exec in without an update
 
     @property
     def through_queue(self) -> bool:
@@ -79,7 +80,8 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | Non
             with waiting:
                 if request.through_queue:
                     pending = api.create_queued(request.name, request.accelerator_type, request.runtime_version,
-                                                request.spot, request.reservation, request.valid_for_s)
+                                                request.spot, request.reservation, request.valid_for_s,
+                                                request.metadata)
                     api.wait(pending, lambda elapsed: None)  # accepted: now it waits in the queue
                     if not wait:
                         return None
@@ -87,7 +89,7 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | Non
                     _wait_in_queue(api, request.name, waiting)
                 else:
                     pending = api.create(request.name, request.accelerator_type, request.runtime_version,
-                                         request.spot)
+                                         request.spot, request.metadata)
                     if not wait:
                         return None
                     waiting.start(interrupt="deletes it")

@@ -144,12 +144,12 @@ class TpuApi:
             return [self._queued(_json(resource)) for resource in found]
 
     def create_queued(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
-                      reservation: str | None, valid_for_s: float | None) -> Pending:
-        """A queued resource named `name` for one node of that name."""
+                      reservation: str | None, valid_for_s: float | None, metadata: dict[str, str]) -> Pending:
+        """A queued resource named `name` for one node of that name, with that metadata."""
         from google.cloud import tpu_v2
         from google.protobuf import duration_pb2
 
-        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version)
+        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version, metadata=metadata)
         resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
             tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.location.parent, node_id=name, node=node)]))
         if spot:
@@ -192,11 +192,12 @@ class TpuApi:
             nodes = self._google_client().list_nodes(parent=self.location.parent, timeout=self.timeout_s)
             return [self._node(_json(node)) for node in nodes]
 
-    def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool) -> Pending:
+    def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
+               metadata: dict[str, str]) -> Pending:
         from google.cloud import tpu_v2
 
         node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version,
-                           scheduling_config=tpu_v2.SchedulingConfig(spot=spot))
+                           scheduling_config=tpu_v2.SchedulingConfig(spot=spot), metadata=metadata)
         doing = f"creating TPU VM {name}"
         with self._errors(doing, name), _client_errors():
             operation = self._google_client().create_node(parent=self.location.parent, node_id=name, node=node,

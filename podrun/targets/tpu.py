@@ -55,6 +55,7 @@ class TpuVm(Target):
         self.tpu = tpu
         self.node: TpuNode | None = None  # None while a TPU the spec declares does not exist (--dry-run)
         self._api: TpuApi | None = None
+        self.just_created = False  # its workers may refuse the key in its metadata for a few seconds
 
     @property
     def api(self) -> TpuApi:
@@ -67,7 +68,7 @@ class TpuVm(Target):
     def workers(self, dry_run: bool) -> list[Worker]:
         if dry_run and self.tpu.accelerator_type and self.api.state(self.tpu.name) == "gone":
             return self._workers_to_be()
-        self.node, workers = tpu_workers(self.spec, self.api, authorize=not dry_run)
+        self.node, workers = tpu_workers(self.spec, self.api, authorize=not dry_run, just_created=self.just_created)
         return workers
 
     def describe(self, workers: list[Worker]) -> str:
@@ -88,7 +89,7 @@ class TpuVm(Target):
         if problem := capacity.blocked(self.api, self.tpu.name):
             raise PodrunError(problem)
         if self.api.state(self.tpu.name) == "gone":
-            capacity.obtain(self.api, self._request())
+            self._create()
             return
         existing = self.api.get(self.tpu.name)
         if existing.accelerator_type != self.tpu.accelerator_type:
@@ -105,31 +106,40 @@ class TpuVm(Target):
         from podrun.cloud import capacity
 
         capacity.release(self.api, self.tpu.name)
-        capacity.obtain(self.api, self._request())
+        self._create()
 
     def release(self) -> None:
         from podrun.cloud import capacity
 
         capacity.release(self.api, self.tpu.name)
 
-    def _request(self) -> TpuRequest:
+    def _create(self) -> None:
+        """Create the TPU with the user's key in its metadata, as `gcloud ... create --metadata
+        ssh-keys=...` does: its workers take it as they boot, with no metadata update after."""
+        from podrun.cloud import capacity
+
+        capacity.obtain(self.api, self._request(ssh_keys=ssh_key_line(self.spec)))
+        self.just_created = True
+
+    def _request(self, ssh_keys: str = "") -> TpuRequest:
         from podrun.cloud.capacity import TpuRequest
 
         tpu = self.tpu
         assert tpu.accelerator_type, "only a TPU the spec declares is created"
         return TpuRequest(tpu.name, tpu.accelerator_type,
                           tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
-                          queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s)
+                          queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
+                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {})
 
     def _workers_to_be(self) -> list[Worker]:
         """The workers a TPU the spec declares will have, for --dry-run: their addresses are not known yet."""
         from podrun.transport.ssh import SshTransport
 
         assert self.tpu.accelerator_type
-        user = self.spec.ssh.user or getpass.getuser()
+        user, key_path = _user_and_key(self.spec)
         hosts = accelerators.parse(self.tpu.accelerator_type).hosts
         return [Worker(index, f"<worker {index}>", f"<worker {index} internal IP>",
-                       SshTransport(f"<worker {index}>", self.spec.ssh.port, user, str(GCLOUD_KEY), True))
+                       SshTransport(f"<worker {index}>", self.spec.ssh.port, user, str(key_path), True))
                 for index in range(hosts)]
 
     def probe(self, kill_stale: bool) -> dict:
@@ -151,11 +161,12 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
-def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool) -> tuple[TpuNode, list[Worker]]:
+def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool = False) -> tuple[TpuNode, list[Worker]]:
     """The node, and its workers ready to connect to. With `authorize`, the user's key is made if it does
     not exist and added to the node's metadata if it is not there yet (not for --dry-run, which
-    changes nothing, here or on the node)."""
-    from podrun.transport.ssh import SshTransport, ensure_key_pair  # asyncssh loads only here
+    changes nothing, here or on the node). Logins refused right after the key reached the metadata
+    (just now, or as the node was `just_created`) are retried while the workers install it."""
+    from podrun.transport.ssh import SshTransport
 
     tpu = spec.target.tpu
     assert tpu is not None, "tpu_workers is called for tpu targets only"
@@ -167,11 +178,10 @@ def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool) -> tuple[TpuNode, l
     if len(node.workers) < expected:
         raise PodrunError(f"TPU VM {tpu.name} ({node.accelerator_type}) reports {len(node.workers)} of its "
                           f"{expected} workers; it may still be repairing; try again, or recreate it")
-    user = spec.ssh.user or getpass.getuser()
-    key_path = Path(os.path.expanduser(spec.ssh.identity_file or GCLOUD_KEY))
+    user, key_path = _user_and_key(spec)
     just_added = False
     if authorize:
-        key_line = f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"
+        key_line = ssh_key_line(spec)
         if not _has_key(node.metadata.get("ssh-keys", ""), key_line):
             keys = node.metadata.get("ssh-keys", "").rstrip("\n")
             api.set_metadata(node, {**node.metadata, "ssh-keys": f"{keys}\n{key_line}".lstrip("\n")})
@@ -180,9 +190,22 @@ def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool) -> tuple[TpuNode, l
     for index, address in enumerate(node.workers):
         host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
         transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
-                                 refused_retry_s=KEY_PROPAGATION_S if just_added else 0)
+                                 refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0)
         workers.append(Worker(index, host, address.internal_ip, transport))
     return node, workers
+
+
+def _user_and_key(spec: JobSpec) -> tuple[str, Path]:
+    return spec.ssh.user or getpass.getuser(), Path(os.path.expanduser(spec.ssh.identity_file or GCLOUD_KEY))
+
+
+def ssh_key_line(spec: JobSpec) -> str:
+    """`user:ssh-ed25519 AAAA... user` for the node's `ssh-keys` metadata; the key pair is made
+    (~/.ssh/google_compute_engine) when the spec names none and it does not exist yet."""
+    from podrun.transport.ssh import ensure_key_pair  # asyncssh loads only here
+
+    user, key_path = _user_and_key(spec)
+    return f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"
 
 
 def _has_key(ssh_keys: str, key_line: str) -> bool:
