@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import podrun, stderr_lines_without_traceback
+from conftest import REPO, podrun, stderr_lines_without_traceback
 
 BAD_SPECS = [
     ("not YAML", "run: [echo\n", r"{file}: line 2, column 1: not valid YAML: "),
@@ -109,8 +109,9 @@ def test_secret_env_missing_from_env_and_environment(home, job_file):
         f"podrun: error: {spec}: secret_env.0: HF_TOKEN is neither set in env nor in podrun's environment; export it first"]
 
 
-def test_validate_accepts_the_example_configs():
-    result = podrun("validate", "configs/cpu-smoke.yaml")
+@pytest.mark.parametrize("config", sorted(path.name for path in (REPO / "configs").glob("*.yaml")))
+def test_validate_accepts_the_example_configs(config):
+    result = podrun("validate", f"configs/{config}")
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stderr
 
@@ -122,7 +123,6 @@ def test_schema_is_the_spec_model_and_configs_point_at_it():
     assert schema["additionalProperties"] is False
     assert {"target", "run", "env", "torchrun", "docker", "secret_env"} <= set(schema["properties"])
     assert schema["required"] == ["run"]
-    from conftest import REPO
     assert json.loads((REPO / "podrun.schema.json").read_text()) == schema, "regenerate: podrun schema > podrun.schema.json"
     for config in (REPO / "configs").glob("*.yaml"):
         assert config.read_text().startswith("# yaml-language-server: $schema=../podrun.schema.json"), config
