@@ -56,7 +56,7 @@ class Job:
 
     def _read(self) -> None:
         for line in self.process.stdout:
-            if found := re.match(r"\[w\s*(\d+)\s*\] attempt (\d+)", line):
+            if found := re.match(r"\[w(\d+)\] +attempt (\d+)", line):
                 with self.changed:
                     self.seen.setdefault(found[2], {}).setdefault(int(found[1]), time.monotonic())
                     self.changed.notify_all()
