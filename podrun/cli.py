@@ -73,7 +73,7 @@ def _create(args: argparse.Namespace) -> int:
     from podrun.commands.tpu import create
 
     return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait,
-                  args.queued, args.reservation, args.valid_for, args.replace)
+                  args.queued, args.reservation, args.valid_for, args.replace, args.slices)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -109,6 +109,8 @@ def _create_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
     sub.add_argument("--queued", action="store_true",
                      help="ask through a queued resource, which waits for capacity (v5e, v5p and v6e mostly come so)")
+    sub.add_argument("--slices", metavar="N", type=_count, default=1,
+                     help="Multislice: N slices of ACCEL_TYPE as one queued resource, named NAME-0 .. NAME-(N-1)")
     capacity = sub.add_mutually_exclusive_group()
     capacity.add_argument("--spot", action="store_true", help="a Spot TPU VM: cheaper, may be preempted")
     capacity.add_argument("--reservation", metavar="NAME", help="in this reservation (through a queued resource)")

@@ -56,6 +56,7 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             "PODRUN_WORKER_IPS": ",".join(w.internal_ip for w in workers),
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(port),
+            **target.worker_env(worker, workers),
             **user_env,
         }
         run = spec.run

@@ -38,7 +38,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Set by podrun on every worker (the README's "What every worker gets"); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
-                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR", "PODRUN_ATTEMPT")
+                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR", "PODRUN_ATTEMPT",
+                "PODRUN_SLICE", "PODRUN_NUM_SLICES", "PODRUN_WORKER_IN_SLICE")
 PLAIN_KEY = re.compile(r"^[\w-]+$")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -87,7 +88,12 @@ CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_fo
 
 
 class TpuTarget(_Model):
-    name: str = Field(description="TPU VM name")
+    name: str | None = Field(None, description="TPU VM name; with slices, its queued resource's, and the prefix of "
+                                               "its slices' names (NAME-0, NAME-1, ...)")
+    names: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=2, description="Multislice: TPU VMs created separately, joined as slices in this order")
+    slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
+                               description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
     zone: str | None = None
     project: str | None = None
     internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
@@ -102,15 +108,39 @@ class TpuTarget(_Model):
 
     @model_validator(mode="after")
     def _creation_needs_a_type(self) -> TpuTarget:
+        if (self.name is None) == (self.names is None):
+            raise ValueError("expected exactly one of name and names: name for a TPU VM (with slices, a multislice), "
+                             "names for TPU VMs created separately, joined as slices" + ("; got both" if self.name else ""))
+        if self.names is not None:
+            said = [name for name in ("slices", "accelerator_type", *CREATION_FIELDS) if name in self.model_fields_set]
+            if said:
+                shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in said)
+                raise ValueError(f"names joins TPU VMs created separately, which podrun does not create: remove {shown} "
+                                 f"(or use name with slices: N to have podrun create the slices)")
+            if len(set(self.names)) < len(self.names):
+                raise ValueError(f"names lists a TPU VM twice: {', '.join(self.names)}")
         given = [name for name in CREATION_FIELDS if name in self.model_fields_set]
         if given and not self.accelerator_type:
             shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in given)
             raise ValueError(f"{shown} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
         if self.spot and self.reservation:
             raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
-        if self.valid_for_s is not None and not self.queued:
+        if self.valid_for_s is not None and not (self.queued or self.slices):
             raise ValueError("valid_for is how long a queued request waits: set queued: true too")
         return self
+
+    @property
+    def node_names(self) -> list[str]:
+        """The TPU VMs the job runs on, slice by slice."""
+        if self.names:
+            return list(self.names)
+        assert self.name is not None, "a TpuTarget has a name or names"
+        return [f"{self.name}-{index}" for index in range(self.slices)] if self.slices else [self.name]
+
+    @property
+    def label(self) -> str:
+        """What to call it in messages and commands: the name, or the joined names."""
+        return self.name or "+".join(self.names or [])
 
 
 class LocalTarget(_Model):
@@ -323,6 +353,9 @@ EXPECTED = {
     "target": "a mapping with one of tpu, hosts or local, such as {local: {workers: 2}}",
     "target.tpu": "a mapping such as {name: my-pod, zone: us-central2-b}",
     "target.tpu.name": "the TPU VM's name, such as my-pod",
+    "target.tpu.names": "a list of two or more TPU VM names, such as [pod-a, pod-b]",
+    "target.tpu.names.*": "a TPU VM's name, such as pod-a",
+    "target.tpu.slices": f"a number of slices from 2 to {accelerators.MAX_SLICES}",
     "target.tpu.zone": "a zone such as us-central2-b",
     "target.tpu.project": "a project id such as my-project",
     "target.tpu.internal_ip": "true or false",

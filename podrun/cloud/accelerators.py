@@ -30,6 +30,7 @@ GENERATIONS = {
     "v5litepod": ("chips", 256, "v2-alpha-tpuv5-lite"),
     "v6e": ("chips", 256, "v2-alpha-tpuv6e"),
 }
+MAX_SLICES = 256  # slices in one multislice job (target.tpu.slices, create --slices)
 SINGLE_HOST_CHIP_COUNTS = (1, 4, 8)  # v5e and v6e slices that fit on one host
 TYPE_PATTERN = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
 # what people also write: a generation by another name, another separator, a `tpu` prefix, no size

@@ -18,14 +18,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from podrun.cloud import accelerators
 from podrun.errors import PodrunError
 from podrun.output import say
 
 if TYPE_CHECKING:
+    from podrun.cloud.request import TpuRequest
     from podrun.cloud.tpu_api import QueuedResource, TpuApi, TpuNode
 
 POLL_FIRST_S = 0.5
@@ -39,59 +38,28 @@ class RequestFailed(PodrunError):
     """Google gave up on a queued request (FAILED, or SUSPENDED before it was ACTIVE)."""
 
 
-@dataclass(frozen=True)
-class TpuRequest:
-    """What to create: a TPU VM `name` of `accelerator_type`, directly or through a queued resource
-    of the same name (`queued`, which a reservation implies)."""
-
-    name: str
-    accelerator_type: str
-    runtime_version: str
-    queued: bool = False
-    spot: bool = False
-    reservation: str | None = None
-    valid_for_s: float | None = None
-    metadata: dict[str, str] = field(default_factory=dict)  # the node's: `ssh-keys` lets exec in without an update
-
-    @property
-    def through_queue(self) -> bool:
-        return self.queued or self.reservation is not None
-
-    def summary(self) -> str:
-        """`v4-32: 4 workers, runtime tpu-ubuntu2204-base, spot, queued for at most 6h`."""
-        hosts = accelerators.parse(self.accelerator_type).hosts
-        parts = [f"{self.accelerator_type}: {hosts} worker{'s' * (hosts > 1)}", f"runtime {self.runtime_version}"]
-        parts += ["spot"] * self.spot + [f"reservation {self.reservation}"] * bool(self.reservation)
-        if self.through_queue:
-            parts.append(f"queued for at most {_duration(self.valid_for_s)}" if self.valid_for_s else "queued")
-        return ", ".join(parts)
-
-
-def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | None:
-    """Create the TPU VM and (wait) wait until it is READY, saying so on one line; None without wait,
-    once Google accepted the request. An interrupt, or a queued request that Google gave up on,
-    deletes what was asked for before it is raised; an API that fails to answer leaves it (podrun
-    cannot delete through it either) and says so."""
+def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]:
+    """Create the TPU VM (or the slices) and (wait) wait until it is READY, saying so on one line;
+    [] without wait, once Google accepted the request. An interrupt, or a queued request that Google
+    gave up on, deletes what was asked for before it is raised; an API that fails to answer leaves
+    it (podrun cannot delete through it either) and says so."""
     where = api.location
-    say(f"creating TPU VM {request.name} ({request.summary()}) in {where.project}/{where.zone}")
+    what = "multislice" if request.slices > 1 else "TPU VM"
+    say(f"creating {what} {request.name} ({request.summary()}) in {where.project}/{where.zone}")
     waiting = Waiting(api, request.name, f"{request.name} to be READY")
     with _interruptible_once():  # the cleanup below runs with a second Ctrl-C held until its DELETE is out
         try:
             with waiting:
                 if request.through_queue:
-                    pending = api.create_queued(request.name, request.accelerator_type, request.runtime_version,
-                                                request.spot, request.reservation, request.valid_for_s,
-                                                request.metadata)
-                    api.wait(pending, lambda elapsed: None)  # accepted: now it waits in the queue
+                    api.wait(api.create_queued(request), lambda elapsed: None)  # accepted: it waits in the queue
                     if not wait:
-                        return None
+                        return []
                     waiting.start(queued=True, interrupt="deletes the request")
-                    _wait_in_queue(api, request.name, waiting)
+                    _wait_in_queue(api, request, waiting)
                 else:
-                    pending = api.create(request.name, request.accelerator_type, request.runtime_version,
-                                         request.spot, request.metadata)
+                    pending = api.create(request)
                     if not wait:
-                        return None
+                        return []
                     waiting.start(interrupt="deletes it")
                     api.wait(pending, waiting.update)
         except KeyboardInterrupt:
@@ -102,14 +70,14 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> TpuNode | Non
         except RequestFailed:
             release(api, request.name, quiet=True)
             raise
-    node = api.get(request.name)
-    say(f"{request.name} is {node.state} after {waiting.elapsed():.0f}s")
-    return node
+    nodes = [api.get(name) for name in request.node_names]
+    say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
+    return nodes
 
 
-def _wait_in_queue(api: TpuApi, name: str, waiting: Waiting) -> None:
-    """Poll the queued resource until its node is READY; its failure as a PodrunError."""
-    interval = POLL_FIRST_S
+def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting) -> None:
+    """Poll the queued resource until every node it makes is READY; its failure as a PodrunError."""
+    name, interval = request.name, POLL_FIRST_S
     while True:
         queued = api.get_queued(name)
         if queued is None:
@@ -120,7 +88,7 @@ def _wait_in_queue(api: TpuApi, name: str, waiting: Waiting) -> None:
         if queued.state in PREEMPTED_QUEUED_STATES:
             raise RequestFailed(f"queued resource {name} went {queued.state} before its TPU VM was READY; podrun "
                               f"deleted it")
-        if queued.state == "ACTIVE" and api.state(name) == "READY":
+        if queued.state == "ACTIVE" and all(api.state(node) == "READY" for node in request.node_names):
             return
         waiting.show(queued.state if queued.state != "ACTIVE" else "ACTIVE, the TPU VM starting", waiting.elapsed())
         time.sleep(interval)
@@ -165,35 +133,50 @@ def _until_gone(api: TpuApi, name: str, queued: bool, waiting: Waiting) -> None:
         interval = min(interval * POLL_GROWTH, POLL_MAX_S)
 
 
-def preemption(api: TpuApi, name: str) -> str | None:
-    """Whether the TPU VM was preempted, asked of the API: its node PREEMPTED or TERMINATED, or its
-    queued resource SUSPENDED; why, in words. None when it was not, or the API cannot say."""
+def preemption(api: TpuApi, names: list[str], label: str | None = None) -> str | None:
+    """Whether the TPU VM (or a slice of several, in slice order; `label` names them as a whole and
+    is their queued resource's name) was preempted, asked of the API: a node PREEMPTED or
+    TERMINATED, or its queued resource SUSPENDED; why, in words, naming the slice. None when it was
+    not, or the API cannot say."""
+    label = label or names[0]
     try:
-        node = api.find(name)
-        queued = api.get_queued(node.queued_resource if node and node.queued_resource else name)
+        nodes = {name: api.find(name) for name in names}
+        requests = dict.fromkeys(node.queued_resource for node in nodes.values() if node and node.queued_resource)
+        queued = [found for found in map(api.get_queued, requests or [label]) if found is not None]
     except PodrunError:
         return None
-    node_gone = node is not None and node.state in PREEMPTED_NODE_STATES
-    queued_gone = queued is not None and queued.state in PREEMPTED_QUEUED_STATES
-    if not (node_gone or queued_gone):
+    dead = [name for name, node in nodes.items() if node and node.state in PREEMPTED_NODE_STATES]
+    suspended = [request for request in queued if request.state in PREEMPTED_QUEUED_STATES]
+    if not dead and not suspended:
         return None
-    parts = [f"node {node.state}"] if node else []
-    parts += [f"queued resource {queued.name} {queued.state}"] if queued else []
-    return f"TPU VM {name} was preempted ({', '.join(parts)})"
+    if len(names) == 1:
+        what = f"TPU VM {names[0]} was"
+    elif dead:
+        what = ", ".join(f"slice {names.index(name)} ({name})" for name in dead) + (" were" if len(dead) > 1 else " was")
+    else:
+        what = f"multislice {label} was"
+    parts = [f"node {nodes[name].state}" for name in dead[:1] or names[:1] if nodes[name]]  # type: ignore[union-attr]
+    parts += [f"queued resource {request.name} {request.state}" for request in queued]
+    return f"{what} preempted ({', '.join(parts)})"
 
 
-def blocked(api: TpuApi, name: str) -> str | None:
-    """Why a TPU cannot be made or used under this name, with the command that clears it: a queued
-    resource FAILED or SUSPENDED, a node PREEMPTED or TERMINATED. None if nothing stands in the way."""
-    queued = api.get_queued(name)
+def blocked(api: TpuApi, names: list[str], label: str | None = None) -> str | None:
+    """Why a TPU cannot be made or used under these names (one node's, or a multislice's slices whose
+    queued resource is `label`), with the command that clears it: a queued resource FAILED or
+    SUSPENDED, a node PREEMPTED or TERMINATED. None if nothing stands in the way."""
+    label = label or names[0]
+    queued = api.get_queued(label)
     if queued is not None and queued.state == "FAILED":
-        return (f"queued resource {name} FAILED ({queued.error or 'no reason given'}) and holds the name; "
-                f"`podrun delete {name}` clears it (or `podrun create ... --replace`)")
-    node = api.find(name)
-    dead = _dead(node, queued)
-    if dead:
-        return (f"TPU VM {name} was preempted ({dead}) and keeps its name and quota until deleted; "
-                f"`podrun delete {name}` clears it (or `podrun create ... --replace`)")
+        return (f"queued resource {label} FAILED ({queued.error or 'no reason given'}) and holds the name; "
+                f"`podrun delete {label}` clears it (or `podrun create ... --replace`)")
+    for name in names:
+        node = api.find(name)
+        request = node.queued_resource if node and node.queued_resource else label if len(names) == 1 else None
+        node_queued = queued if request == label else api.get_queued(request) if request else None
+        if dead := _dead(node, node_queued):
+            clear = request if node_queued else name
+            return (f"TPU VM {name} was preempted ({dead}) and keeps its name and quota until deleted; "
+                    f"`podrun delete {clear}` clears it (or `podrun create ... --replace`)")
     return None
 
 
@@ -238,12 +221,6 @@ def _uninterrupted() -> Iterator[None]:
         if _held_interrupts:
             _held_interrupts.clear()
             raise KeyboardInterrupt
-
-
-def _duration(seconds: float) -> str:
-    hours, rest = divmod(int(seconds), 3600)
-    minutes = rest // 60
-    return f"{hours}h{minutes:02d}m" if hours and minutes else f"{hours}h" if hours else f"{minutes or 1}m"
 
 
 class Waiting:
@@ -294,4 +271,3 @@ class Waiting:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
-

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import google.auth
 import urllib3
@@ -41,6 +42,9 @@ from podrun.cloud.settings import (
     seconds,
 )
 from podrun.errors import PodrunError
+
+if TYPE_CHECKING:
+    from podrun.cloud.request import TpuRequest
 
 GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -143,28 +147,35 @@ class TpuApi:
             found = self._google_client().list_queued_resources(parent=self.location.parent, timeout=self.timeout_s)
             return [self._queued(_json(resource)) for resource in found]
 
-    def create_queued(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
-                      reservation: str | None, valid_for_s: float | None, metadata: dict[str, str]) -> Pending:
-        """A queued resource named `name` for one node of that name, with that metadata."""
+    def create_queued(self, request: TpuRequest) -> Pending:
+        """A queued resource named as the request for its node of that name, or for its slices
+        NAME-0 .. NAME-(N-1) (multisliceParams)."""
         from google.cloud import tpu_v2
         from google.protobuf import duration_pb2
 
-        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version, metadata=metadata)
-        resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
-            tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.location.parent, node_id=name, node=node)]))
-        if spot:
+        node = tpu_v2.Node(accelerator_type=request.accelerator_type, runtime_version=request.runtime_version,
+                           metadata=request.metadata)
+        node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.location.parent, node=node)
+        if request.slices > 1:
+            node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
+                node_count=request.slices, node_id_prefix=request.name)
+        else:
+            node_spec.node_id = request.name
+        resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
+        if request.spot:
             resource.spot = tpu_v2.QueuedResource.Spot()
-        if reservation:
-            resource.reservation_name = (reservation if "/" in reservation
-                                         else f"{self.location.parent}/reservations/{reservation}")
-        if valid_for_s:
+        if request.reservation:
+            resource.reservation_name = (request.reservation if "/" in request.reservation
+                                         else f"{self.location.parent}/reservations/{request.reservation}")
+        if request.valid_for_s:
             resource.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(
-                valid_until_duration=duration_pb2.Duration(seconds=int(valid_for_s)))
-        doing = f"requesting queued resource {name}"
-        with self._errors(doing, name, kind="queued resource"), _client_errors():
+                valid_until_duration=duration_pb2.Duration(seconds=int(request.valid_for_s)))
+        doing = f"requesting queued resource {request.name}"
+        with self._errors(doing, request.name, kind="queued resource"), _client_errors():
             operation = self._google_client().create_queued_resource(
-                parent=self.location.parent, queued_resource_id=name, queued_resource=resource, timeout=self.timeout_s)
-        return Pending(operation.operation.name, doing, name)
+                parent=self.location.parent, queued_resource_id=request.name, queued_resource=resource,
+                timeout=self.timeout_s)
+        return Pending(operation.operation.name, doing, request.name)
 
     def delete_queued(self, name: str) -> Pending:
         """Delete the queued resource with its nodes (force: whatever its state)."""
@@ -192,17 +203,17 @@ class TpuApi:
             nodes = self._google_client().list_nodes(parent=self.location.parent, timeout=self.timeout_s)
             return [self._node(_json(node)) for node in nodes]
 
-    def create(self, name: str, accelerator_type: str, runtime_version: str, spot: bool,
-               metadata: dict[str, str]) -> Pending:
+    def create(self, request: TpuRequest) -> Pending:
+        """The request's one node, directly (no queued resource)."""
         from google.cloud import tpu_v2
 
-        node = tpu_v2.Node(accelerator_type=accelerator_type, runtime_version=runtime_version,
-                           scheduling_config=tpu_v2.SchedulingConfig(spot=spot), metadata=metadata)
-        doing = f"creating TPU VM {name}"
-        with self._errors(doing, name), _client_errors():
-            operation = self._google_client().create_node(parent=self.location.parent, node_id=name, node=node,
+        node = tpu_v2.Node(accelerator_type=request.accelerator_type, runtime_version=request.runtime_version,
+                           scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot), metadata=request.metadata)
+        doing = f"creating TPU VM {request.name}"
+        with self._errors(doing, request.name), _client_errors():
+            operation = self._google_client().create_node(parent=self.location.parent, node_id=request.name, node=node,
                                                           timeout=self.timeout_s)
-        return Pending(operation.operation.name, doing, name)
+        return Pending(operation.operation.name, doing, request.name)
 
     def delete(self, name: str) -> Pending:
         doing = f"deleting TPU VM {name}"

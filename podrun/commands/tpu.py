@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from podrun import exits
 from podrun.cloud import accelerators, capacity
-from podrun.cloud.capacity import TpuRequest
+from podrun.cloud.request import TpuRequest
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
@@ -24,29 +24,32 @@ NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 def create(accelerator_type: str, name: str | None, zone: str | None, project: str | None,
            version: str | None, spot: bool, wait: bool, queued: bool = False, reservation: str | None = None,
-           valid_for: str | None = None, replace: bool = False) -> int:
+           valid_for: str | None = None, replace: bool = False, slices: int = 1) -> int:
     accelerator = accelerators.parse(accelerator_type)  # before any API call
     name = name or default_node_name(accelerator.name)
     if not NODE_NAME.match(name):
         raise UsageError(f"--name {name!r}: expected lowercase letters, digits and dashes, starting with a letter")
-    if valid_for is not None and not (queued or reservation):
+    if not 1 <= slices <= accelerators.MAX_SLICES:
+        raise UsageError(f"--slices {slices}: expected a number of slices from 2 to {accelerators.MAX_SLICES} "
+                         f"(1: a single TPU VM)")
+    if valid_for is not None and not (queued or reservation or slices > 1):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
     request = TpuRequest(name, accelerator.name, version or accelerator.default_runtime, queued, spot, reservation,
-                         _valid_for_s(valid_for))
+                         _valid_for_s(valid_for), slices=slices)
     api = _api(location(project, zone))
-    if problem := capacity.blocked(api, name):
+    if problem := capacity.blocked(api, request.node_names, name):
         if not replace:
             raise PodrunError(problem)
         capacity.release(api, name)
     try:
-        node = capacity.obtain(api, request, wait)
+        nodes = capacity.obtain(api, request, wait)
     except KeyboardInterrupt:
         return exits.INTERRUPTED
-    if node is None:
+    if not nodes:
         what = f"the queued request for {name} was accepted" if request.through_queue else f"creation of {name} started"
         say(f"{what}; `podrun describe {name} --zone {api.location.zone}` shows when it is READY")
         return 0
-    print(describe_text(node))
+    print(_slices_text(nodes))
     return 0
 
 
@@ -62,8 +65,9 @@ def _valid_for_s(valid_for: str | None) -> float | None:
 
 
 def list_nodes(zone: str | None, project: str | None) -> int:
-    """The TPU VMs and the queued resources of a zone, one row per name: a request whose TPU VM does
-    not exist yet shows its own state."""
+    """The TPU VMs and the queued resources of a zone, one row per name: a multislice's slices as one
+    row under its queued resource's name, and a request whose TPU VM does not exist yet with its own
+    state."""
     where = location(project, zone)
     api = _api(where)
     nodes, requests = api.list(), {queued.name: queued for queued in api.list_queued()}
@@ -71,11 +75,20 @@ def list_nodes(zone: str | None, project: str | None) -> int:
     if not nodes and not requests:
         say(f"no TPU VMs or queued resources {where_text}")
         return 0
+    multislices = {name: queued for name, queued in requests.items() if len(queued.node_names) > 1}
     rows = [(node.name, node.state, node.accelerator_type, str(len(node.workers)), node.runtime_version,
-             _how_made(node.spot, requests.get(node.queued_resource or ""))) for node in nodes]
+             _how_made(node.spot, requests.get(node.queued_resource or ""))) for node in nodes
+            if node.queued_resource not in multislices]
+    for name, queued in multislices.items():
+        slices = [node for node in nodes if node.queued_resource == name]
+        states = ", ".join(sorted({node.state for node in slices})) if slices else f"{queued.state} (queued)"
+        rows.append((name, states, f"{len(queued.node_names)} x {queued.accelerator_type}",
+                     str(sum(len(node.workers) for node in slices)) if slices else "-", queued.runtime_version,
+                     _how_made(queued.spot, queued)))
     made = {name for node in nodes for name in [node.queued_resource] if name}
     rows += [(queued.name, f"{queued.state} (queued)", queued.accelerator_type, "-", queued.runtime_version,
-              _how_made(queued.spot, queued)) for queued in requests.values() if queued.name not in made]
+              _how_made(queued.spot, queued)) for queued in requests.values()
+             if queued.name not in made and queued.name not in multislices]
     say(f"TPU VMs and queued resources {where_text}:")
     print_table([("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME", "CAPACITY"), *sorted(rows)])
     return 0
@@ -90,16 +103,27 @@ def _how_made(spot: bool, queued: QueuedResource | None) -> str:
 
 
 def describe(name: str, zone: str | None, project: str | None) -> int:
+    """One TPU VM and its queued resource, or a multislice's queued resource and each of its slices."""
     api = _api(location(project, zone))
     node = api.find(name)
     queued = api.get_queued(node.queued_resource if node and node.queued_resource else name)
     if node is None and queued is None:
         api.get(name)  # the API's own not-found, in podrun's words
-    lines = [describe_text(node)] if node else []
-    if queued:
-        lines.append(queued_text(queued))
+    if node is None and queued and len(queued.node_names) > 1:
+        slices = [found for found in map(api.find, queued.node_names) if found]
+        lines = [queued_text(queued)] + ([_slices_text(slices)] if slices else [])
+    else:
+        lines = ([describe_text(node)] if node else []) + ([queued_text(queued)] if queued else [])
     print("\n".join(lines))
     return 0
+
+
+def _slices_text(nodes: list) -> str:
+    """One node's description, or each slice's under its slice number."""
+    if len(nodes) == 1:
+        return describe_text(nodes[0])
+    return "\n".join(f"slice {index}\n" + "\n".join(f"  {line}" for line in describe_text(node).splitlines())
+                     for index, node in enumerate(nodes))
 
 
 def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:

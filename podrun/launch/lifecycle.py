@@ -139,10 +139,10 @@ class Lifecycle:
         if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
             self.target.release()
         elif preempted and tpu and tpu.accelerator_type:
-            say(f"deleting the preempted TPU VM {tpu.name}; the next `podrun exec` creates it again")
+            say(f"deleting the preempted TPU VM {tpu.label}; the next `podrun exec` creates it again")
             self.target.release()
         elif preempted and tpu:
-            say(f"the preempted TPU VM {tpu.name} keeps its name and quota until deleted: `podrun delete {tpu.name}`")
+            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: `podrun delete {tpu.label}`")
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:

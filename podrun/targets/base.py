@@ -21,6 +21,7 @@ class Worker:
     address: str  # what podrun connects to, as shown to the user
     internal_ip: str  # what the workers use to reach each other (rendezvous, PODRUN_WORKER_IPS)
     transport: Transport
+    slice: tuple[int, int] | None = None  # on a multislice TPU: (its slice, its worker id in the slice)
 
 
 class Target(ABC):
@@ -40,6 +41,10 @@ class Target(ABC):
     def describe(self, workers: list[Worker]) -> str:
         """One line saying what the job runs on, for --dry-run."""
         return counted(len(workers), self.worker_noun)
+
+    def worker_env(self, worker: Worker, workers: list[Worker]) -> dict[str, str]:
+        """Variables the target adds for this worker (the user's `env` may override them)."""
+        return {}
 
     def probe(self, kill_stale: bool) -> dict:
         """What each first-step agent checks before anything starts, beyond the code (agent.py)."""

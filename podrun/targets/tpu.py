@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import getpass
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,12 +30,14 @@ from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 
 if TYPE_CHECKING:
-    from podrun.cloud.capacity import TpuRequest
+    from podrun.cloud.request import TpuRequest
     from podrun.cloud.tpu_api import TpuApi, TpuNode
 
 GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
 # right after a key is added, the guest agents need a few seconds to install it on every worker
 KEY_PROPAGATION_S = 60
+# libtpu's DCN port between slices, as the queued-resource service sets it for a multislice (README)
+MEGASCALE_PORT = "8080"
 
 
 # where the TPU runtime's files are; PODRUN_ACCELERATOR_FILES (glob patterns, colon-separated)
@@ -53,7 +56,8 @@ class TpuVm(Target):
         tpu = spec.target.tpu
         assert tpu is not None, "TpuVm is made for tpu targets only"
         self.tpu = tpu
-        self.node: TpuNode | None = None  # None while a TPU the spec declares does not exist (--dry-run)
+        self.node_names = tpu.node_names  # one, or the slices in slice order
+        self.nodes: list[TpuNode] = []  # empty while a TPU the spec declares does not exist (--dry-run)
         self._api: TpuApi | None = None
         self.just_created = False  # its workers may refuse the key in its metadata for a few seconds
 
@@ -65,53 +69,79 @@ class TpuVm(Target):
             self._api = TpuApi(location(self.tpu.project, self.tpu.zone))
         return self._api
 
+    @property
+    def multislice(self) -> bool:
+        return len(self.node_names) > 1
+
     def workers(self, dry_run: bool) -> list[Worker]:
-        if dry_run and self.tpu.accelerator_type and self.api.state(self.tpu.name) == "gone":
+        if dry_run and self.tpu.accelerator_type and self._missing():
             return self._workers_to_be()
-        self.node, workers = tpu_workers(self.spec, self.api, authorize=not dry_run, just_created=self.just_created)
+        self.nodes, workers = tpu_workers(self.spec, self.api, authorize=not dry_run, just_created=self.just_created)
         return workers
 
+    def worker_env(self, worker: Worker, workers: list[Worker]) -> dict[str, str]:
+        """On a multislice: where the worker is among the slices, and the MEGASCALE_* variables that
+        libtpu joins the slices by (and JAX numbers its processes by), as the queued-resource service
+        writes them into each VM's `tpu-env` metadata: slice 0 worker 0 coordinates."""
+        if not self.multislice or worker.slice is None:
+            return {}
+        slice_id, in_slice = worker.slice
+        return {"PODRUN_SLICE": str(slice_id), "PODRUN_NUM_SLICES": str(len(self.node_names)),
+                "PODRUN_WORKER_IN_SLICE": str(in_slice),
+                "MEGASCALE_COORDINATOR_ADDRESS": f"{workers[0].internal_ip}:{MEGASCALE_PORT}",
+                "MEGASCALE_NUM_SLICES": str(len(self.node_names)), "MEGASCALE_SLICE_ID": str(slice_id),
+                "MEGASCALE_PORT": MEGASCALE_PORT}
+
     def describe(self, workers: list[Worker]) -> str:
-        node = self.node
-        if node is None:
-            return (f"TPU VM {self.tpu.name} does not exist: podrun exec creates it ({self._request().summary()}); "
+        what = f"multislice {self.tpu.label}" if self.multislice else f"TPU VM {self.tpu.label}"
+        if not self.nodes:
+            return (f"{what} does not exist: podrun exec creates it ({self._request().summary()}); "
                     f"its {counted(len(workers), self.worker_noun)}' addresses are known then")
-        return (f"TPU VM {node.name} ({node.accelerator_type}, runtime {node.runtime_version}, {node.state}) in "
+        node = self.nodes[0]
+        shape = f"{len(self.nodes)} x {node.accelerator_type}" if self.multislice else node.accelerator_type
+        states = sorted({each.state for each in self.nodes})
+        return (f"{what} ({shape}, runtime {node.runtime_version}, {', '.join(states)}) in "
                 f"{node.location.project}/{node.location.zone}: {counted(len(workers), self.worker_noun)}")
 
     def provision(self) -> None:
         """Create the TPU the spec declares (accelerator_type) when it does not exist; refuse one of that
-        name that is of another type, or dead (preempted, a failed or suspended queued resource)."""
+        name that is of another type or shape, or dead (preempted, a failed or suspended queued resource)."""
         from podrun.cloud import capacity
 
-        if not self.tpu.accelerator_type:
+        tpu = self.tpu
+        if not tpu.accelerator_type:
             return
-        if problem := capacity.blocked(self.api, self.tpu.name):
+        if problem := capacity.blocked(self.api, self.node_names, tpu.label):
             raise PodrunError(problem)
-        if self.api.state(self.tpu.name) == "gone":
+        existing = [node for node in map(self.api.find, self.node_names) if node is not None]
+        if not existing and not (self.multislice and self.api.get_queued(tpu.label)):
             self._create()
             return
-        existing = self.api.get(self.tpu.name)
-        if existing.accelerator_type != self.tpu.accelerator_type:
-            raise PodrunError(f"TPU VM {self.tpu.name} exists as a {existing.accelerator_type}, but the spec's "
-                              f"target.tpu.accelerator_type is {self.tpu.accelerator_type}; delete it "
-                              f"(`podrun delete {self.tpu.name}`) or give the spec another target.tpu.name")
+        shape = f"{len(self.node_names)} x {tpu.accelerator_type}" if self.multislice else tpu.accelerator_type
+        found = f"{len(existing)} x {existing[0].accelerator_type}" if self.multislice else existing[0].accelerator_type
+        if any(node.accelerator_type != tpu.accelerator_type for node in existing) or len(existing) < len(self.node_names):
+            raise PodrunError(f"{tpu.label} exists as a {found}, but the spec declares a {shape}; delete it "
+                              f"(`podrun delete {tpu.label}`) or give the spec another target.tpu.name")
 
     def preemption(self) -> str | None:
         from podrun.cloud import capacity
 
-        return capacity.preemption(self.api, self.tpu.name)
+        return capacity.preemption(self.api, self.node_names, self.tpu.label)
 
     def recreate(self) -> None:
         from podrun.cloud import capacity
 
-        capacity.release(self.api, self.tpu.name)
+        capacity.release(self.api, self.tpu.label)
         self._create()
 
     def release(self) -> None:
         from podrun.cloud import capacity
 
-        capacity.release(self.api, self.tpu.name)
+        for name in [self.tpu.label] if self.tpu.name else self.node_names:  # names: each slice by itself
+            capacity.release(self.api, name)
+
+    def _missing(self) -> bool:
+        return all(self.api.state(name) == "gone" for name in self.node_names)
 
     def _create(self) -> None:
         """Create the TPU with the user's key in its metadata, as `gcloud ... create --metadata
@@ -122,14 +152,14 @@ class TpuVm(Target):
         self.just_created = True
 
     def _request(self, ssh_keys: str = "") -> TpuRequest:
-        from podrun.cloud.capacity import TpuRequest
+        from podrun.cloud.request import TpuRequest
 
         tpu = self.tpu
-        assert tpu.accelerator_type, "only a TPU the spec declares is created"
+        assert tpu.accelerator_type and tpu.name, "only a TPU the spec declares by name and type is created"
         return TpuRequest(tpu.name, tpu.accelerator_type,
                           tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
                           queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
-                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {})
+                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {}, slices=tpu.slices or 1)
 
     def _workers_to_be(self) -> list[Worker]:
         """The workers a TPU the spec declares will have, for --dry-run: their addresses are not known yet."""
@@ -138,9 +168,14 @@ class TpuVm(Target):
         assert self.tpu.accelerator_type
         user, key_path = _user_and_key(self.spec)
         hosts = accelerators.parse(self.tpu.accelerator_type).hosts
-        return [Worker(index, f"<worker {index}>", f"<worker {index} internal IP>",
-                       SshTransport(f"<worker {index}>", self.spec.ssh.port, user, str(key_path), True))
-                for index in range(hosts)]
+        workers = []
+        for slice_id in range(len(self.node_names)):
+            for in_slice in range(hosts):
+                index = slice_id * hosts + in_slice
+                workers.append(Worker(index, f"<worker {index}>", f"<worker {index} internal IP>",
+                                      SshTransport(f"<worker {index}>", self.spec.ssh.port, user, str(key_path), True),
+                                      (slice_id, in_slice) if self.multislice else None))
+        return workers
 
     def probe(self, kill_stale: bool) -> dict:
         return {"accelerator_files": os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES),
@@ -161,38 +196,49 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
-def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool = False) -> tuple[TpuNode, list[Worker]]:
-    """The node, and its workers ready to connect to. With `authorize`, the user's key is made if it does
-    not exist and added to the node's metadata if it is not there yet (not for --dry-run, which
-    changes nothing, here or on the node). Logins refused right after the key reached the metadata
-    (just now, or as the node was `just_created`) are retried while the workers install it."""
+def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool = False
+                ) -> tuple[list[TpuNode], list[Worker]]:
+    """The nodes (one, or the slices in slice order) and their workers ready to connect to, slice by
+    slice, each in worker-id order. With `authorize`, the user's key is made if it does not exist
+    and added to each node's metadata where it is not there yet (not for --dry-run, which changes
+    nothing, here or on the node). Logins refused right after the key reached the metadata (just
+    now, or as the node was `just_created`) are retried while the workers install it."""
     from podrun.transport.ssh import SshTransport
 
     tpu = spec.target.tpu
     assert tpu is not None, "tpu_workers is called for tpu targets only"
-    node = api.get(tpu.name)
+    names = tpu.node_names
+    key_line = ssh_key_line(spec) if authorize else None
+    with ThreadPoolExecutor(max_workers=min(len(names), 16)) as pool:  # the slices' reads and key updates at once
+        reached = list(pool.map(lambda name: _reach(api, name, key_line), names))
+    user, key_path = _user_and_key(spec)
+    workers: list[Worker] = []
+    for slice_id, (node, just_added) in enumerate(reached):
+        for in_slice, address in enumerate(node.workers):
+            host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
+            transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
+                                     refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0)
+            workers.append(Worker(len(workers), host, address.internal_ip, transport,
+                                  (slice_id, in_slice) if len(names) > 1 else None))
+    return [node for node, _ in reached], workers
+
+
+def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]:
+    """The READY node with all its workers; with `key_line`, that key added to its metadata. Whether
+    it was added just now."""
+    node = api.get(name)
     if node.state != "READY":
-        raise PodrunError(f"TPU VM {tpu.name} is {node.state}, not READY; `podrun describe {tpu.name}` shows "
+        raise PodrunError(f"TPU VM {name} is {node.state}, not READY; `podrun describe {name}` shows "
                           f"its state (a preempted Spot VM must be deleted and created again)")
     expected = accelerators.parse(node.accelerator_type).hosts
     if len(node.workers) < expected:
-        raise PodrunError(f"TPU VM {tpu.name} ({node.accelerator_type}) reports {len(node.workers)} of its "
+        raise PodrunError(f"TPU VM {name} ({node.accelerator_type}) reports {len(node.workers)} of its "
                           f"{expected} workers; it may still be repairing; try again, or recreate it")
-    user, key_path = _user_and_key(spec)
-    just_added = False
-    if authorize:
-        key_line = ssh_key_line(spec)
-        if not _has_key(node.metadata.get("ssh-keys", ""), key_line):
-            keys = node.metadata.get("ssh-keys", "").rstrip("\n")
-            api.set_metadata(node, {**node.metadata, "ssh-keys": f"{keys}\n{key_line}".lstrip("\n")})
-            just_added = True
-    workers = []
-    for index, address in enumerate(node.workers):
-        host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
-        transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
-                                 refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0)
-        workers.append(Worker(index, host, address.internal_ip, transport))
-    return node, workers
+    if key_line is None or _has_key(node.metadata.get("ssh-keys", ""), key_line):
+        return node, False
+    keys = node.metadata.get("ssh-keys", "").rstrip("\n")
+    api.set_metadata(node, {**node.metadata, "ssh-keys": f"{keys}\n{key_line}".lstrip("\n")})
+    return node, True
 
 
 def _user_and_key(spec: JobSpec) -> tuple[str, Path]:

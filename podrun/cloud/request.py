@@ -1,0 +1,58 @@
+"""What podrun asks Google for: one TPU VM, directly or through a queued resource, or a multislice
+(GUIDE section 9). Plain data, shared by cloud/capacity.py, which creates it, and cloud/tpu_api.py,
+which sends it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from podrun.cloud import accelerators
+
+
+@dataclass(frozen=True)
+class TpuRequest:
+    """What to create: a TPU VM `name` of `accelerator_type`, directly or through a queued resource
+    of the same name (`queued`, which a reservation and slices imply); with `slices`, a multislice:
+    one queued resource `name` for the nodes NAME-0 .. NAME-(N-1)."""
+
+    name: str
+    accelerator_type: str
+    runtime_version: str
+    queued: bool = False
+    spot: bool = False
+    reservation: str | None = None
+    valid_for_s: float | None = None
+    metadata: dict[str, str] = field(default_factory=dict)  # the node's: `ssh-keys` lets exec in without an update
+    slices: int = 1
+
+    @property
+    def through_queue(self) -> bool:
+        return self.queued or self.reservation is not None or self.slices > 1
+
+    @property
+    def node_names(self) -> list[str]:
+        return multislice_node_names(self.name, self.slices) if self.slices > 1 else [self.name]
+
+    def summary(self) -> str:
+        """`v4-32: 4 workers, runtime tpu-ubuntu2204-base, spot, queued for at most 6h`;
+        `2 x v4-16: 2 slices of 2 workers, ...`."""
+        hosts = accelerators.parse(self.accelerator_type).hosts
+        workers = f"{hosts} worker{'s' * (hosts > 1)}"
+        shape = (f"{self.slices} x {self.accelerator_type}: {self.slices} slices of {workers}" if self.slices > 1
+                 else f"{self.accelerator_type}: {workers}")
+        parts = [shape, f"runtime {self.runtime_version}"]
+        parts += ["spot"] * self.spot + [f"reservation {self.reservation}"] * bool(self.reservation)
+        if self.through_queue:
+            parts.append(f"queued for at most {duration_text(self.valid_for_s)}" if self.valid_for_s else "queued")
+        return ", ".join(parts)
+
+
+def multislice_node_names(name: str, slices: int) -> list[str]:
+    """The nodes of a multislice queued resource: multisliceParams.nodeIdPrefix `name`, `-0` on."""
+    return [f"{name}-{index}" for index in range(slices)]
+
+
+def duration_text(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    minutes = rest // 60
+    return f"{hours}h{minutes:02d}m" if hours and minutes else f"{hours}h" if hours else f"{minutes or 1}m"
