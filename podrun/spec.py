@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from podrun.cloud import accelerators
+from podrun.cloud.request import multislice_node_names
 from podrun.errors import PodrunError, SpecError
 
 DEFAULT_LOCAL_WORKERS = 2
@@ -135,7 +136,7 @@ class TpuTarget(_Model):
         if self.names:
             return list(self.names)
         assert self.name is not None, "a TpuTarget has a name or names"
-        return [f"{self.name}-{index}" for index in range(self.slices)] if self.slices else [self.name]
+        return multislice_node_names(self.name, self.slices) if self.slices else [self.name]
 
     @property
     def label(self) -> str:
