@@ -122,7 +122,14 @@ class JobRecord:
 
 
 def new_job_id(name: str) -> str:
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+    """A fresh id: the second it starts in and a short random suffix, one no job in the store has.
+    Jobs started in one second (a script's loop) would otherwise meet a taken suffix about once in
+    65536 pairs, and the second job would fail to create its directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    while True:
+        job_id = f"{name}-{stamp}-{os.urandom(2).hex()}"
+        if not os.path.lexists(os.path.join(paths.jobs_dir(), job_id)):
+            return job_id
 
 
 def load(job_id: str) -> JobRecord:

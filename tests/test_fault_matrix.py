@@ -165,19 +165,22 @@ def test_a_detached_job_whose_host_loses_its_link_stops_everywhere_with_no_launc
     launched = podrun("exec", "--detach", hosts_spec('run: |\n  echo "up $PODRUN_WORKER"\n  exec sleep 300\n'))
     assert launched.returncode == 0, launched.stderr
     job_id = job_id_in(launched.stderr)
-    exit_file = lab.hosts[2].home / ".podrun" / "jobs" / job_id / "run.exit"
+    exit_files = [host.home / ".podrun" / "jobs" / job_id / "run.exit" for host in lab.hosts[:3]]
     lost_at = time.monotonic()
     subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "down"], check=True)
     try:
         wait_until(lambda: ps_on_every_host(lab, job_id) == [], "every host to stop the job", timeout=60)
         fault_time("detached, link down -> every host stopped", time.monotonic() - lost_at)
         assert time.monotonic() - lost_at < KEEPALIVE_TIMEOUT_S + 15
-        assert json.loads(exit_file.read_text())["stop_reason"] == "worker 0 failed with code 255"
+        # each agent records the end once the job's processes are gone
+        wait_until(lambda: all(path.exists() for path in exit_files), "every agent to record the end", timeout=15)
+        assert json.loads(exit_files[2].read_text())["stop_reason"] == "worker 0 failed with code 255"
     finally:
         subprocess.run(["ip", "-n", lab.hosts[2].namespace, "link", "set", "eth0", "up"], check=True)
-    listed = json.loads(podrun("jobs", "--json").stdout)
+    jobs = podrun("jobs", "--json")
+    listed = json.loads(jobs.stdout)
     assert [(job["state"], job["summary"]) for job in listed if job["id"] == job_id] == [
-        ("failed", "worker 2 was lost (its agent, its host or the link to it)")]
+        ("failed", "worker 2 was lost (its agent, its host or the link to it)")], jobs.stderr
 
 
 @repeated

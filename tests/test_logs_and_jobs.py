@@ -336,3 +336,13 @@ def test_logs_follow_with_tail_0_shows_only_what_comes_next(home, job_file, tmp_
     assert ticks[0] > 5 and ticks == list(range(ticks[0], ticks[0] + len(ticks)))
     assert follower.lines[-2:] == ["[w0] end", f"podrun: job {job_id_in(job.text)} succeeded after " +
                                    follower.lines[-1].rpartition("after ")[2]]
+
+
+def test_a_job_id_never_reuses_one_in_the_store(home, monkeypatch):
+    """Jobs started in one second draw a random suffix each: a taken one is drawn again, not reused."""
+    suffixes = iter([b"\x85\x75", b"\x85\x75", b"\x00\x01"])
+    monkeypatch.setattr(os, "urandom", lambda count: next(suffixes))
+    monkeypatch.setattr(time, "strftime", lambda pattern: "20261124-045114")
+    first = jobstore.new_job_id("job")
+    os.makedirs(os.path.join(home, "jobs", first))
+    assert (first, jobstore.new_job_id("job")) == ("job-20261124-045114-8575", "job-20261124-045114-0001")
