@@ -7,14 +7,16 @@ the 4 lab hosts (2 x v4-16); run under `flock /tmp/podrun-lab.lock`."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from test_lifecycle import WAIT_FOR_PREEMPTION, left_in_api
+from test_relay import BLOB_BYTES, bridge_sent_bytes, code_dirs, tree_listing, workdir_with_blob
 
-from conftest import Background, podrun
+from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
 
 MEGASCALE_PORT = "8080"  # as the README documents it
 VARIABLES = ('echo "vars $PODRUN_WORKER/$PODRUN_NUM_WORKERS slice $PODRUN_SLICE/$PODRUN_NUM_SLICES'
@@ -111,6 +113,39 @@ def test_preempting_one_slice_names_it_and_recovers_the_whole_multislice(home, t
     creates = [path for method, path in tpu_api.requests if method == "POST" and path.endswith("/queuedResources")]
     assert len(creates) == 2  # the whole multislice, made again
     assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_code_leaves_the_launcher_once_for_every_slice_and_a_failure_in_one_slice_stops_all(
+        home, tpu_api, lab, job_file):
+    for name in ("pod-a", "pod-b"):
+        assert podrun("create", "v4-16", "--name", name).returncode == 0
+    spec = multislice_spec(job_file, '[ "$PODRUN_WORKER" = 3 ] && exit 3\nexec sleep 300',
+                           "names: [pod-a, pod-b]")
+    code = workdir_with_blob(spec)
+    sent_before = bridge_sent_bytes()
+    result = podrun("exec", spec)
+    sent = bridge_sent_bytes() - sent_before
+    assert result.returncode == 3, result.stderr
+    assert "shipped code (4 files) to 4 workers" in result.stderr
+    assert BLOB_BYTES < sent < 1.5 * BLOB_BYTES, sent  # one copy, relayed on by the workers of both slices
+    assert all(tree_listing(code_dir) == tree_listing(code) for code_dir in code_dirs(lab, range(4), spec))
+    assert "failed: worker 3 exited with code 3 in run; every other worker was stopped" in result.stderr
+    assert processes_of_job(job_id_in(result.stderr)) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_of_every_slice(home, tpu_api, lab, job_file):
+    for name in ("pod-a", "pod-b"):
+        assert podrun("create", "v4-16", "--name", name).returncode == 0
+    job = Background("exec", multislice_spec(job_file, 'echo "up $PODRUN_WORKER"\nexec sleep 300',
+                                             "names: [pod-a, pod-b]"))
+    for index in range(4):
+        job.wait_for(rf"\[w{index}\] +up {index}")
+    job_id = job_id_in(job.text)
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish() == 130, job.text
+    wait_until(lambda: processes_of_job(job_id) == [], "every worker of both slices to stop", timeout=10)
 
 
 @pytest.mark.slow
