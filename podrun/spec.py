@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from podrun.cloud import accelerators
-from podrun.cloud.request import multislice_node_names
+from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, multislice_node_names
 from podrun.errors import PodrunError, SpecError
 
 DEFAULT_LOCAL_WORKERS = 2
@@ -41,7 +41,7 @@ ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
                 "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR", "PODRUN_ATTEMPT",
                 "PODRUN_SLICE", "PODRUN_NUM_SLICES", "PODRUN_WORKER_IN_SLICE")
-PLAIN_KEY = re.compile(r"^[\w-]+$")
+PLAIN_KEY = re.compile(r"^[\w-]+\Z")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 SURROGATE = re.compile("[\ud800-\udfff]")
 INT_TAG, FLOAT_TAG, MERGE_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:merge"
@@ -53,7 +53,7 @@ _NUMBER = r"\d+(?:\.\d+)?"
 DURATION = re.compile(rf"(?=\d)(?:({_NUMBER})|(?:({_NUMBER})h)?(?:({_NUMBER})m)?(?:({_NUMBER})s)?)")
 # what `run` holds is guessed at only when it is one plain command
 SHELL_SYNTAX = re.compile(r"[;&|$`\n()<>]")
-PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
+PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?\Z")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -84,14 +84,24 @@ def parse_valid_for(value: Any) -> float:
 
 DURATION_SCHEMA = {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
                              {"type": "string", "pattern": f"^{DURATION.pattern}$"}]}
+
+
+def _node_name(value: str) -> str:
+    if not NODE_NAME.match(value):
+        raise ValueError(f"expected a TPU VM name ({NODE_NAME_RULE}), got {value!r}")
+    return value
+
+
+TpuName = Annotated[str, AfterValidator(_node_name),
+                    WithJsonSchema({"type": "string", "pattern": NODE_NAME.pattern.replace("\\Z", "$")})]
 # what says how podrun creates the TPU; each needs accelerator_type, without which podrun creates nothing
 CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s")
 
 
 class TpuTarget(_Model):
-    name: str | None = Field(None, description="TPU VM name; with slices, its queued resource's, and the prefix of "
-                                               "its slices' names (NAME-0, NAME-1, ...)")
-    names: list[Annotated[str, Field(min_length=1)]] | None = Field(
+    name: TpuName | None = Field(None, description="TPU VM name; with slices, its queued resource's, and the prefix "
+                                                   "of its slices' names (NAME-0, NAME-1, ...)")
+    names: list[TpuName] | None = Field(
         None, min_length=2, description="Multislice: TPU VMs created separately, joined as slices in this order")
     slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
                                description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
@@ -190,7 +200,7 @@ class SshOptions(_Model):
 
 HOST_FORMS = "host, user@host, host:port or user@host:port"
 HOST_ENTRY = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^@:\s\[\]]+))"
-                        r"(?::(?P<port>\d{1,5}))?$")
+                        r"(?::(?P<port>\d{1,5}))?\Z")
 
 
 def parse_host(entry: str) -> tuple[str | None, str, int | None]:

@@ -103,6 +103,7 @@ def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
 @example(spec={**VALID, "env": {"PY": 3.1}})
 @example(spec={**VALID, "target": {"hosts": None}})  # found by scripts/fuzz.py: an IndexError once
 @example(spec={"\n": ["\x00"]})  # found by scripts/fuzz.py: the field path broke the line
+@example(spec={**VALID, "target": {"0\n": None}})  # found by scripts/fuzz.py: `$` let a key's final newline by
 def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
     path = spec_path(tmp_path_factory)
     path.write_text(yaml.safe_dump(spec) if not isinstance(spec, str) else spec)

@@ -124,10 +124,13 @@ def test_a_preemption_with_no_restart_left_exits_75_and_leaves_nothing_in_the_ap
 
 
 def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(home, job_file):
+    # Only worker 1 fails, after it printed: worker 0 may be stopped before its echo when a failure stops it.
     spec = job_file("target: {local: {workers: 2}}\n"
                     "run: |\n"
                     "  echo \"attempt $PODRUN_ATTEMPT\"\n"
-                    "  test \"$PODRUN_ATTEMPT\" = 2 || exit 3\n"
+                    "  test \"$PODRUN_ATTEMPT\" = 2 && exit 0\n"
+                    "  test \"$PODRUN_WORKER\" = 1 && exit 3\n"
+                    "  exec sleep 600\n"
                     "restarts: {max: 2, on: [failure]}\n")
     result = podrun("exec", spec)
     assert result.returncode == 0, result.stderr
@@ -135,7 +138,7 @@ def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(h
     for attempt in range(3):
         assert f"[w1] attempt {attempt}" in result.stdout
     job_id = job_id_in(result.stderr)
-    assert "attempt 1" in podrun("logs", job_id, "--attempt", "1", "--worker", "0").stdout
+    assert "attempt 1" in podrun("logs", job_id, "--attempt", "1", "--worker", "1").stdout
     assert podrun("logs", job_id, "--attempt", "3").returncode == 2
     again = podrun("exec", spec, "--restarts", "1")
     assert again.returncode == 3 and "no restart left" in again.stderr

@@ -163,6 +163,7 @@ def test_dry_run_of_a_multislice_not_created_yet_shows_every_slice_and_creates_n
     ("{name: ms, names: [a, b]}", "name and names"),
     ("{names: [a]}", "target.tpu.names"),
     ("{names: [a, b], accelerator_type: v4-16}", "names"),
+    ("{names: [pod-a, Pod_B]}", "target.tpu.names.1: expected a TPU VM name"),
 ])
 def test_a_bad_multislice_target_is_one_line_naming_the_field(job_file, tpu, complaint):
     result = podrun("validate", job_file(f"target: {{tpu: {tpu}}}\nrun: 'true'\n"))

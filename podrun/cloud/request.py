@@ -4,9 +4,13 @@ which sends it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from podrun.cloud import accelerators
+
+NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")  # Google's rule for a TPU VM's (and a queued resource's) name
+NODE_NAME_RULE = "lowercase letters, digits and dashes, starting with a letter, at most 63 characters"
 
 
 @dataclass(frozen=True)

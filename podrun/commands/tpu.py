@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from podrun import exits
 from podrun.cloud import accelerators, capacity
-from podrun.cloud.request import TpuRequest
+from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
@@ -19,16 +19,13 @@ from podrun.output import print_table, say
 if TYPE_CHECKING:
     from podrun.cloud.tpu_api import QueuedResource, TpuApi
 
-NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
 def create(accelerator_type: str, name: str | None, zone: str | None, project: str | None,
            version: str | None, spot: bool, wait: bool, queued: bool = False, reservation: str | None = None,
            valid_for: str | None = None, replace: bool = False, slices: int = 1) -> int:
     accelerator = accelerators.parse(accelerator_type)  # before any API call
     name = name or default_node_name(accelerator.name)
     if not NODE_NAME.match(name):
-        raise UsageError(f"--name {name!r}: expected lowercase letters, digits and dashes, starting with a letter")
+        raise UsageError(f"--name {name!r}: expected {NODE_NAME_RULE}")
     if not 1 <= slices <= accelerators.MAX_SLICES:
         raise UsageError(f"--slices {slices}: expected a number of slices from 2 to {accelerators.MAX_SLICES} "
                          f"(1: a single TPU VM)")
