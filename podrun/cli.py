@@ -21,12 +21,26 @@ def _exec(args: argparse.Namespace) -> int:
     # back on before the launch
     gc.disable()
     try:
+        from podrun.adhoc import job_spec
         from podrun.commands.exec import execute
 
-        return execute(args.spec, args.dry_run, args.worker, args.env, args.detach, args.kill_stale,
-                       args.allow_large_workdir, args.grace, args.down, args.restarts)
+        spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
+        return execute(spec, args.spec is not None or args.workdir is not None, args.dry_run, args.worker, args.env,
+                       args.detach, args.kill_stale, args.allow_large_workdir, args.grace, args.down, args.restarts)
     finally:
         gc.enable()
+
+
+def _ssh(args: argparse.Namespace) -> int:
+    from podrun.commands.shell import ssh
+
+    return ssh(args.spec, _target_flags(args), args.worker, args.command)
+
+
+def _cp(args: argparse.Namespace) -> int:
+    from podrun.commands.copy import cp
+
+    return cp(args.spec, _target_flags(args), args.worker, args.recurse, args.paths)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -128,8 +142,37 @@ def _delete_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--yes", "-y", action="store_true", help="do not ask")
 
 
+def _target_flags(args: argparse.Namespace):
+    from podrun.adhoc import TargetFlags
+
+    return TargetFlags(args.tpu, args.hosts, args.local, args.zone, args.project, args.user, args.identity_file)
+
+
+def _target_arguments(sub: argparse.ArgumentParser, spec_help: str | None) -> None:
+    """A spec (`spec_help`: as a positional argument of its own), or where a command goes without one:
+    exec's ad-hoc commands, ssh, cp."""
+    if spec_help:
+        sub.add_argument("spec", nargs="?", metavar="JOB.yaml", help=spec_help)
+    else:
+        sub.set_defaults(spec=None)
+    where = sub.add_argument_group("a target instead of a spec")
+    where.add_argument("--tpu", metavar="NAME", help="a TPU VM (slices created separately: NAME,NAME,...)")
+    where.add_argument("--hosts", metavar="H1,H2,...", help="SSH hosts, each host, user@host, host:port or "
+                                                           "user@host:port")
+    where.add_argument("--local", type=_count, metavar="N", help="N local CPU workers")
+    where.add_argument("--zone", metavar="Z", help="the TPU's zone (default: gcloud's)")
+    where.add_argument("--project", metavar="P", help="the TPU's project (default: gcloud's)")
+    where.add_argument("--user", metavar="U", help="SSH user (default: ~/.ssh/config's, else yours)")
+    where.add_argument("--identity-file", metavar="F", help="SSH private key (default: ssh's)")
+
+
 def _exec_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("spec", metavar="JOB.yaml", help="the job spec")
+    sub.usage = ("%(prog)s [options] JOB.yaml\n"
+                 "       %(prog)s [options] (--tpu NAME | --hosts H1,H2,... | --local N) -- CMD [ARG ...]")
+    _target_arguments(sub, "the job spec")
+    sub.add_argument("--workdir", metavar="DIR",
+                     help="with -- CMD: ship DIR and run CMD in it (default: nothing ships, CMD runs in the login "
+                          "directory)")
     sub.add_argument("--detach", action="store_true",
                      help="return once run has started everywhere; the job goes on without podrun")
     sub.add_argument("--dry-run", action="store_true", help="print each worker's environment and commands; start nothing")
@@ -149,6 +192,25 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
                           "creating the TPU again)")
     sub.add_argument("--allow-large-workdir", action="store_true",
                      help="ship a workdir over 1 GB or 50,000 files (otherwise podrun stops and names what weighs most)")
+
+
+def _ssh_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.usage = ("%(prog)s [options] [JOB.yaml] [--worker I] [-- CMD [ARG ...]]\n"
+                 "       %(prog)s [options] (--tpu NAME | --hosts H1,H2,... | --local N) [--worker I] [-- CMD ...]")
+    _target_arguments(sub, "a job spec: its target and ssh settings")
+    sub.add_argument("--worker", type=_count, default=0, metavar="I", help="which worker (default: 0)")
+
+
+def _cp_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.usage = ("%(prog)s [options] JOB.yaml SRC... DEST\n"
+                 "       %(prog)s [options] (--tpu NAME | --hosts H1,H2,... | --local N) SRC... DEST")
+    _target_arguments(sub, None)
+    sub.add_argument("paths", nargs="+", metavar="SRC... DEST",
+                     help="a remote path is written :PATH (relative to the login directory, ~ the remote home); "
+                          "either every SRC is remote (a download) or DEST is (an upload)")
+    sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3; "
+                                                      "from several, each one's files land in DEST/w<i>/")
+    sub.add_argument("--recurse", "-r", action="store_true", help="copy directories and what they hold")
 
 
 def _disk_arguments(sub: argparse.ArgumentParser) -> None:
@@ -217,6 +279,9 @@ COMMANDS = {
     "delete": ("delete a TPU VM with its queued resource (asks first unless --yes)", _delete, _delete_arguments,
                True),
     "exec": ("ship the workdir and run the job on every worker; stream their output", _exec, _exec_arguments, False),
+    "ssh": ("a shell on one worker (with -- CMD: run CMD there), at your terminal", _ssh, _ssh_arguments, False),
+    "cp": ("copy files to every worker (through the relay) or from workers (into DEST/w<i>/)", _cp,
+           _cp_arguments, False),
     "validate": ("check a job spec; touches nothing", _validate, _one_positional("spec", "JOB.yaml"), False),
     "schema": ("print the job spec's JSON Schema, for editors (yaml-language-server)", _schema, None, False),
     "logs": ("show a job's output, per worker, now or as it runs", _logs, _logs_arguments, False),
@@ -226,6 +291,17 @@ COMMANDS = {
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, _disk_arguments, False),
 }
+
+
+TAKES_A_COMMAND = (_exec, _ssh)
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """podrun's arguments, and the CMD after `--` (taken whole: argparse would read its options)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
 
 
 def _help_formatter(prog: str) -> argparse.HelpFormatter:
@@ -264,6 +340,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and return its exit code (bad usage: 2, as argparse prints it)."""
     argv = sys.argv[1:] if argv is None else argv
+    argv, command = _split_command(argv)
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
@@ -271,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(argparse_exit.code or 0)
     if not hasattr(args, "handler"):
         parser.print_help(sys.stderr)
+        return exits.USAGE
+    args.command = command
+    if command and args.handler not in TAKES_A_COMMAND:
+        print(f"podrun: error: {argv[0]}: takes no `-- CMD`", file=sys.stderr)
         return exits.USAGE
     try:
         return args.handler(args)

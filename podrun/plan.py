@@ -22,7 +22,7 @@ CONTAINER_SHELL_TRAP = "trap 'exit 143' TERM\n"  # see _in_docker
 class WorkerPlan:
     worker: Worker
     cwd: str  # where the job runs, relative to the worker's root: its name's run directory (paths.remote_run_dir)
-    code_dir: str  # the code version that the agent checks out there (remote/checkout.py)
+    code_dir: str  # the code version that the agent checks out there (remote/checkout.py); "": none, cwd is the root
     job_dir: str  # the job's files on the worker, this attempt's (paths.remote_job_dir)
     env: dict[str, str]
     setup: str | None
@@ -69,7 +69,8 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
                    f' --rdzv_endpoint={master_addr}:{port} "$PODRUN_JOB_DIR/rank_output.py" {run}')
         if container and spec.docker:
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
-        plans.append(WorkerPlan(worker, paths.remote_run_dir(spec.name), code_dir, paths.remote_job_dir(job_id, attempt),
+        cwd = paths.remote_run_dir(spec.name) if code_dir else "."
+        plans.append(WorkerPlan(worker, cwd, code_dir, paths.remote_job_dir(job_id, attempt),
                                 env, spec.setup, run, secret_keys, container, term_leader_only=bool(spec.torchrun)))
     return plans
 
@@ -82,7 +83,7 @@ def render(plans: list[WorkerPlan], title: str | None = None) -> str:
         worker = worker_plan.worker
         lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
                  f"# environment: {worker.transport.starting_environment()}, then:",
-                 f"cd {worker.transport.root}/{worker_plan.cwd}"]
+                 f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
         lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
         if worker_plan.setup:
             lines.append(f"{worker_plan.setup}  # setup")

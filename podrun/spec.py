@@ -415,6 +415,23 @@ class SpecProblems(SpecError):
         PodrunError.__init__(self, "\n".join(str(SpecError(path, field, expected)) for field, expected in problems))
 
 
+class FieldProblems(Exception):
+    """What is wrong with a spec's fields: (field path, what is expected) for each problem."""
+
+    def __init__(self, problems: list[tuple[str | None, str]]):
+        super().__init__(problems)
+        self.problems = problems
+
+
+def validate_fields(data: dict) -> JobSpec:
+    """A spec's fields, checked (raises FieldProblems); load_spec reads them from a file, the
+    command line's ad-hoc targets build them (adhoc.py)."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise FieldProblems(_problems(error)) from None
+
+
 def load_spec(path: str | Path) -> JobSpec:
     """Read, validate and resolve a job file: `name` defaults to the file's stem, `workdir` becomes absolute."""
     path = Path(path)
@@ -441,9 +458,9 @@ def load_spec(path: str | Path) -> JobSpec:
                                           f"set name: (letters, digits, . _ -)")
         data = {**data, "name": path.stem}
     try:
-        spec = JobSpec.model_validate(data)
-    except ValidationError as error:
-        raise SpecProblems(path, _problems(error)) from None
+        spec = validate_fields(data)
+    except FieldProblems as error:
+        raise SpecProblems(path, error.problems) from None
     if spec.torchrun:
         _refuse_python_under_torchrun(path, spec.run)
     _refuse_lifecycle_without_a_tpu(path, spec)

@@ -131,7 +131,7 @@ def test_a_relay_worker_that_fails_is_named_and_the_workers_behind_it_still_get_
     assert [note.split(" was ")[0] for note in relay_notes] == [
         f"podrun: worker {i} ({lab.hosts[i].ip})" for i in (1, 2, 3)]
     assert "(receiving the code failed: Not a directory; worker 0: relaying to" in relay_notes[0]
-    assert lines[-1] == (f"podrun: error: worker 1 ({lab.hosts[1].ip}): shipping the workdir failed: "
+    assert lines[-1] == (f"podrun: error: worker 1 ({lab.hosts[1].ip}): shipping code failed: "
                          f"receiving the code failed: Not a directory")
     expected = tree_listing(code)
     for code_dir in code_dirs(lab, (2, 3), spec):  # behind the failed relay, sent directly

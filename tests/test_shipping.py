@@ -81,7 +81,7 @@ def test_a_worker_whose_disk_is_full_is_named_with_tars_own_words_and_nothing_is
     assert result.returncode == 1, result.stderr
     # tar's own last lines; which words it finds for a full disk depends on how full it was
     assert re.fullmatch(
-        r"podrun: error: worker 1 \(local/w1\): shipping the workdir failed: tar could not unpack the code: "
+        r"podrun: error: worker 1 \(local/w1\): shipping code failed: tar could not unpack the code: "
         r"tar: weights\.bin: (Cannot write: No space left on device|Wrote only \d+ of \d+ bytes); "
         r"tar: Exiting with failure status due to previous errors", result.stderr.splitlines()[-1]), result.stderr
     assert "ran" not in result.stdout

@@ -23,21 +23,19 @@ def validate(spec_path: str) -> JobSpec:
     return spec
 
 
-def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
+def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
             detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False,
             grace: str | None = None, down: bool = False, restarts: int | None = None) -> int:
-    spec = load_spec(spec_path)
-    check_run_script(spec)
+    """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none)."""
+    if ships_code:
+        check_run_script(spec)
     extra_env = parse_env_overrides(env_overrides)
     grace_s = parse_grace(grace)
     max_restarts = parse_restarts(spec, restarts)
     if down and spec.target.tpu is None:
         raise UsageError(f"--down: deletes the TPU the job ran on, but {spec.path} runs on {spec.target.kind} workers")
     target = target_for(spec)
-    try:
-        tree = scan.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
-    except scan.WorkdirTooLarge as error:
-        raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
+    tree = _scan(spec, dry_run, allow_large_workdir) if ships_code else None
     lifecycle = Lifecycle(spec, target, tree, extra_env, kill_stale, detach, max_restarts, down)
     if dry_run:
         workers = target.workers(dry_run=True)
@@ -47,6 +45,13 @@ def execute(spec_path: str, dry_run: bool, worker_selection: str | None, env_ove
         return 0
     return lifecycle.run(functools.partial(parse_worker_selection, worker_selection),
                          spec.stop_grace_s if grace_s is None else grace_s)
+
+
+def _scan(spec: JobSpec, dry_run: bool, allow_large_workdir: bool) -> scan.Tree:
+    try:
+        return scan.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
+    except scan.WorkdirTooLarge as error:
+        raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
 
 
 def parse_restarts(spec: JobSpec, restarts: int | None) -> int:

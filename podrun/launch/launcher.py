@@ -25,7 +25,7 @@ from podrun.output import Terminal, WorkerOutput, counted, say, say_failure, say
 from podrun.plan import WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
-from podrun.targets.base import Target
+from podrun.targets.base import Target, Worker
 from podrun.transport.base import ChannelLost
 
 # worker exits reach job.json at most this often while a step runs (each save writes every
@@ -38,14 +38,14 @@ SHOWN_TAIL_LINES = 20
 class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
-    def __init__(self, spec: JobSpec, target: Target, plans: list[WorkerPlan], tree: scan.Tree,
+    def __init__(self, spec: JobSpec, target: Target, plans: list[WorkerPlan], tree: scan.Tree | None,
                  record: jobstore.JobRecord, terminal: Terminal, detach: bool, kill_stale: bool = False):
         self.spec = spec
         self.target = target
         self.plans = plans
         self.detach = detach
         self.kill_stale = kill_stale
-        self.tree = tree
+        self.tree = tree  # None: nothing ships (an ad-hoc command without --workdir)
         self.record = record
         self.terminal = terminal
         self.interrupted = asyncio.Event()
@@ -196,20 +196,25 @@ class Launch:
                 return await ws.finish()  # says why: the agent could not start, or the link broke
         workers = [ws.plan.worker for ws in worker_steps]
         self.target.check_probes(list(zip(workers, reports)), self.kill_stale)
-        missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
-        if missing:
-            say_phase("ship", counted(len(missing), self.target.worker_noun))
-        shipping_started = time.monotonic()
-        sent = await self._until_interrupted(archive.ship(self.tree, self.spec.name, missing))
-        if self.interrupted.is_set():
-            return None
-        say(f"shipped code ({counted(len(self.tree.files), 'file')}) to {counted(len(missing), 'worker')}: "
-            f"{size_text(sent or 0)} sent "
-            f"in {time.monotonic() - shipping_started:.1f}s" if missing else "code unchanged on every worker")
+        if self.tree is not None:
+            await self._ship(self.tree, [worker for worker, report in zip(workers, reports) if not report["code"]])
+            if self.interrupted.is_set():
+                return None
         if self.spec.docker:  # run is wrapped in `docker run`
             await self._until_interrupted(preflight.check_docker(self.plans))
         await self._check_rendezvous()
         return None
+
+    async def _ship(self, tree: scan.Tree, missing: list[Worker]) -> None:
+        if missing:
+            say_phase("ship", counted(len(missing), self.target.worker_noun))
+        shipping_started = time.monotonic()
+        sent = await self._until_interrupted(archive.ship(tree, self.spec.name, missing))
+        if self.interrupted.is_set():
+            return
+        say(f"shipped code ({counted(len(tree.files), 'file')}) to {counted(len(missing), 'worker')}: "
+            f"{size_text(sent or 0)} sent "
+            f"in {time.monotonic() - shipping_started:.1f}s" if missing else "code unchanged on every worker")
 
     async def _check_rendezvous(self) -> None:
         """Before anything starts, and again right before run: a port taken meanwhile is named too."""

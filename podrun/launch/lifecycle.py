@@ -32,14 +32,14 @@ SUPERVISOR_LOG = "supervisor.log"
 
 
 class Lifecycle:
-    def __init__(self, spec: JobSpec, target: Target, tree: scan.Tree, extra_env: Mapping[str, str],
+    def __init__(self, spec: JobSpec, target: Target, tree: scan.Tree | None, extra_env: Mapping[str, str],
                  kill_stale: bool, detach: bool, restarts: int, down: bool):
         self.spec, self.target, self.tree = spec, target, tree
         self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
         self.max_restarts = restarts
         self.restart_on = spec.restarts.on if spec.restarts else ["preemption"]  # `exec --restarts N` alone
         self.delete_after = "always" if down else spec.delete_after
-        self.code_dir = paths.remote_code_dir(spec.name, tree.digest)
+        self.code_dir = paths.remote_code_dir(spec.name, tree.digest) if tree else ""  # "": nothing ships
         self.workers: list[Worker] = []
         self.selected: set[int] = set()
         self.recreating = False  # between a preemption and the TPU made again: the old one is of no use

@@ -43,8 +43,12 @@ async def ship(tree: Tree, name: str, missing: list[Worker]) -> int:
     the bytes sent."""
     if not missing:
         return 0
-    return await relay.deliver(relay.Shipment(paths.remote_code_dir(name, tree.digest), lambda: _frames(tree)),
-                               missing)
+    return await relay.deliver(shipment(tree, paths.remote_code_dir(name, tree.digest)), missing)
+
+
+def shipment(tree: Tree, directory: str, what: str = "code") -> relay.Shipment:
+    """The tree, to be unpacked into `directory` (relative to each worker's root) by relay.deliver."""
+    return relay.Shipment(directory, lambda: _frames(tree), what)
 
 
 async def _frames(tree: Tree) -> AsyncGenerator[bytes, None]:
@@ -133,7 +137,7 @@ def _tar(tree: Tree, chunks: _Chunks) -> str:
             for relative in tree.files:
                 archive.add(tree.root / relative, arcname=relative, recursive=False)
     except OSError as error:
-        raise PodrunError(f"cannot pack the workdir: {error}") from None
+        raise PodrunError(f"cannot pack what ships: {error}") from None
     return chunks.finish()
 
 

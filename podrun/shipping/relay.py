@@ -42,24 +42,25 @@ REDRAW_S = 0.25
 class Shipment:
     code_dir: str  # relative to the worker's root
     frames: Callable[[], AsyncGenerator[bytes, None]]  # a fresh stream of frames (see relay_node.py) per call
+    what: str = "code"  # in messages: the workdir's "code", or the "files" `podrun cp` uploads
 
 
 async def deliver(shipment: Shipment, workers: list[Worker]) -> int:
     """Put the shipment in place on every worker, or raise PodrunError naming one it cannot reach.
     Returns the bytes the launcher sent."""
-    progress = Progress(len(workers))
+    progress = Progress(len(workers), f"shipping {shipment.what}", "sent")
     try:
         missed = await _round(shipment, workers, relay_fanout(), progress)
         progress.clear()
         for worker, reason in missed:
             say(f"worker {worker.index} ({worker.address}) was not reached through the relay ({reason}); "
-                f"sending it the code directly")
+                f"sending it the {shipment.what} directly")
         failed = await _round(shipment, [worker for worker, _ in missed], 0, progress)
     finally:
         progress.clear()
     if failed:
         worker, reason = failed[0]
-        raise PodrunError(f"worker {worker.index} ({worker.address}): shipping the workdir failed: {reason}")
+        raise PodrunError(f"worker {worker.index} ({worker.address}): shipping {shipment.what} failed: {reason}")
     return progress.sent
 
 
@@ -242,11 +243,12 @@ class Receiver:
 
 
 class Progress:
-    """Shipping on one redrawn line of a terminal: bytes sent, rate, workers done. In a pipe it shows
+    """A transfer on one redrawn line of a terminal: bytes moved, rate, workers done. In a pipe it shows
     nothing (launch/launcher.py says what was shipped once it is)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, doing: str, moved: str):
         self.workers = workers
+        self.doing, self.moved = doing, moved  # "shipping code", "sent"
         self.sent = 0
         self.done = 0
         self.started = time.monotonic()
@@ -260,7 +262,7 @@ class Progress:
         if self.live and now - self.drawn_at >= REDRAW_S:
             self.drawn_at = now
             rate = self.sent / max(now - self.started, 1e-3)
-            self._draw(f"podrun: shipping code: {size_text(self.sent)} sent, {size_text(rate)}/s, "
+            self._draw(f"podrun: {self.doing}: {size_text(self.sent)} {self.moved}, {size_text(rate)}/s, "
                        f"{self.done}/{self.workers} worker(s) done")
 
     def clear(self) -> None:

@@ -14,6 +14,8 @@ from podrun.output import counted
 from podrun.spec import JobSpec
 from podrun.transport.base import Transport
 
+JAX_COORDINATOR_PORT = 8476  # the port JAX's own Cloud TPU detection gives its coordinator
+
 
 @dataclass(frozen=True)
 class Worker:
@@ -43,8 +45,10 @@ class Target(ABC):
         return counted(len(workers), self.worker_noun)
 
     def worker_env(self, worker: Worker, workers: list[Worker]) -> dict[str, str]:
-        """Variables the target adds for this worker (the user's `env` may override them)."""
-        return {}
+        """Variables the target adds for this worker (the user's `env` may override them). JAX reads
+        JAX_COORDINATOR_ADDRESS itself; on a TPU VM it finds its coordinator in the VM's metadata
+        instead, and the TPU target adds its own variables."""
+        return {"JAX_COORDINATOR_ADDRESS": f"{workers[0].internal_ip}:{JAX_COORDINATOR_PORT}"}
 
     def probe(self, kill_stale: bool) -> dict:
         """What each first-step agent checks before anything starts, beyond the code (agent.py)."""

@@ -76,6 +76,12 @@ class Transport(ABC):
         """What transport.transport_for() needs to reach this worker again (stored with a job)."""
 
     @abstractmethod
+    def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
+        """What gives the user a shell on this worker (or runs `command` there) at their own terminal
+        (`podrun ssh`; `terminal`: stdin is one): a program's argv, and the directory it starts in
+        (None: any)."""
+
+    @abstractmethod
     def starting_environment(self) -> str:
         """Where a command's environment starts, before the plan's exports (for --dry-run)."""
 

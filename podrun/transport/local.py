@@ -28,6 +28,11 @@ class LocalTransport(Transport):
     def endpoint(self) -> dict:
         return {"kind": "local", "root": self.root}
 
+    def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
+        paths.make_private_dir(self.root)
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        return ([shell, "-c", command] if command else [shell, "-i"] if terminal else [shell]), self.root
+
     def starting_environment(self) -> str:
         shown = [f"{key}={os.environ[key]}" for key in INHERITED_SHOWN if key in os.environ]
         others = len(os.environ) - len(shown)

@@ -171,6 +171,26 @@ class SshTransport(Transport):
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys}
 
+    def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
+        """OpenSSH's client, as gcloud's `tpu-vm ssh` runs it: a real terminal (resize, Ctrl-C to
+        the remote program) for free, with podrun's keys and its host-key rules (its known-hosts file,
+        trust on first use, a changed key refused)."""
+        argv = ["ssh", "-t"] if terminal else ["ssh"]
+        if self.check_host_keys:
+            paths.make_private_dir(str(known_hosts_path().parent))
+            argv += ["-o", f"UserKnownHostsFile={known_hosts_path()}", "-o", "StrictHostKeyChecking=accept-new",
+                     "-o", "HashKnownHosts=no"]  # podrun reads the file by host name
+        else:
+            argv += ["-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR"]
+        argv += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
+        if self.port:
+            argv += ["-p", str(self.port)]
+        if self.user:
+            argv += ["-l", self.user]
+        if self.identity_file:
+            argv += ["-i", os.path.expanduser(self.identity_file)]
+        return [*argv, "--", self.host, *([command] if command else [])], None
+
     def starting_environment(self) -> str:
         who = f"{self.user}@{self.label}" if self.user else self.label
         return f"what sshd gives a command on {who} (the login user's PATH and HOME; not podrun's environment)"

@@ -1,0 +1,191 @@
+"""`podrun cp`: files to and from workers, with gcloud's `tpu-vm scp` conventions: a remote path is
+written `:PATH` (relative to the login directory; `~` is the remote home), `--worker` picks the
+workers (default all), `--recurse` copies directories.
+
+One connection per worker, all at once. An upload is packed once and delivered through the relay
+(shipping/relay.py): the launcher's uplink carries it once, whatever the number of workers. A
+download from several workers lands in DEST/w<i>/. Either way the files arrive in a staging
+directory first and are put in place whole (remote/placement.py), so a copy that fails half-way
+leaves the destination as it was. On a terminal one line shows the bytes, the rate and the workers done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+from podrun.adhoc import TargetFlags, target_spec
+from podrun.commands.exec import parse_worker_selection
+from podrun.errors import PodrunError, UsageError
+from podrun.output import counted, say, size_text
+from podrun.remote import placement
+from podrun.shipping import archive, relay
+from podrun.shipping.scan import Tree
+from podrun.targets import target_for
+from podrun.targets.base import Worker
+from podrun.transport.base import ChannelLost
+
+REMOTE = ":"
+READ_BYTES = 1 << 16
+
+
+def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, recurse: bool,
+       paths: list[str]) -> int:
+    if not flags.given and spec_path is None:  # then the first argument is the spec
+        spec_path, paths = (paths[0], paths[1:]) if paths else (None, paths)
+    if len(paths) < 2:
+        raise UsageError("expected SRC... DEST, one side remote (written :PATH)")
+    *sources, dest = paths
+    upload = dest.startswith(REMOTE)
+    if any(source.startswith(REMOTE) == upload for source in sources):
+        raise UsageError(f"{' '.join(paths)}: expected every SRC remote (:PATH) and DEST local, or every SRC "
+                         f"local and DEST remote")
+    if upload:
+        tree = _local_tree(sources, recurse)
+    spec = target_spec(spec_path, flags)
+    workers = target_for(spec).workers(dry_run=False)
+    chosen = sorted(parse_worker_selection(worker_selection, len(workers)))
+    workers = [workers[index] for index in chosen]
+    if upload:
+        sent = asyncio.run(_connected(workers, _upload(tree, sources, dest.removeprefix(REMOTE), workers)))
+        say(f"copied {counted(len(sources), 'path')} to {counted(len(workers), 'worker')}: {size_text(sent)} sent")
+    else:
+        received = asyncio.run(_connected(workers, _download([s.removeprefix(REMOTE) for s in sources], recurse,
+                                                             dest, workers)))
+        say(f"copied {counted(len(sources), 'path')} from {counted(len(workers), 'worker')}: "
+            f"{size_text(received)} received")
+    return 0
+
+
+async def _connected(workers: list[Worker], work):
+    """`work`, with every worker's connection open (all at once) until it is done."""
+    try:
+        await asyncio.gather(*(worker.transport.connect() for worker in workers))
+        return await work
+    finally:
+        await asyncio.gather(*(worker.transport.close() for worker in workers), return_exceptions=True)
+
+
+def _local_tree(sources: list[str], recurse: bool) -> Tree:
+    """What an upload sends, by absolute path (relative to /): each source, and under a directory
+    everything in it, empty directories and links included."""
+    entries = []
+    for source in sources:
+        path = os.path.abspath(source)
+        if not os.path.lexists(path):
+            raise UsageError(f"{source}: no such file or directory")
+        entries.append(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            if not recurse:
+                raise UsageError(f"{source}: is a directory (use --recurse)")
+            for folder, folders, files in os.walk(path):
+                entries += [os.path.join(folder, name) for name in folders + files]
+    return Tree(Path("/"), sorted({entry.lstrip("/") for entry in entries}), digest="")
+
+
+async def _upload(tree: Tree, sources: list[str], dest: str, workers: list[Worker]) -> int:
+    staging = f".podrun/cp/{secrets.token_hex(8)}"
+    sent = await relay.deliver(archive.shipment(tree, staging, "files"), workers)
+    entries = [f"{staging}/{os.path.abspath(source).lstrip('/')}" for source in sources]
+    await asyncio.gather(*(_place_remotely(worker, staging, dest, entries) for worker in workers))
+    return sent
+
+
+async def _place_remotely(worker: Worker, staging: str, dest: str, entries: list[str]) -> None:
+    channel = await worker.transport.start_python("placement", staging, dest, *entries)
+    try:
+        channel.stdin.write_eof()
+        errors, code = await asyncio.gather(channel.stderr.read(), channel.wait())
+    except ChannelLost as lost:
+        raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection ({lost})") from None
+    if code != 0:
+        raise PodrunError(f"worker {worker.index} ({worker.address}): {_last_line(errors, code)}")
+
+
+async def _download(sources: list[str], recurse: bool, dest: str, workers: list[Worker]) -> int:
+    progress = relay.Progress(len(workers), "copying", "received")
+    try:
+        await asyncio.gather(*(_download_from(worker, sources, recurse, dest, len(workers) > 1, progress)
+                               for worker in workers))
+    finally:
+        progress.clear()
+    return progress.sent
+
+
+async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest: str, per_worker: bool,
+                         progress: relay.Progress) -> None:
+    """The sources packed by the worker's tar, unpacked here by tar into a staging directory beside
+    `dest`, then put in place: into DEST/w<i> (made when the copy is whole) if `per_worker`."""
+    try:
+        staging = tempfile.mkdtemp(prefix=".podrun-cp-", dir=os.path.dirname(os.path.abspath(dest)))
+    except OSError as error:
+        raise PodrunError(f"{dest}: cannot copy there: {error.strerror}") from None
+    try:
+        channel = await worker.transport.start(_tar_command(sources, recurse))
+        unpacker = await asyncio.create_subprocess_exec("tar", "-x", "-f", "-", "-C", staging,
+                                                        stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        assert unpacker.stdin is not None and unpacker.stderr is not None
+        try:
+            channel.stdin.write_eof()
+            errors = asyncio.ensure_future(channel.stderr.read())
+            while chunk := await channel.stdout.read(READ_BYTES):
+                unpacker.stdin.write(chunk)
+                await unpacker.stdin.drain()
+                progress.add(sent=len(chunk))
+            code = await channel.wait()
+        except ChannelLost as lost:
+            raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection ({lost})") from None
+        finally:
+            unpacker.stdin.close()
+            unpacked = await unpacker.wait()
+        if code != 0:
+            raise PodrunError(f"worker {worker.index} ({worker.address}): {_last_line(await errors, code)}")
+        if unpacked != 0:
+            raise PodrunError(f"{dest}: tar could not unpack the copy from worker {worker.index}: "
+                              f"{_last_line(await unpacker.stderr.read(), unpacked)}")
+        entries = [os.path.join(staging, os.path.basename(source.rstrip("/"))) for source in sources]
+        into = dest
+        if per_worker:
+            into = os.path.join(dest, f"w{worker.index}")
+            os.makedirs(into, exist_ok=True)
+        placement.place(staging, into, entries)
+        progress.add(done=1)
+    except placement.PlacementError as error:
+        raise PodrunError(f"worker {worker.index} ({worker.address}): {error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # placement removed it, unless the copy failed before
+
+
+def _tar_command(sources: list[str], recurse: bool) -> str:
+    """A shell line that checks each remote source and packs them all into one tar on stdout."""
+    checks, members = [], []
+    for source in sources:
+        path = _shell_path(source.rstrip("/") or "/")
+        shown = shlex.quote(REMOTE + source)
+        checks.append(f'{{ [ -e {path} ] || [ -L {path} ]; }} || {{ echo {shown}: no such file or directory >&2; '
+                      f'exit 1; }}')
+        if not recurse:
+            checks.append(f'[ ! -d {path} ] || {{ echo {shown}: is a directory "(use --recurse)" >&2; exit 1; }}')
+        folder, name = os.path.split(source.rstrip("/"))
+        members.append(f"-C {_shell_path(folder, absolute=True)} {shlex.quote(name)}")
+    return "; ".join([*checks, f"exec tar -c -f - {' '.join(members)}"])
+
+
+def _shell_path(path: str, absolute: bool = False) -> str:
+    """A remote path as a shell word: `~` is $HOME; with `absolute`, a relative path is made so
+    from the login directory (tar's -C options are relative to each other)."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if path[1:] else "")
+    if path.startswith("/") or not absolute:
+        return shlex.quote(path)
+    return '"$PWD"/' + shlex.quote(path) if path else '"$PWD"'
+
+
+def _last_line(errors: bytes, code: int) -> str:
+    lines = errors.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"exit code {code}"
