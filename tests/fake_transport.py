@@ -232,6 +232,9 @@ class FakeTransport(Transport):
     def endpoint(self) -> dict:
         return {"kind": "fake", "index": self.index}
 
+    def interactive(self, command: str | None, terminal: bool):
+        raise AssertionError("a fake worker has no shell")
+
     def starting_environment(self) -> str:
         return "a fake worker's"
 

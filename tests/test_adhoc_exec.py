@@ -61,28 +61,27 @@ def test_workdir_ships_a_directory_and_names_the_job_after_it(home, tmp_path):
 
 @pytest.mark.slow
 def test_on_ssh_hosts_a_failing_worker_stops_the_others_and_nothing_is_left(home, lab):
-    result = podrun("exec", *lab_flags(lab), "--", 'echo "on $(hostname -I)"; '
+    result = podrun("exec", *lab_flags(lab), "--", 'echo "on $(hostname -I | cut -d" " -f1)"; '
                     'if [ "$PODRUN_WORKER" = 1 ]; then exit 4; fi; exec sleep 600')
     assert result.returncode == 4, result.stderr
     lines = by_worker(result.stdout)
     for index in range(3):
         assert lines[index][0].split()[1] == lab.hosts[index].ip
     assert re.search(r"worker 1 \(\S+\) exited with code 4", result.stderr)
-    assert processes_of_job(job_id_in(result.stderr)) == []
-    for index in range(3):
-        assert "sleep 600" not in lab.run(index, "ps -eo args").stdout
+    assert processes_of_job(job_id_in(result.stderr)) == []  # on any lab host: they share this machine's processes
 
 
 @pytest.mark.slow
 def test_a_detached_command_goes_on_and_stop_ends_it_everywhere(home, lab):
-    result = podrun("exec", *lab_flags(lab, (0, 1)), "--detach", "--worker", "1", "--", "echo up; exec sleep 600")
+    result = podrun("exec", *lab_flags(lab, (0, 1)), "--detach", "--worker", "1", "--",
+                    'touch ~/"ran-$PODRUN_JOB_ID"; echo up; exec sleep 600')
     assert result.returncode == 0, result.stderr
     job_id = job_id_in(result.stderr)
     wait_until(lambda: "up" in podrun("logs", job_id).stdout, "the detached command's output")
-    assert "sleep 600" in lab.run(1, "ps -eo args").stdout
-    assert "sleep 600" not in lab.run(0, "ps -eo args").stdout  # --worker 1 only
+    assert [host.index for host in lab.hosts if (host.home / f"ran-{job_id}").exists()] == [1]  # --worker 1 only
+    assert len(processes_of_job(job_id)) >= 1
     assert podrun("stop", job_id).returncode == 0
-    wait_until(lambda: "sleep 600" not in lab.run(1, "ps -eo args").stdout, "the command to stop")
+    wait_until(lambda: processes_of_job(job_id) == [], "the command to stop")
 
 
 @pytest.mark.slow
@@ -93,14 +92,13 @@ def test_ctrl_c_stops_an_ad_hoc_command_on_every_host(home, lab):
     job.process.send_signal(signal.SIGINT)
     assert job.finish() == 130, job.text
     assert processes_of_job(job_id_in(job.text)) == []
-    for index in range(3):
-        assert "sleep 600" not in lab.run(index, "ps -eo args").stdout
 
 
 @pytest.mark.slow
 def test_a_command_runs_on_every_worker_of_a_tpu_named_on_the_command_line(home, tpu_api, lab):
     assert podrun("create", "v4-32", "--name", "adhoc").returncode == 0
-    result = podrun("exec", "--tpu", "adhoc", "--zone", "us-central2-b", "--", 'echo "$PJRT_DEVICE $(hostname -I)"')
+    result = podrun("exec", "--tpu", "adhoc", "--zone", "us-central2-b", "--",
+                    'echo "$PJRT_DEVICE $(hostname -I | cut -d" " -f1)"')
     assert result.returncode == 0, result.stderr
     assert {index: lines[0].split() for index, lines in by_worker(result.stdout).items()} == {
         index: ["TPU", lab.hosts[index].ip] for index in range(4)}

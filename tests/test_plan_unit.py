@@ -33,6 +33,9 @@ class PlanOnlyTransport(Transport):
     def endpoint(self) -> dict:
         return {}
 
+    def interactive(self, command: str | None, terminal: bool):
+        raise AssertionError("plan() opened a shell")
+
     def starting_environment(self) -> str:
         return "the login shell's"
 
@@ -74,7 +77,7 @@ def test_every_worker_gets_its_index_the_worker_count_and_everyones_ips_in_worke
         assert worker_plan.env == {
             "PJRT_DEVICE": "CUDA", "PODRUN_JOB_ID": JOB_ID, "PODRUN_ATTEMPT": "0", "PODRUN_WORKER": str(index),
             "PODRUN_NUM_WORKERS": "3", "PODRUN_WORKER_IPS": "10.1.0.7,10.1.0.3,10.1.0.9", "MASTER_ADDR": "10.1.0.7",
-            "MASTER_PORT": "29500"}
+            "MASTER_PORT": "29500", "JAX_COORDINATOR_ADDRESS": "10.1.0.7:8476"}
         assert worker_plan.job_dir == f".podrun/jobs/{JOB_ID}"
 
 

@@ -5,7 +5,8 @@ A DEST that is a directory receives each entry under its own name; otherwise DES
 entry. A directory landing on one that exists merges into it, file by file; a file replaces a file.
 The staging directory is removed in every case.
 
-argv: STAGING DEST ENTRY... (each ENTRY a path inside STAGING). Prints why it failed and exits 1.
+argv: STAGING DEST ENTRY... (each ENTRY a path inside STAGING; DEST may begin with ~). Prints why it
+failed and exits 1.
 Runs on the workers (uploads: commands/copy.py runs it as a script) and on the launcher (downloads).
 """
 
@@ -20,6 +21,8 @@ class PlacementError(Exception):
 
 def place(staging, dest, entries):
     try:
+        if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
+            raise PlacementError("%s: no such directory" % os.path.dirname(dest))
         if os.path.isdir(dest):
             for entry in entries:
                 _merge(entry, os.path.join(dest, os.path.basename(entry)))
@@ -50,7 +53,7 @@ def _merge(source, target):
 
 def main():
     try:
-        place(sys.argv[1], sys.argv[2], sys.argv[3:])
+        place(sys.argv[1], os.path.expanduser(sys.argv[2]), sys.argv[3:])
     except PlacementError as error:
         print(error, file=sys.stderr, flush=True)
         sys.exit(1)
