@@ -9,8 +9,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "podrun"
 TARGET_KINDS = {"tpu", "hosts", "local"}
 # where a target's kind may be named: the targets themselves, the spec's schema, the CLI and the
-# spec it builds from its target flags (adhoc.py); the Cloud TPU API's own code (gcloud's `api_endpoint_overrides/tpu`); the local transport's endpoint kind
-# (transport/local.py, read back by transport_for), which names a transport, not a target
+# spec it builds from its target flags (adhoc.py); the Cloud TPU API's own code (gcloud's
+# `api_endpoint_overrides/tpu`); the local transport's endpoint kind (transport/local.py, read back by
+# transport_for), which names a transport, not a target
 ALLOWED = {"targets", "spec.py", "cli.py", "adhoc.py", "cloud", "transport/local.py", "transport/__init__.py"}
 
 
