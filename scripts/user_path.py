@@ -72,7 +72,8 @@ def main() -> int:
 def commands_and_specs(check: Check, scratch: Path) -> None:
     check.run("--help")
     check.run("--version")
-    for command in ("create", "list", "describe", "delete", "exec", "validate", "schema", "logs", "jobs", "stop"):
+    for command in ("create", "list", "describe", "delete", "exec", "ssh", "cp", "validate", "schema", "logs", "jobs",
+                    "stop", "disk"):
         check.run(command, "--help")
     check.run("schema")
     for config in sorted((REPO / "configs").glob("*.yaml")):
@@ -89,6 +90,11 @@ def commands_and_specs(check: Check, scratch: Path) -> None:
     check.run("validate", str(job_dir / "typo.yaml"), expect=2)
     check.run("exec", str(job_dir / "absent.yaml"), expect=2)
     check.run("logs", "no-such-job", expect=1)
+    check.run("exec", "--local", "2", "--", "echo", "ad hoc on $PODRUN_WORKER")
+    check.run("cp", "--local", "2", str(job_dir / "hello.yaml"), ":hello.yaml")
+    check.run("cp", "--local", "2", ":hello.yaml", str(scratch / "copies"))
+    check.run("ssh", "--local", "2", "--worker", "1", "--", "cat hello.yaml")
+    check.run("exec", "--local", "2", expect=2)
 
 
 class stand_in:
