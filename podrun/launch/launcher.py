@@ -69,7 +69,7 @@ class Launch:
             steps = ("setup", "run") if self.spec.setup else ("run",)
             for step in steps:
                 if step != steps[0]:
-                    await self._check_rendezvous()
+                    await self._check_before_run()
                 if self.interrupted.is_set():
                     break
                 failure = await self._run_step(step, first=step == steps[0])
@@ -202,8 +202,16 @@ class Launch:
                 return None
         if self.spec.docker:  # run is wrapped in `docker run`
             await self._until_interrupted(preflight.check_docker(self.plans))
-        await self._check_rendezvous()
+        if self.spec.setup:  # which may install torch: torchrun is checked once it has run
+            await self._check_rendezvous()
+        else:
+            await self._check_before_run()
         return None
+
+    async def _check_before_run(self) -> None:
+        if self.spec.torchrun and not self.spec.docker and not self.interrupted.is_set():
+            await self._until_interrupted(preflight.check_torchrun(self.plans))
+        await self._check_rendezvous()
 
     async def _ship(self, tree: scan.Tree, missing: list[Worker]) -> None:
         if missing:

@@ -5,6 +5,10 @@ target names the processes that still hold the TPU).
 
 Docker: with `docker` in the spec, every worker must have the docker CLI on the job's PATH.
 
+torchrun: every worker must find torchrun on the job's PATH, of the same torch version (read from
+the package metadata of the Python that runs torchrun, without importing torch). Checked right
+before run, after setup (which may install it); a container brings its own.
+
 Rendezvous: prove torchrun's rendezvous can work, in seconds.
 
 Worker 0 listens briefly on the rendezvous port (failing if it is taken), and every worker opens a
@@ -51,6 +55,57 @@ async def _has_docker(plan: WorkerPlan) -> bool:
     async with naming_lost_connections(plan.worker, "during the docker check"):
         channel.stdin.write_eof()
         return await channel.wait() == 0
+
+
+# prints "PATH VERSION" of the torchrun on the job's PATH; exits 3 when there is none
+TORCHRUN_PROBE = ("t=$(command -v torchrun) || exit 3; python=$(sed -n '1s/^#! *//p' \"$t\"); "
+                  "v=$(${python:-python3} -c 'import importlib.metadata as m; print(m.version(\"torch\"))' 2>/dev/null); "
+                  'echo "$t ${v:--}"')  # -: its Python has no torch package
+WORKERS_NAMED = 5  # a message names this many workers, then says how many more
+
+
+async def check_torchrun(plans: list[WorkerPlan]) -> None:
+    found = await asyncio.gather(*(_torchrun_of(plan) for plan in plans))
+    missing = [plan.worker for plan, torchrun in zip(plans, found) if torchrun is None]
+    having = _grouped((torchrun, plan.worker) for plan, torchrun in zip(plans, found) if torchrun)
+    if missing:
+        them = "".join(f"; {_named(group)} have {path} ({_torch(version)})" for (path, version), group in having.items())
+        raise PodrunError(f"no torchrun on the job's PATH on {_named(missing)}{them}; install torch there "
+                          f"(setup: can), or set PATH in env")
+    versions = _grouped((version, worker) for (_, version), group in having.items() for worker in group)
+    if len(versions) > 1:
+        raise PodrunError("the workers' torchrun comes with different torch versions: " +
+                          "; ".join(f"{_torch(version)} on {_named(group)}" for version, group in versions.items()) +
+                          "; install one version everywhere")
+
+
+def _torch(version: str) -> str:
+    return "no torch package" if version == "-" else f"torch {version}"
+
+
+def _grouped(pairs) -> dict:
+    groups: dict = {}
+    for key, worker in pairs:
+        groups.setdefault(key, []).append(worker)
+    return groups
+
+
+async def _torchrun_of(plan: WorkerPlan) -> tuple[str, str] | None:
+    path = f"PATH={shlex.quote(plan.env['PATH'])}; " if "PATH" in plan.env else ""
+    channel = await plan.worker.transport.start(path + TORCHRUN_PROBE)
+    async with naming_lost_connections(plan.worker, "during the torchrun check"):
+        channel.stdin.write_eof()
+        output, code = await asyncio.gather(channel.stdout.read(), channel.wait())
+    torchrun, _, version = output.decode(errors="replace").strip().rpartition(" ")
+    return (torchrun, version) if code == 0 and torchrun else None
+
+
+def _named(workers: list[Worker]) -> str:
+    """`worker 2 (10.0.0.3)`, `workers 0, 1 (10.0.0.1, 10.0.0.2)`, then `and N more`."""
+    shown = workers[:WORKERS_NAMED]
+    more = f" and {len(workers) - len(shown)} more" if len(workers) > len(shown) else ""
+    noun = "worker" if len(workers) == 1 else "workers"
+    return (f"{noun} {', '.join(str(w.index) for w in shown)} ({', '.join(w.address for w in shown)}){more}")
 
 
 async def check_rendezvous(workers: list[Worker], port: int) -> None:
