@@ -17,6 +17,7 @@ import secrets
 import shlex
 import shutil
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from podrun.adhoc import TargetFlags, target_spec
@@ -45,28 +46,26 @@ def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, 
     if any(source.startswith(REMOTE) == upload for source in sources):
         raise UsageError(f"{' '.join(paths)}: expected every SRC remote (:PATH) and DEST local, or every SRC "
                          f"local and DEST remote")
-    if upload:
-        tree = _local_tree(sources, recurse)
+    tree = _local_tree(sources, recurse) if upload else None  # a missing source is named before connecting
     spec = target_spec(spec_path, flags)
     workers = target_for(spec).workers(dry_run=False)
-    chosen = sorted(parse_worker_selection(worker_selection, len(workers)))
-    workers = [workers[index] for index in chosen]
-    if upload:
-        sent = asyncio.run(_connected(workers, _upload(tree, sources, dest.removeprefix(REMOTE), workers)))
+    workers = [workers[index] for index in sorted(parse_worker_selection(worker_selection, len(workers)))]
+    if tree is not None:
+        sent = asyncio.run(_connected(workers, lambda: _upload(tree, sources, dest.removeprefix(REMOTE), workers)))
         say(f"copied {counted(len(sources), 'path')} to {counted(len(workers), 'worker')}: {size_text(sent)} sent")
     else:
-        received = asyncio.run(_connected(workers, _download([s.removeprefix(REMOTE) for s in sources], recurse,
-                                                             dest, workers)))
+        remote = [source.removeprefix(REMOTE) for source in sources]
+        received = asyncio.run(_connected(workers, lambda: _download(remote, recurse, dest, workers)))
         say(f"copied {counted(len(sources), 'path')} from {counted(len(workers), 'worker')}: "
             f"{size_text(received)} received")
     return 0
 
 
-async def _connected(workers: list[Worker], work):
-    """`work`, with every worker's connection open (all at once) until it is done."""
+async def _connected(workers: list[Worker], work: Callable[[], Awaitable[int]]) -> int:
+    """What `work` makes, with every worker's connection open (all at once) until it is done."""
     try:
         await asyncio.gather(*(worker.transport.connect() for worker in workers))
-        return await work
+        return await work()
     finally:
         await asyncio.gather(*(worker.transport.close() for worker in workers), return_exceptions=True)
 
