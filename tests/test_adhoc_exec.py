@@ -60,9 +60,14 @@ def test_workdir_ships_a_directory_and_names_the_job_after_it(home, tmp_path):
 
 
 @pytest.mark.slow
-def test_on_ssh_hosts_a_failing_worker_stops_the_others_and_nothing_is_left(home, lab):
-    result = podrun("exec", *lab_flags(lab), "--", 'echo "on $(hostname -I | cut -d" " -f1)"; '
-                    'if [ "$PODRUN_WORKER" = 1 ]; then exit 4; fi; exec sleep 600')
+def test_on_ssh_hosts_a_failing_worker_stops_the_others_and_nothing_is_left(home, lab, tmp_path):
+    # worker 1 fails once the others have printed (lab hosts share /tmp): a failure stops them, even mid-start
+    printed = tmp_path / "printed"
+    printed.mkdir()
+    result = podrun("exec", *lab_flags(lab), "--", f'echo "on $(hostname -I | cut -d" " -f1)"; '
+                    f'touch {printed}/$PODRUN_WORKER; '
+                    f'if [ "$PODRUN_WORKER" = 1 ]; then until [ -e {printed}/0 ] && [ -e {printed}/2 ]; '
+                    'do sleep 0.05; done; exit 4; fi; exec sleep 600')
     assert result.returncode == 4, result.stderr
     lines = by_worker(result.stdout)
     for index in range(3):
