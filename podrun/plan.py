@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from podrun import paths
 from podrun.errors import SpecError
+from podrun.remote import interfaces
 from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
 from podrun.targets.base import Target, Worker
 
@@ -108,8 +109,11 @@ def _in_docker(docker: Docker, target_flags: tuple[str, ...], container: str, en
     # whole process group, and the shell's trap waits for the job to finish saving before it exits
     argv = ["docker", "run", "--rm", "--net=host", f"--name={container}", "--init", "--env=TINI_KILL_PROCESS_GROUP=1"]
     argv += target_flags
-    # values come from the agent's environment, not argv; PODRUN_JOB_DIR is the agent's own
-    argv += [f"--env={key}" for key in [*env_keys, "PODRUN_JOB_DIR"]]
+    # values come from the agent's environment, not argv; PODRUN_JOB_DIR is the agent's own, and the
+    # interface variables are the agent's where it sets them (remote/interfaces.py; docker passes a
+    # variable named here only when it is set)
+    passed = dict.fromkeys([*env_keys, *interfaces.VARIABLES, "PODRUN_JOB_DIR"])
+    argv += [f"--env={key}" for key in passed]
     argv += [*docker.args, docker.image]
     # the run directory is the container's working directory; the job's directory holds rank_output.py
     mount = '-v "$PWD:$PWD" -w "$PWD" -v "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR"'

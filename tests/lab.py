@@ -3,9 +3,11 @@
 Each host is a network namespace on one bridge with its own address (10.99.0.10 for host 0, 200
 hosts per /24 of 10.99.0.0/20), its own sshd
 and its own home directory (sshd runs under `unshare -m` with a directory bound over /root), so a
-file shipped to one host is not on another. Python and torch are shared, so real torchrun runs on
-every host and rendezvouses over real TCP. Needs root, iproute2, openssh-server and util-linux.
-Traffic only ever goes to these lab addresses.
+file shipped to one host is not on another. Each has its own hostname (`unshare -u`), which its own
+/etc/hosts maps to 127.0.0.1, as many cloud images do: the trap that makes gloo and NCCL advertise
+loopback (`hosts_file` holds it, for a test to change). Python and torch are shared, so real
+torchrun runs on every host and rendezvouses over real TCP. Needs root, iproute2, openssh-server
+and util-linux. Traffic only ever goes to these lab addresses.
 
     with Lab(4, workdir) as lab:
         lab.hosts[0].ip, lab.client_key, lab.run(0, "ps -e")
@@ -13,6 +15,7 @@ Traffic only ever goes to these lab addresses.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import shutil
@@ -49,6 +52,7 @@ MaxSessions 100
 LogLevel ERROR
 Subsystem sftp internal-sftp
 """
+LOOPBACK_HOSTS = "127.0.0.1 localhost\n127.0.0.1 {hostname}\n"
 
 
 def require_lab_tools() -> str | None:
@@ -70,6 +74,15 @@ class LabHost:
     dir: Path  # sshd's config and keys
     home: Path  # what the host's processes see as /root
     sshd: subprocess.Popen | None = None
+
+    @property
+    def hostname(self) -> str:
+        return f"podrun-lab{self.index}"
+
+    @property
+    def hosts_file(self) -> Path:
+        """What the host's processes see as /etc/hosts."""
+        return self.dir / "hosts"
 
     def host_key(self) -> str:
         """Its sshd's public key, "ssh-ed25519 AAAA... comment"."""
@@ -119,6 +132,7 @@ class Lab:
             f"ip -n {ns} addr add {host.external_ip}/20 dev eth0 && ip -n {ns} link set eth0 up && "
             f"ip -n {ns} link set lo up")
         self.authorize(host.index)
+        host.hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=host.hostname))
         _sh(f"ssh-keygen -q -t ed25519 -N '' -f {host.dir}/ssh_host_ed25519_key")
         (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, external_ip=host.external_ip, dir=host.dir))
         self.start_sshd(host.index)
@@ -126,13 +140,14 @@ class Lab:
     def start_sshd(self, index: int) -> None:
         host = self.hosts[index]
         # this Python lives under /root (pyenv): keep it visible under the host's own /root
-        mounts = [f"mount --rbind {host.home} /root"]
+        mounts = [f"echo {host.hostname} > /proc/sys/kernel/hostname", f"mount --bind {host.hosts_file} /etc/hosts",
+                  f"mount --rbind {host.home} /root"]
         if sys.base_prefix.startswith("/root/"):
             inside = host.home / sys.base_prefix.removeprefix("/root/")
             inside.mkdir(parents=True, exist_ok=True)
             mounts.insert(0, f"mount --bind {sys.base_prefix} {inside}")
         script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {host.dir}/sshd_config"])
-        host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "-m", "sh", "-c", script],
+        host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "-m", "-u", "sh", "-c", script],
                                      stdin=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))
         _wait_for_port(host.ip, 22)
 
@@ -153,15 +168,28 @@ class Lab:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
     def run(self, index: int, command: str) -> subprocess.CompletedProcess:
-        """A command on host `index`, in its namespaces (its network, its /root), as sshd runs them."""
+        """A command on host `index`, in its namespaces (its network, its /root, its hostname), as sshd runs them."""
         sshd_pid = self.hosts[index].sshd.pid  # ip netns exec, unshare and `sh -c 'exec sshd'` keep one pid
-        return subprocess.run(["nsenter", "-t", str(sshd_pid), "-n", "-m", "sh", "-c", command],
+        return subprocess.run(["nsenter", "-t", str(sshd_pid), "-n", "-m", "-u", "sh", "-c", command],
                               capture_output=True, text=True, timeout=60)
 
     def popen(self, index: int, argv: list[str]) -> subprocess.Popen:
         """A long-running process on host `index`, in its namespaces."""
-        return subprocess.Popen(["nsenter", "-t", str(self.hosts[index].sshd.pid), "-n", "-m", *argv],
+        return subprocess.Popen(["nsenter", "-t", str(self.hosts[index].sshd.pid), "-n", "-m", "-u", *argv],
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+    @contextlib.contextmanager
+    def names_resolving_to_addresses(self, indices):
+        """Hosts `indices` map their own names to their addresses, as a well-made image does, until the
+        block ends (the other hosts keep 127.0.0.1)."""
+        for index in indices:
+            host = self.hosts[index]
+            host.hosts_file.write_text(f"127.0.0.1 localhost\n{host.ip} {host.hostname}\n")
+        try:
+            yield
+        finally:
+            for index in indices:
+                self.hosts[index].hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=self.hosts[index].hostname))
 
     def stop_sshd(self, index: int) -> None:
         """Stop the host's sshd (the host stays up: its address answers, its port 22 refuses)."""

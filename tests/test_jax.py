@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, podrun
 
 
@@ -26,3 +28,16 @@ def test_jax_finds_its_coordinator_on_worker_0_of_a_hosts_target_unless_the_spec
     assert plan.stdout.count("export JAX_COORDINATOR_ADDRESS=10.1.0.7:8476\n") == 2
     mine = podrun("exec", spec, "--dry-run", "--env", "JAX_COORDINATOR_ADDRESS=10.1.0.8:1234")
     assert mine.stdout.count("export JAX_COORDINATOR_ADDRESS=10.1.0.8:1234\n") == 2
+
+
+@pytest.mark.slow
+def test_the_jax_example_adds_up_across_two_lab_hosts(home, lab, hosts_spec):
+    # JAX's CPU collectives (gloo) take their address from the host name and read no variable: on hosts
+    # whose names resolve to loopback they cannot connect (the README's JAX section says so)
+    spec = hosts_spec(f"workdir: {REPO / 'examples' / 'jax'}\nrun: python3 psum.py\ndevice: CPU", hosts=(0, 1))
+    with lab.names_resolving_to_addresses([0, 1]):
+        result = podrun("exec", spec, timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    for index in range(2):
+        assert re.search(rf"^\[w{index}\] +process {index} of 2, 2 devices: psum 3$", result.stdout, re.MULTILINE), \
+            result.stdout

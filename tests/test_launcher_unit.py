@@ -148,7 +148,8 @@ def test_each_agent_gets_its_workers_plan_and_the_first_step_probes_then_goes(tm
         assert setup.config["command"] == "pip install -r req.txt"
         assert run.config["command"] == "python3 train.py"
         assert run.config["env"] == worker_plan.env and run.config["env"]["PODRUN_WORKER"] == str(index)
-        assert setup.config["probe"] == {"code_dir": worker_plan.code_dir, "look_for": "/dev/fake*"}
+        assert setup.config["probe"] == {"code_dir": worker_plan.code_dir, "look_for": "/dev/fake*",
+                                         "route_to": worker_plan.env["MASTER_ADDR"]}  # the interface doctor's
         assert "probe" not in run.config  # only the first step reports and waits
         assert setup.heard[:1] == ["go"] and "go" not in run.heard
     assert [(worker.index, report["code"]) for worker, report in job.launch.target.reports] == [(0, 1), (1, 1)]

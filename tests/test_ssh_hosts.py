@@ -27,6 +27,8 @@ def test_torchrun_ddp_across_three_hosts_from_the_example_config(home, lab, tmp_
     (tmp_path / "ssh-hosts.yaml").write_text(yaml.safe_dump(spec))
     result = podrun("exec", tmp_path / "ssh-hosts.yaml", timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout
+    # the lab's hostnames resolve to 127.0.0.1 and the spec names no interface: podrun does
+    assert "set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to eth0 there" in result.stderr
     ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
     assert sorted(int(rank) for _, rank, *_ in ranks) == list(range(6)), result.stdout
     for prefix_worker, rank, world_size, _local_rank, env_worker, _ in ranks:
@@ -176,7 +178,8 @@ def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_
         assert (f"docker run --rm --net=host --name=podrun-{job_id_hint(plan.stdout)}-w{index} "
                 f'-v "$PWD:$PWD" -w "$PWD" -v "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR" --init --env=TINI_KILL_PROCESS_GROUP=1 '
                 f"--env=PJRT_DEVICE") in plan.stdout
-    assert ("--env=WANDB_API_KEY --env=PODRUN_JOB_DIR --shm-size=16g us-docker.pkg.dev/proj/repo/xla:r2.5 sh -c "
+    assert ("--env=WANDB_API_KEY --env=GLOO_SOCKET_IFNAME --env=NCCL_SOCKET_IFNAME --env=PODRUN_JOB_DIR "
+            "--shm-size=16g us-docker.pkg.dev/proj/repo/xla:r2.5 sh -c "
             + shlex.quote("trap 'exit 143' TERM\npython3 train.py")) in plan.stdout
     assert "hunter2" not in plan.stdout and "--privileged" not in plan.stdout  # that is for TPU only
     result = podrun("exec", spec)

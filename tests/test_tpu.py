@@ -372,9 +372,8 @@ def test_the_example_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_i
 
     result = podrun("exec", tmp_path / "tpu-hello.yaml")
     assert result.returncode == 0, result.stderr
-    hostname = socket.gethostname()  # the lab's hosts share this machine's UTS namespace
     for index in range(4):
-        assert (f"[w{index}] worker {index} of 4, PJRT_DEVICE=TPU, on {hostname}, rendezvous at "
+        assert (f"[w{index}] worker {index} of 4, PJRT_DEVICE=TPU, on {lab.hosts[index].hostname}, rendezvous at "
                 f"{lab.hosts[0].ip}") in result.stdout
     assert "4 TPU workers" in result.stderr
     assert all((host.home / "podrun" / "tpu-hello").is_dir() for host in lab.hosts)  # each worker its own host

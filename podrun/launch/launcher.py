@@ -182,7 +182,7 @@ class Launch:
 
     def _probe(self, plan: WorkerPlan) -> dict:
         """What the first step's agent reports before anything starts (agent.py, "probe")."""
-        return {"code_dir": plan.code_dir, **self.target.probe(self.kill_stale)}
+        return {"code_dir": plan.code_dir, **self.target.probe(self.kill_stale), **preflight.interface_probe(self.plans)}
 
     async def _prepare(self, step: str, worker_steps: list[WorkerStep]) -> StepResult | None:
         """While the first step's agents wait: read their probes, ship the code to the workers without
@@ -196,6 +196,7 @@ class Launch:
                 return await ws.finish()  # says why: the agent could not start, or the link broke
         workers = [ws.plan.worker for ws in worker_steps]
         self.target.check_probes(list(zip(workers, reports)), self.kill_stale)
+        self.plans = preflight.with_interfaces_set(self.plans, reports)
         if self.tree is not None:
             await self._ship(self.tree, [worker for worker, report in zip(workers, reports) if not report["code"]])
             if self.interrupted.is_set():

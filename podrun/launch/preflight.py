@@ -9,6 +9,11 @@ torchrun: every worker must find torchrun on the job's PATH, of the same torch v
 the package metadata of the Python that runs torchrun, without importing torch). Checked right
 before run, after setup (which may install it); a container brings its own.
 
+Interfaces: where a worker's hostname resolves to loopback, gloo and NCCL would advertise it to the
+other workers; its first step's agent sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface
+that reaches MASTER_ADDR unless the job sets either (remote/interfaces.py), and the launcher says so
+and keeps them for the job's later steps.
+
 Rendezvous: prove torchrun's rendezvous can work, in seconds.
 
 Worker 0 listens briefly on the rendezvous port (failing if it is taken), and every worker opens a
@@ -22,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+from dataclasses import replace
 
 from podrun.errors import PodrunError
+from podrun.output import say
 from podrun.plan import WorkerPlan
+from podrun.remote import interfaces
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
 
@@ -77,6 +85,32 @@ async def check_torchrun(plans: list[WorkerPlan]) -> None:
         raise PodrunError("the workers' torchrun comes with different torch versions: " +
                           "; ".join(f"{_torch(version)} on {_named(group)}" for version, group in versions.items()) +
                           "; install one version everywhere")
+
+
+def interface_probe(plans: list[WorkerPlan]) -> dict:
+    """What the first step's agents check for the interface doctor: needed only where workers reach
+    each other over a network."""
+    master_addr = plans[0].env["MASTER_ADDR"]
+    return {"route_to": master_addr} if len(plans) > 1 and not interfaces.is_loopback(master_addr) else {}
+
+
+def with_interfaces_set(plans: list[WorkerPlan], reports: list[dict]) -> list[WorkerPlan]:
+    """The plans with the interface variables the agents set (their probe reports), for the job's
+    later steps; says so in one line."""
+    chosen = {plan.worker.index: report["interface_set"] for plan, report in zip(plans, reports)
+              if report.get("interface_set")}
+    if not chosen:
+        return plans
+    resolved = sorted({report["resolves_to"] or "nothing" for report in reports if report.get("interface_set")})
+    workers = [plan.worker for plan in plans if plan.worker.index in chosen]
+    groups = _grouped((chosen[worker.index], worker) for worker in workers)
+    where = (f"{next(iter(groups))} there" if len(groups) == 1 else
+             " and ".join(f"{interface} on {_named(group)}" for interface, group in groups.items()))
+    say(f"hostname resolves to {', '.join(resolved)} on {_named(workers)}: gloo and NCCL would advertise it to the "
+        f"other workers; set {' and '.join(interfaces.VARIABLES)} to {where}, the interface of the route to "
+        f"MASTER_ADDR {plans[0].env['MASTER_ADDR']} (set either in env to choose yourself)")
+    return [replace(plan, env={**plan.env, **dict.fromkeys(interfaces.VARIABLES, chosen[plan.worker.index])})
+            if plan.worker.index in chosen else plan for plan in plans]
 
 
 def _torch(version: str) -> str:

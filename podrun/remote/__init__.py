@@ -13,4 +13,5 @@ imported (each runs its main() only as __main__).
                            as a script, the disk podrun uses for a name (commands/disk.py)
   rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
+  interfaces.py            the rendezvous doctor: a hostname that resolves to loopback (agent.py's probe)
 """

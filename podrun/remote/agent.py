@@ -17,9 +17,11 @@ Protocol
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
           link that died silently), means the launcher is gone: the job stops too.
   probe   {code_dir, and on a TPU VM accelerator_files (glob patterns, colon-separated), kill_stale,
-          stale_grace}: before starting anything the agent reports {"event": "probe", "code": 1 if
-          code_dir exists else 0, "holders": "pid TAB file TAB command" lines of the processes that
-          hold the TPU (killed first with kill_stale)}, then waits for the line "go" (the launcher
+          stale_grace, and on several hosts route_to (MASTER_ADDR)}: before starting anything the
+          agent reports {"event": "probe", "code": 1 if code_dir exists else 0, "holders": "pid TAB
+          file TAB command" lines of the processes that hold the TPU (killed first with kill_stale),
+          and with route_to hostname, resolves_to, interface, interface_set (interfaces.py: the
+          variables it set in the step's env)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
           So one channel per worker does what would otherwise take three.
   watch   {token, worker, hub_worker, workers, bind}: a detached run on several workers, whose
@@ -59,6 +61,10 @@ try:
 except KeyError:
     from podrun.remote import checkout
 
+try:
+    interfaces = sys.modules["podrun_remote_interfaces"]  # sent ahead like framing
+except KeyError:
+    from podrun.remote import interfaces
 try:
     import _signal as signal  # what `signal` wraps in enums: the same functions and constants
 except ImportError:  # not CPython
@@ -115,8 +121,9 @@ def prepare(config, control, step):
     probe = config.get("probe")
     if probe is not None:
         holders = tpu_holders(probe) if probe.get("accelerator_files") else []
+        network = interfaces.check(probe["route_to"], config["env"]) if probe.get("route_to") else {}
         emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
-             holders="\n".join("%d\t%s\t%s" % holder for holder in holders))
+             holders="\n".join("%d\t%s\t%s" % holder for holder in holders), **network)
     hub_address = ""
     if probe is not None or watch_config:
         hub_address = control.wait_for_go(step.heartbeat)

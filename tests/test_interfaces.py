@@ -1,0 +1,83 @@
+"""The rendezvous doctor's interface half (remote/interfaces.py, launch/preflight.py): where a worker's
+hostname resolves to loopback, gloo and NCCL would advertise it, so podrun sets GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME to the interface that reaches MASTER_ADDR, unless the job chose one itself.
+
+The lab's hosts map their own names to 127.0.0.1 (tests/lab.py), as many cloud images do."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from podrun.remote.interfaces import route_interface
+
+from conftest import podrun
+
+SHOW_VARIABLES = 'echo "$0 gloo=$GLOO_SOCKET_IFNAME nccl=$NCCL_SOCKET_IFNAME"'
+
+
+def shown(stdout: str, step: str) -> dict[int, str]:
+    """What each worker's `step` printed of SHOW_VARIABLES."""
+    return {int(worker): rest for worker, rest in re.findall(rf"^\[w(\d+)\] +{step} (.*)$", stdout, re.MULTILINE)}
+
+
+@pytest.mark.slow
+def test_hostnames_resolving_to_loopback_get_the_interface_to_master_addr_in_setup_and_run(home, lab, hosts_spec):
+    spec = hosts_spec(f"setup: sh -c '{SHOW_VARIABLES}' setup\nrun: sh -c '{SHOW_VARIABLES}' run")
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    for step in ("setup", "run"):
+        assert shown(result.stdout, step) == {index: "gloo=eth0 nccl=eth0" for index in range(3)}
+    ips = ", ".join(host.ip for host in lab.hosts[:3])
+    assert (f"podrun: hostname resolves to 127.0.0.1 on workers 0, 1, 2 ({ips}): gloo and NCCL would advertise "
+            f"it to the other workers; set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to eth0 there, the interface "
+            f"of the route to MASTER_ADDR {lab.hosts[0].ip} (set either in env to choose yourself)\n") in result.stderr
+
+
+@pytest.mark.slow
+def test_a_host_whose_name_resolves_to_its_address_is_left_alone(home, lab, hosts_spec):
+    with lab.names_resolving_to_addresses([2]):
+        result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}' run"))
+    assert result.returncode == 0, result.stderr
+    assert shown(result.stdout, "run") == {0: "gloo=eth0 nccl=eth0", 1: "gloo=eth0 nccl=eth0", 2: "gloo= nccl="}
+    assert f"on workers 0, 1 ({lab.hosts[0].ip}, {lab.hosts[1].ip})" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_job_that_sets_either_variable_chooses_for_itself(home, lab, hosts_spec, tmp_path):
+    result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}' run\n"
+                                       f"env: {{NCCL_SOCKET_IFNAME: '=eth0', PATH: /usr/bin:/bin}}"))
+    assert result.returncode == 0, result.stderr
+    assert shown(result.stdout, "run") == {index: "gloo= nccl==eth0" for index in range(3)}
+    assert "hostname resolves to" not in result.stderr
+
+
+def test_local_workers_reach_each_other_on_loopback_and_get_nothing(home):
+    result = podrun("exec", "--local", "2", "--", "sh", "-c", SHOW_VARIABLES, "run")
+    assert result.returncode == 0, result.stderr
+    assert shown(result.stdout, "run") == {0: "gloo= nccl=", 1: "gloo= nccl="}
+    assert "hostname resolves to" not in result.stderr
+
+
+ROUTES = """\
+Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+ens4\t00000000\t0100800A\t0003\t0\t0\t100\t00000000\t0\t0\t0
+ens4\t0100800A\t00000000\t0005\t0\t0\t100\tFFFFFFFF\t0\t0\t0
+eth1\t0000630A\t00000000\t0001\t0\t0\t0\t00F0FFFF\t0\t0\t0
+slow\t0000630A\t00000000\t0001\t0\t0\t50\t00F0FFFF\t0\t0\t0
+down\t0000630A\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0
+"""
+
+
+@pytest.mark.parametrize("address, interface", [
+    ("10.99.0.12", "eth1"),  # the most specific route that is up, of the lowest metric
+    ("10.128.0.5", "ens4"),  # a /32 address (GCE): the default route's
+    ("10.128.0.1", "ens4"),
+    ("fe80::1", ""),  # IPv6: not looked up
+    ("not-an-ip", ""),
+])
+def test_the_interface_is_the_most_specific_route_up(tmp_path, address, interface):
+    table = tmp_path / "route"
+    table.write_text(ROUTES)
+    assert route_interface(address, str(table)) == interface
