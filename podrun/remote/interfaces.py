@@ -26,7 +26,7 @@ RTF_UP = 0x1
 def check(master_addr, env):
     """The probe's report {hostname, resolves_to ("" if it does not resolve), interface ("" if no
     route), interface_set (when both VARIABLES were set in `env`, the step's environment)}."""
-    import _socket  # only a job's first step on several hosts asks: socket's own module costs 3 ms
+    import _socket  # 0.8 ms, where socket (enums, selectors) costs 17 ms here; only a first step asks
 
     hostname = os.uname().nodename
     try:
@@ -53,14 +53,16 @@ def route_interface(address, routes="/proc/net/route"):
     table (`routes`); "" if none."""
     try:
         octets = bytes(int(part) for part in address.split("."))
-        table = open(routes)
-    except (ValueError, OSError):
+    except ValueError:  # not IPv4 (an IPv6 address), or not an address
         return ""
     if len(octets) != 4:
-        table.close()
         return ""
     wanted = int.from_bytes(octets, sys.byteorder)  # the table prints each address as the kernel holds it
     best = None  # (prefix length, -metric), interface
+    try:
+        table = open(routes)
+    except OSError:  # not Linux
+        return ""
     with table:
         next(table, None)  # the header
         for line in table:
