@@ -76,6 +76,14 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
     return plans
 
 
+def checks_interfaces(plans: list[WorkerPlan]) -> bool:
+    """Whether the first step's agents look for the loopback trap (remote/interfaces.py): only where
+    several workers reach each other over a network, and the job names no interface itself."""
+    master_addr = plans[0].env["MASTER_ADDR"]
+    return (len(plans) > 1 and not interfaces.is_loopback(master_addr)
+            and not any(name in plans[0].env for name in interfaces.VARIABLES))
+
+
 def render(plans: list[WorkerPlan], title: str | None = None) -> str:
     """The plan as the shell script each worker effectively runs, secrets hidden; `title` (what the
     job runs on) as a comment first."""
@@ -86,6 +94,9 @@ def render(plans: list[WorkerPlan], title: str | None = None) -> str:
                  f"# environment: {worker.transport.starting_environment()}, then:",
                  f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
         lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
+        if checks_interfaces(plans):
+            lines.append(f"# and, if this host's name resolves to loopback: {' and '.join(interfaces.VARIABLES)} "
+                         f"set to the interface of its route to MASTER_ADDR (checked at start)")
         if worker_plan.setup:
             lines.append(f"{worker_plan.setup}  # setup")
         lines.append(worker_plan.run)

@@ -60,6 +60,17 @@ def test_local_workers_reach_each_other_on_loopback_and_get_nothing(home):
     assert "hostname resolves to" not in result.stderr
 
 
+def test_dry_run_says_that_the_interface_is_chosen_at_start_unless_the_job_names_one(home, job_file):
+    spec = job_file("target: {hosts: [10.1.0.7, 10.1.0.8]}\nrun: 'true'\n")
+    note = ("# and, if this host's name resolves to loopback: GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to "
+            "the interface of its route to MASTER_ADDR (checked at start)\n")
+    plan = podrun("exec", spec, "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count(note) == 2
+    mine = podrun("exec", spec, "--dry-run", "--env", "GLOO_SOCKET_IFNAME=eth1")
+    assert note not in mine.stdout and mine.stdout.count("export GLOO_SOCKET_IFNAME=eth1\n") == 2
+
+
 ROUTES = """\
 Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 ens4\t00000000\t0100800A\t0003\t0\t0\t100\t00000000\t0\t0\t0

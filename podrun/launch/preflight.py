@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from podrun.errors import PodrunError
 from podrun.output import say
-from podrun.plan import WorkerPlan
+from podrun.plan import WorkerPlan, checks_interfaces
 from podrun.remote import interfaces
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
@@ -88,10 +88,8 @@ async def check_torchrun(plans: list[WorkerPlan]) -> None:
 
 
 def interface_probe(plans: list[WorkerPlan]) -> dict:
-    """What the first step's agents check for the interface doctor: needed only where workers reach
-    each other over a network."""
-    master_addr = plans[0].env["MASTER_ADDR"]
-    return {"route_to": master_addr} if len(plans) > 1 and not interfaces.is_loopback(master_addr) else {}
+    """What the first step's agents check for the interface doctor (plan.checks_interfaces)."""
+    return {"route_to": plans[0].env["MASTER_ADDR"]} if checks_interfaces(plans) else {}
 
 
 def with_interfaces_set(plans: list[WorkerPlan], reports: list[dict]) -> list[WorkerPlan]:
