@@ -17,7 +17,7 @@ import time
 import pytest
 from test_adhoc_exec import lab_flags
 
-from conftest import REPO, podrun
+from conftest import REPO, podrun, wait_until
 
 
 class Terminal:
@@ -65,8 +65,11 @@ def test_a_shell_on_a_host_is_a_real_terminal_that_follows_resizes_and_passes_ct
     shell.resize(40, 120)
     shell.type("stty size; echo ma\"\"rk2\n")
     assert "40 120" in shell.wait_for(r"mark2")
-    shell.type("echo sl\"\"eeping; sleep 600\n")
-    shell.wait_for(r"sleeping")
+    shell.type("sleep 617\n")
+    # until sleep is the terminal's foreground process ("+" in its state), a Ctrl-C goes to the shell
+    wait_until(lambda: re.search(r"^\S*\+\S*\s+sleep 617$", subprocess.run(
+        ["ps", "-o", "stat=,args=", "-C", "sleep"], capture_output=True, text=True).stdout, re.MULTILINE),
+        "sleep in the foreground")
     shell.type("\x03")  # the terminal's Ctrl-C: goes to the remote sleep, not to podrun or ssh
     shell.type("echo sleep-ended-\"\"$?\n")
     assert "sleep-ended-130" in shell.wait_for(r"sleep-ended-\d+")  # SIGINT ended it; the shell goes on
