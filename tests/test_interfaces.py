@@ -45,7 +45,7 @@ def test_a_host_whose_name_resolves_to_its_address_is_left_alone(home, lab, host
 
 
 @pytest.mark.slow
-def test_a_job_that_sets_either_variable_chooses_for_itself(home, lab, hosts_spec, tmp_path):
+def test_a_job_that_sets_either_variable_chooses_for_itself(home, lab, hosts_spec):
     result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}' run\n"
                                        f"env: {{NCCL_SOCKET_IFNAME: '=eth0', PATH: /usr/bin:/bin}}"))
     assert result.returncode == 0, result.stderr
