@@ -88,13 +88,14 @@ def render(plans: list[WorkerPlan], title: str | None = None) -> str:
     """The plan as the shell script each worker effectively runs, secrets hidden; `title` (what the
     job runs on) as a comment first."""
     blocks = [f"# {title}"] if title else []
+    interfaces_checked = checks_interfaces(plans)
     for worker_plan in plans:
         worker = worker_plan.worker
         lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
                  f"# environment: {worker.transport.starting_environment()}, then:",
                  f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
         lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
-        if checks_interfaces(plans):
+        if interfaces_checked:
             lines.append(f"# and, if this host's name resolves to loopback: {' and '.join(interfaces.VARIABLES)} "
                          f"set to the interface of its route to MASTER_ADDR (checked at start)")
         if worker_plan.setup:
