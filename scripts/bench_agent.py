@@ -8,7 +8,8 @@ run as the launcher runs it (transport.agent_command, its source and step on std
 until it exits) for a step of `true`, with its compiled code cached on the "worker" and with that
 cache removed before every run, and compared, interleaved, with `python3 -I -S -c pass` (the floor
 for any Python supervisor) and `sh -c true` (what a raw `ssh host true` runs). CPU is user + system
-time of the process tree (RUSAGE_CHILDREN), per run.
+time of the process tree (RUSAGE_CHILDREN), per run. A job's first step on several hosts also probes
+its host name and route for the interface doctor: measured as a step of its own.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ def cpu_ms(run) -> float:
 
 def agent_step(python: str, root: Path, **fields) -> None:
     """One agent step of `true` in `root`, as the launcher runs it; `fields` add to the step or replace
-    its own (bench_checkout.py: cwd and code_dir)."""
+    its own (bench_checkout.py: cwd and code_dir). A step with a probe is told to go at once."""
     step = marshal.dumps({"job_id": "bench", "job_dir": ".podrun/jobs/bench", "worker": 0, "step": "run",
                           "cwd": str(root), "command": "true",
                           "env": {"PODRUN_JOB_ID": "bench", "PODRUN_WORKER": "0"}, "grace": 5, "heartbeat": 20,
                           "detach": False, **fields}, 4)
     agent = subprocess.Popen(["/bin/sh", "-c", agent_command(python)], cwd=root, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    agent.stdin.write(agent_source() + b"%d\n" % len(step) + step)
+    agent.stdin.write(agent_source() + b"%d\n" % len(step) + step + (b"go\n" if "probe" in fields else b""))
     agent.stdin.flush()
     agent.stdout.read()
     errors = agent.stderr.read()  # end of input would stop the step, so stdin stays open until here
@@ -86,6 +87,10 @@ def main() -> None:
         print_cpu_medians({
             "agent, compiled code cached": lambda: agent_step(args.python, Path(root)),
             "agent, compiled on every run": uncached,
+            # a job's first step on several hosts: the interface doctor's lookups (remote/interfaces.py);
+            # the route is looked up, never used (TEST-NET-1)
+            "agent, first step with the interface probe": lambda: agent_step(
+                args.python, Path(root), probe={"code_dir": "absent", "route_to": "192.0.2.1"}),
             "sh -c true": lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True),
         }, args.runs, args.python)
 
