@@ -23,7 +23,8 @@ it waits makes it FAILED. `DELETE` without `force` takes only ACCEPTED, WAITING_
 FAILED or SUSPENDED requests with no nodes (else FAILED_PRECONDITION); `force=true` deletes the
 nodes first. `preempt(node)` is what happens to a spot VM: the node goes PREEMPTED, its queued
 resource SUSPENDED (stateInitiator SERVICE), never re-queued, keeping its name until force-deleted,
-and its hosts vanish: `on_preempt(endpoints)` is called (on a lab: every process in the hosts'
+and its hosts vanish at once while the API shows all that only `preemption_lag_s` later (Google shows
+it once the VM's shutdown is over, tens of seconds after SSH felt it; math.inf: never): `on_preempt(endpoints)` is called (on a lab: every process in the hosts'
 namespaces is killed, sshd included); when the node is deleted its hosts come back as fresh
 capacity through `on_revive(endpoints)` (on a lab: an empty home, as a new VM's boot disk, and sshd
 started again), and `shutdown()` revives any host still gone, so a later test finds the lab whole.
@@ -155,6 +156,8 @@ class TpuStandIn:
         self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
         self.stall_s = 0.0  # seconds each request waits before it is answered; math.inf: never
+        self.preemption_lag_s = 1.0  # from a preemption (its hosts gone) to the API showing it
+        self.lagging: list[tuple[float, str]] = []  # (monotonic time the API shows it, node full name)
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
@@ -264,19 +267,31 @@ class TpuStandIn:
             self.capacity_withheld_until = time.monotonic() + seconds
 
     def preempt(self, node: str) -> None:
-        """Preempt a node (its id or full name), as Google preempts a spot VM: it goes PREEMPTED, its
-        queued resource (if any) SUSPENDED by the SERVICE, and its hosts vanish (`on_preempt`)."""
+        """Preempt a node (its id or full name), as Google preempts a spot VM: its hosts vanish at once
+        (`on_preempt`); `preemption_lag_s` later the node goes PREEMPTED and its queued resource (if any)
+        SUSPENDED by the SERVICE."""
         with self.lock:
             self._advance()
             name = node if "/" in node else next((full for full in self.nodes if full.endswith(f"/nodes/{node}")), node)
-            self._find(self.nodes, name, "Node")["state"] = "PREEMPTED"
+            self._find(self.nodes, name, "Node")
             endpoints = [e for e in self.node_endpoints.get(name, []) if e not in self.vanished]
             self.vanished += endpoints
+            self.lagging.append((time.monotonic() + self.preemption_lag_s, name))
+            self._show_preemptions()
+        if endpoints:
+            self.on_preempt(endpoints)
+
+    def _show_preemptions(self) -> None:
+        """What the API shows of the preemptions whose lag is over."""
+        now = time.monotonic()
+        for shown_at, name in [each for each in self.lagging if each[0] <= now]:
+            self.lagging.remove((shown_at, name))
+            if self.nodes[name]["state"] == "DELETING":
+                continue
+            self.nodes[name]["state"] = "PREEMPTED"
             for queued in self.queued.values():
                 if name in queued.nodes:
                     self._set_state(queued, "SUSPENDED", "SERVICE")
-        if endpoints:
-            self.on_preempt(endpoints)
 
     def node_names(self, queued_resource: str) -> list[str]:
         """The full names of the nodes a queued resource (its id or full name) names, in order."""
@@ -378,6 +393,7 @@ class TpuStandIn:
     def _release_hosts(self, name: str) -> None:
         """A deleted node's hosts are free again; those that vanished with a preemption come back first."""
         endpoints = self.node_endpoints.pop(name, [])
+        self.lagging = [each for each in self.lagging if each[1] != name]  # a node of that name made again is new
         revived = [e for e in endpoints if e in self.vanished]
         if revived:
             self.vanished = [e for e in self.vanished if e not in revived]
@@ -607,6 +623,7 @@ class TpuStandIn:
         return self._operation_json(operation)
 
     def _advance(self) -> None:
+        self._show_preemptions()
         for operation in self.operations.values():
             if operation.outcome is None and time.monotonic() >= operation.done_at:
                 operation.outcome = operation.finish()

@@ -13,13 +13,11 @@ which can last hours: the request's `valid_for` bounds it, Google fails it then)
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from podrun import interrupts
 from podrun.errors import PodrunError
 from podrun.output import say
 
@@ -47,7 +45,7 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
     what = "multislice" if request.slices > 1 else "TPU VM"
     say(f"creating {what} {request.name} ({request.summary()}) in {where.project}/{where.zone}")
     waiting = Waiting(api, request.name, f"{request.name} to be READY")
-    with _interruptible_once():  # the cleanup below runs with a second Ctrl-C held until its DELETE is out
+    with interrupts.interruptible_once():  # the cleanup below runs with a second Ctrl-C held until its DELETE is out
         try:
             with waiting:
                 if request.through_queue:
@@ -100,7 +98,7 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
     until it is gone (also when its deletion had begun already). Whether there was anything."""
     waiting = Waiting(api, name, f"{name} to be deleted")
     try:
-        with _uninterrupted():  # what to delete is read here too: an interrupt before the DELETE would leave it
+        with interrupts.uninterrupted():  # what to delete is read here too: an interrupt before the DELETE would leave it
             queued = api.get_queued(name)
             state = queued.state if queued else api.state(name)
             if state == "gone":
@@ -133,31 +131,47 @@ def _until_gone(api: TpuApi, name: str, queued: bool, waiting: Waiting) -> None:
         interval = min(interval * POLL_GROWTH, POLL_MAX_S)
 
 
-def preemption(api: TpuApi, names: list[str], label: str | None = None) -> str | None:
-    """Whether the TPU VM (or a slice of several, in slice order; `label` names them as a whole and
-    is their queued resource's name) was preempted, asked of the API: a node PREEMPTED or
-    TERMINATED, or its queued resource SUSPENDED; why, in words, naming the slice. None when it was
-    not, or the API cannot say."""
+def departure(api: TpuApi, names: list[str], label: str | None = None, nodes_only: bool = False) -> str | None:
+    """Whether the TPU VM (or a slice of several, in slice order; `label` names them as a whole and is
+    their queued resource's name) went away, asked of the API: preempted (a node PREEMPTED or
+    TERMINATED, its queued resource SUSPENDING or SUSPENDED), or out of service otherwise (a node not
+    READY, under maintenance or gone, its queued resource no longer ACTIVE); why, in words, naming the
+    slice. None while every node serves, or when the API cannot say. `nodes_only`: one read per node
+    (the watch while a job runs); the queued resource is read only once a node looks gone."""
     label = label or names[0]
     try:
         nodes = {name: api.find(name) for name in names}
+        away = [name for name, node in nodes.items() if _out_of_service(node)]
+        if nodes_only and not away:
+            return None
         requests = dict.fromkeys(node.queued_resource for node in nodes.values() if node and node.queued_resource)
         queued = [found for found in map(api.get_queued, requests or [label]) if found is not None]
     except PodrunError:
         return None
-    dead = [name for name, node in nodes.items() if node and node.state in PREEMPTED_NODE_STATES]
-    suspended = [request for request in queued if request.state in PREEMPTED_QUEUED_STATES]
-    if not dead and not suspended:
+    unqueued = [request for request in queued if request.state != "ACTIVE"]
+    if not away and not unqueued:
         return None
+    preempted = (any(nodes[name] and nodes[name].state in PREEMPTED_NODE_STATES for name in away)  # type: ignore[union-attr]
+                 or any(request.state in PREEMPTED_QUEUED_STATES for request in unqueued))
     if len(names) == 1:
         what = f"TPU VM {names[0]} was"
-    elif dead:
-        what = ", ".join(f"slice {names.index(name)} ({name})" for name in dead) + (" were" if len(dead) > 1 else " was")
+    elif away:
+        what = ", ".join(f"slice {names.index(name)} ({name})" for name in away) + (" were" if len(away) > 1 else " was")
     else:
         what = f"multislice {label} was"
-    parts = [f"node {nodes[name].state}" for name in dead[:1] or names[:1] if nodes[name]]  # type: ignore[union-attr]
+    parts = [_node_condition(nodes[name]) for name in away[:1] or names[:1]]
     parts += [f"queued resource {request.name} {request.state}" for request in queued]
-    return f"{what} preempted ({', '.join(parts)})"
+    return f"{what} {'preempted' if preempted else 'taken out of service'} ({', '.join(parts)})"
+
+
+def _out_of_service(node: TpuNode | None) -> bool:
+    return node is None or node.state != "READY" or node.health == "UNHEALTHY_MAINTENANCE"
+
+
+def _node_condition(node: TpuNode | None) -> str:
+    if node is None:
+        return "node deleted"
+    return f"node {node.state}" + (f", health {node.health}" if node.health == "UNHEALTHY_MAINTENANCE" else "")
 
 
 def blocked(api: TpuApi, names: list[str], label: str | None = None) -> str | None:
@@ -184,43 +198,6 @@ def _dead(node: TpuNode | None, queued: QueuedResource | None) -> str:
     parts = [f"node {node.state}"] if node and node.state in PREEMPTED_NODE_STATES else []
     parts += [f"queued resource {queued.state}"] if queued and queued.state in PREEMPTED_QUEUED_STATES else []
     return ", ".join(parts)
-
-
-_held_interrupts: list[int] = []
-
-
-def _hold(signum: int, frame) -> None:
-    _held_interrupts.append(signum)
-
-
-def _raise_once(signum: int, frame) -> None:
-    """The first Ctrl-C of a wait interrupts it; the ones right after it are held until the cleanup's
-    DELETE is out (a user who presses Ctrl-C twice must not stop it from being sent)."""
-    signal.signal(signal.SIGINT, _hold)
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def _interruptible_once() -> Iterator[None]:
-    previous = signal.signal(signal.SIGINT, _raise_once)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        _held_interrupts.clear()  # the KeyboardInterrupt they stand for is already on its way
-
-
-@contextmanager
-def _uninterrupted() -> Iterator[None]:
-    """Ctrl-C held off while a request that must reach Google is sent; one held is raised after it."""
-    previous = signal.signal(signal.SIGINT, _hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is _hold else previous)
-        if _held_interrupts:
-            _held_interrupts.clear()
-            raise KeyboardInterrupt
 
 
 class Waiting:

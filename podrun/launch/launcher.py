@@ -52,7 +52,8 @@ class Launch:
         self.record_saved_at = 0.0
         self.worker_records = {worker.index: worker for worker in record.workers}
         self.interrupt_signal = signal.SIGINT  # which signal stopped the job, once `interrupted` is set
-        self.preempted: str | None = None  # why the target went away, once the API was asked ("" if not preempted)
+        self.preempted: str | None = None  # why the target's capacity went away, once the API showed it
+        self.departed = asyncio.Event()  # set with `preempted` by the watch while run goes on
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
@@ -74,7 +75,9 @@ class Launch:
                     break
                 failure = await self._run_step(step, first=step == steps[0])
                 if failure:
-                    return self._finish_failed(step, failure)
+                    return await self._finish_failed(step, failure)
+                if self.preempted:
+                    return self._finish_preempted(self.preempted)
                 if step == "run" and self.detach and not self.interrupted.is_set():
                     return self._finish_detached()
             if self.interrupted.is_set():
@@ -83,8 +86,8 @@ class Launch:
             say_success(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
             return 0
         except PodrunError as error:
-            if reason := await self._preemption():  # a worker unreachable because the TPU is gone
-                return self._finish_preempted(reason)
+            if self.target.departs and (reason := await asyncio.to_thread(self.target.departure)):
+                return self._finish_preempted(reason)  # a worker unreachable because the TPU is gone
             self.record.finish(jobstore.FAILED, error.exit_code, str(error))
             raise
         except Exception as error:  # a bug: the CLI prints it as an internal error; the record says so too
@@ -113,10 +116,24 @@ class Launch:
             await stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
             _raise_first_error(started, self.plans)
         beating = asyncio.ensure_future(heartbeats(worker_steps))
+        watching = asyncio.ensure_future(self._watch_capacity()) if step == "run" and not detach else None
         try:
             return await self._supervise_step(step, worker_steps, first)
         finally:
             beating.cancel()
+            if watching:
+                watching.cancel()
+
+    async def _watch_capacity(self) -> None:
+        """While run goes on: the API read now and then (judgment.watch); the job stops once it shows the
+        capacity gone."""
+        if not self.target.departs:
+            return
+        from podrun.launch import judgment
+
+        self.preempted = await judgment.watch(self.target)
+        say(f"{self.preempted}: stopping the job on every worker")
+        self.departed.set()
 
     async def _supervise_step(self, step: str, worker_steps: list[WorkerStep], first: bool) -> StepResult | None:
         if first:
@@ -139,26 +156,29 @@ class Launch:
         finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
+        departure = asyncio.ensure_future(self.departed.wait())
         failure = None
         stopping = False
         while finishing:
-            watched: list[asyncio.Future] = [*finishing, interrupt]
+            watched: list[asyncio.Future] = [*finishing, interrupt, departure]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             for task in [task for task in finishing if task in done]:
                 finishing.pop(task)
-                result = await self._explained(task.result())
+                result = task.result()
                 self._record_exit(result)
                 if result.failed and not stopping:
                     failure = result
-                    self._report_failure(step, result)
+                    if not self._judged(result):
+                        self._report_failure(step, result)
             if time.monotonic() - self.record_saved_at > RECORD_SAVE_INTERVAL_S or not finishing:
                 self.record.save()
                 self.record_saved_at = time.monotonic()
-            if not stopping and (failure or self.interrupted.is_set()):
+            if not stopping and (failure or self.interrupted.is_set() or self.departed.is_set()):
                 stopping = True
                 for ws in finishing.values():
                     ws.stop()
         interrupt.cancel()
+        departure.cancel()
         return failure
 
     async def _hub_address(self, first: WorkerStep) -> str:
@@ -167,18 +187,6 @@ class Launch:
             return ""
         event = await first.reported("hub")
         return f"{first.plan.worker.internal_ip}:{event['port']}" if event else ""
-
-    async def _explained(self, result: StepResult) -> StepResult:
-        """A worker whose connection dropped, as the target explains it: preempted, if the API says so."""
-        if result.code != exits.LOST or not (reason := await self._preemption()):
-            return result
-        return StepResult(result.index, exits.PREEMPTED, problem=f"was lost: {reason}", tail=result.tail)
-
-    async def _preemption(self) -> str | None:
-        """Whether the target was preempted (the API is asked once, off the event loop); why, if so."""
-        if self.preempted is None:
-            self.preempted = await asyncio.to_thread(self.target.preemption) or ""
-        return self.preempted or None
 
     def _probe(self, plan: WorkerPlan) -> dict:
         """What the first step's agent reports before anything starts (agent.py, "probe")."""
@@ -274,8 +282,14 @@ class Launch:
             lines += [f"  {line}" for line in tail[-SHOWN_TAIL_LINES:]]
         say("\n".join(lines))
 
-    def _finish_failed(self, step: str, failure: StepResult) -> int:
-        if failure.code == exits.PREEMPTED and self.preempted:
+    async def _finish_failed(self, step: str, failure: StepResult) -> int:
+        if self._judged(failure) and not (self.preempted or self.interrupted.is_set()):
+            await self._judge_lost()
+            if self.interrupted.is_set():
+                return self._finish_interrupted()
+            if not self.preempted:
+                self._report_failure(step, failure)
+        if self.preempted:
             return self._finish_preempted(self.preempted)
         summary = f"worker {failure.index} {failure.describe()} in {step}"
         if cause := failure.cause():
@@ -283,6 +297,17 @@ class Launch:
         self.record.finish(jobstore.FAILED, failure.code, summary)
         say_failure(f"job {self.record.id} failed: {summary}; every other worker was stopped")
         return failure.code
+
+    def _judged(self, result: StepResult) -> bool:
+        """Whether a failure is judged before it is reported: a worker lost where capacity can go away."""
+        return result.code == exits.LOST and self.target.departs
+
+    async def _judge_lost(self) -> None:
+        """Whether the workers lost went with the capacity (judgment.judge): `preempted` says why, if so."""
+        from podrun.launch import judgment
+
+        lost = {index: worker.endpoint for index, worker in self.worker_records.items() if worker.exit_code == exits.LOST}
+        self.preempted = await self._until_interrupted(judgment.judge(self.target, lost, self.record.id))
 
     def _finish_preempted(self, reason: str) -> int:
         self.record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)

@@ -19,9 +19,9 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, jobstore, paths
+from podrun import exits, interrupts, jobstore, paths
 from podrun.errors import PodrunError
-from podrun.launch.launcher import Launch
+from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.output import Terminal, counted, say, say_failure
 from podrun.plan import WorkerPlan, plan
 from podrun.shipping import scan
@@ -53,23 +53,26 @@ class Lifecycle:
         """Create the TPU if the spec declares it and it does not exist, run the job (on the workers
         `select` picks, given their count) until it ends, restarting it as asked, then delete the TPU
         if asked. Detached, this returns once the first attempt runs, leaving a supervisor if needed."""
+        with interrupts.interruptible_once(HANDLED_SIGNALS):  # a second interrupt cannot stop the cleanup
+            return self._run(select, stop_grace_s)
+
+    def _run(self, select: Callable[[int], set[int]], stop_grace_s: float) -> int:
         record: jobstore.JobRecord | None = None
         try:
-            with _sigterm_as_interrupt():
-                self.target.provision()
-                self.workers = self.target.workers(dry_run=False)
-                self.selected = select(len(self.workers))
-                job_id = jobstore.new_job_id(self.spec.name)
-                plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
-                record = self._new_record(job_id, stop_grace_s)
-                gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
-                gc.enable()
-                code = self._launch(record, plans)
-                if self.detach and record.state == jobstore.RUNNING:
-                    if self._needs_supervisor():
-                        self._fork_supervisor(record)
-                    return code
-                return self._restart_while_due(record, code)
+            self.target.provision()
+            self.workers = self.target.workers(dry_run=False)
+            self.selected = select(len(self.workers))
+            job_id = jobstore.new_job_id(self.spec.name)
+            plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
+            record = self._new_record(job_id, stop_grace_s)
+            gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
+            gc.enable()
+            code = self._launch(record, plans)
+            if self.detach and record.state == jobstore.RUNNING:
+                if self._needs_supervisor():
+                    self._fork_supervisor(record)
+                return code
+            return self._restart_while_due(record, code)
         except KeyboardInterrupt:
             if record and record.state == jobstore.RUNNING:  # between attempts: restarting
                 record.finish(jobstore.STOPPED, exits.INTERRUPTED, "interrupted while restarting")
@@ -103,8 +106,8 @@ class Lifecycle:
         try:
             return asyncio.run(Launch(self.spec, self.target, plans, self.tree, record,
                                       Terminal(worker_count=len(self.workers)), self.detach, self.kill_stale).run())
-        finally:  # the event loop leaves SIGTERM at its default when it removes its handler
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
+        finally:  # the event loop leaves the signals at their defaults when it removes its handlers
+            interrupts.rearm(HANDLED_SIGNALS)
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
         cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure"}.get(record.state)
@@ -118,10 +121,10 @@ class Lifecycle:
 
     def _next_attempt(self, record: jobstore.JobRecord) -> None:
         preempted, why = record.state == jobstore.PREEMPTED, record.summary
+        self.recreating = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
-            self.recreating = True
             self.target.recreate()
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
@@ -176,8 +179,8 @@ class Lifecycle:
         os.dup2(log, 1)
         os.dup2(log, 2)
         record.supervisor = jobstore.process_identity(os.getpid())
-        try:
-            with _sigterm_as_interrupt():
+        with interrupts.interruptible_once(HANDLED_SIGNALS):
+            try:
                 try:
                     return self._restart_while_due(record, self._watch(record))
                 except KeyboardInterrupt:
@@ -186,17 +189,17 @@ class Lifecycle:
 
                     detached.stop(record)
                     return exits.stopped_by(signal.SIGTERM)
-        except PodrunError as error:
-            say_failure(str(error))
-            record.finish(jobstore.FAILED, error.exit_code, str(error))
-            return error.exit_code
-        except Exception as error:  # a bug: the record says so, the log keeps the traceback
-            traceback.print_exc()
-            record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
-            return exits.INTERNAL_ERROR
-        finally:
-            self._release_if_asked(record)
-            sys.stdout.flush()
+            except PodrunError as error:
+                say_failure(str(error))
+                record.finish(jobstore.FAILED, error.exit_code, str(error))
+                return error.exit_code
+            except Exception as error:  # a bug: the record says so, the log keeps the traceback
+                traceback.print_exc()
+                record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
+                return exits.INTERNAL_ERROR
+            finally:
+                self._release_if_asked(record)
+                sys.stdout.flush()
 
     def _watch(self, record: jobstore.JobRecord) -> int:
         """Follow a detached attempt to its end, as `podrun logs -f` does; a worker lost with its host
@@ -209,17 +212,11 @@ class Lifecycle:
             record.finish(jobstore.FAILED, exits.LOST, str(error))
         if record.state == jobstore.RUNNING:  # a worker's log ended without its exit: it cannot be followed
             record.finish(jobstore.FAILED, exits.LOST, "a worker's agent ended without recording an exit")
-        if record.state == jobstore.FAILED and record.exit_code == exits.LOST and (reason := self.target.preemption()):
-            record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
+        if record.state == jobstore.FAILED and record.exit_code == exits.LOST and self.target.departs:
+            from podrun.launch import judgment
+
+            lost = {w.index: w.endpoint for w in record.workers if w.exit_code in (None, exits.LOST)}
+            if reason := asyncio.run(judgment.judge(self.target, lost, record.id)):
+                record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
         say(record.outcome())
         return record.exit_code if record.exit_code is not None else exits.LOST
-
-
-class _sigterm_as_interrupt:
-    """SIGTERM (`podrun stop`) does what Ctrl-C does, outside Launch (which handles both itself)."""
-
-    def __enter__(self) -> None:
-        self.previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-
-    def __exit__(self, *exception) -> None:
-        signal.signal(signal.SIGTERM, self.previous)

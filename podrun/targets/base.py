@@ -32,6 +32,7 @@ class Target(ABC):
     worker_noun: str  # what one of its workers is called in messages ("SSH host")
     default_device: str  # PJRT_DEVICE when the spec sets no `device`
     container_flags: tuple[str, ...] = ()  # what `docker run` needs here beyond podrun's usual flags
+    departs = False  # whether its capacity can go away under a job (then departure() is asked)
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
@@ -62,9 +63,11 @@ class Target(ABC):
     def provision(self) -> None:
         """Create what the spec declares and does not exist yet (waiting until it is ready)."""
 
-    def preemption(self) -> str | None:
-        """Why every worker went away, when the target can tell it was preempted: one line; else None.
-        Asked when a worker's connection dropped, before that is reported."""
+    def departure(self, watch: bool = False) -> str | None:
+        """Why the target's capacity went away (preempted, taken out of service), when it can tell: one
+        line; else None. Asked, with backoff, when a worker's connection dropped, before that is
+        reported (launch/judgment.py); with `watch`, the cheap read made every WATCH_INTERVAL while run
+        goes on."""
         return None
 
     def recreate(self) -> None:

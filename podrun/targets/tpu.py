@@ -50,6 +50,7 @@ class TpuVm(Target):
     worker_noun = "TPU worker"
     default_device = "TPU"
     container_flags = ("--privileged",)  # the container needs /dev/accel* and the TPU runtime's sysfs
+    departs = True  # preempted (spot), or taken away by maintenance
 
     def __init__(self, spec: JobSpec):
         super().__init__(spec)
@@ -123,10 +124,10 @@ class TpuVm(Target):
             raise PodrunError(f"{tpu.label} exists as a {found}, but the spec declares a {shape}; delete it "
                               f"(`podrun delete {tpu.label}`) or give the spec another target.tpu.name")
 
-    def preemption(self) -> str | None:
+    def departure(self, watch: bool = False) -> str | None:
         from podrun.cloud import capacity
 
-        return capacity.preemption(self.api, self.node_names, self.tpu.label)
+        return capacity.departure(self.api, self.node_names, self.tpu.label, nodes_only=watch)
 
     def recreate(self) -> None:
         from podrun.cloud import capacity
