@@ -23,8 +23,9 @@ it waits makes it FAILED. `DELETE` without `force` takes only ACCEPTED, WAITING_
 FAILED or SUSPENDED requests with no nodes (else FAILED_PRECONDITION); `force=true` deletes the
 nodes first. `preempt(node)` is what happens to a spot VM: the node goes PREEMPTED, its queued
 resource SUSPENDED (stateInitiator SERVICE), never re-queued, keeping its name until force-deleted,
-and its hosts vanish at once while the API shows all that only `preemption_lag_s` later (Google shows
-it once the VM's shutdown is over, tens of seconds after SSH felt it; math.inf: never): `on_preempt(endpoints)` is called (on a lab: every process in the hosts'
+and its hosts vanish at once while the API shows all that only `preemption_lag_s` later (Google
+shows it once the VM's shutdown is over, tens of seconds after SSH felt it; math.inf: never):
+`on_preempt(endpoints)` is called (on a lab: every process in the hosts'
 namespaces is killed, sshd included); when the node is deleted its hosts come back as fresh
 capacity through `on_revive(endpoints)` (on a lab: an empty home, as a new VM's boot disk, and sshd
 started again), and `shutdown()` revives any host still gone, so a later test finds the lab whole.
@@ -272,7 +273,7 @@ class TpuStandIn:
         SUSPENDED by the SERVICE."""
         with self.lock:
             self._advance()
-            name = node if "/" in node else next((full for full in self.nodes if full.endswith(f"/nodes/{node}")), node)
+            name = self._full_node_name(node)
             self._find(self.nodes, name, "Node")
             endpoints = [e for e in self.node_endpoints.get(name, []) if e not in self.vanished]
             self.vanished += endpoints
@@ -280,6 +281,20 @@ class TpuStandIn:
             self._show_preemptions()
         if endpoints:
             self.on_preempt(endpoints)
+
+    def start_maintenance(self, node: str) -> None:
+        """A maintenance event on a node (its id): its health turns UNHEALTHY_MAINTENANCE while it stays
+        READY and its hosts keep running, until the VM is restarted."""
+        with self.lock:
+            self._find(self.nodes, self._full_node_name(node), "Node")["health"] = "UNHEALTHY_MAINTENANCE"
+
+    def node_endpoints_of(self, node: str) -> list[LabEndpoint]:
+        """The lab hosts a node (its id) runs on, in worker order."""
+        with self.lock:
+            return list(self.node_endpoints[self._full_node_name(node)])
+
+    def _full_node_name(self, node: str) -> str:
+        return node if "/" in node else next((full for full in self.nodes if full.endswith(f"/nodes/{node}")), node)
 
     def _show_preemptions(self) -> None:
         """What the API shows of the preemptions whose lag is over."""
