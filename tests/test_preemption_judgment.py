@@ -13,7 +13,7 @@ import time
 import pytest
 from test_lifecycle import PREEMPTED, WAIT_FOR_PREEMPTION, job_record, left_in_api, lifecycle_spec
 
-from conftest import Background, job_id_in, processes_of_job
+from conftest import Background, job_id_in, processes_of_job, wait_until
 
 LOST = 255
 
@@ -93,6 +93,40 @@ def test_a_node_taken_out_of_service_while_ssh_holds_stops_the_job_as_preempted(
     tpu_api.start_maintenance("life")
     assert job.finish(timeout=60) == PREEMPTED, job.text
     assert "TPU VM life was taken out of service (node READY, health UNHEALTHY_MAINTENANCE)" in job.text
+    assert job_record(home, job_id_in(job.text))["state"] == "preempted"
+    assert processes_of_job(job_id_in(job.text)) == []
+    assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.fixture
+def metadata_server(lab):
+    """The GCE metadata stand-in on the lab's bridge, where every lab host reaches it."""
+    from metadata_stand_in import MetadataStandIn
+
+    from lab import BRIDGE_IP
+
+    server = MetadataStandIn()
+    yield server, server.serve(BRIDGE_IP)
+    server.shutdown()
+
+
+@pytest.mark.slow
+def test_the_vms_own_notice_stops_the_job_at_once_and_names_the_worker(home, tpu_api, lab, job_file, metadata_server):
+    server, address = metadata_server
+    tpu_api.preemption_lag_s = math.inf  # the API never catches up: the notice alone decides
+    run = ('trap \'echo "SIGTERM on worker $PODRUN_WORKER"; exit 143\' TERM\n'
+           'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\nsleep 600 & wait')
+    spec = lifecycle_spec(job_file, run, "spot: true")
+    spec.write_text(spec.read_text().replace("env: {", f"env: {{GCE_METADATA_HOST: '{address}', "))
+    job = Background("exec", spec, "--down")
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    wait_until(lambda: server.waiting >= 4, "every agent waiting for a change of both values")
+    announced_at = time.monotonic()
+    server.set("preempted", "TRUE")
+    job.wait_for(r"worker \d: the VM announced its preemption: stopping the job on every worker")
+    assert job.finish(timeout=60) == PREEMPTED, job.text
+    assert time.monotonic() - announced_at < 10  # well inside the ~30 s Google gives
+    assert "[w0] SIGTERM on worker 0" in job.text and "[w1] SIGTERM on worker 1" in job.text
     assert job_record(home, job_id_in(job.text))["state"] == "preempted"
     assert processes_of_job(job_id_in(job.text)) == []
     assert left_in_api(tpu_api) == ([], [])

@@ -12,10 +12,11 @@ import fcntl
 import json
 import os
 
-from podrun import jobstore, paths
+from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError
 from podrun.launch.steps import StepResult
 from podrun.output import WorkerOutput, say
+from podrun.remote import vm_notice
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
 
@@ -91,7 +92,11 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
     lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
     stopped = [w.exit_code for w in record.workers if w.exit_code and w.stop_reason is not None]
-    if failed:
+    noticed = [w for w in record.workers if vm_notice.announced(w.stop_reason)]
+    if noticed:  # the VM's own notice stopped it (remote/vm_notice.py)
+        record.finish(jobstore.PREEMPTED, exits.PREEMPTED, f"worker {noticed[0].index}: {noticed[0].stop_reason}",
+                      ended_at)
+    elif failed:
         record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
     elif lost:
         index, code = lost[0]

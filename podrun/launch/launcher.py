@@ -108,7 +108,8 @@ class Launch:
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
-            watch and {**watch, "worker": plan.worker.index})
+            watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.departs,
+            on_notice=self._on_notice)
             for plan in self.plans]
         started = await asyncio.gather(*(ws.start(self._probe(ws.plan) if first else None) for ws in worker_steps),
                                        return_exceptions=True)
@@ -168,7 +169,7 @@ class Launch:
                 self._record_exit(result)
                 if result.failed and not stopping:
                     failure = result
-                    if not self._judged(result):
+                    if not (self._judged(result) or self.preempted):  # a VM's notice: said already
                         self._report_failure(step, result)
             if time.monotonic() - self.record_saved_at > RECORD_SAVE_INTERVAL_S or not finishing:
                 self.record.save()
@@ -297,6 +298,13 @@ class Launch:
         self.record.finish(jobstore.FAILED, failure.code, summary)
         say_failure(f"job {self.record.id} failed: {summary}; every other worker was stopped")
         return failure.code
+
+    def _on_notice(self, index: int, reason: str) -> None:
+        """A worker's VM announced it goes away: its agent stopped its run already; the others stop too."""
+        if not self.preempted:
+            self.preempted = f"worker {index}: {reason}"
+            say(f"{self.preempted}: stopping the job on every worker")
+            self.departed.set()
 
     def _judged(self, result: StepResult) -> bool:
         """Whether a failure is judged before it is reported: a worker lost where capacity can go away."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from podrun import exits
@@ -71,11 +72,14 @@ class WorkerStep:
     """One step of the job (setup or run) on one worker, through the agent."""
 
     def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool,
-                 grace: float, watch: dict | None = None):
+                 grace: float, watch: dict | None = None, vm_notices: bool = False,
+                 on_notice: Callable[[int, str], None] | None = None):
         self.plan = plan
         self.detach = detach
         self.grace = grace
         self.watch = watch  # a detached run on several workers: the agents watch each other (agent.Hub)
+        self.vm_notices = vm_notices  # the agent stops the run on the VM's own notice (remote/vm_notice.py)
+        self.on_notice = on_notice  # told (worker, reason) as soon as the agent reports such a notice
         self.step = step
         self.command = command
         self.output = output
@@ -91,7 +95,8 @@ class WorkerStep:
                   "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": self.grace,
                   "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach, "code_dir": self.plan.code_dir}
         if self.step == "run":
-            config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group")
+            config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group",
+                          vm_notices=self.vm_notices)
             if self.plan.term_leader_only:  # torchrun: each rank runs behind rank_output.py (plan.py)
                 config["job_files"] = {"rank_output.py": remote_source("rank_output").decode()}
         if probe is not None:
@@ -173,6 +178,8 @@ class WorkerStep:
             event = None
         if isinstance(event, dict) and "event" in event:
             self.events.append(event)
+            if event["event"] == "notice" and self.on_notice:
+                self.on_notice(self.plan.worker.index, str(event.get("reason")))
             return event
         if text.strip():
             self.diagnostics.append(text)

@@ -13,7 +13,8 @@ Protocol
           code version checked out into cwd before the step starts: checkout.py), command, env,
           grace, heartbeat, detach}, for run {container, term ("leader" or "group"), job_files (name:
           text, written into the job's directory first: rank_output.py under torchrun)}, for a job's
-          first step "probe", for a watched run "watch"; then control lines: "stop" asks for a
+          first step "probe", for a watched run "watch", for a run on a TPU VM "vm_notices" (true: the
+          VM's own notice of its preemption stops the job at once, vm_notice.py); then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
           link that died silently), means the launcher is gone: the job stops too.
   probe   {code_dir, and on a TPU VM accelerator_files (glob patterns, colon-separated), kill_stale,
@@ -31,7 +32,7 @@ Protocol
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is)},
-          {"event": "error", "message": M}.
+          {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
   agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
@@ -65,6 +66,10 @@ try:
     interfaces = sys.modules["podrun_remote_interfaces"]  # sent ahead like framing
 except KeyError:
     from podrun.remote import interfaces
+try:
+    vm_notice = sys.modules["podrun_remote_vm_notice"]  # sent ahead like framing
+except KeyError:
+    from podrun.remote import vm_notice
 try:
     import _signal as signal  # what `signal` wraps in enums: the same functions and constants
 except ImportError:  # not CPython
@@ -293,6 +298,9 @@ class Step:
         poller.register(wakeup, "signal")
         if watch is not None:
             watch.attach(poller, self.stop_for_failure)
+        notices = vm_notice.Notices(self.config["env"]) if self.config.get("vm_notices") else None
+        if notices is not None:
+            notices.attach(poller)
         exit_watch = _pidfd(self.pid)
         if exit_watch is not None:
             poller.register(exit_watch, "exit")
@@ -332,6 +340,11 @@ class Step:
                     poller.unregister(exit_watch)
                 elif ready == "watch":
                     watch.ready(fd)
+                elif ready == "notice":
+                    reason = notices.ready(fd)
+                    if reason and not self.stop_reason:
+                        emit(event="notice", reason=reason)
+                        self.request_stop(reason)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
             if self.status is None:
