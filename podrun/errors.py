@@ -23,3 +23,7 @@ class UsageError(PodrunError):
     """A bad flag or argument on the command line."""
 
     exit_code = exits.USAGE
+
+
+class WaitTimedOut(PodrunError):
+    """A wait for Google ran past PODRUN_WAIT_TIMEOUT; what was waited for goes on at Google."""

@@ -40,7 +40,7 @@ class JobRecord:
                  state: str = RUNNING, started_at: float | None = None, ended_at: float | None = None,
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
-                 attempts: list[dict] | None = None, supervisor: dict | None = None):
+                 attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -59,6 +59,7 @@ class JobRecord:
         self.attempts = attempts or []
         # a detached job that restarts or deletes its TPU: the local process that watches it (pid, start)
         self.supervisor = supervisor
+        self.cleanup = cleanup  # the command that deletes what the supervisor would delete (delete_after)
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -89,6 +90,11 @@ class JobRecord:
     def supervised(self) -> bool:
         """Whether the job's supervisor (a detached job that restarts or deletes its TPU) is at work."""
         return self.supervisor is not None and is_alive(self.supervisor)
+
+    def supervisor_lost(self) -> bool:
+        """Whether a running job's supervisor died (killed, its machine rebooted): nothing restarts the
+        job or deletes its TPU any more."""
+        return self.supervisor is not None and self.state == RUNNING and not is_alive(self.supervisor)
 
     def current_state(self) -> str:
         """The state, with a running job whose launcher has died shown as lost."""

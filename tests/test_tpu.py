@@ -273,18 +273,31 @@ def test_an_api_that_stops_answering_while_podrun_waits_for_an_operation_ends_in
     assert creating.lines[-1] == no_answer("creating TPU VM slow")
 
 
-def test_a_wait_past_its_deadline_says_the_operation_goes_on_and_how_to_follow_it(home, tpu_api, monkeypatch):
+def test_a_wait_past_its_deadline_deletes_what_podrun_asked_for_as_ctrl_c_does(home, tpu_api, monkeypatch):
     tpu_api.operation_delay_s = 60
     monkeypatch.setenv("PODRUN_WAIT_TIMEOUT", "2")
-    result, seconds = timed("create", "v4-8", "--name", "slow")
-    assert result.returncode == 1
-    assert stderr_lines_without_traceback(result.stderr)[1:] == [
-        "podrun: waiting for slow to be READY (at most 2s; Ctrl-C deletes it)",
-        "podrun: error: creating TPU VM slow: still not done after 2s; it goes on at Google: `podrun describe slow "
-        "--zone us-central2-b --project podrun-test` shows its state (PODRUN_WAIT_TIMEOUT sets how many seconds "
-        "podrun waits)"]
-    assert seconds < 2 + 8
-    assert "state        CREATING" in podrun("describe", "slow").stdout
+    creating = Background("create", "v4-8", "--name", "slow")
+    creating.wait_for(r"^podrun: waiting for slow to be READY \(at most 2s; Ctrl-C deletes it\)$")
+    tpu_api.operation_delay_s = 0.3  # the deletion is quick
+    assert creating.finish() == 1
+    assert not crashed(creating.text)
+    assert creating.lines[-1] == "podrun: error: slow was not READY within 2s (PODRUN_WAIT_TIMEOUT); podrun deleted " \
+                                 "it", creating.text
+    assert "podrun: deleting TPU VM slow" in creating.text
+    assert "no TPU VM named slow" in podrun("describe", "slow").stderr
+
+
+def test_a_queued_request_waits_no_longer_than_the_wait_timeout_and_is_deleted(home, tpu_api, monkeypatch):
+    tpu_api.withhold_capacity(3600)
+    monkeypatch.setenv("PODRUN_WAIT_TIMEOUT", "3")
+    result, seconds = timed("create", "v4-8", "--name", "queue", "--queued")
+    assert result.returncode == 1, result.stderr
+    assert "waiting for queue to be READY (at most 3s (PODRUN_WAIT_TIMEOUT); Ctrl-C deletes the request)" in result.stderr
+    assert "as long as the request is valid" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("podrun: error: queue was not READY within 3s "
+                                                       "(PODRUN_WAIT_TIMEOUT); podrun deleted the request")
+    assert seconds < 3 + 10
+    assert tpu_api.queued == {} and tpu_api.nodes == {}
 
 
 def on_a_terminal(*args: str) -> tuple[subprocess.Popen, int]:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import Background, crashed, podrun, stderr_lines_without_traceback
+from conftest import Background, crashed, podrun, stderr_lines_without_traceback, wait_until
 
 ZONE = "us-central2-b"
 PARENT = f"projects/podrun-test/locations/{ZONE}"
@@ -125,6 +125,7 @@ def test_a_request_that_expires_in_the_queue_fails_in_one_line_and_is_deleted(ho
 def test_a_preempted_spot_tpu_is_named_by_create_and_replaced_with_replace(home, tpu_api, lab):
     assert podrun("create", "v4-8", "--name", "qr", "--queued", "--spot").returncode == 0
     tpu_api.preempt("qr")
+    wait_until(lambda: podrun("describe", "qr").stdout.count("PREEMPTED"), "the API to show the preemption")
     again = podrun("create", "v4-8", "--name", "qr", "--queued", "--spot")
     assert again.returncode == 1
     assert stderr_lines_without_traceback(again.stderr) == [

@@ -79,7 +79,9 @@ def test_gcloud_spot_queued_resource_goes_active_is_preempted_and_force_deleted(
     assert ips == [lab.hosts[0].ip, lab.hosts[1].ip] and all(sshd_answers(ip) for ip in ips)
 
     tpu_api.preempt("spot-node")
-    assert gcloud_json("tpu-vm", "describe", "spot-node")["state"] == "PREEMPTED"
+    assert not any(sshd_answers(ip) for ip in ips)  # the VMs vanished at once, while the API lags:
+    assert gcloud_json("tpu-vm", "describe", "spot-node")["state"] == "READY"
+    wait_until(lambda: gcloud_json("tpu-vm", "describe", "spot-node")["state"] == "PREEMPTED")
     assert gcloud_json("queued-resources", "describe", "qr-spot")["state"] == {
         "state": "SUSPENDED", "suspendedData": {}, "stateInitiator": "SERVICE"}
     assert not any(sshd_answers(ip) for ip in ips)  # the VMs vanished
@@ -123,7 +125,7 @@ def test_python_client_multislice_waits_while_capacity_is_withheld(tpu_api, clie
     assert sorted(e.ip_address for node in nodes for e in node.network_endpoints) == sorted(h.ip for h in lab.hosts)
 
     tpu_api.preempt("slice-1")
-    assert client.get_node(name=f"{PARENT}/nodes/slice-1").state == tpu_v2.Node.State.PREEMPTED
+    wait_until(lambda: client.get_node(name=f"{PARENT}/nodes/slice-1").state == tpu_v2.Node.State.PREEMPTED)
     state = client.get_queued_resource(name=name).state
     assert state.state == State.SUSPENDED and state.state_initiator == tpu_v2.QueuedResourceState.StateInitiator.SERVICE
     from google.api_core import exceptions

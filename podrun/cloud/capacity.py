@@ -8,17 +8,22 @@ queued or a half-made node billing. Waiting for a deletion may be interrupted: G
 
 A queued request is polled with backoff: POLL_FIRST_S after it is accepted, then each wait
 POLL_GROWTH times the last, up to POLL_MAX_S (about 6 reads a minute while it waits in the queue,
-which can last hours: the request's `valid_for` bounds it, Google fails it then).
+which can last hours): for as long as the request is valid (`valid_for`: Google fails it then), else
+up to PODRUN_WAIT_TIMEOUT, which also bounds it wherever it is set. A wait that runs out deletes what
+podrun asked for, as an interrupt does.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from podrun import interrupts
-from podrun.errors import PodrunError
+from podrun.cloud.request import duration_text
+from podrun.cloud.settings import WAIT_TIMEOUT
+from podrun.errors import PodrunError, WaitTimedOut
 from podrun.output import say
 
 if TYPE_CHECKING:
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
 POLL_FIRST_S = 0.5
 POLL_GROWTH = 1.5
 POLL_MAX_S = 10.0
+QUEUE_EXPIRY_MARGIN_S = 60  # past valid_for, Google takes a moment to fail the request
 PREEMPTED_NODE_STATES = ("PREEMPTED", "TERMINATED")
 PREEMPTED_QUEUED_STATES = ("SUSPENDING", "SUSPENDED")
 
@@ -52,13 +58,14 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
                     api.wait(api.create_queued(request), lambda elapsed: None)  # accepted: it waits in the queue
                     if not wait:
                         return []
-                    waiting.start(queued=True, interrupt="deletes the request")
-                    _wait_in_queue(api, request, waiting)
+                    limit_s, limit = _queue_limit(api, request)
+                    waiting.start(limit, interrupt="deletes the request")
+                    _wait_in_queue(api, request, waiting, limit_s)
                 else:
                     pending = api.create(request)
                     if not wait:
                         return []
-                    waiting.start(interrupt="deletes it")
+                    waiting.start(f"at most {api.wait_timeout_s:g}s", interrupt="deletes it")
                     api.wait(pending, waiting.update)
         except KeyboardInterrupt:
             say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or "
@@ -68,15 +75,32 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
         except RequestFailed:
             release(api, request.name, quiet=True)
             raise
+        except WaitTimedOut:
+            waited = f"{request.name} was not READY within {waiting.elapsed():.0f}s ({WAIT_TIMEOUT[0]})"
+            say(f"{waited}: deleting what podrun asked for, so that nothing is left queued or billing")
+            release(api, request.name)
+            raise PodrunError(f"{waited}; podrun deleted {'the request' if request.through_queue else 'it'}") from None
     nodes = [api.get(name) for name in request.node_names]
     say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
     return nodes
 
 
-def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting) -> None:
-    """Poll the queued resource until every node it makes is READY; its failure as a PodrunError."""
+def _queue_limit(api: TpuApi, request: TpuRequest) -> tuple[float, str]:
+    """How long a queued request is waited for, and those words: PODRUN_WAIT_TIMEOUT where it is set or
+    the request has no valid_for; else as long as the request is valid (Google fails it then)."""
+    if os.environ.get(WAIT_TIMEOUT[0], "").strip() or not request.valid_for_s:
+        return api.wait_timeout_s, f"at most {api.wait_timeout_s:g}s ({WAIT_TIMEOUT[0]})"
+    valid_for = duration_text(request.valid_for_s)
+    return request.valid_for_s + QUEUE_EXPIRY_MARGIN_S, f"as long as the request is valid ({valid_for})"
+
+
+def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: float) -> None:
+    """Poll the queued resource until every node it makes is READY; its failure as a PodrunError, and
+    running past `limit_s` as WaitTimedOut."""
     name, interval = request.name, POLL_FIRST_S
     while True:
+        if waiting.elapsed() >= limit_s:
+            raise WaitTimedOut(f"queued resource {name} still waits after {waiting.elapsed():.0f}s")
         queued = api.get_queued(name)
         if queued is None:
             raise PodrunError(f"queued resource {name} was deleted while podrun waited for it")
@@ -89,7 +113,7 @@ def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting) -> None:
         if queued.state == "ACTIVE" and all(api.state(node) == "READY" for node in request.node_names):
             return
         waiting.show(queued.state if queued.state != "ACTIVE" else "ACTIVE, the TPU VM starting", waiting.elapsed())
-        time.sleep(interval)
+        time.sleep(max(0.0, min(interval, limit_s - waiting.elapsed())))
         interval = min(interval * POLL_GROWTH, POLL_MAX_S)
 
 
@@ -107,7 +131,7 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
         if not quiet:
             say(f"deleting {f'queued resource {name} and its TPU VM' if queued else f'TPU VM {name}'}")
         with waiting:
-            waiting.start(interrupt="stops the wait, not the deletion at Google")
+            waiting.start(f"at most {api.wait_timeout_s:g}s", interrupt="stops the wait, not the deletion at Google")
             if pending:
                 api.wait(pending, waiting.update)
             else:
@@ -215,8 +239,7 @@ class Waiting:
         self.reported_at = 0.0
         self.drawn = False
 
-    def start(self, queued: bool = False, interrupt: str = "stops the wait, not the operation at Google") -> None:
-        limit = "as long as the request is valid" if queued else f"at most {self.api.wait_timeout_s:g}s"
+    def start(self, limit: str, interrupt: str = "stops the wait, not the operation at Google") -> None:
         say(f"waiting for {self.waiting_for} ({limit}; Ctrl-C {interrupt})")
 
     def update(self, elapsed: float) -> None:

@@ -41,7 +41,7 @@ from podrun.cloud.settings import (
     gcloud_property,
     seconds,
 )
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, WaitTimedOut
 
 if TYPE_CHECKING:
     from podrun.cloud.request import TpuRequest
@@ -241,7 +241,7 @@ class TpuApi:
             elapsed = time.monotonic() - started
             if elapsed >= self.wait_timeout_s:
                 where = self.location
-                raise PodrunError(
+                raise WaitTimedOut(
                     f"{pending.doing}: still not done after {self.wait_timeout_s:g}s; it goes on at Google: "
                     f"`podrun describe {pending.node} --zone {where.zone} --project {where.project}` shows its "
                     f"state (PODRUN_WAIT_TIMEOUT sets how many seconds podrun waits)")

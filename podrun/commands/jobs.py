@@ -127,8 +127,11 @@ def stop_job(job: str | None) -> int:
     if record.detached:
         from podrun.launch import detached
 
+        lost_supervisor = record.supervisor_lost()
         detached.stop(record)
         print(f"podrun: job {record.id} is {jobstore.load(record.id).current_state()}")
+        if lost_supervisor and record.cleanup:
+            say(f"its supervisor is gone, so what it was to delete is still there: `{record.cleanup}` deletes it")
         return 0
     import signal  # here, not at the top: `podrun jobs` and `podrun logs` start faster without it
 
@@ -189,6 +192,8 @@ def _state_text(record: jobstore.JobRecord, state: str) -> str:
     notes = [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] if record.attempt else []
     if state == jobstore.RUNNING and record.supervised():
         notes.append("supervised")
+    elif state == jobstore.RUNNING and record.supervisor_lost():
+        notes.append("supervisor lost")
     return f"{state} ({', '.join(notes)})" if notes else state
 
 

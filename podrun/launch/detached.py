@@ -139,7 +139,19 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
 
 
 async def _stop_all(record: jobstore.JobRecord) -> None:
+    """Stop every worker's run; the first worker's last, once the others' have ended: its agent is the
+    hub that the others' agents watch (agent.Hub), and stopped first it would look lost to them."""
+    others_ended = asyncio.Event()
+
+    async def stop_others() -> None:
+        try:
+            await _on_every_worker(record.workers[1:], stop_one)
+        finally:
+            others_ended.set()
+
     async def stop_one(worker, transport: Transport) -> None:
+        if worker is record.workers[0]:
+            await others_ended.wait()
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
         channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id, record.attempt),
                                                str(wait_s))
@@ -147,7 +159,7 @@ async def _stop_all(record: jobstore.JobRecord) -> None:
         if await channel.wait() != 0:
             raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {wait_s:g}s")
 
-    await _on_every_worker(record.workers, stop_one)
+    await asyncio.gather(stop_others(), _on_every_worker(record.workers[:1], stop_one))
 
 
 async def _on_every_worker(workers, action) -> list:

@@ -157,6 +157,7 @@ class Lifecycle:
         pid = os.fork()
         if pid:
             record.supervisor = jobstore.process_identity(pid)
+            record.cleanup = self.target.release_command() if self.delete_after != "never" else None
             record.save()
             say(f"a supervisor (pid {pid}) watches it and {self._duties()}; its log: "
                 f"{os.path.join(record.dir, SUPERVISOR_LOG)}")

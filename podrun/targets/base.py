@@ -76,3 +76,7 @@ class Target(ABC):
 
     def release(self) -> None:
         """Delete what the job ran on (`delete_after`, `exec --down`)."""
+
+    def release_command(self) -> str | None:
+        """The command that does what release() does, for a user to run; None if there is nothing to delete."""
+        return None

@@ -141,6 +141,11 @@ class TpuVm(Target):
         for name in [self.tpu.label] if self.tpu.name else self.node_names:  # names: each slice by itself
             capacity.release(self.api, name)
 
+    def release_command(self) -> str:
+        where = self.api.location
+        names = [self.tpu.label] if self.tpu.name else self.node_names
+        return " && ".join(f"podrun delete {name} --zone {where.zone} --project {where.project} --yes" for name in names)
+
     def _missing(self) -> bool:
         return all(self.api.state(name) == "gone" for name in self.node_names)
 
