@@ -7,7 +7,10 @@ and after Ctrl-C. Against the Cloud TPU stand-in, whose workers are lab hosts; r
 from __future__ import annotations
 
 import json
+import os
+import re
 import secrets
+import shlex
 import signal
 import sys
 import time
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Background, job_id_in, podrun, processes_of_job
+from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
 
 PREEMPTED = 75  # exits.PREEMPTED, as the README documents it
 
@@ -235,3 +238,21 @@ def test_delete_after_keeps_or_deletes_the_tpu_as_the_job_ended(home, tpu_api, l
     result = podrun("exec", lifecycle_spec(job_file, f"exit {code}", delete_after=delete_after))
     assert result.returncode == code, result.stderr
     assert left_in_api(tpu_api) == kept
+
+
+@pytest.mark.slow
+def test_a_killed_supervisor_leaves_the_tpu_to_a_podrun_delete_that_stop_names(home, tpu_api, lab, job_file):
+    spec = lifecycle_spec(job_file, "exec sleep 600", delete_after="always")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0 and "a supervisor" in started.stderr, started.stderr
+    job_id = job_id_in(started.stderr)
+    os.kill(job_record(home, job_id)["supervisor"]["pid"], signal.SIGKILL)
+    wait_until(lambda: "supervisor lost" in podrun("jobs").stdout, "podrun jobs to show the supervisor lost")
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    command = re.search(r"`(podrun delete life [^`]*)`", stopped.stderr)
+    assert command, stopped.stderr
+    assert processes_of_job(job_id) == []
+    assert left_in_api(tpu_api) == ([], ["life"])  # the supervisor's duty is the user's now
+    assert podrun(*shlex.split(command[1])[1:]).returncode == 0
+    assert left_in_api(tpu_api) == ([], [])

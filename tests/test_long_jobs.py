@@ -290,3 +290,32 @@ def test_jobs_does_not_hang_on_a_detached_jobs_workers_that_do_not_answer(home):
     assert "quiet-1" in listed.stdout and "running" in listed.stdout
     assert (f"podrun: job quiet-1: shown as last recorded; its workers could not be asked (no answer within "
             f"{REFRESH_TIMEOUT_S}s)") in listed.stderr
+
+
+def test_stopping_a_detached_job_whose_first_worker_already_succeeded_records_it_stopped(home):
+    # worker 0's agent is the hub the others watch; its run ended well before the stop
+    started = podrun("exec", "--local", "3", "--detach", "--", 'if [ "$PODRUN_WORKER" -ge 1 ]; then exec sleep 300; fi')
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: (home / "local" / "w0" / ".podrun" / "jobs" / job_id / "run.exit").exists(), "worker 0's exit")
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0 and f"job {job_id} is stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    assert record["state"] == "stopped" and "lost" not in (record["summary"] or ""), record
+    assert podrun("logs", job_id, "-f").returncode == 143  # stopped by SIGTERM, not a lost worker's 255
+    assert processes_of_job(job_id) == []
+
+
+def test_a_killed_supervisor_reads_as_lost_and_stop_still_reaches_the_workers(home, job_file):
+    spec = job_file("target: {local: {workers: 2}}\nrun: exec sleep 300\nrestarts: {max: 1, on: [failure]}\n")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0 and "a supervisor" in started.stderr, started.stderr
+    job_id = job_id_in(started.stderr)
+    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    os.kill(record["supervisor"]["pid"], signal.SIGKILL)
+    wait_until(lambda: "running (supervisor lost)" in podrun("jobs").stdout, "podrun jobs to show the supervisor lost")
+    assert "succeeded" not in podrun("jobs").stdout
+    assert len(processes_of_job(job_id)) >= 2  # the job itself goes on
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0 and "is stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert processes_of_job(job_id) == []
