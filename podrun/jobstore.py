@@ -16,7 +16,9 @@ from podrun.errors import PodrunError
 
 RUNNING, SUCCEEDED, FAILED, STOPPED, LOST = "running", "succeeded", "failed", "stopped", "lost"
 PREEMPTED = "preempted"  # the TPU was preempted and no restart was left (exits.PREEMPTED)
-STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED)
+STALLED = "stalled"  # no worker printed anything for the job's `stall`: stacks saved, job stopped (exits.STALLED)
+STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED, STALLED)
+STACKS_DIR = "stacks"
 RECORD_FILE = "job.json"
 AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 
@@ -71,6 +73,19 @@ class JobRecord:
         """Worker `index`'s log of `attempt` (default: the current one); a restart's have a folder each."""
         attempt = self.attempt if attempt is None else attempt
         return os.path.join(self.dir, *([f"attempt-{attempt}"] if attempt else []), f"w{index}.log")
+
+    def new_stacks_dir(self) -> str:
+        """A fresh `stacks/<n>/` for one dump of every worker's stacks (n counts from 1, across attempts)."""
+        root = os.path.join(self.dir, STACKS_DIR)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        taken = [int(entry) for entry in os.listdir(root) if entry.isdigit()]
+        number = max(taken, default=0) + 1
+        while True:  # a stall and a `podrun stacks` may dump at once
+            try:
+                os.mkdir(os.path.join(root, str(number)), 0o700)
+                return os.path.join(root, str(number))
+            except FileExistsError:
+                number += 1
 
     def restart(self) -> None:
         """Close the current attempt (its outcome is the record's state now) and start the next, running

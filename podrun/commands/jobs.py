@@ -8,7 +8,17 @@ import time
 
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError, UsageError
-from podrun.output import Terminal, WorkerOutput, counted, print_table, say, say_failure, say_phase, say_success
+from podrun.output import (
+    Terminal,
+    WorkerOutput,
+    counted,
+    duration_text,
+    print_table,
+    say,
+    say_failure,
+    say_phase,
+    say_success,
+)
 
 DEFAULT_JOBS_SHOWN = 20
 HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
@@ -179,7 +189,7 @@ def _newest_running() -> jobstore.JobRecord:
 
 def _row(record: jobstore.JobRecord, state: str) -> tuple[str, ...]:
     end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
-    duration = _duration(end - record.started_at) if end else "-"
+    duration = duration_text(end - record.started_at) if end else "-"
     return record.id, record.name, record.target, _state_text(record, state), _exit_codes(record, state), \
         _started(record), duration
 
@@ -228,14 +238,6 @@ def _stopped(worker: jobstore.WorkerRecord) -> bool:
 def _failures(failed: list[jobstore.WorkerRecord]) -> str:
     shown = " ".join(f"w{worker.index}={worker.exit_code}" for worker in failed[:FAILURES_SHOWN])
     return f"{shown} +{len(failed) - FAILURES_SHOWN}" if len(failed) > FAILURES_SHOWN else shown
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, seconds = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
 def _terminal_width() -> int | None:

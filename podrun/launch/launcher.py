@@ -19,9 +19,20 @@ import time
 
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
-from podrun.launch import preflight
+from podrun.launch import preflight, stacks
 from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, heartbeats, stop_all
-from podrun.output import Terminal, WorkerOutput, counted, say, say_failure, say_phase, say_success, size_text
+from podrun.output import (
+    Terminal,
+    WorkerOutput,
+    counted,
+    duration_text,
+    say,
+    say_failure,
+    say_phase,
+    say_success,
+    size_text,
+    worker_ranges,
+)
 from podrun.plan import WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
@@ -53,6 +64,7 @@ class Launch:
         self.worker_records = {worker.index: worker for worker in record.workers}
         self.interrupt_signal = signal.SIGINT  # which signal stopped the job, once `interrupted` is set
         self.preempted: str | None = None  # why the target went away, once the API was asked ("" if not preempted)
+        self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
@@ -75,6 +87,8 @@ class Launch:
                 failure = await self._run_step(step, first=step == steps[0])
                 if failure:
                     return self._finish_failed(step, failure)
+                if self.stalled:
+                    return self._finish_stalled()
                 if step == "run" and self.detach and not self.interrupted.is_set():
                     return self._finish_detached()
             if self.interrupted.is_set():
@@ -139,11 +153,17 @@ class Launch:
         finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
+        watches_stall = step == "run" and self.spec.stall_s and not self.detach  # detached: agent.Hub watches
+        stall: asyncio.Future = asyncio.ensure_future(
+            self._silence(worker_steps) if watches_stall else asyncio.Event().wait())
         failure = None
         stopping = False
         while finishing:
-            watched: list[asyncio.Future] = [*finishing, interrupt]
+            watched: list[asyncio.Future] = [*finishing, interrupt, stall]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if stall in done and not stopping:
+                await self._on_stall(stall.result(), worker_steps)
+                stall = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
                 finishing.pop(task)
                 result = await self._explained(task.result())
@@ -154,12 +174,32 @@ class Launch:
             if time.monotonic() - self.record_saved_at > RECORD_SAVE_INTERVAL_S or not finishing:
                 self.record.save()
                 self.record_saved_at = time.monotonic()
-            if not stopping and (failure or self.interrupted.is_set()):
+            if not stopping and (failure or self.interrupted.is_set() or self.stalled):
                 stopping = True
                 for ws in finishing.values():
                     ws.stop()
         interrupt.cancel()
+        stall.cancel()
         return failure
+
+    async def _silence(self, worker_steps: list[WorkerStep]) -> dict[int, float]:
+        """Returns once no worker has printed anything for the spec's `stall` (the clock starts now):
+        how long each worker has been silent."""
+        assert self.spec.stall_s
+        started = time.monotonic()
+        while (left := max(started, *(ws.output_at for ws in worker_steps)) + self.spec.stall_s
+               - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        now = time.monotonic()
+        return {ws.plan.worker.index: now - max(started, ws.output_at) for ws in worker_steps}
+
+    async def _on_stall(self, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> None:
+        """Say which workers were silent for how long, and save every worker's stacks, before the stop."""
+        self.stalled = stall_summary(silent_s)
+        say(f"job {self.record.id} stalled: {self.stalled}; saving every worker's stacks, then stopping it")
+        texts = await stacks.collect(self.record.id, [(ws.plan.worker.index, ws.plan.worker.transport)
+                                                      for ws in worker_steps])
+        say(f"stacks of every worker saved in {stacks.save(self.record, texts)}")
 
     async def _hub_address(self, first: WorkerStep) -> str:
         """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
@@ -289,6 +329,12 @@ class Launch:
         say_failure(f"job {self.record.id} preempted: {reason}")
         return exits.PREEMPTED
 
+    def _finish_stalled(self) -> int:
+        assert self.stalled
+        self.record.finish(jobstore.STALLED, exits.STALLED, self.stalled)
+        say_failure(f"job {self.record.id} stalled: {self.stalled}; every worker was stopped")
+        return exits.STALLED
+
     def _finish_detached(self) -> int:
         self.record.detached = True
         self.record.save()
@@ -302,6 +348,17 @@ class Launch:
         self.record.finish(jobstore.STOPPED, code, f"stopped by {self.interrupt_signal.name}")
         say(f"job {self.record.id} stopped on every worker")
         return code
+
+
+def stall_summary(silent_s: dict[int, float]) -> str:
+    """`no output from any worker for 3.0s (w0-2 silent 3.0s, w3 silent 12.4s)`: workers silent for
+    the same time (to a tenth of a second, or as duration_text shows longer ones) are named as ranges."""
+    by_silence: dict[str, list[int]] = {}
+    for index, seconds in sorted(silent_s.items(), key=lambda item: item[1]):
+        by_silence.setdefault(duration_text(seconds), []).append(index)
+    shortest = min(silent_s.values())
+    return (f"no output from any worker for {duration_text(shortest)} ("
+            + ", ".join(f"{worker_ranges(indexes)} silent {silence}" for silence, indexes in by_silence.items()) + ")")
 
 
 def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:
