@@ -78,6 +78,12 @@ def _stop(args: argparse.Namespace) -> int:
     return stop_job(args.job)
 
 
+def _stacks(args: argparse.Namespace) -> int:
+    from podrun.commands.stacks import show_stacks
+
+    return show_stacks(args.job, args.worker)
+
+
 def _disk(args: argparse.Namespace) -> int:
     from podrun.commands.disk import disk
 
@@ -252,6 +258,12 @@ def _stop_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("job", nargs="?", metavar="JOB_ID", help=f"{JOB_HELP}; default: the newest running job")
 
 
+def _stacks_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("job", nargs="?", metavar="JOB_ID",
+                     help=f"{JOB_HELP}; default: the newest running job, else the newest job")
+    sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
+
+
 def _logs_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("job", nargs="?", metavar="JOB_ID",
                      help=f"{JOB_HELP}; default: the newest running job, else the newest job")
@@ -292,6 +304,8 @@ COMMANDS = {
     "jobs": ("list jobs, newest first: state, workers' exit codes, start and duration", _jobs, _jobs_arguments,
              False),
     "stop": ("stop a running job on every worker", _stop, _stop_arguments, False),
+    "stacks": ("show every worker's Python stacks of a running job, now (saved in the job's stacks/)", _stacks,
+               _stacks_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, _disk_arguments, False),
 }

@@ -27,7 +27,8 @@ AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 # a sixth of its whole run
 class WorkerRecord:
     def __init__(self, index: int, address: str, exit_code: int | None = None, signal: str | None = None,
-                 endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None):
+                 endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None,
+                 output_at: float | None = None):
         self.index = index
         self.address = address
         self.exit_code = exit_code
@@ -35,6 +36,9 @@ class WorkerRecord:
         self.endpoint = endpoint or {}  # how to reach it again: Transport.endpoint()
         self.stop_reason = stop_reason  # why its agent stopped it early (e.g. SIGTERM from podrun stop)
         self.rank = rank  # under torchrun: the rank that failed first, whose exit code exit_code is
+        # when its output last came (epoch seconds), as its worker told a detached job's fetch; an
+        # attached job's is its log's mtime (last_output_at)
+        self.output_at = output_at
 
 
 class JobRecord:
@@ -73,6 +77,17 @@ class JobRecord:
         """Worker `index`'s log of `attempt` (default: the current one); a restart's have a folder each."""
         attempt = self.attempt if attempt is None else attempt
         return os.path.join(self.dir, *([f"attempt-{attempt}"] if attempt else []), f"w{index}.log")
+
+    def output_at(self, worker: WorkerRecord) -> float | None:
+        """When the worker's output last came (epoch seconds); None if it printed nothing yet. A detached
+        job's worker says (fetched); an attached job's launcher writes each chunk to the log as it comes."""
+        if worker.output_at is not None:
+            return worker.output_at
+        try:
+            info = os.stat(self.log_path(worker.index))
+        except OSError:
+            return None
+        return info.st_mtime if info.st_size else None
 
     def new_stacks_dir(self) -> str:
         """A fresh `stacks/<n>/` for one dump of every worker's stacks (n counts from 1, across attempts)."""

@@ -19,20 +19,9 @@ import time
 
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
-from podrun.launch import preflight, stacks
+from podrun.launch import preflight, stacks, stall
 from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, heartbeats, stop_all
-from podrun.output import (
-    Terminal,
-    WorkerOutput,
-    counted,
-    duration_text,
-    say,
-    say_failure,
-    say_phase,
-    say_success,
-    size_text,
-    worker_ranges,
-)
+from podrun.output import Terminal, WorkerOutput, counted, say, say_failure, say_phase, say_success, size_text
 from podrun.plan import WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
@@ -114,8 +103,11 @@ class Launch:
     async def _run_step(self, step: str, first: bool) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         detach = self.detach and step == "run"
+        stall_s = self.spec.stall_s
         watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
-                 "bind": self.plans[0].worker.internal_ip} if detach and len(self.plans) > 1 else None
+                 "bind": self.plans[0].worker.internal_ip, "stall": stall_s,
+                 "alive_every": stall.alive_every(stall_s) if stall_s else None,
+                 } if detach and (len(self.plans) > 1 or stall_s) else None
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
@@ -154,16 +146,16 @@ class Launch:
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         watches_stall = step == "run" and self.spec.stall_s and not self.detach  # detached: agent.Hub watches
-        stall: asyncio.Future = asyncio.ensure_future(
+        silence: asyncio.Future = asyncio.ensure_future(
             self._silence(worker_steps) if watches_stall else asyncio.Event().wait())
         failure = None
         stopping = False
         while finishing:
-            watched: list[asyncio.Future] = [*finishing, interrupt, stall]
+            watched: list[asyncio.Future] = [*finishing, interrupt, silence]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            if stall in done and not stopping:
-                await self._on_stall(stall.result(), worker_steps)
-                stall = asyncio.ensure_future(asyncio.Event().wait())
+            if silence in done and not stopping:
+                await self._on_stall(silence.result(), worker_steps)
+                silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
                 finishing.pop(task)
                 result = await self._explained(task.result())
@@ -179,7 +171,7 @@ class Launch:
                 for ws in finishing.values():
                     ws.stop()
         interrupt.cancel()
-        stall.cancel()
+        silence.cancel()
         return failure
 
     async def _silence(self, worker_steps: list[WorkerStep]) -> dict[int, float]:
@@ -195,7 +187,7 @@ class Launch:
 
     async def _on_stall(self, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> None:
         """Say which workers were silent for how long, and save every worker's stacks, before the stop."""
-        self.stalled = stall_summary(silent_s)
+        self.stalled = stall.summary(silent_s)
         say(f"job {self.record.id} stalled: {self.stalled}; saving every worker's stacks, then stopping it")
         texts = await stacks.collect(self.record.id, [(ws.plan.worker.index, ws.plan.worker.transport)
                                                       for ws in worker_steps])
@@ -348,17 +340,6 @@ class Launch:
         self.record.finish(jobstore.STOPPED, code, f"stopped by {self.interrupt_signal.name}")
         say(f"job {self.record.id} stopped on every worker")
         return code
-
-
-def stall_summary(silent_s: dict[int, float]) -> str:
-    """`no output from any worker for 3.0s (w0-2 silent 3.0s, w3 silent 12.4s)`: workers silent for
-    the same time (to a tenth of a second, or as duration_text shows longer ones) are named as ranges."""
-    by_silence: dict[str, list[int]] = {}
-    for index, seconds in sorted(silent_s.items(), key=lambda item: item[1]):
-        by_silence.setdefault(duration_text(seconds), []).append(index)
-    shortest = min(silent_s.values())
-    return (f"no output from any worker for {duration_text(shortest)} ("
-            + ", ".join(f"{worker_ranges(indexes)} silent {silence}" for silence, indexes in by_silence.items()) + ")")
 
 
 def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:

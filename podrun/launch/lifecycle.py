@@ -107,7 +107,7 @@ class Lifecycle:
             signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
-        cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure"}.get(record.state)
+        cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}.get(record.state)
         if cause is None or cause not in self.restart_on:
             return False
         if record.attempt >= self.max_restarts:
