@@ -121,3 +121,19 @@ def test_jobs_shows_how_long_ago_a_running_jobs_last_line_came(home, job_file, t
     finally:
         release.touch()
         assert job.finish() == 0
+
+
+def test_on_ssh_hosts_podrun_stacks_and_a_detached_stall_name_where_each_worker_hangs(home, lab, hosts_spec):
+    spec = hosts_spec("run: python3 hang.py\nstall: 5s\nstop_grace: 1s\n", hosts=(0, 1), files={"hang.py": HANG})
+    launched = podrun("exec", "--detach", spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    wait_until(lambda: "step 1" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line")
+    shown = podrun("stacks", job_id)  # within the 5 s: the job still runs
+    assert shown.returncode == 0, shown.stderr
+    assert "hang_in_collective (hang.py:4)" in shown.stdout.split("── worker 1")[1]
+    wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=20)
+    followed = podrun("logs", "-f", job_id)
+    assert followed.returncode == STALLED, followed.stderr
+    saved = stacks_of(home, job_id, dump=2)
+    assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "wait_for_peers (hang.py:7)" in saved["w0.txt"]
