@@ -26,7 +26,8 @@ def _exec(args: argparse.Namespace) -> int:
 
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
         return execute(spec, args.spec is not None or args.workdir is not None, args.dry_run, args.worker, args.env,
-                       args.detach, args.kill_stale, args.allow_large_workdir, args.grace, args.down, args.restarts)
+                       args.detach, args.kill_stale, args.allow_large_workdir, args.grace, args.down, args.restarts,
+                       args.stall)
     finally:
         gc.enable()
 
@@ -75,6 +76,12 @@ def _stop(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import stop_job
 
     return stop_job(args.job)
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    from podrun.commands.stacks import show_stacks
+
+    return show_stacks(args.job, args.worker)
 
 
 def _disk(args: argparse.Namespace) -> int:
@@ -184,6 +191,9 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--grace", metavar="DURATION",
                      help="how long a stopped job's processes get between SIGTERM and SIGKILL, e.g. 30s or 2m "
                           "(default: the spec's stop_grace, else 30s)")
+    sub.add_argument("--stall", metavar="DURATION",
+                     help="when no worker printed anything for this long while run runs (e.g. 15m), save every "
+                          "worker's stacks and stop the job (the spec's stall)")
     sub.add_argument("--down", action="store_true",
                      help="TPU: delete the TPU VM (and its queued resource) when the job ends, also after Ctrl-C "
                           "(the spec's delete_after: always)")
@@ -236,7 +246,7 @@ def _jobs_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("name_or_prefix", nargs="?", metavar="NAME_OR_PREFIX",
                      help="only jobs whose id begins so (an id begins with its job's name)")
     sub.add_argument("--state", type=_job_states, action="extend", default=[], metavar="STATE",
-                     help="only jobs in this state: running, succeeded, failed, stopped, preempted or lost "
+                     help="only jobs in this state: running, succeeded, failed, stopped, preempted, stalled or lost "
                           "(repeatable, or a comma-separated list)")
     count = sub.add_mutually_exclusive_group()
     count.add_argument("-n", type=_count, metavar="N", help="the newest N jobs (default: 20; with --json, all)")
@@ -246,6 +256,12 @@ def _jobs_arguments(sub: argparse.ArgumentParser) -> None:
 
 def _stop_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("job", nargs="?", metavar="JOB_ID", help=f"{JOB_HELP}; default: the newest running job")
+
+
+def _stacks_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("job", nargs="?", metavar="JOB_ID",
+                     help=f"{JOB_HELP}; default: the newest running job, else the newest job")
+    sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
 
 
 def _logs_arguments(sub: argparse.ArgumentParser) -> None:
@@ -288,6 +304,8 @@ COMMANDS = {
     "jobs": ("list jobs, newest first: state, workers' exit codes, start and duration", _jobs, _jobs_arguments,
              False),
     "stop": ("stop a running job on every worker", _stop, _stop_arguments, False),
+    "stacks": ("show every worker's Python stacks of a running job, now (saved in the job's stacks/)", _stacks,
+               _stacks_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, _disk_arguments, False),
 }

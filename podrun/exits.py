@@ -11,6 +11,9 @@ LOST = 255  # a worker's connection was lost mid-step: what ssh itself exits wit
 # EX_TEMPFAIL (sysexits.h), "try again later": the TPU was preempted (the Cloud TPU API said so) and
 # no restart was left; a script may retry on it
 PREEMPTED = 75
+# as `timeout` exits when its command ran out of time: no worker printed anything for the job's
+# `stall` while run ran; every worker's stacks were saved and the job was stopped
+STALLED = 124
 # a stop by signal N exits 128 + N, as a shell reports a process that N ended
 INTERRUPTED = 130  # SIGINT, Ctrl-C
 BROKEN_PIPE = 141  # SIGPIPE: stdout's reader went away (`podrun exec job.yaml | head`)

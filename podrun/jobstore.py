@@ -16,7 +16,9 @@ from podrun.errors import PodrunError
 
 RUNNING, SUCCEEDED, FAILED, STOPPED, LOST = "running", "succeeded", "failed", "stopped", "lost"
 PREEMPTED = "preempted"  # the TPU was preempted and no restart was left (exits.PREEMPTED)
-STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED)
+STALLED = "stalled"  # no worker printed anything for the job's `stall`: stacks saved, job stopped (exits.STALLED)
+STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED, STALLED)
+STACKS_DIR = "stacks"
 RECORD_FILE = "job.json"
 AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 
@@ -25,7 +27,8 @@ AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 # a sixth of its whole run
 class WorkerRecord:
     def __init__(self, index: int, address: str, exit_code: int | None = None, signal: str | None = None,
-                 endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None):
+                 endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None,
+                 output_at: float | None = None):
         self.index = index
         self.address = address
         self.exit_code = exit_code
@@ -33,6 +36,9 @@ class WorkerRecord:
         self.endpoint = endpoint or {}  # how to reach it again: Transport.endpoint()
         self.stop_reason = stop_reason  # why its agent stopped it early (e.g. SIGTERM from podrun stop)
         self.rank = rank  # under torchrun: the rank that failed first, whose exit code exit_code is
+        # when its output last came (epoch seconds), as its worker told a detached job's fetch; an
+        # attached job's is its log's mtime (last_output_at)
+        self.output_at = output_at
 
 
 class JobRecord:
@@ -72,6 +78,30 @@ class JobRecord:
         """Worker `index`'s log of `attempt` (default: the current one); a restart's have a folder each."""
         attempt = self.attempt if attempt is None else attempt
         return os.path.join(self.dir, *([f"attempt-{attempt}"] if attempt else []), f"w{index}.log")
+
+    def output_at(self, worker: WorkerRecord) -> float | None:
+        """When the worker's output last came (epoch seconds); None if it printed nothing yet. A detached
+        job's worker says (fetched); an attached job's launcher writes each chunk to the log as it comes."""
+        if worker.output_at is not None:
+            return worker.output_at
+        try:
+            info = os.stat(self.log_path(worker.index))
+        except OSError:
+            return None
+        return info.st_mtime if info.st_size else None
+
+    def new_stacks_dir(self) -> str:
+        """A fresh `stacks/<n>/` for one dump of every worker's stacks (n counts from 1, across attempts)."""
+        root = os.path.join(self.dir, STACKS_DIR)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        taken = [int(entry) for entry in os.listdir(root) if entry.isdigit()]
+        number = max(taken, default=0) + 1
+        while True:  # a stall and a `podrun stacks` may dump at once
+            try:
+                os.mkdir(os.path.join(root, str(number)), 0o700)
+                return os.path.join(root, str(number))
+            except FileExistsError:
+                number += 1
 
     def restart(self) -> None:
         """Close the current attempt (its outcome is the record's state now) and start the next, running

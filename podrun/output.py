@@ -55,6 +55,26 @@ def counted(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'s' * (count != 1)}"
 
 
+def duration_text(seconds: float) -> str:
+    """`4.2s`, `3m05s`, `2h07m`."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def worker_ranges(indexes: list[int]) -> str:
+    """`w0-3,7`: sorted worker indexes, runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for index in sorted(indexes):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return "w" + ",".join(f"{low}-{high}" if high > low else f"{low}" for low, high in runs)
+
+
 def size_text(count: float) -> str:
     """A byte count as people read it: 812 bytes, 4.2 KB, 1.3 GB."""
     for unit in ("bytes", "KB", "MB"):

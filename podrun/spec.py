@@ -287,8 +287,17 @@ def parse_stop_grace(value: Any) -> float:
     return float(seconds)
 
 
+def parse_stall(value: Any) -> float:
+    """`stall` (and `exec --stall`): a duration above 0, a number being seconds -> seconds."""
+    seconds = _duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    if seconds is None or not 0 < seconds < float("inf"):  # NaN fails the comparison too
+        raise ValueError(f"expected {EXPECTED['stall']}, got {_got(value)}")
+    return float(seconds)
+
+
 DeleteAfter = Literal["never", "success", "always"]
-RestartCause = Literal["preemption", "failure"]
+RestartCause = Literal["preemption", "failure", "stall"]
+RESTART_CAUSES: tuple[str, ...] = typing.get_args(RestartCause)
 
 
 def _lower_choice(field: str, choices: tuple[str, ...]):
@@ -301,9 +310,10 @@ def _lower_choice(field: str, choices: tuple[str, ...]):
 
 class Restarts(_Model):
     max: int = Field(1, ge=0, le=100, description="how many times the job may restart (default 1)")
-    on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", ("preemption", "failure")))]] = \
+    on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] = \
         Field(["preemption"], min_length=1,
-              description="preemption (the TPU is created again) and/or failure (run again on the same workers)")
+              description="preemption (the TPU is created again), failure and/or stall (run again on the same "
+                          "workers)")
 
     @model_validator(mode="before")
     @classmethod
@@ -338,9 +348,13 @@ class JobSpec(_Model):
         DEFAULT_STOP_GRACE_S, alias="stop_grace",
         description="how long a stopped job's processes get between SIGTERM and SIGKILL, to save a checkpoint: "
                     f"a duration such as {DURATION_EXAMPLES}, from 0s to 1h; default 30s")
+    stall_s: Annotated[float, BeforeValidator(parse_stall), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+        None, alias="stall",
+        description="stop the job (saving every worker's stacks) when no worker printed a line for this long "
+                    "while run runs, e.g. 15m; default: never")
     delete_after: Annotated[DeleteAfter, BeforeValidator(_lower_choice("delete_after", ("never", "success", "always")))] \
         = Field("never", description="delete the TPU VM when the job ends: never, success or always")
-    restarts: Restarts | None = Field(None, description="restart the job on preemption and/or failure")
+    restarts: Restarts | None = Field(None, description="restart the job on preemption, failure and/or stall")
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
 
     @property
@@ -400,11 +414,12 @@ EXPECTED = {
     "docker.args": "a list of `docker run` arguments such as [--shm-size=16g]",
     "docker.args.*": "a `docker run` argument such as --shm-size=16g",
     "stop_grace": f"a duration from 0s to 1h such as {DURATION_EXAMPLES}",
+    "stall": "a duration above 0 such as 15m, 90 (seconds) or 1h30m",
     "delete_after": "never, success or always",
     "restarts": "a mapping such as {max: 3, on: [preemption]}",
     "restarts.max": "a number of restarts from 0 to 100",
-    "restarts.on": "a list of preemption and/or failure",
-    "restarts.on.*": "preemption or failure",
+    "restarts.on": "a list of preemption, failure and/or stall",
+    "restarts.on.*": "preemption, failure or stall",
 }
 
 

@@ -101,7 +101,7 @@ def test_a_detached_jobs_outcome_comes_from_its_workers_exits(home, exits, cause
         worker.exit_code, worker.stop_reason = exit_record or (None, None)
     record = jobstore.JobRecord("j-1", "j", f"local:{len(workers)}", "j.yaml", workers, detached=True)
     record.create()
-    _record_end(record, causes, None)
+    _record_end(record, causes, None, {})
     assert (record.state, record.exit_code, record.summary) == outcome
 
 

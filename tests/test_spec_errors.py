@@ -62,6 +62,10 @@ BAD_SPECS = [
      "{file}: env.MY-VAR: 'MY-VAR' is not a variable name: use letters, digits and '_', not starting with a digit"),
     ("stop_grace over an hour", "run: echo\nstop_grace: 2h\n",
      "{file}: stop_grace: expected a duration from 0s to 1h such as 30s, 2m, 90 (seconds) or 1m30s, got '2h'"),
+    ("stall not a duration", "run: echo\nstall: soon\n",
+     "{file}: stall: expected a duration above 0 such as 15m, 90 (seconds) or 1h30m, got 'soon'"),
+    ("restarts on a cause podrun does not know", "run: echo\nrestarts: {on: [hang]}\n",
+     "{file}: restarts.on.0: expected preemption, failure or stall, got 'hang'"),
 ]
 
 

@@ -12,7 +12,7 @@ from podrun.launch.lifecycle import Lifecycle
 from podrun.output import say
 from podrun.plan import render
 from podrun.shipping import scan
-from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stop_grace
+from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
 from podrun.targets import target_for
 
 
@@ -25,12 +25,14 @@ def validate(spec_path: str) -> JobSpec:
 
 def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
             detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False,
-            grace: str | None = None, down: bool = False, restarts: int | None = None) -> int:
+            grace: str | None = None, down: bool = False, restarts: int | None = None, stall: str | None = None) -> int:
     """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none)."""
     if ships_code:
         check_run_script(spec)
     extra_env = parse_env_overrides(env_overrides)
     grace_s = parse_grace(grace)
+    if stall is not None:
+        spec = spec.model_copy(update={"stall_s": parse_stall_flag(stall)})
     max_restarts = parse_restarts(spec, restarts)
     if down and spec.target.tpu is None:
         raise UsageError(f"--down: deletes the TPU the job ran on, but {spec.path} runs on {spec.target.kind} workers")
@@ -73,6 +75,13 @@ def parse_grace(grace: str | None) -> float | None:
         return parse_stop_grace(grace)
     except ValueError as error:
         raise UsageError(f"--grace {grace!r}: {error}") from None
+
+
+def parse_stall_flag(stall: str) -> float:
+    try:
+        return parse_stall(stall)
+    except ValueError as error:
+        raise UsageError(f"--stall {stall!r}: {error}") from None
 
 
 def parse_env_overrides(assignments: list[str]) -> dict[str, str]:

@@ -8,13 +8,23 @@ import time
 
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError, UsageError
-from podrun.output import Terminal, WorkerOutput, counted, print_table, say, say_failure, say_phase, say_success
+from podrun.output import (
+    Terminal,
+    WorkerOutput,
+    counted,
+    duration_text,
+    print_table,
+    say,
+    say_failure,
+    say_phase,
+    say_success,
+)
 
 DEFAULT_JOBS_SHOWN = 20
 HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
 # what gives way when the table is wider than the terminal, {column: how narrow it may get}, group by
 # group: the name and the id (the wider of the two first, the name on a tie: the id begins with it),
-# then the exit codes
+# then (after a running job's idle time, left out: list_jobs) the exit codes
 SHRINKABLE = ({1: 4, 0: 12}, {4: len("EXIT CODES")})
 FAILURES_SHOWN = 3  # then `+N`
 FOLLOW_POLL_S = 0.1
@@ -25,7 +35,7 @@ READ_SIZE = 1 << 16
 def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None) -> int:
     """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job.
     `attempt`: an earlier attempt's output (kept locally), else the current attempt's."""
-    record = jobstore.find(job) if job else _newest_running_or_newest()
+    record = jobstore.find(job) if job else newest_running_or_newest()
     if attempt is not None and attempt != record.attempt:
         return _show_earlier_attempt(record, attempt, worker, tail)
     indexes = [w.index for w in record.workers]
@@ -107,13 +117,25 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     limit = None if show_all or (as_json and count is None) else DEFAULT_JOBS_SHOWN if count is None else count
     shown = jobs[:limit]
     if as_json:
-        print(json.dumps([{**record.to_dict(), "state": state} for record, state in shown], indent=1))
+        print(json.dumps([_as_json(record, state) for record, state in shown], indent=1))
     else:
-        rows = [HEADER, *(_row(record, state) for record, state in shown)]
-        print_table(_fit(rows, _terminal_width()))
+        width = _terminal_width()
+        rows = _fit([HEADER, *(_row(record, state, idle=True) for record, state in shown)], width, SHRINKABLE[:1])
+        if width and _table_width(rows) > width:  # a running job's idle time gives way after the names
+            rows = _fit([HEADER, *(_row(record, state, idle=False) for record, state in shown)], width, SHRINKABLE)
+        print_table(rows)
     if len(shown) < len(jobs):
         say(f"{counted(len(jobs) - len(shown), 'older job')} not shown; -n N or --all shows them")
     return 0
+
+
+def _as_json(record: jobstore.JobRecord, state: str) -> dict:
+    """Every field of the record, with the state shown and, while it runs, each worker's `output_at`."""
+    fields = {**record.to_dict(), "state": state}
+    if state == jobstore.RUNNING:
+        for worker, worker_fields in zip(record.workers, fields["workers"]):
+            worker_fields["output_at"] = record.output_at(worker)
+    return fields
 
 
 def stop_job(job: str | None) -> int:
@@ -165,7 +187,7 @@ def _stop_supervised(record: jobstore.JobRecord) -> int:
     return 0
 
 
-def _newest_running_or_newest() -> jobstore.JobRecord:
+def newest_running_or_newest() -> jobstore.JobRecord:
     records = jobstore.all_jobs()
     if not records:
         raise PodrunError(f"no jobs yet in {paths.jobs_dir()}; start one with `podrun exec JOB.yaml`")
@@ -180,21 +202,32 @@ def _newest_running() -> jobstore.JobRecord:
     return running
 
 
-def _row(record: jobstore.JobRecord, state: str) -> tuple[str, ...]:
+def _row(record: jobstore.JobRecord, state: str, idle: bool) -> tuple[str, ...]:
     end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
-    duration = _duration(end - record.started_at) if end else "-"
-    return record.id, record.name, record.target, _state_text(record, state), _exit_codes(record, state), \
+    duration = duration_text(end - record.started_at) if end else "-"
+    return record.id, record.name, record.target, _state_text(record, state, idle), _exit_codes(record, state), \
         _started(record), duration
 
 
-def _state_text(record: jobstore.JobRecord, state: str) -> str:
-    """The state, with the restarts it took (`restarts`) and, while it runs, its supervisor if it has one."""
+def _state_text(record: jobstore.JobRecord, state: str, idle: bool) -> str:
+    """The state, with the restarts it took (`restarts`) and, while it runs, its supervisor if it has one
+    and (with `idle`) how long ago its last output came."""
     notes = [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] if record.attempt else []
     if state == jobstore.RUNNING and record.supervised():
         notes.append("supervised")
     elif state == jobstore.RUNNING and record.supervisor_lost():
         notes.append("supervisor lost")
+    if state == jobstore.RUNNING and idle:
+        notes.append(_idle(record))
     return f"{state} ({', '.join(notes)})" if notes else state
+
+
+def _idle(record: jobstore.JobRecord) -> str:
+    """`idle 4s`: how long ago the last output of any worker came (since the attempt started, if none
+    came yet); short, as the column must fit 80 columns (--json has each worker's output_at)."""
+    idle_s = max(0.0, time.time() - max((at for at in map(record.output_at, record.workers) if at is not None),
+                                        default=record.attempt_started_at()))
+    return f"idle {idle_s:.0f}s" if idle_s < 60 else f"idle {duration_text(idle_s)}"
 
 
 def _started(record: jobstore.JobRecord) -> str:
@@ -235,14 +268,6 @@ def _failures(failed: list[jobstore.WorkerRecord]) -> str:
     return f"{shown} +{len(failed) - FAILURES_SHOWN}" if len(failed) > FAILURES_SHOWN else shown
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, seconds = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
-
-
 def _terminal_width() -> int | None:
     """COLUMNS, else the width of the terminal stdout shows on; None for a pipe or a file, which get
     whole rows, as from `ps` or `docker ps`: a script that reads them must not get cut cells."""
@@ -255,11 +280,17 @@ def _terminal_width() -> int | None:
             return None
 
 
-def _fit(rows: list[tuple[str, ...]], width: int | None) -> list[tuple[str, ...]]:
-    """The rows, with SHRINKABLE columns cut in the middle until a row fits `width` (or they can give no more)."""
+def _table_width(rows: list[tuple[str, ...]]) -> int:
+    return sum(max(len(row[column]) for row in rows) for column in range(len(rows[0]))) + 2 * (len(rows[0]) - 1)
+
+
+def _fit(rows: list[tuple[str, ...]], width: int | None, shrinkable: tuple[dict[int, int], ...]) \
+        -> list[tuple[str, ...]]:
+    """The rows, with the `shrinkable` columns (SHRINKABLE's groups) cut in the middle until a row fits `width`
+    (or they can give no more)."""
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    excess = sum(widths) + 2 * (len(widths) - 1) - width if width else 0
-    for narrowest in SHRINKABLE:
+    excess = _table_width(rows) - width if width else 0
+    for narrowest in shrinkable:
         while excess > 0 and (wider := [column for column in narrowest if widths[column] > narrowest[column]]):
             widths[max(wider, key=lambda column: widths[column])] -= 1
             excess -= 1

@@ -1,4 +1,5 @@
-"""Reach a detached job again (`podrun logs`, `podrun stop`): through its workers, from any terminal.
+"""Reach a detached job again (`podrun logs`, `podrun stop`, and any running job's `podrun stacks`):
+through its workers, from any terminal.
 
 Each worker's agent keeps ~/.podrun/jobs/<JOB_ID>/output.log and writes run.exit when the run ends.
 Fetching copies what the local log lacks (so it resumes where the local copy ends) and, once every
@@ -14,6 +15,7 @@ import os
 
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError
+from podrun.launch import stacks, stall
 from podrun.launch.steps import StepResult
 from podrun.output import WorkerOutput, say
 from podrun.remote import vm_notice
@@ -54,6 +56,15 @@ async def _gather(work) -> None:
     await asyncio.gather(*work)
 
 
+def fetch_stacks(record: jobstore.JobRecord, indexes: list[int]) -> dict[int, str]:
+    """The stacks of a running job's workers `indexes`, now (launch/stacks.py)."""
+    async def fetch_all() -> list[dict[int, str]]:
+        return await on_every_worker([w for w in record.workers if w.index in indexes],
+                                     lambda worker, transport: stacks.collect(record.id, [(worker.index, transport)]))
+
+    return {index: text for texts in asyncio.run(fetch_all()) for index, text in texts.items()}
+
+
 def stop(record: jobstore.JobRecord) -> None:
     asyncio.run(_stop_all(record))
     fetch(record, [w.index for w in record.workers], None, follow=False)
@@ -61,14 +72,17 @@ def stop(record: jobstore.JobRecord) -> None:
 
 async def _fetch_all(record, indexes, outputs, follow) -> None:
     workers = [w for w in record.workers if w.index in indexes]
-    exit_records = await _on_every_worker(workers, lambda worker, transport: _fetch(
+    reports = await on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow))
     ended_at: list[float] = []
+    silent_s = {worker.index: report.exit["stalled"] for worker, report in zip(workers, reports)
+                if report.exit and report.exit.get("stalled") is not None}
     # (worker, code) of the failures that stopped other workers (agent.Hub), as each worker in turn
     # names it: the first worker's agent, the hub that sees every other, first
     causes: list[tuple[int, int]] = []
-    for worker, exit_record in zip(workers, exit_records):
-        if exit_record:
+    for worker, report in zip(workers, reports):
+        worker.output_at = report.output_at or worker.output_at
+        if exit_record := report.exit:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
             ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
@@ -76,12 +90,16 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
     if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
-        _record_end(record, causes, max(ended_at, default=None))
+        _record_end(record, causes, max(ended_at, default=None), silent_s)
+        if silent_s:  # what each agent saved before the stall stopped it
+            say(f"stacks of every worker saved in "
+                f"{stacks.save(record, {w.index: report.stacks for w, report in zip(workers, reports)})}")
     else:
         record.save()
 
 
-def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None) -> None:
+def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
+                silent_s: dict[int, float]) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
@@ -98,6 +116,8 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
                       ended_at)
     elif failed:
         record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
+    elif silent_s:  # worker 0's agent saw no output from any worker for the job's stall
+        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s), ended_at)
     elif lost:
         index, code = lost[0]
         record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",
@@ -108,7 +128,18 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
         record.finish(jobstore.SUCCEEDED, 0, None, ended_at)
 
 
-async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> dict | None:
+class WorkerReport:
+    """What log_follower tells of one worker besides its output: its run.exit (None while it runs),
+    when its output last came (epoch seconds), and the stacks its agent saved on a stall."""
+
+    def __init__(self, text: str):
+        header, _, self.stacks = text.partition("\n")
+        fields = json.loads(header)
+        self.exit: dict | None = fields["exit"]
+        self.output_at: float | None = fields["output_at"]
+
+
+async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> WorkerReport:
     log_path = record.log_path(worker.index)
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     channel = await transport.start_python("log_follower", paths.remote_job_dir(record.id, record.attempt),
@@ -122,8 +153,8 @@ async def _fetch(record, worker, transport: Transport, output: WorkerOutput | No
                 output.feed(chunk)
     if output:
         output.close()
-    exit_text, _ = await asyncio.gather(channel.stderr.read(), channel.wait())
-    return json.loads(exit_text) if exit_text.strip() else None
+    report, _ = await asyncio.gather(channel.stderr.read(), channel.wait())
+    return WorkerReport(report.decode(errors="replace"))
 
 
 def _append_at(log, offset: int, chunk: bytes) -> None:
@@ -145,7 +176,7 @@ async def _stop_all(record: jobstore.JobRecord) -> None:
 
     async def stop_others() -> None:
         try:
-            await _on_every_worker(record.workers[1:], stop_one)
+            await on_every_worker(record.workers[1:], stop_one)
         finally:
             others_ended.set()
 
@@ -159,10 +190,10 @@ async def _stop_all(record: jobstore.JobRecord) -> None:
         if await channel.wait() != 0:
             raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {wait_s:g}s")
 
-    await asyncio.gather(stop_others(), _on_every_worker(record.workers[:1], stop_one))
+    await asyncio.gather(stop_others(), on_every_worker(record.workers[:1], stop_one))
 
 
-async def _on_every_worker(workers, action) -> list:
+async def on_every_worker(workers, action) -> list:
     """Run action(worker, transport) on every worker at once, over one connection each."""
 
     async def one(worker):

@@ -19,7 +19,7 @@ import time
 
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
-from podrun.launch import preflight
+from podrun.launch import preflight, stacks, stall
 from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, heartbeats, stop_all
 from podrun.output import Terminal, WorkerOutput, counted, say, say_failure, say_phase, say_success, size_text
 from podrun.plan import WorkerPlan
@@ -54,6 +54,7 @@ class Launch:
         self.interrupt_signal = signal.SIGINT  # which signal stopped the job, once `interrupted` is set
         self.preempted: str | None = None  # why the target's capacity went away, once the API showed it
         self.departed = asyncio.Event()  # set with `preempted` by the watch while run goes on
+        self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
@@ -78,6 +79,8 @@ class Launch:
                     return await self._finish_failed(step, failure)
                 if self.preempted:
                     return self._finish_preempted(self.preempted)
+                if self.stalled:
+                    return self._finish_stalled()
                 if step == "run" and self.detach and not self.interrupted.is_set():
                     return self._finish_detached()
             if self.interrupted.is_set():
@@ -103,8 +106,11 @@ class Launch:
     async def _run_step(self, step: str, first: bool) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         detach = self.detach and step == "run"
+        stall_s = self.spec.stall_s
         watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
-                 "bind": self.plans[0].worker.internal_ip} if detach and len(self.plans) > 1 else None
+                 "bind": self.plans[0].worker.internal_ip, "stall": stall_s,
+                 "alive_every": stall.alive_every(stall_s) if stall_s else None,
+                 } if detach and (len(self.plans) > 1 or stall_s) else None
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
@@ -158,11 +164,17 @@ class Launch:
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         departure = asyncio.ensure_future(self.departed.wait())
+        watches_stall = step == "run" and self.spec.stall_s and not self.detach  # detached: agent.Hub watches
+        silence: asyncio.Future = asyncio.ensure_future(
+            self._silence(worker_steps) if watches_stall else asyncio.Event().wait())
         failure = None
         stopping = False
         while finishing:
-            watched: list[asyncio.Future] = [*finishing, interrupt, departure]
+            watched: list[asyncio.Future] = [*finishing, interrupt, departure, silence]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if silence in done and not stopping:
+                await self._on_stall(silence.result(), worker_steps)
+                silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
                 finishing.pop(task)
                 result = task.result()
@@ -174,13 +186,33 @@ class Launch:
             if time.monotonic() - self.record_saved_at > RECORD_SAVE_INTERVAL_S or not finishing:
                 self.record.save()
                 self.record_saved_at = time.monotonic()
-            if not stopping and (failure or self.interrupted.is_set() or self.departed.is_set()):
+            if not stopping and (failure or self.interrupted.is_set() or self.departed.is_set() or self.stalled):
                 stopping = True
                 for ws in finishing.values():
                     ws.stop()
         interrupt.cancel()
         departure.cancel()
+        silence.cancel()
         return failure
+
+    async def _silence(self, worker_steps: list[WorkerStep]) -> dict[int, float]:
+        """Returns once no worker has printed anything for the spec's `stall` (the clock starts now):
+        how long each worker has been silent."""
+        assert self.spec.stall_s
+        started = time.monotonic()
+        while (left := max(started, *(ws.output_at for ws in worker_steps)) + self.spec.stall_s
+               - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        now = time.monotonic()
+        return {ws.plan.worker.index: now - max(started, ws.output_at) for ws in worker_steps}
+
+    async def _on_stall(self, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> None:
+        """Say which workers were silent for how long, and save every worker's stacks, before the stop."""
+        self.stalled = stall.summary(silent_s)
+        say(f"job {self.record.id} stalled: {self.stalled}; saving every worker's stacks, then stopping it")
+        texts = await stacks.collect(self.record.id, [(ws.plan.worker.index, ws.plan.worker.transport)
+                                                      for ws in worker_steps])
+        say(f"stacks of every worker saved in {stacks.save(self.record, texts)}")
 
     async def _hub_address(self, first: WorkerStep) -> str:
         """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
@@ -321,6 +353,12 @@ class Launch:
         self.record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
         say_failure(f"job {self.record.id} preempted: {reason}")
         return exits.PREEMPTED
+
+    def _finish_stalled(self) -> int:
+        assert self.stalled
+        self.record.finish(jobstore.STALLED, exits.STALLED, self.stalled)
+        say_failure(f"job {self.record.id} stalled: {self.stalled}; every worker was stopped")
+        return exits.STALLED
 
     def _finish_detached(self) -> int:
         self.record.detached = True

@@ -110,7 +110,7 @@ class Lifecycle:
             interrupts.rearm(HANDLED_SIGNALS)
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
-        cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure"}.get(record.state)
+        cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}.get(record.state)
         if cause is None or cause not in self.restart_on:
             return False
         if record.attempt >= self.max_restarts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,6 +87,7 @@ class WorkerStep:
         self.channel: Channel | None = None
         self.events: list[dict] = []
         self.diagnostics: list[str] = []  # stderr lines that are not agent events
+        self.output_at = 0.0  # when output last came (time.monotonic()): the stall watch's clock
 
     async def start(self, probe: dict | None = None) -> None:
         """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
@@ -159,6 +161,7 @@ class WorkerStep:
 
     async def _pump_output(self) -> None:
         while chunk := await self._started().stdout.read(65536):
+            self.output_at = time.monotonic()
             self.output.feed(chunk)
 
     async def _read_events(self) -> None:

@@ -25,10 +25,12 @@ Protocol
           variables it set in the step's env)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
           So one channel per worker does what would otherwise take three.
-  watch   {token, worker, hub_worker, workers, bind}: a detached run on several workers, whose
-          agents stop each other's steps when one fails, with no launcher left (Hub, HubLink). The
-          hub_worker's agent listens and reports {"event": "hub", "port": P} first; every agent waits
-          for "go HOST:PORT" (the hub's address) before it starts.
+  watch   {token, worker, hub_worker, workers, bind, stall, alive_every}: a detached run (on several
+          workers, or with a stall limit), whose agents stop each other's steps when one fails, with no
+          launcher left (Hub, HubLink). The hub_worker's agent listens and reports {"event": "hub",
+          "port": P} first; every agent waits for "go HOST:PORT" (the hub's address) before it starts.
+          With stall (seconds), the hub also stops the job when no worker printed anything for that
+          long: each agent first saves its job's stacks as run.stacks (stacks.py).
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is)},
@@ -36,7 +38,8 @@ Protocol
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
   agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
-  ended_at, rank, and cause_worker/cause_code when another worker's failure stopped this one).
+  ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one, and
+  stalled: how long this worker had been silent when a stall stopped it), run.stacks (on a stall).
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
@@ -66,6 +69,10 @@ try:
     interfaces = sys.modules["podrun_remote_interfaces"]  # sent ahead like framing
 except KeyError:
     from podrun.remote import interfaces
+try:
+    stacks = sys.modules["podrun_remote_stacks"]  # sent ahead like framing
+except KeyError:
+    from podrun.remote import stacks
 try:
     vm_notice = sys.modules["podrun_remote_vm_notice"]  # sent ahead like framing
 except KeyError:
@@ -267,6 +274,7 @@ class Step:
         self.status = None  # (code, signal name) once the step's process has exited
         self.stop_reason = None
         self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
+        self.stalled = None  # seconds this worker had been silent when the job stalled (a watched job)
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.helpers = []  # docker commands started to stop the container: reaped at the end
 
@@ -297,7 +305,7 @@ class Step:
         self.wakeup = wakeup = self._watch_signals()
         poller.register(wakeup, "signal")
         if watch is not None:
-            watch.attach(poller, self.stop_for_failure)
+            watch.attach(poller, self.stop_for_failure, self.stop_for_stall)
         notices = vm_notice.Notices(self.config["env"]) if self.config.get("vm_notices") else None
         if notices is not None:
             notices.attach(poller)
@@ -315,6 +323,9 @@ class Step:
             if attached and not self.stop_reason:
                 until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
+            until_stall = watch.until_stall() if watch is not None and not self.stop_reason else None
+            if until_stall is not None:
+                timeout = until_stall if timeout is None else min(timeout, until_stall)
             for ready, fd in poller.poll(timeout):
                 if ready == "output":
                     data = os.read(self.output, 65536)
@@ -323,6 +334,8 @@ class Step:
                         poller.unregister(self.output)
                         continue
                     _write_all(self.log, data)
+                    if watch is not None:
+                        watch.heard()
                     if stdout_open and not _try_write_all(1, data):
                         stdout_open = False
                         self.request_stop("the launcher stopped reading")
@@ -347,6 +360,8 @@ class Step:
                         self.request_stop(reason)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
+            if until_stall is not None:
+                watch.check_stall()
             if self.status is None:
                 self.status = _exited(self.pid)
             # once the step exits, whatever it left behind goes too
@@ -365,7 +380,7 @@ class Step:
         cause_worker, cause_code = self.cause or (None, None)
         self._write_file(self.config["step"] + ".exit", to_json({
             "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
-            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank}))
+            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled}))
         return code, signal_name
 
     def stop_for_failure(self, worker, code):
@@ -373,6 +388,14 @@ class Step:
         if self.stop_reason is None:
             self.cause = (worker, code)
             self.request_stop("worker %d failed with code %d" % (worker, code))
+
+    def stop_for_stall(self, silent_s):
+        """No worker of a watched job printed anything for its stall limit: save this worker's stacks
+        (before anything is stopped), then stop."""
+        if self.stop_reason is None and self.status is None:
+            self._write_file("run.stacks", stacks.text(self.config["job_id"], self.config["worker"]))
+            self.stalled = silent_s
+            self.request_stop("stalled: silent for %.1fs" % silent_s)
 
     def request_stop(self, reason):
         if self.stop_reason is None:
@@ -527,10 +550,17 @@ class Hub:
         self.failure = None
         self.poller = None
         self.on_failure = None
+        self.on_stall = None
         self.hello_deadline = None
+        self.stall = config.get("stall")  # seconds without output from any worker that stop the job
+        self.stalled = False
+        self.started_at = None  # when the step started: the stall clock's start
+        self.heard_at = {}  # each worker's last output (time.monotonic()), as far as the hub knows
 
-    def attach(self, poller, on_failure):
-        self.poller, self.on_failure = poller, on_failure
+    def attach(self, poller, on_failure, on_stall):
+        self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
+        if self.started_at is None:
+            self.started_at = self.heard_at[self.worker] = time.monotonic()
         poller.register(self.listener.fileno(), "watch")
         for fd in self.links:
             poller.register(fd, "watch")
@@ -547,9 +577,12 @@ class Hub:
         for words in (line.split() for line in lines or ()):
             if len(words) == 3 and words[0] == "hello" and words[1] == self.token:
                 link.worker = int(words[2])
+                self.heard_at.setdefault(link.worker, self.started_at)
             elif link.worker is None:
                 lines = None  # not one of the job's agents: hang up
                 break
+            elif words == ["alive"]:
+                self.heard_at[link.worker] = time.monotonic()
             elif len(words) == 2 and words[0] == "exit":
                 self.ended.add(link.worker)
                 if int(words[1]) != 0:
@@ -562,13 +595,33 @@ class Hub:
                 self.fail(link.worker, LOST)
 
     def fail(self, worker, code):
-        if self.failure is not None:
+        if self.failure is not None or self.stalled:
             return
         self.failure = (worker, code)
         for link in self.links.values():
             link.send("stop %d %d\n" % (worker, code))
         if worker != self.worker:
             self.on_failure(worker, code)
+
+    def heard(self):
+        self.heard_at[self.worker] = time.monotonic()
+
+    def until_stall(self):
+        """Seconds until the job counts as stalled (None: it is not watched for one, or already did)."""
+        if not self.stall or self.stalled or self.failure is not None:
+            return None
+        return max(0.0, max(self.heard_at.values()) + self.stall - time.monotonic())
+
+    def check_stall(self):
+        """Once no worker printed anything for `stall`: every agent saves its stacks and stops."""
+        if self.until_stall() != 0.0:
+            return
+        self.stalled = True
+        now = time.monotonic()
+        for link in self.links.values():
+            if link.worker is not None:
+                link.send("stall %.3f\n" % (now - self.heard_at[link.worker]))
+        self.on_stall(now - self.heard_at[self.worker])
 
     def step_ended(self, code):
         self.ended.add(self.worker)
@@ -578,15 +631,19 @@ class Hub:
 
     def serve(self, step):
         """Stay, after worker 0's own step, until every other agent is done (or podrun stop says so)."""
-        self.attach(Poller(), lambda worker, code: None)
+        self.attach(Poller(), lambda worker, code: None, lambda silent_s: None)
         self.poller.register(step.wakeup, "signal")
         while not step.stop_reason and self._waiting():
             timeout = None if self.links else max(0.0, self.hello_deadline - time.monotonic())
+            until_stall = self.until_stall()  # the other workers may still hang
+            if until_stall is not None:
+                timeout = until_stall if timeout is None else min(timeout, until_stall)
             for ready, fd in self.poller.poll(timeout):
                 if ready == "signal":
                     os.read(fd, 512)
                 else:
                     self.ready(fd)
+            self.check_stall()
 
     def _waiting(self):
         """Whether an agent is still connected, or may yet connect."""
@@ -607,16 +664,33 @@ class HubLink:
         self.link.send("hello %s %d\n" % (config["token"], config["worker"]))
         self.hub_worker = config["hub_worker"]
         self.on_failure = None
+        self.on_stall = None
+        # output is told to the hub as "alive", at most this often: never a message per line
+        self.alive_every = config.get("alive_every") if config.get("stall") else None
+        self.alive_due = 0.0
 
-    def attach(self, poller, on_failure):
-        self.poller, self.on_failure = poller, on_failure
+    def attach(self, poller, on_failure, on_stall):
+        self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
         poller.register(self.connection.fileno(), "watch")
+
+    def heard(self):
+        if self.alive_every is not None and time.monotonic() >= self.alive_due:
+            self.link.send("alive\n")
+            self.alive_due = time.monotonic() + self.alive_every
+
+    def until_stall(self):
+        return None  # the hub decides
+
+    def check_stall(self):
+        pass
 
     def ready(self, fd):
         lines = self.link.read_lines()
         for words in (line.split() for line in lines or ()):
             if len(words) == 3 and words[0] == "stop":
                 self.on_failure(int(words[1]), int(words[2]))
+            elif len(words) == 2 and words[0] == "stall":
+                self.on_stall(float(words[1]))
         if lines is None:
             self.poller.unregister(fd)
             self.on_failure(self.hub_worker, LOST)  # its agent, or its host, is gone

@@ -1,7 +1,9 @@
 """A detached job's output on one worker, from an offset, and its exit once the run has ended.
 
 argv: JOB_DIR OFFSET FOLLOW (1: keep following output.log until run.exit exists). Writes the log's
-bytes from OFFSET to stdout, then run.exit's JSON, if there is one, to stderr.
+bytes from OFFSET to stdout, then to stderr one JSON line, {"exit": run.exit's JSON or null,
+"output_at": when output.log last grew (epoch seconds) or null}, then the stacks a stall saved
+(run.stacks), if any.
 """
 
 import os
@@ -28,9 +30,20 @@ def main():
         if done or not follow:
             break
         time.sleep(POLL_S)
-    if os.path.exists(exit_file):
-        with open(exit_file) as handle:
-            sys.stderr.write(handle.read())
+    try:
+        output_at = repr(os.path.getmtime(log))
+    except OSError:
+        output_at = "null"
+    sys.stderr.write('{"exit": %s, "output_at": %s}\n' % (_read(exit_file) or "null", output_at))
+    sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
+
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":

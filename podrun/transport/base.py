@@ -117,7 +117,7 @@ exec(c('{name}',b),{{'__name__':'__main__','_podrun_compiled':c}})"""
 # them ahead of the script, each as a module of its own, "podrun_remote_<name>" (`type(sys)` is the module
 # type), compiled once per worker and interpreter by BOOTSTRAP's cache (compiling checkout.py afresh would
 # cost every agent 1.3 ms)
-SCRIPT_MODULES = {"agent": ("framing", "checkout", "interfaces", "vm_notice"), "relay_node": ("framing",)}
+SCRIPT_MODULES = {"agent": ("framing", "checkout", "interfaces", "stacks", "vm_notice"), "relay_node": ("framing",)}
 MODULE_LOADER = """import sys
 def _podrun_module(name, cache_name, source):
     module = type(sys)('podrun_remote_' + name)

@@ -1,0 +1,38 @@
+"""`podrun stacks`: every worker's Python stacks of a running job, now, shown and saved."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from podrun import jobstore
+from podrun.commands.exec import parse_worker_selection
+from podrun.commands.jobs import newest_running_or_newest
+from podrun.errors import PodrunError, UsageError
+from podrun.launch import detached, stacks
+from podrun.output import say
+
+
+def show_stacks(job: str | None, worker_selection: str | None) -> int:
+    """`job`: as for `podrun logs` (default: the newest running job, else the newest job)."""
+    record = jobstore.find(job) if job else newest_running_or_newest()
+    if (state := record.current_state()) != jobstore.RUNNING:
+        raise PodrunError(f"job {record.id} is {state}: stacks come from a running job's processes"
+                          f"{_saved_note(record)}")
+    indexes = [w.index for w in record.workers]
+    chosen = sorted(parse_worker_selection(worker_selection, max(indexes) + 1)) if worker_selection else indexes
+    if missing := sorted(set(chosen) - set(indexes)):
+        raise UsageError(f"--worker {worker_selection}: job {record.id} has no worker {missing[0]} "
+                         f"(its workers: {', '.join(map(str, indexes))})")
+    texts = detached.fetch_stacks(record, chosen)
+    for index in chosen:
+        address = next(w.address for w in record.workers if w.index == index)
+        sys.stdout.write(f"── worker {index} ({address}) ──\n{texts[index]}")
+        sys.stdout.write("" if texts[index].endswith("\n") else "\n")
+    say(f"saved in {stacks.save(record, texts)}")
+    return 0
+
+
+def _saved_note(record: jobstore.JobRecord) -> str:
+    folder = os.path.join(record.dir, jobstore.STACKS_DIR)
+    return f"; those saved earlier are in {folder}" if os.path.isdir(folder) else ""

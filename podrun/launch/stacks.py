@@ -1,0 +1,42 @@
+"""Every worker's Python stacks, now (remote/stacks.py on each): on a stall, and for `podrun stacks`.
+
+They are saved in the job's directory on the launcher as `stacks/<n>/wN.txt`, one folder per dump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from podrun import jobstore
+from podrun.transport.base import ChannelLost, Transport
+
+COLLECT_TIMEOUT_S = 60  # remote/stacks.py gives each py-spy 20 s; a worker that says nothing by then is named
+
+
+async def collect(job_id: str, workers: list[tuple[int, Transport]]) -> dict[int, str]:
+    """Each worker's stacks text (or why there is none), from connected transports, all at once."""
+    async def one(index: int, transport: Transport) -> str:
+        try:
+            channel = await transport.start_python("stacks", job_id, str(index))
+            channel.stdin.write_eof()
+            output, errors, _ = await asyncio.wait_for(
+                asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait()), COLLECT_TIMEOUT_S)
+        except ChannelLost as lost:
+            return f"no stacks: worker {index} lost its connection ({lost})\n"
+        except asyncio.TimeoutError:
+            return f"no stacks: worker {index} gave none within {COLLECT_TIMEOUT_S}s\n"
+        return output.decode(errors="replace") + errors.decode(errors="replace")
+
+    texts = await asyncio.gather(*(one(index, transport) for index, transport in workers))
+    return dict(zip((index for index, _ in workers), texts))
+
+
+def save(record: jobstore.JobRecord, texts: dict[int, str]) -> str:
+    """Write one dump as `stacks/<n>/wN.txt`; returns its folder."""
+    folder = record.new_stacks_dir()
+    for index, text in texts.items():
+        with open(os.open(os.path.join(folder, f"w{index}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                  "w") as handle:
+            handle.write(text)
+    return folder
