@@ -94,7 +94,7 @@ def _create(args: argparse.Namespace) -> int:
     from podrun.commands.tpu import create
 
     return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait,
-                  args.queued, args.reservation, args.valid_for, args.replace, args.slices)
+                  args.queued, args.reservation, args.valid_for, args.replace, args.slices, args.internal_ips)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -137,6 +137,9 @@ def _create_arguments(sub: argparse.ArgumentParser) -> None:
     capacity.add_argument("--reservation", metavar="NAME", help="in this reservation (through a queued resource)")
     sub.add_argument("--valid-for", metavar="DURATION",
                      help="how long a queued request may wait for capacity, e.g. 30m or 6h (then Google fails it)")
+    sub.add_argument("--internal-ips", action="store_true",
+                     help="no external IPs: its workers are reached from inside its VPC network only "
+                          "(a job spec says so with target.tpu.internal_ip: true)")
     sub.add_argument("--replace", action="store_true",
                      help="first delete a preempted TPU VM, or a failed or suspended queued resource, of that name")
     sub.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,

@@ -133,9 +133,17 @@ class Lab:
             f"ip -n {ns} link set lo up")
         self.authorize(host.index)
         host.hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=host.hostname))
-        _sh(f"ssh-keygen -q -t ed25519 -N '' -f {host.dir}/ssh_host_ed25519_key")
+        _make_host_key(host)
         (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, external_ip=host.external_ip, dir=host.dir))
         self.start_sshd(host.index)
+
+    def renew_host_key(self, index: int) -> None:
+        """Host `index` as a VM made again: its sshd (stopped first, if it runs) serves a host key made now."""
+        host = self.hosts[index]
+        if host.sshd and host.sshd.poll() is None:
+            self.stop_sshd(index)
+        _make_host_key(host)
+        self.start_sshd(index)
 
     def start_sshd(self, index: int) -> None:
         host = self.hosts[index]
@@ -207,6 +215,12 @@ class Lab:
 def _address(network: str, index: int) -> str:
     base = ipaddress.ip_network(network).network_address
     return str(base + 256 * (index // HOSTS_PER_OCTET) + FIRST_HOST + index % HOSTS_PER_OCTET)
+
+
+def _make_host_key(host: LabHost) -> None:
+    for path in host.dir.glob("ssh_host_ed25519_key*"):
+        path.unlink()
+    _sh(f"ssh-keygen -q -t ed25519 -N '' -C {host.hostname} -f {host.dir}/ssh_host_ed25519_key")
 
 
 def _sh(command: str) -> None:

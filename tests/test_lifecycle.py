@@ -99,6 +99,10 @@ def test_a_preemption_mid_run_is_named_and_the_job_restarts_on_a_tpu_created_aga
     job.wait_for(r"\[w0\] resumed on worker 0", timeout=90)
     assert job.finish(timeout=90) == 0, job.text
     assert "restart 1 of 1" in job.text
+    # the VMs made again have new host keys, which their guest attributes publish: not a word about keys
+    assert "host key" not in job.text and "no external IPs" not in job.text
+    nodes = tpu_api.node_requests()
+    assert len(nodes) == 2 and all(node["networkConfig"] == {"enableExternalIps": True} for _, node in nodes)
     job_id = job_id_in(job.text)
     record = job_record(home, job_id)
     assert record["attempt"] == 1 and record["attempts"][0]["state"] == "preempted"

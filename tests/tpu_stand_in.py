@@ -8,9 +8,13 @@ named `projects/P/locations/Z/operations/ID` that finish after `operation_delay_
 google.rpc.Status bodies. A bearer token is required, as Google requires one.
 
 Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `networkEndpoints`
-(internal `ipAddress`, `accessConfig.externalIp`); when too few are free, its create operation fails
-with RESOURCE_EXHAUSTED, as a zone out of capacity does. Like the guest agent on a real TPU VM,
-the `ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
+(internal `ipAddress`; `accessConfig.externalIp` only when its `networkConfig.enableExternalIps` is
+true: left out, it takes the API's default, false, as on Google); when too few are free, its create
+operation fails with RESOURCE_EXHAUSTED, as a zone out of capacity does. Hosts a node takes are new
+VMs: they come with sshd host keys of their own (`on_new_vm`), which `:getGuestAttributes`
+(namespace `hostkeys`) publishes, as a TPU VM's guest agent does. Like that agent too, the
+`ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
+Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create.
 
 Queued resources (`/v2/projects/P/locations/Z/queuedResources[/ID]`, GUIDE section 9): create is a
 long-running operation that leaves the request ACCEPTED; then, driven by time like the operations
@@ -28,7 +32,7 @@ shows it once the VM's shutdown is over, tens of seconds after SSH felt it; math
 `on_preempt(endpoints)` is called (on a lab: every process in the hosts'
 namespaces is killed, sshd included); when the node is deleted its hosts come back as fresh
 capacity through `on_revive(endpoints)` (on a lab: an empty home, as a new VM's boot disk, and sshd
-started again), and `shutdown()` revives any host still gone, so a later test finds the lab whole.
+started again with a new host key), and `shutdown()` revives any host still gone, so a later test finds the lab whole.
 
 An API that is slow or does not answer: with `stall_s` set, every request is read and then left
 unanswered for that many seconds (math.inf: never, until shutdown), the connection held open.
@@ -106,7 +110,7 @@ class LabEndpoint:
     internal_ip: str
     external_ip: str
     host_index: int  # the lab host it is
-    host_key: str = ""  # its sshd's public key, "ssh-ed25519 AAAA...", as the guest agent publishes it
+    host_key: str = ""  # its sshd's public key, "ssh-ed25519 AAAA...", as the guest agent publishes it; "": none
 
 
 @dataclass
@@ -139,13 +143,16 @@ class TpuStandIn:
     def __init__(self, endpoints: list[LabEndpoint], operation_delay_s: float = 0.5,
                  on_ssh_keys: Callable[[list[LabEndpoint], str], None] | None = None,
                  on_preempt: Callable[[list[LabEndpoint]], None] | None = None,
-                 on_revive: Callable[[list[LabEndpoint]], None] | None = None):
+                 on_revive: Callable[[list[LabEndpoint]], None] | None = None,
+                 on_new_vm: Callable[[list[LabEndpoint]], None] | None = None):
         self.free = list(endpoints)
         self.operation_delay_s = operation_delay_s
         self.on_ssh_keys = on_ssh_keys or (lambda endpoints, keys: None)
         # a preempted node's hosts vanish (on_preempt) and come back as fresh capacity when it is deleted
         self.on_preempt = on_preempt or (lambda endpoints: None)
         self.on_revive = on_revive or (lambda endpoints: None)
+        # hosts a node takes are new VMs, with host keys of their own (their `host_key` is updated)
+        self.on_new_vm = on_new_vm or (lambda endpoints: None)
         self.vanished: list[LabEndpoint] = []
         self.queued: dict[str, Queued] = {}  # by full name
         self.capacity_withheld_until = 0.0  # monotonic; until then queued requests keep waiting
@@ -156,6 +163,8 @@ class TpuStandIn:
         self.denied_projects: set[str] = set()  # projects where the API is not enabled
         self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
+        self.bodies: list[tuple[str, str, dict, dict]] = []  # (method, path, query, JSON body) as received
+        self.publishes_host_keys = True  # False: guest agents that published nothing (yet)
         self.stall_s = 0.0  # seconds each request waits before it is answered; math.inf: never
         self.preemption_lag_s = 1.0  # from a preemption (its hosts gone) to the API showing it
         self.lagging: list[tuple[float, str]] = []  # (monotonic time the API shows it, node full name)
@@ -187,6 +196,12 @@ class TpuStandIn:
                 if host.sshd:
                     host.sshd.wait()
 
+        def new_vm(endpoints: list[LabEndpoint]) -> None:
+            """A VM made (again) on the hosts: sshd with a host key made now, which its guest agent publishes."""
+            for endpoint in endpoints:
+                lab.renew_host_key(endpoint.host_index)
+                endpoint.host_key = lab.hosts[endpoint.host_index].host_key()
+
         def revive(endpoints: list[LabEndpoint]) -> None:
             """A VM created again: a fresh boot disk (nothing of the old home is left) and sshd up."""
             for endpoint in endpoints:
@@ -194,10 +209,10 @@ class TpuStandIn:
                 shutil.rmtree(home)
                 home.mkdir()
                 lab.authorize(endpoint.host_index)
-                lab.start_sshd(endpoint.host_index)
+            new_vm(endpoints)
 
         return cls([LabEndpoint(h.ip, h.external_ip, h.index, h.host_key()) for h in lab.hosts], operation_delay_s,
-                   install_root_keys, vanish, revive)
+                   install_root_keys, vanish, revive, new_vm)
 
     # --- serving ---------------------------------------------------------------------------
     def serve(self, port: int = 0) -> str:
@@ -308,6 +323,20 @@ class TpuStandIn:
                 if name in queued.nodes:
                     self._set_state(queued, "SUSPENDED", "SERVICE")
 
+    def node_requests(self) -> list[tuple[str, dict]]:
+        """The Node of every create request received, in order, with the id it was asked under: a
+        node's (nodeId), or each node spec's of a queued resource (queuedResourceId)."""
+        with self.lock:
+            bodies = list(self.bodies)
+        nodes = []
+        for method, path, query, body in bodies:
+            if method == "POST" and path.endswith("/nodes"):
+                nodes.append((query.get("nodeId", [""])[0], body))
+            elif method == "POST" and path.endswith("/queuedResources"):
+                nodes += [(query.get("queuedResourceId", [""])[0], spec.get("node", {}))
+                          for spec in (body.get("tpu") or {}).get("nodeSpec", [])]
+        return nodes
+
     def node_names(self, queued_resource: str) -> list[str]:
         """The full names of the nodes a queued resource (its id or full name) names, in order."""
         with self.lock:
@@ -319,6 +348,7 @@ class TpuStandIn:
     def handle(self, method: str, path: str, query: dict, body: dict) -> dict:
         with self.lock:
             self.requests.append((method, path))
+            self.bodies.append((method, path, query, body))
             if compute := re.fullmatch(r"/compute/v1/projects/([^/]+)", path):
                 if method != "GET":
                     raise ApiError("NOT_FOUND", f"{method} {path} not found")
@@ -354,7 +384,7 @@ class TpuStandIn:
             if method == "PATCH":
                 return self._patch(parent, name, node, query.get("updateMask", [""])[0], body)
             if method == "POST" and verb == ":getGuestAttributes":
-                return self._guest_attributes(name)
+                return self._guest_attributes(name, [w for w in body.get("workerIds", []) if w])
             raise ApiError("NOT_FOUND", f"{method} {path} not found")
 
     def _create(self, parent: str, zone: str, node_id: str, body: dict) -> dict:
@@ -397,11 +427,14 @@ class TpuStandIn:
     def _take_hosts(self, name: str, hosts: int) -> None:
         endpoints, self.free = self.free[:hosts], self.free[hosts:]
         self.node_endpoints[name] = endpoints
+        self.on_new_vm(endpoints)
 
     def _make_ready(self, name: str) -> None:
         node = self.nodes[name]
+        external = node["networkConfig"].get("enableExternalIps", False)
         node["networkEndpoints"] = [{"ipAddress": e.internal_ip, "port": 8470,
-                                     "accessConfig": {"externalIp": e.external_ip}} for e in self.node_endpoints[name]]
+                                     **({"accessConfig": {"externalIp": e.external_ip}} if external else {})}
+                                    for e in self.node_endpoints[name]]
         node["state"] = "READY"
         self._apply_ssh_keys(name)
 
@@ -421,11 +454,14 @@ class TpuStandIn:
                     self._set_state(queued, "SUSPENDED", "USER")
 
     def _new_node(self, parent: str, zone: str, name: str, body: dict) -> dict:
+        # the API's JSON leaves out a false enableExternalIps, its default, as it does every default
+        network = {"network": f"projects/{parent.split('/')[1]}/global/networks/default",
+                   "subnetwork": f"projects/{parent.split('/')[1]}/regions/{zone[:-2]}/subnetworks/default",
+                   **body.get("networkConfig", {})}
+        if not network.get("enableExternalIps"):
+            network.pop("enableExternalIps", None)
         node = {**body, "name": name, "state": "CREATING", "id": str(next(self.ids) + 4_000_000_000_000_000_000),
-                "createTime": _timestamp(), "apiVersion": "V2", "health": "HEALTHY",
-                "networkConfig": {"network": f"projects/{parent.split('/')[1]}/global/networks/default",
-                                  "subnetwork": f"projects/{parent.split('/')[1]}/regions/{zone[:-2]}/subnetworks/default",
-                                  "enableExternalIps": True, **body.get("networkConfig", {})},
+                "createTime": _timestamp(), "apiVersion": "V2", "health": "HEALTHY", "networkConfig": network,
                 "cidrBlock": "10.130.0.0/20", "schedulingConfig": body.get("schedulingConfig", {}),
                 "serviceAccount": {"email": "default", "scope": ["https://www.googleapis.com/auth/cloud-platform"]}}
         for key, names in ENUMS.items():
@@ -602,16 +638,18 @@ class TpuStandIn:
                     self._make_ready(node_name)
                 self._set_state(queued, "ACTIVE", "USER")
 
-    def _guest_attributes(self, name: str) -> dict:
-        """What each worker's guest agent published; gcloud's `tpu-vm ssh` reads the `hostkeys`."""
+    def _guest_attributes(self, name: str, worker_ids: list[str]) -> dict:
+        """What each worker's guest agent published (those of `worker_ids`, else all); gcloud's
+        `tpu-vm ssh` reads the `hostkeys`, podrun too."""
         def items(endpoint: LabEndpoint) -> list[dict]:
-            if not endpoint.host_key:
+            if not endpoint.host_key or not self.publishes_host_keys:
                 return []
             key_type, key = endpoint.host_key.split()[:2]
             return [{"namespace": "hostkeys", "key": key_type, "value": key}]
 
         return {"guestAttributes": [{"queryPath": "", "workerId": str(worker), "queryValue": {"items": items(endpoint)}}
-                                    for worker, endpoint in enumerate(self.node_endpoints.get(name, []))]}
+                                    for worker, endpoint in enumerate(self.node_endpoints.get(name, []))
+                                    if not worker_ids or str(worker) in worker_ids]}
 
     def _compute_project(self, project: str) -> dict:
         """Compute Engine's `projects.get` (compute/v1), which gcloud's `tpu-vm ssh` reads to see

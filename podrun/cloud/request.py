@@ -28,6 +28,9 @@ class TpuRequest:
     valid_for_s: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)  # the node's: `ssh-keys` lets exec in without an update
     slices: int = 1
+    # networkConfig.enableExternalIps, which the API takes as false when it is left out; gcloud
+    # sends true unless --internal-ips, and without it a laptop cannot reach the workers
+    external_ips: bool = True
 
     @property
     def through_queue(self) -> bool:
@@ -46,6 +49,7 @@ class TpuRequest:
                  else f"{self.accelerator_type}: {workers}")
         parts = [shape, f"runtime {self.runtime_version}"]
         parts += ["spot"] * self.spot + [f"reservation {self.reservation}"] * bool(self.reservation)
+        parts += ["internal IPs only"] * (not self.external_ips)
         if self.through_queue:
             parts.append(f"queued for at most {duration_text(self.valid_for_s)}" if self.valid_for_s else "queued")
         return ", ".join(parts)

@@ -87,6 +87,7 @@ class TpuNode:
     workers: list[WorkerAddress]
     metadata: dict[str, str] = field(default_factory=dict)
     queued_resource: str | None = None  # the short name of the queued resource that created it
+    id: str = ""  # the number Google gave it; a node made again under the same name gets another
 
     @property
     def full_name(self) -> str:
@@ -153,9 +154,7 @@ class TpuApi:
         from google.cloud import tpu_v2
         from google.protobuf import duration_pb2
 
-        node = tpu_v2.Node(accelerator_type=request.accelerator_type, runtime_version=request.runtime_version,
-                           metadata=request.metadata)
-        node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.location.parent, node=node)
+        node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.location.parent, node=_node_to_create(request))
         if request.slices > 1:
             node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
                 node_count=request.slices, node_id_prefix=request.name)
@@ -188,6 +187,26 @@ class TpuApi:
                                                            force=True), timeout=self.timeout_s)
         return Pending(operation.operation.name, doing, name)
 
+    def host_keys(self, name: str) -> list[tuple[str, ...]]:
+        """Each worker's SSH host keys ("ssh-ed25519 AAAA..."), in worker order, as its guest agent
+        published them (guest attributes, namespace `hostkeys`); none for a worker, or for all when
+        Google refuses to say (as gcloud's `tpu-vm ssh`, podrun then goes on without them)."""
+        with self._errors(f"reading the host keys of TPU VM {name}", name):
+            try:
+                # gcloud's body: workerIds [""] (every worker)
+                answer = self._request("POST", f"nodes/{name}:getGuestAttributes", {"workerIds": [""]})
+            except ApiCallError:
+                return []
+        published = answer.get("guestAttributes", [])
+        keys: list[tuple[str, ...]] = []
+        for position, worker in enumerate(published):
+            index = int(worker.get("workerId") or position)
+            keys += [()] * (index + 1 - len(keys))
+            items = worker.get("queryValue", {}).get("items", [])
+            keys[index] = tuple(f"{item['key']} {item['value']}" for item in items if item.get("namespace") == "hostkeys"
+                                and item.get("key", "").startswith(("ssh-", "ecdsa-")))
+        return keys
+
     def state(self, name: str) -> str:
         """The node's state, or `gone` once it no longer exists."""
         with self._errors(f"reading TPU VM {name}", name):
@@ -207,8 +226,8 @@ class TpuApi:
         """The request's one node, directly (no queued resource)."""
         from google.cloud import tpu_v2
 
-        node = tpu_v2.Node(accelerator_type=request.accelerator_type, runtime_version=request.runtime_version,
-                           scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot), metadata=request.metadata)
+        node = _node_to_create(request)
+        node.scheduling_config = tpu_v2.SchedulingConfig(spot=request.spot)
         doing = f"creating TPU VM {request.name}"
         with self._errors(doing, request.name), _client_errors():
             operation = self._google_client().create_node(parent=self.location.parent, node_id=request.name, node=node,
@@ -262,10 +281,18 @@ class TpuApi:
 
     def _read(self, path: str) -> dict:
         """The JSON of `nodes/NAME` or `queuedResources/NAME` in this location, with one GET."""
+        return self._request("GET", path)
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        """One request to `path` in this location (a JSON body with it), through google.auth's urllib3
+        transport: the answer's JSON."""
         base = self.endpoint or GOOGLE_ENDPOINT
         url = f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}"
+        data = None if body is None else json.dumps(body)
         try:
-            response = AuthorizedHttp(self.credentials).request("GET", url, timeout=self.timeout_s, retries=False)
+            response = AuthorizedHttp(self.credentials).request(
+                method, url, body=data, headers={"Content-Type": "application/json"} if data else None,
+                timeout=self.timeout_s, retries=False)
         except urllib3.exceptions.HTTPError as error:
             # a refused connection is a NewConnectionError, which urllib3 derives from its TimeoutError
             timed_out = (isinstance(error, urllib3.exceptions.TimeoutError)
@@ -298,7 +325,8 @@ class TpuApi:
                                    endpoint.get("accessConfig", {}).get("externalIp") or None)
                      for endpoint in node.get("networkEndpoints", [])],
             metadata=dict(node.get("metadata", {})),
-            queued_resource=node["queuedResource"].rsplit("/", 1)[-1] if node.get("queuedResource") else None)
+            queued_resource=node["queuedResource"].rsplit("/", 1)[-1] if node.get("queuedResource") else None,
+            id=node.get("id", ""))
 
     def _queued(self, resource: dict) -> QueuedResource:
         """A queued resource as the API's JSON has it (camelCase, enums by name, defaults left out)."""
@@ -383,6 +411,16 @@ def _client_errors() -> Iterator[None]:
         raise ApiTimeout() from None
     except requests.exceptions.RequestException as error:
         raise ApiUnreachable(type(error).__name__) from None
+
+
+def _node_to_create(request: TpuRequest):
+    """The Node a create asks for, directly or in a queued resource's node spec: external IPs asked
+    for as gcloud asks for them (the API's default is none)."""
+    from google.cloud import tpu_v2
+
+    return tpu_v2.Node(accelerator_type=request.accelerator_type, runtime_version=request.runtime_version,
+                       metadata=request.metadata,
+                       network_config=tpu_v2.NetworkConfig(enable_external_ips=request.external_ips))
 
 
 def _unless_missing(read):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def create(accelerator_type: str, name: str | None, zone: str | None, project: str | None,
            version: str | None, spot: bool, wait: bool, queued: bool = False, reservation: str | None = None,
-           valid_for: str | None = None, replace: bool = False, slices: int = 1) -> int:
+           valid_for: str | None = None, replace: bool = False, slices: int = 1, internal_ips: bool = False) -> int:
     accelerator = accelerators.parse(accelerator_type)  # before any API call
     name = name or default_node_name(accelerator.name)
     if not NODE_NAME.match(name):
@@ -32,7 +32,7 @@ def create(accelerator_type: str, name: str | None, zone: str | None, project: s
     if valid_for is not None and not (queued or reservation or slices > 1):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
     request = TpuRequest(name, accelerator.name, version or accelerator.default_runtime, queued, spot, reservation,
-                         _valid_for_s(valid_for), slices=slices)
+                         _valid_for_s(valid_for), slices=slices, external_ips=not internal_ips)
     api = _api(location(project, zone))
     if problem := capacity.blocked(api, request.node_names, name):
         if not replace:

@@ -4,9 +4,18 @@ no run while a process left from an earlier one holds the TPU.
 Workers come in the order of the node's `networkEndpoints` (that order is the TPU worker id, as in
 `gcloud compute tpus tpu-vm ssh --worker=N`). podrun connects to each worker's external IP, or to its
 internal IP with `internal_ip: true` (from a VM in the same network); the workers reach each other
-on their internal IPs. Access works as gcloud's: the key ~/.ssh/google_compute_engine (made on first
-use) and the local user name, added to the node's `ssh-keys` metadata, which the TPU VM's guest agent
-installs on every worker.
+on their internal IPs. A TPU podrun creates asks for external IPs unless `internal_ip: true`, as
+gcloud does unless --internal-ips (the API's default is none); a node without them is named before
+podrun falls back to its internal IPs. Access works as gcloud's: the key ~/.ssh/google_compute_engine
+(made on first use) and the local user name, added to the node's `ssh-keys` metadata, which the TPU
+VM's guest agent installs on every worker.
+
+Host keys too are gcloud's: each worker is known by gcloud's alias for it (HostKeyAlias
+`tpu.<node id>-<worker>[-<last 6 characters of its ed25519 key>]`, from command_lib/compute/tpus/
+tpu_vm/ssh.py, GetInstanceID), with the keys its guest agent published (guest attributes, namespace
+`hostkeys`) trusted as they are. A TPU VM made again (after a preemption, or deleted and created
+under the same name) has another id and other keys: a new host, never a changed one. Where nothing
+is published, its key is trusted on first use under the alias.
 
 A process left from an earlier run that still holds /dev/accel* (or /dev/vfio/*, or libtpu's
 lockfile) makes the next run die with "TPU in use". Every worker's agent looks for such processes in
@@ -165,7 +174,8 @@ class TpuVm(Target):
         return TpuRequest(tpu.name, tpu.accelerator_type,
                           tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
                           queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
-                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {}, slices=tpu.slices or 1)
+                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {}, slices=tpu.slices or 1,
+                          external_ips=not tpu.internal_ip)
 
     def _workers_to_be(self) -> list[Worker]:
         """The workers a TPU the spec declares will have, for --dry-run: their addresses are not known yet."""
@@ -208,25 +218,58 @@ def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool 
     slice, each in worker-id order. With `authorize`, the user's key is made if it does not exist
     and added to each node's metadata where it is not there yet (not for --dry-run, which changes
     nothing, here or on the node). Logins refused right after the key reached the metadata (just
-    now, or as the node was `just_created`) are retried while the workers install it."""
+    now, or as the node was `just_created`) are retried while the workers install it. The workers'
+    published host keys are read too, except for --dry-run, which connects nowhere."""
     from podrun.transport.ssh import SshTransport
 
     tpu = spec.target.tpu
     assert tpu is not None, "tpu_workers is called for tpu targets only"
     names = tpu.node_names
     key_line = ssh_key_line(spec) if authorize else None
-    with ThreadPoolExecutor(max_workers=min(len(names), 16)) as pool:  # the slices' reads and key updates at once
+    # the slices' reads, key updates and host keys at once
+    with ThreadPoolExecutor(max_workers=min(2 * len(names), 32)) as pool:
+        published = [pool.submit(api.host_keys, name) if authorize and spec.ssh.check_host_keys else None
+                     for name in names]
         reached = list(pool.map(lambda name: _reach(api, name, key_line), names))
+        host_keys = [future.result() if future else [] for future in published]
+    if not tpu.internal_ip:
+        _say_if_internal_only([node for node, _ in reached], tpu.label)
     user, key_path = _user_and_key(spec)
     workers: list[Worker] = []
-    for slice_id, (node, just_added) in enumerate(reached):
+    for slice_id, ((node, just_added), node_keys) in enumerate(zip(reached, host_keys)):
         for in_slice, address in enumerate(node.workers):
             host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
+            keys = node_keys[in_slice] if in_slice < len(node_keys) else ()
             transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
-                                     refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0)
+                                     refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0,
+                                     host_key_alias=host_key_alias(node, in_slice, keys), host_keys=keys)
             workers.append(Worker(len(workers), host, address.internal_ip, transport,
                                   (slice_id, in_slice) if len(names) > 1 else None))
     return [node for node, _ in reached], workers
+
+
+def host_key_alias(node: TpuNode, worker: int, host_keys: tuple[str, ...]) -> str | None:
+    """gcloud's HostKeyAlias for the worker (GetInstanceID in gcloud's command_lib/compute/tpus/tpu_vm/
+    ssh.py): `tpu.<node id>-<worker>`, then `-` and the last 6 characters of its ed25519 host key
+    where one is published. None for a node without an id (then its address names it)."""
+    if not node.id:
+        return None
+    ed25519 = next((key.split()[1] for key in host_keys if key.startswith("ssh-ed25519 ")), None)
+    return f"tpu.{node.id}-{worker}" + (f"-{ed25519[-6:]}" if ed25519 else "")
+
+
+def _say_if_internal_only(nodes: list[TpuNode], label: str) -> None:
+    """One line naming the nodes whose workers have no external IP: podrun falls back to their
+    internal IPs, which only a machine in their VPC network reaches."""
+    lacking = [node for node in nodes if any(not worker.external_ip for worker in node.workers)]
+    if not lacking:
+        return
+    internal = [worker.internal_ip for node in lacking for worker in node.workers if not worker.external_ip]
+    shown = ", ".join(internal[:3]) + (f" and {len(internal) - 3} more" if len(internal) > 3 else "")
+    what = f"TPU VM {lacking[0].name} has" if len(lacking) == 1 else f"TPU VMs {', '.join(n.name for n in lacking)} have"
+    say(f"{what} no external IPs: connecting to internal IPs {shown}, which only a machine in its VPC network "
+        f"reaches; from there, set target.tpu.internal_ip: true, else make it again with external IPs "
+        f"(`podrun delete {label}`, then create it without --internal-ips)")
 
 
 def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]:

@@ -15,5 +15,7 @@ def transport_for(endpoint: dict) -> Transport:
         return LocalTransport(endpoint["root"])
     from podrun.transport.ssh import SshTransport
 
+    # records of jobs started before TPU workers had host key aliases have neither field
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
-                        endpoint["check_host_keys"])
+                        endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
+                        host_keys=tuple(endpoint.get("host_keys", ())))

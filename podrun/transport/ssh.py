@@ -7,6 +7,10 @@ launcher without a thread per host. It honours ~/.ssh/config (aliases, HostName,
 
 Host keys: podrun keeps its own known-hosts file, trusts a host's key the first time it sees it, and
 refuses when a known host presents a different key (ssh.check_host_keys: false turns this off).
+A host is known by its address and port, or by its `host_key_alias` where it has one: a TPU worker
+goes by gcloud's alias for it (targets/tpu.py), so a TPU VM made again on the same addresses is a
+new host, not a changed one. Keys its owner published (`host_keys`: a TPU VM's guest attributes)
+are trusted as they are, with no first use to trust.
 """
 
 from __future__ import annotations
@@ -116,20 +120,32 @@ class SshTransport(Transport):
     root = "~"
 
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
-                 check_host_keys: bool, refused_retry_s: float = 0):
+                 check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
+                 host_keys: tuple[str, ...] = ()):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
         self.check_host_keys = check_host_keys
         self.refused_retry_s = refused_retry_s  # a key that was just authorized may take this long to work
+        self.host_key_alias = host_key_alias  # its name in the known-hosts file, in place of host:port
+        self.host_keys = host_keys  # "ssh-ed25519 AAAA..." as its owner published them: trusted as they are
         self.connection: asyncssh.SSHClientConnection | None = None
 
     @property
     def label(self) -> str:
         return self.host if self.port in (None, 22) else f"{self.host}:{self.port}"
 
+    @property
+    def known_as(self) -> str:
+        """Its name in known-hosts lines: the alias (OpenSSH's HostKeyAlias, which takes no port), or host[:port]."""
+        return self.host_key_alias or _host_pattern(self.host, self.port or 22)
+
+    def _published_lines(self) -> bytes:
+        return "".join(f"{self.known_as} {key}\n" for key in self.host_keys).encode()
+
     async def connect(self) -> None:
-        known = known_host_keys(self.host, self.port or 22) if self.check_host_keys else None
+        known = (self._published_lines() or known_host_keys(self.known_as)) if self.check_host_keys else None
         options: dict[str, object] = {"known_hosts": asyncssh.import_known_hosts(known.decode()) if known else None,
+                                      "host_key_alias": self.host_key_alias,
                                       "connect_timeout": CONNECT_TIMEOUT_S, "encryption_algs": ENCRYPTION_ALGS,
                                       "keepalive_interval": KEEPALIVE_INTERVAL_S,
                                       "keepalive_count_max": KEEPALIVE_COUNT_MAX}
@@ -142,9 +158,13 @@ class SshTransport(Transport):
         try:
             self.connection = await self._connect(options)
         except asyncssh.HostKeyNotVerifiable:
+            if self.host_keys:
+                raise PodrunError(f"{self.label}: its host key is not one of those its TPU VM published (guest "
+                                  f"attributes, namespace hostkeys); refusing to connect") from None
+            alias = f" as {self.host_key_alias}" if self.host_key_alias else ""
             raise PodrunError(
                 f"{self.label}: host key changed since podrun first connected (recorded in "
-                f"{known_hosts_path()}); if the host was rebuilt, remove its line there") from None
+                f"{known_hosts_path()}{alias}); if the host was rebuilt, remove its line there") from None
         except asyncssh.PermissionDenied:
             raise PodrunError(f"{self.label}: key refused for user {self.user or 'default'} "
                               f"(identity file: {self.identity_file or 'ssh defaults'})") from None
@@ -155,7 +175,7 @@ class SshTransport(Transport):
             raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}") from None
         host_key = self.connection.get_server_host_key()
         if self.check_host_keys and not known and host_key is not None:
-            remember_host_key(self.host, self.port or 22, host_key)
+            remember_host_keys(self.known_as, [host_key.export_public_key().decode().strip()])
 
     async def _connect(self, options: dict) -> asyncssh.SSHClientConnection:
         deadline = asyncio.get_running_loop().time() + self.refused_retry_s
@@ -169,17 +189,24 @@ class SshTransport(Transport):
 
     def endpoint(self) -> dict:
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
-                "identity_file": self.identity_file, "check_host_keys": self.check_host_keys}
+                "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
+                "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys)}
 
     def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
         """OpenSSH's client, as gcloud's `tpu-vm ssh` runs it: a real terminal (resize, Ctrl-C to
         the remote program) for free, with podrun's keys and its host-key rules (its known-hosts file,
-        trust on first use, a changed key refused)."""
+        trust on first use, a changed key refused; published keys written there and required)."""
         argv = ["ssh", "-t"] if terminal else ["ssh"]
         if self.check_host_keys:
             paths.make_private_dir(str(known_hosts_path().parent))
-            argv += ["-o", f"UserKnownHostsFile={known_hosts_path()}", "-o", "StrictHostKeyChecking=accept-new",
+            known = known_host_keys(self.known_as).decode().splitlines()
+            remember_host_keys(self.known_as, [key for key in self.host_keys if f"{self.known_as} {key}" not in known])
+            argv += ["-o", f"UserKnownHostsFile={known_hosts_path()}",
+                     "-o", f"StrictHostKeyChecking={'yes' if self.host_keys else 'accept-new'}",
                      "-o", "HashKnownHosts=no"]  # podrun reads the file by host name
+            if self.host_key_alias:
+                # CheckHostIP=no: the address may have served another VM's key before, as gcloud's tpu-vm ssh sets it
+                argv += ["-o", f"HostKeyAlias={self.host_key_alias}", "-o", "CheckHostIP=no"]
         else:
             argv += ["-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR"]
         argv += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
@@ -235,26 +262,29 @@ def _host_pattern(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def known_host_keys(host: str, port: int) -> bytes:
-    """The lines of podrun's known-hosts file for this host, or b"" if it was never seen."""
+def known_host_keys(known_as: str) -> bytes:
+    """The lines of podrun's known-hosts file for this host (host[:port] or alias), or b"" if it was never seen."""
     try:
         lines = known_hosts_path().read_bytes().splitlines(keepends=True)
     except FileNotFoundError:
         return b""
-    pattern = _host_pattern(host, port).encode()
+    pattern = known_as.encode()
     return b"".join(line for line in lines if line.split(b" ", 1)[0] == pattern)
 
 
-def remember_host_key(host: str, port: int, key: asyncssh.SSHKey) -> None:
+def remember_host_keys(known_as: str, keys: list[str]) -> None:
+    """Add `known_as key` lines ("ssh-ed25519 AAAA...") to podrun's known-hosts file."""
+    if not keys:
+        return
     path = known_hosts_path()
     paths.make_private_dir(str(path.parent))
-    line = f"{_host_pattern(host, port)} {key.export_public_key().decode().strip()}\n".encode()
+    lines = "".join(f"{known_as} {key}\n" for key in keys).encode()
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as error:
         raise paths.unusable_home(error) from None
     try:
-        os.write(descriptor, line)  # one small append: parallel connects never interleave
+        os.write(descriptor, lines)  # one small append: parallel connects never interleave
     finally:
         os.close(descriptor)
 
