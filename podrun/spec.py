@@ -314,6 +314,8 @@ class Restarts(_Model):
         Field(["preemption"], min_length=1,
               description="preemption (the TPU is created again), failure and/or stall (run again on the same "
                           "workers)")
+    exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
+        None, min_length=1, description="failure restarts only for these exit codes (default: any)")
 
     @model_validator(mode="before")
     @classmethod
@@ -420,6 +422,8 @@ EXPECTED = {
     "restarts.max": "a number of restarts from 0 to 100",
     "restarts.on": "a list of preemption, failure and/or stall",
     "restarts.on.*": "preemption, failure or stall",
+    "restarts.exit_codes": "a list of exit codes such as [42, 75]",
+    "restarts.exit_codes.*": "an exit code from 1 to 255",
 }
 
 
@@ -549,6 +553,9 @@ def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
     if spec.delete_after != "never" and tpu is None:
         raise SpecError(path, "delete_after", f"{spec.delete_after} deletes the TPU VM the job ran on, but the "
                                               f"target is {spec.target.kind}: remove it")
+    if spec.restarts and spec.restarts.exit_codes and "failure" not in spec.restarts.on:
+        raise SpecError(path, "restarts.exit_codes", "limits failure restarts, but restarts.on does not hold "
+                                                     "failure: add it, or remove exit_codes")
     if spec.restarts and "preemption" in spec.restarts.on and not (tpu and tpu.accelerator_type):
         raise SpecError(path, "restarts.on", "preemption restarts create the TPU VM again, so they need "
                                              "target.tpu.accelerator_type; `on: [failure]` restarts failures")

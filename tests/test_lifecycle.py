@@ -151,6 +151,40 @@ def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(h
     assert again.returncode == 3 and "no restart left" in again.stderr
 
 
+def test_failure_restarts_only_for_the_exit_codes_named(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.2")
+    spec = job_file("target: {local: {workers: 2}}\n"
+                    "run: 'test \"$PODRUN_ATTEMPT\" = 0 && exit 42; exit 3'\n"
+                    "restarts: {max: 3, on: [failure], exit_codes: [42]}\n")
+    result = podrun("exec", spec)
+    assert result.returncode == 3, result.stderr
+    assert "restart 1 of 3 in 0.2s: running again on the same workers" in result.stderr
+    assert "no restart: exit code 3 is not one of restarts.exit_codes (42)" in result.stderr
+    assert "restart 2" not in result.stderr
+
+
+def test_a_job_that_keeps_failing_at_once_stops_restarting_early_with_growing_waits(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.2")
+    spec = job_file("target: {local: {workers: 2}}\nrun: exit 3\nrestarts: {max: 10, on: [failure]}\n")
+    result = podrun("exec", spec)
+    assert result.returncode == 3, result.stderr
+    assert "restart 1 of 10 in 0.2s" in result.stderr and "restart 2 of 10 in 0.4s" in result.stderr
+    assert "no restart: the last 3 attempts each ended within 60s of starting" in result.stderr
+    assert "restart 3" not in result.stderr
+
+
+@pytest.mark.parametrize("restarts, field, expected", [
+    ("{on: [preemption], exit_codes: [42]}", "restarts.exit_codes", "does not hold failure"),
+    ("{on: [failure], exit_codes: [0]}", "restarts.exit_codes.0", "an exit code from 1 to 255"),
+])
+def test_bad_restart_exit_codes_are_one_line(home, job_file, restarts, field, expected):
+    spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: 'true'\nrestarts: {restarts}\n")
+    result = podrun("validate", spec)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{spec}: {field}: " in lines[0] and expected in lines[0], result.stderr
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_queued_deletes_the_request_even_with_a_second_ctrl_c(home, tpu_api, lab, job_file):
     tpu_api.withhold_capacity(3600)

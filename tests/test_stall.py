@@ -65,7 +65,7 @@ def test_a_stall_restarts_the_job_when_restarts_on_holds_stall(home, job_file):
     result = podrun("exec", spec)
     assert result.returncode == 0, result.stderr
     job_id = job_id_in(result.stderr)
-    assert "restart 1 of 1: running again on the same workers (no output from any worker for 1." in result.stderr
+    assert "restart 1 of 1 in 1s: running again on the same workers (no output from any worker for 1." in result.stderr
     (job,) = json.loads(podrun("jobs", "--json").stdout)
     assert (job["state"], job["attempt"], job["attempts"][0]["state"]) == ("succeeded", 1, "stalled")
     assert sorted(stacks_of(home, job_id)) == ["w0.txt", "w1.txt"]

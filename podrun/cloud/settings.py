@@ -59,8 +59,8 @@ def gcloud_property(name: tuple[str, str]) -> str | None:
     return _active_configuration().get(section, key, fallback=None) or None
 
 
-def seconds(setting: tuple[str, float]) -> float:
-    """A number of seconds from the environment variable, or its default."""
+def seconds(setting: tuple[str, float], zero: bool = False) -> float:
+    """A number of seconds from the environment variable (above 0, or 0 too with `zero`), or its default."""
     variable, default = setting
     text = os.environ.get(variable, "").strip()
     if not text:
@@ -69,8 +69,9 @@ def seconds(setting: tuple[str, float]) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{variable}={text!r}: expected a number of seconds above 0, e.g. {default:g}")
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        raise UsageError(f"{variable}={text!r}: expected a number of seconds {'0 or more' if zero else 'above 0'}, "
+                         f"e.g. {default:g}")
     return value
 
 

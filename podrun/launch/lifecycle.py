@@ -16,11 +16,13 @@ import gc
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping
 
 from podrun import exits, interrupts, jobstore, paths
 from podrun.errors import PodrunError
+from podrun.launch import restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.output import Terminal, counted, say, say_failure
 from podrun.plan import WorkerPlan, plan
@@ -38,6 +40,7 @@ class Lifecycle:
         self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
         self.max_restarts = restarts
         self.restart_on = spec.restarts.on if spec.restarts else ["preemption"]  # `exec --restarts N` alone
+        self.exit_codes = spec.restarts.exit_codes if spec.restarts else None  # None: failures of any code
         self.delete_after = "always" if down else spec.delete_after
         self.code_dir = paths.remote_code_dir(spec.name, tree.digest) if tree else ""  # "": nothing ships
         self.workers: list[Worker] = []
@@ -113,9 +116,17 @@ class Lifecycle:
         cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}.get(record.state)
         if cause is None or cause not in self.restart_on:
             return False
+        if cause == "failure" and self.exit_codes and record.exit_code not in self.exit_codes:
+            say(f"no restart: exit code {record.exit_code} is not one of restarts.exit_codes "
+                f"({', '.join(map(str, self.exit_codes))})")
+            return False
         if record.attempt >= self.max_restarts:
             if self.max_restarts:
                 say(f"no restart left ({self.max_restarts} of {self.max_restarts} used)")
+            return False
+        if cause != "preemption" and (quick := restart_policy.quick_failures(record)) >= restart_policy.QUICK_FAILURES:
+            say(f"no restart: the last {quick} attempts each ended within {restart_policy.QUICK_FAILURE_S:g}s of "
+                f"starting; a restart would most likely fail the same way")
             return False
         return True
 
@@ -129,7 +140,10 @@ class Lifecycle:
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
         else:
-            say(f"restart {record.attempt} of {self.max_restarts}: running again on the same workers ({why})")
+            delay = restart_policy.backoff_s(record)
+            say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again on the same workers "
+                f"({why})")
+            time.sleep(delay)
         record.workers = self._worker_records()
         record.save()
 
