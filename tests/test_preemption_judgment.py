@@ -13,7 +13,7 @@ import time
 import pytest
 from test_lifecycle import PREEMPTED, WAIT_FOR_PREEMPTION, job_record, left_in_api, lifecycle_spec
 
-from conftest import Background, job_id_in, processes_of_job, wait_until
+from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
 
 LOST = 255
 
@@ -129,4 +129,22 @@ def test_the_vms_own_notice_stops_the_job_at_once_and_names_the_worker(home, tpu
     assert "[w0] SIGTERM on worker 0" in job.text and "[w1] SIGTERM on worker 1" in job.text
     assert job_record(home, job_id_in(job.text))["state"] == "preempted"
     assert processes_of_job(job_id_in(job.text)) == []
+    assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_a_detached_jobs_supervisor_sees_the_node_go_while_ssh_holds_and_recovers_it(home, tpu_api, lab, job_file,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("PODRUN_TPU_WATCH_INTERVAL", "1")  # the supervisor, forked from exec, reads it too
+    run = 'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; exec sleep 600'
+    started = podrun("exec", lifecycle_spec(job_file, run, restarts="{max: 1}", delete_after="always"), "--detach")
+    assert started.returncode == 0 and "a supervisor" in started.stderr, started.stderr
+    job_id = job_id_in(started.stderr)
+    tpu_api.start_maintenance("life")
+    wait_until(lambda: "attempt 1 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+               "the supervisor to run the job again on a TPU made again", timeout=90)
+    first = job_record(home, job_id)["attempts"][0]
+    assert first["state"] == "preempted" and "health UNHEALTHY_MAINTENANCE" in first["summary"], first
+    assert podrun("stop", job_id).returncode == 0
+    assert processes_of_job(job_id) == []
     assert left_in_api(tpu_api) == ([], [])

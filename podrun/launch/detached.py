@@ -34,6 +34,11 @@ def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, Wor
     asyncio.run(_fetch_all(record, indexes, outputs, follow))
 
 
+async def follow(record: jobstore.JobRecord) -> None:
+    """Follow every worker's log until the job ends, recording its end (the supervisor's watch)."""
+    await _fetch_all(record, [w.index for w in record.workers], None, follow=True)
+
+
 def refresh(records: list[jobstore.JobRecord]) -> None:
     """Bring running detached jobs' records up to date from their workers (`podrun jobs`): a job that
     ended meanwhile shows its true state and duration. A job whose workers cannot be reached stays as
@@ -66,7 +71,7 @@ def fetch_stacks(record: jobstore.JobRecord, indexes: list[int]) -> dict[int, st
 
 
 def stop(record: jobstore.JobRecord) -> None:
-    asyncio.run(_stop_all(record))
+    asyncio.run(stop_all(record))
     fetch(record, [w.index for w in record.workers], None, follow=False)
 
 
@@ -169,7 +174,7 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
         fcntl.flock(log, fcntl.LOCK_UN)
 
 
-async def _stop_all(record: jobstore.JobRecord) -> None:
+async def stop_all(record: jobstore.JobRecord) -> None:
     """Stop every worker's run; the first worker's last, once the others' have ended: its agent is the
     hub that the others' agents watch (agent.Hub), and stopped first it would look lost to them."""
     others_ended = asyncio.Event()

@@ -138,9 +138,7 @@ class Launch:
             return
         from podrun.launch import judgment
 
-        self.preempted = await judgment.watch(self.target)
-        say(f"{self.preempted}: stopping the job on every worker")
-        self.departed.set()
+        self._depart(await judgment.watch(self.target))
 
     async def _supervise_step(self, step: str, worker_steps: list[WorkerStep], first: bool) -> StepResult | None:
         if first:
@@ -333,9 +331,13 @@ class Launch:
 
     def _on_notice(self, index: int, reason: str) -> None:
         """A worker's VM announced it goes away: its agent stopped its run already; the others stop too."""
+        self._depart(f"worker {index}: {reason}")
+
+    def _depart(self, reason: str) -> None:
+        """The capacity goes away under a running job: it stops everywhere, to end preempted."""
         if not self.preempted:
-            self.preempted = f"worker {index}: {reason}"
-            say(f"{self.preempted}: stopping the job on every worker")
+            self.preempted = reason
+            say(f"{reason}: stopping the job on every worker")
             self.departed.set()
 
     def _judged(self, result: StepResult) -> bool:

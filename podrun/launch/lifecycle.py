@@ -217,21 +217,36 @@ class Lifecycle:
                 sys.stdout.flush()
 
     def _watch(self, record: jobstore.JobRecord) -> int:
-        """Follow a detached attempt to its end, as `podrun logs -f` does; a worker lost with its host
-        is checked against the API: preempted, or lost."""
-        from podrun.launch import detached
+        """Follow a detached attempt to its end, as `podrun logs -f` does, watching its capacity as an
+        attached exec does (launch/judgment.py): the API read while it runs, a lost worker judged."""
+        asyncio.run(self._follow(record))
+        say(record.outcome())
+        return record.exit_code if record.exit_code is not None else exits.LOST
 
+    async def _follow(self, record: jobstore.JobRecord) -> None:
+        from podrun.launch import detached, judgment
+
+        following = asyncio.ensure_future(detached.follow(record))
+        watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.departs
+                                         else asyncio.get_running_loop().create_future())  # never done
+        either: list[asyncio.Future] = [following, watching]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if watching.done():  # the API shows the TPU gone while the workers still answer
+            reason = watching.result()
+            say(f"{reason}: stopping the job on every worker")
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            await asyncio.gather(detached.stop_all(record), return_exceptions=True)  # gone with their VMs: fine
+            record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
+            return
+        watching.cancel()
         try:
-            detached.fetch(record, [w.index for w in record.workers], None, follow=True)
+            following.result()
         except PodrunError as error:
             record.finish(jobstore.FAILED, exits.LOST, str(error))
         if record.state == jobstore.RUNNING:  # a worker's log ended without its exit: it cannot be followed
             record.finish(jobstore.FAILED, exits.LOST, "a worker's agent ended without recording an exit")
         if record.state == jobstore.FAILED and record.exit_code == exits.LOST and self.target.departs:
-            from podrun.launch import judgment
-
             lost = {w.index: w.endpoint for w in record.workers if w.exit_code in (None, exits.LOST)}
-            if reason := asyncio.run(judgment.judge(self.target, lost, record.id)):
-                record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
-        say(record.outcome())
-        return record.exit_code if record.exit_code is not None else exits.LOST
+            if judged := await judgment.judge(self.target, lost, record.id):
+                record.finish(jobstore.PREEMPTED, exits.PREEMPTED, judged)
