@@ -56,27 +56,11 @@ import select
 import sys
 import time
 
-try:
-    framing = sys.modules["podrun_remote_framing"]  # on a worker: sent ahead of this file (transport/base.py)
+try:  # on a worker, each was sent ahead of this file (transport/base.py, SCRIPT_MODULES)
+    framing, checkout, interfaces, stacks, vm_notice = (
+        sys.modules["podrun_remote_" + name] for name in ("framing", "checkout", "interfaces", "stacks", "vm_notice"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import framing
-try:
-    checkout = sys.modules["podrun_remote_checkout"]  # sent ahead like framing
-except KeyError:
-    from podrun.remote import checkout
-
-try:
-    interfaces = sys.modules["podrun_remote_interfaces"]  # sent ahead like framing
-except KeyError:
-    from podrun.remote import interfaces
-try:
-    stacks = sys.modules["podrun_remote_stacks"]  # sent ahead like framing
-except KeyError:
-    from podrun.remote import stacks
-try:
-    vm_notice = sys.modules["podrun_remote_vm_notice"]  # sent ahead like framing
-except KeyError:
-    from podrun.remote import vm_notice
+    from podrun.remote import checkout, framing, interfaces, stacks, vm_notice
 try:
     import _signal as signal  # what `signal` wraps in enums: the same functions and constants
 except ImportError:  # not CPython
