@@ -13,8 +13,9 @@ import os
 
 VALUES = {"preempted": "instance/preempted", "maintenance": "instance/maintenance-event"}
 DEFAULT_HOST = "169.254.169.254"
-CONNECT_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 0.5  # the metadata server is on the VM's own host: it answers in a millisecond
 LONG_POLL_S = 3600
+MAX_RESPONSE = 65536  # a value is a word; more is no metadata server's answer
 REASONS = {"preempted": "the VM announced its preemption", "maintenance": "the VM announced a maintenance event (%s)"}
 
 
@@ -97,13 +98,18 @@ class _Watch:
             return self.FAILED
         if data:
             self.response += data
-            return self.WAITING
+            return self.WAITING if len(self.response) <= MAX_RESPONSE else self.FAILED
         head, _, body = self.response.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         if not lines[0].startswith("HTTP/1.") or lines[0].split()[1:2] != ["200"]:
             return self.FAILED
         headers = dict(line.lower().split(":", 1) for line in lines[1:] if ":" in line)
         self.etag = headers.get("etag", "").strip() or self.etag
+        if headers.get("transfer-encoding", "").strip() == "chunked":
+            try:
+                body = _unchunked(body)
+            except ValueError:
+                return self.FAILED
         value = body.decode("latin-1").strip()
         if self.name == "preempted" and value == "TRUE":
             return REASONS["preempted"]
@@ -117,3 +123,15 @@ class _Watch:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def _unchunked(body):
+    """An HTTP/1.1 chunked body's data."""
+    data = b""
+    while body:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if not size:
+            break
+        data, body = data + body[:size], body[size + 2:]
+    return data
