@@ -73,7 +73,7 @@ def commands_and_specs(check: Check, scratch: Path) -> None:
     check.run("--help")
     check.run("--version")
     for command in ("create", "list", "describe", "delete", "exec", "ssh", "cp", "validate", "schema", "logs", "jobs",
-                    "stop", "disk"):
+                    "stop", "disk", "stacks"):
         check.run(command, "--help")
     check.run("schema")
     for config in sorted((REPO / "configs").glob("*.yaml")):
@@ -95,6 +95,8 @@ def commands_and_specs(check: Check, scratch: Path) -> None:
     check.run("cp", "--local", "2", ":hello.yaml", str(scratch / "copies"))
     check.run("ssh", "--local", "2", "--worker", "1", "--", "cat hello.yaml")
     check.run("exec", "--local", "2", expect=2)
+    check.run("stacks", expect=1)  # no job runs: one line
+    check.run("exec", str(job_dir / "hello.yaml"), "--stall", "soon", expect=2)
 
 
 class stand_in:
@@ -126,6 +128,8 @@ def tpu_commands(check: Check, env: dict[str, str], url: str, scratch: Path) -> 
     check.run("create", "v4-8", "--name", "my-pod", expect=1)  # exists already: Google's 409, one line
     check.run("describe", "absent", expect=1)
     check.run("delete", "my-pod", "--yes")
+    check.run("create", "v4-8", "--name", "inside", "--internal-ips")
+    check.run("delete", "inside", "--yes")
     check.run("create", "v9-8", expect=2)
     check.run("create", "v5e-8", expect=2)  # did you mean v5litepod-8
 
