@@ -21,10 +21,11 @@ import shlex
 import time
 
 from podrun.cloud.settings import seconds
+from podrun.errors import PodrunError
 from podrun.output import counted, say
 from podrun.targets.base import Target
 from podrun.transport import transport_for
-from podrun.transport.base import Transport
+from podrun.transport.base import ChannelLost, Transport
 
 LOST_WORKER_WAIT = ("PODRUN_LOST_WORKER_WAIT", 180.0)
 WATCH_INTERVAL = ("PODRUN_TPU_WATCH_INTERVAL", 45.0)
@@ -34,8 +35,8 @@ LOOK_MAX_S = 15.0
 
 
 async def judge(target: Target, lost: dict[int, dict], job_id: str) -> str | None:
-    """Whether the workers `lost` (index: transport endpoint; one or more) went with the target's capacity: why, in
-    one line, if the API shows it gone; None if they were lost otherwise."""
+    """Whether the workers `lost` (index: transport endpoint) went with the target's capacity: why, in one
+    line, if the API shows it gone; None if they were lost otherwise."""
     bound = seconds(LOST_WORKER_WAIT)
     which = counted(len(lost), "worker") if len(lost) > 1 else f"worker {next(iter(lost))}"
     say(f"{which} dropped {'their' if len(lost) > 1 else 'its'} connection: waiting up to {bound:g}s "
@@ -67,7 +68,7 @@ async def _back_without_job(endpoint: dict, job_id: str) -> bool:
     try:
         await transport.connect()
         return await _job_gone(transport, job_id)
-    except Exception:  # noqa: BLE001 - unreachable, refused, or the link broke again: not back
+    except (PodrunError, ChannelLost, OSError):  # unreachable, refused, or the link broke again: not back
         return False
     finally:
         await asyncio.gather(transport.close(), return_exceptions=True)
