@@ -173,6 +173,15 @@ def test_a_job_that_keeps_failing_at_once_stops_restarting_early_with_growing_wa
     assert "restart 3" not in result.stderr
 
 
+def test_a_restart_setting_podrun_cannot_use_is_one_line_before_anything_starts(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "soon")
+    result = podrun("exec", job_file("target: {local: {workers: 2}}\nrun: exit 3\nrestarts: {on: [failure]}\n"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "podrun: error: PODRUN_RESTART_BACKOFF='soon': expected a number of seconds 0 or more, e.g. 1"]
+    assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())
+
+
 @pytest.mark.parametrize("restarts, field, expected", [
     ("{on: [preemption], exit_codes: [42]}", "restarts.exit_codes", "does not hold failure"),
     ("{on: [failure], exit_codes: [0]}", "restarts.exit_codes.0", "an exit code from 1 to 255"),

@@ -34,6 +34,11 @@ LOOK_GROWTH = 1.5
 LOOK_MAX_S = 15.0
 
 
+def settings() -> tuple[float, float]:
+    """(LOST_WORKER_WAIT, WATCH_INTERVAL): read when the job starts, so a bad value is a line then."""
+    return seconds(LOST_WORKER_WAIT), seconds(WATCH_INTERVAL)
+
+
 async def judge(target: Target, lost: dict[int, dict], job_id: str) -> str | None:
     """Whether the workers `lost` (index: transport endpoint) went with the target's capacity: why, in one
     line, if the API shows it gone; None if they were lost otherwise."""

@@ -21,8 +21,9 @@ import traceback
 from collections.abc import Callable, Mapping
 
 from podrun import exits, interrupts, jobstore, paths
+from podrun.cloud.settings import seconds
 from podrun.errors import PodrunError
-from podrun.launch import restart_policy
+from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.output import Terminal, counted, say, say_failure
 from podrun.plan import WorkerPlan, plan
@@ -46,6 +47,10 @@ class Lifecycle:
         self.workers: list[Worker] = []
         self.selected: set[int] = set()
         self.recreating = False  # between a preemption and the TPU made again: the old one is of no use
+        # podrun's settings read now: one it cannot use is one line before anything starts
+        self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
+        if target.departs:
+            judgment.settings()
 
     def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> list[WorkerPlan]:
         return [worker_plan for worker_plan in plan(self.spec, self.target, workers, job_id, self.code_dir,
@@ -140,7 +145,7 @@ class Lifecycle:
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
         else:
-            delay = restart_policy.backoff_s(record)
+            delay = restart_policy.backoff_s(record, self.backoff_s)
             say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again on the same workers "
                 f"({why})")
             time.sleep(delay)
@@ -224,7 +229,7 @@ class Lifecycle:
         return record.exit_code if record.exit_code is not None else exits.LOST
 
     async def _follow(self, record: jobstore.JobRecord) -> None:
-        from podrun.launch import detached, judgment
+        from podrun.launch import detached
 
         following = asyncio.ensure_future(detached.follow(record))
         watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.departs

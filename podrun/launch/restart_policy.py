@@ -11,7 +11,6 @@ no failure of the job's: it neither counts nor waits (creating the TPU again is 
 from __future__ import annotations
 
 from podrun import jobstore
-from podrun.cloud.settings import seconds
 
 RESTART_BACKOFF = ("PODRUN_RESTART_BACKOFF", 1.0)
 BACKOFF_MAX_S = 300.0
@@ -40,7 +39,8 @@ def quick_failures(record: jobstore.JobRecord) -> int:
     return _trailing(_attempts(record), lambda state, ran_s: state in FAILED_STATES and ran_s < QUICK_FAILURE_S)
 
 
-def backoff_s(record: jobstore.JobRecord) -> float:
-    """How long to wait before running again the attempt that was just closed (record.restart())."""
+def backoff_s(record: jobstore.JobRecord, first_s: float) -> float:
+    """How long to wait before running again the attempt that was just closed (record.restart()):
+    `first_s` (RESTART_BACKOFF's value) after one failure, doubled for each more in a row."""
     failures = _trailing([(a["state"], 0.0) for a in record.attempts], lambda state, _: state in FAILED_STATES)
-    return min(seconds(RESTART_BACKOFF, zero=True) * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
+    return min(first_s * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
