@@ -65,7 +65,7 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
                     pending = api.create(request)
                     if not wait:
                         return []
-                    waiting.start(f"at most {api.wait_timeout_s:g}s", interrupt="deletes it")
+                    waiting.start(interrupt="deletes it")
                     api.wait(pending, waiting.update)
         except KeyboardInterrupt:
             say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or "
@@ -131,7 +131,7 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
         if not quiet:
             say(f"deleting {f'queued resource {name} and its TPU VM' if queued else f'TPU VM {name}'}")
         with waiting:
-            waiting.start(f"at most {api.wait_timeout_s:g}s", interrupt="stops the wait, not the deletion at Google")
+            waiting.start(interrupt="stops the wait, not the deletion at Google")
             if pending:
                 api.wait(pending, waiting.update)
             else:
@@ -239,7 +239,9 @@ class Waiting:
         self.reported_at = 0.0
         self.drawn = False
 
-    def start(self, limit: str, interrupt: str = "stops the wait, not the operation at Google") -> None:
+    def start(self, limit: str | None = None, interrupt: str = "stops the wait, not the operation at Google") -> None:
+        """The wait's first line: how long it lasts (default: the API's wait timeout) and what Ctrl-C does."""
+        limit = limit or f"at most {self.api.wait_timeout_s:g}s"
         say(f"waiting for {self.waiting_for} ({limit}; Ctrl-C {interrupt})")
 
     def update(self, elapsed: float) -> None:

@@ -147,13 +147,17 @@ class TpuVm(Target):
     def release(self) -> None:
         from podrun.cloud import capacity
 
-        for name in [self.tpu.label] if self.tpu.name else self.node_names:  # names: each slice by itself
+        for name in self._deleted_names():
             capacity.release(self.api, name)
 
     def release_command(self) -> str:
         where = self.api.location
-        names = [self.tpu.label] if self.tpu.name else self.node_names
-        return " && ".join(f"podrun delete {name} --zone {where.zone} --project {where.project} --yes" for name in names)
+        return " && ".join(f"podrun delete {name} --zone {where.zone} --project {where.project} --yes"
+                           for name in self._deleted_names())
+
+    def _deleted_names(self) -> list[str]:
+        """What release() deletes: the TPU VM or the multislice's queued resource; with names:, each slice by itself."""
+        return [self.tpu.label] if self.tpu.name else self.node_names
 
     def _missing(self) -> bool:
         return all(self.api.state(name) == "gone" for name in self.node_names)
