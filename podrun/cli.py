@@ -314,15 +314,41 @@ COMMANDS = {
 }
 
 
-TAKES_A_COMMAND = (_exec, _ssh)
+TAKES_A_COMMAND = ("exec", "ssh")
 
 
-def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    """podrun's arguments, and the CMD after `--` (taken whole: argparse would read its options)."""
+def _split_at_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" not in argv:
         return argv, []
     cut = argv.index("--")
     return argv[:cut], argv[cut + 1:]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors name the arguments after `--` as written (see _parse_intermixed)."""
+
+    stand_ins: dict[str, str] = {}
+
+    def error(self, message: str):
+        for stand_in, argument in self.stand_ins.items():
+            message = message.replace(stand_in, argument)
+        super().error(message)
+
+
+def _parse_intermixed(parser: _Parser, argv: list[str]) -> argparse.Namespace:
+    """argv parsed with options before or after the positionals, as gcloud and ssh users write them
+    (`podrun cp job.yaml -r :logs ./logs`); `--` ends the options."""
+    options, after_dashes = _split_at_dashes(argv)
+    # Python 3.11's parse_intermixed_args reads an argument after `--` as an option when no positional
+    # comes before the `--`: stand-ins that cannot be options (argv never holds NUL) keep them positional
+    parser.stand_ins = {f"\0{index}": argument for index, argument in enumerate(after_dashes)}
+    args = parser.parse_intermixed_args(options + list(parser.stand_ins))
+    for name, value in vars(args).items():
+        if isinstance(value, list):
+            setattr(args, name, [parser.stand_ins.get(item, item) if isinstance(item, str) else item for item in value])
+        elif isinstance(value, str):
+            setattr(args, name, parser.stand_ins.get(value, value))
+    return args
 
 
 def _help_formatter(prog: str) -> argparse.HelpFormatter:
@@ -338,15 +364,16 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.HelpFormatter(prog, width=(columns if columns > 0 else 80) - 2)
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    """The parser for argv: with a command named first, only that command's part (each part costs
-    argparse about a millisecond to build, and `podrun jobs` should start as fast as Python)."""
-    parser = argparse.ArgumentParser(
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, dict[str, _Parser]]:
+    """The parser for argv and its commands' parsers: with a command named first, only that command's
+    (each costs argparse about a millisecond to build, and `podrun jobs` should start as fast as Python)."""
+    parser = _Parser(
         prog="podrun", formatter_class=_help_formatter,
         description="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers "
                     "from one YAML job spec.")
     parser.add_argument("--version", action="version", version=f"podrun {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    command_parsers = {}
     for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:
         summary, handler, add_arguments, cloud = COMMANDS[name]
         sub = commands.add_parser(name, help=summary, description=summary, formatter_class=_help_formatter)
@@ -355,25 +382,36 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             _cloud_arguments(sub)
         if add_arguments:
             add_arguments(sub)
-    return parser
+        command_parsers[name] = sub
+    return parser, command_parsers
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command's arguments (`handler` its function, `command` the CMD after exec's or ssh's `--`),
+    its options before or after its positionals; SystemExit for bad usage and --help, as argparse."""
+    command: list[str] = []
+    if argv and argv[0] in TAKES_A_COMMAND:
+        argv, command = _split_at_dashes(argv)  # the CMD is taken whole: argparse would read its options
+    parser, command_parsers = build_parser(argv)
+    if argv and argv[0] in command_parsers:
+        # parse_intermixed_args cannot take the command level (the subparsers are a positional)
+        args = _parse_intermixed(command_parsers[argv[0]], argv[1:])
+    else:
+        args = parser.parse_args(argv)  # --help, --version, or a command argparse names as unknown
+    if not hasattr(args, "handler"):
+        parser.print_help(sys.stderr)
+        raise SystemExit(exits.USAGE)
+    args.command = command
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and return its exit code (bad usage: 2, as argparse prints it)."""
     argv = sys.argv[1:] if argv is None else argv
-    argv, command = _split_command(argv)
-    parser = build_parser(argv)
     try:
-        args = parser.parse_args(argv)
+        args = parse(argv)
     except SystemExit as argparse_exit:  # bad usage, or --help
         return int(argparse_exit.code or 0)
-    if not hasattr(args, "handler"):
-        parser.print_help(sys.stderr)
-        return exits.USAGE
-    args.command = command
-    if command and args.handler not in TAKES_A_COMMAND:
-        print(f"podrun: error: {argv[0]}: takes no `-- CMD`", file=sys.stderr)
-        return exits.USAGE
     try:
         return args.handler(args)
     except PodrunError as error:

@@ -144,6 +144,7 @@ def test_bad_ad_hoc_arguments_are_one_line_and_start_nothing(home, job_file, arg
     assert not (Path(home) / "jobs").exists() or not list((Path(home) / "jobs").iterdir())
 
 
-def test_commands_that_take_no_command_say_so(home):
-    result = podrun("jobs", "--", "true")
-    assert (result.returncode, result.stderr) == (2, "podrun: error: jobs: takes no `-- CMD`\n")
+def test_for_commands_that_take_no_command_double_dash_only_ends_the_options(home):
+    result = podrun("stop", "--", "python3", "train.py")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "podrun stop: error: unrecognized arguments: train.py"

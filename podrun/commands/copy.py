@@ -51,7 +51,8 @@ def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, 
     workers = target_for(spec).workers(dry_run=False)
     workers = [workers[index] for index in sorted(parse_worker_selection(worker_selection, len(workers)))]
     if tree is not None:
-        sent = asyncio.run(_connected(workers, lambda: _upload(tree, sources, dest.removeprefix(REMOTE), workers)))
+        into = dest.removeprefix(REMOTE) or "."  # `:` alone is the login directory, as in scp
+        sent = asyncio.run(_connected(workers, lambda: _upload(tree, sources, into, workers)))
         say(f"copied {counted(len(sources), 'path')} to {counted(len(workers), 'worker')}: {size_text(sent)} sent")
     else:
         remote = [source.removeprefix(REMOTE) for source in sources]
