@@ -133,7 +133,7 @@ def test_schema_is_the_spec_model_and_configs_point_at_it():
 
 
 def test_spec_path_with_a_nul_byte_is_one_line():
-    from test_bad_input import run_cli
+    from helpers import run_cli
 
     code, stderr = run_cli("validate", "job\0.yaml")
     assert (code, stderr) == (2, "podrun: error: 'job\\x00.yaml': expected a file name, this one holds a NUL byte\n")

@@ -13,7 +13,7 @@ import yaml
 from podrun.spec import EXPECTED, NAME_RULES, JobSpec, _model_in, parse_stop_grace
 
 from conftest import podrun, stderr_lines_without_traceback
-from test_bad_input import PYDANTIC_WORDS, run_cli
+from helpers import PYDANTIC_WORDS, run_cli
 
 NEAR_MISSES = [  # (run, torchrun?, the script named in the message, what it suggests)
     ("trian.py", False, "trian.py", "train.py"),
