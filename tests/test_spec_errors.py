@@ -69,7 +69,8 @@ BAD_SPECS = [
 ]
 
 
-@pytest.mark.parametrize("command", ["exec", "validate"])
+# exec makes validate's checks again: slow, so that the fast tier runs each once
+@pytest.mark.parametrize("command", [pytest.param("exec", marks=pytest.mark.slow), "validate"])
 @pytest.mark.parametrize("case, text, expected", BAD_SPECS, ids=[case[0] for case in BAD_SPECS])
 def test_bad_spec_is_one_line_and_exit_2(home, tmp_path, command, case, text, expected):
     spec = tmp_path / "job.yaml"

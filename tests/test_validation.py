@@ -27,7 +27,8 @@ NEAR_MISSES = [  # (run, torchrun?, the script named in the message, what it sug
 ]
 
 
-@pytest.mark.parametrize("command", ["validate", "exec"])
+# exec makes validate's checks again: slow, so that the fast tier runs each once
+@pytest.mark.parametrize("command", ["validate", pytest.param("exec", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("run, torchrun, script, nearest", NEAR_MISSES, ids=[case[0] for case in NEAR_MISSES])
 def test_a_script_not_in_the_workdir_is_named_with_the_nearest_file(home, job_file, tmp_path, command, run,
                                                                     torchrun, script, nearest):
