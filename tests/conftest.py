@@ -263,7 +263,6 @@ FACILITY_OF_FIXTURE = {"lab": "lab", "docker_engine": "docker"}
 def missing(facility: str) -> str | None:
     """Why this machine lacks the facility, or None."""
     from docker_lab import docker_problem
-
     from lab import require_lab_tools
 
     if facility == "gcloud":
