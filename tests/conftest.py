@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -181,10 +183,8 @@ class Background:
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """Four real SSH hosts (tests/lab.py), shared by the session; torn down even after failures."""
-    from lab import Lab, require_lab_tools
+    from lab import Lab
 
-    if problem := require_lab_tools():
-        pytest.fail(f"{problem} (.ci/run installs them)")
     with Lab(4, tmp_path_factory.mktemp("lab")) as the_lab:
         yield the_lab
 
@@ -249,6 +249,43 @@ def pytest_terminal_summary(terminalreporter):
             ordered = sorted(times)
             terminalreporter.write_line(f"  {row}: {ordered[0]:.2f} / {ordered[len(ordered) // 2]:.2f} / "
                                         f"{ordered[-1]:.2f} s over {len(times)} runs")
+
+
+# What a test needs of the machine, as markers: `lab` (root, network namespaces, a real sshd: tests/lab.py),
+# `docker` (a dockerd of the session's own: tests/docker_lab.py), `gcloud` (the real gcloud CLI reading the
+# TPU API stand-in). A fixture that needs one gives its marker to every test that uses it; tests that need
+# one otherwise carry the marker themselves. Where the facility is missing they skip, in one line per
+# facility; CI sets PODRUN_TESTS_REQUIRE_ALL=1, so that there a missing facility fails instead.
+FACILITY_OF_FIXTURE = {"lab": "lab", "docker_engine": "docker"}
+
+
+@functools.cache
+def missing(facility: str) -> str | None:
+    """Why this machine lacks the facility, or None."""
+    from docker_lab import docker_problem
+    from lab import require_lab_tools
+
+    if facility == "gcloud":
+        return None if shutil.which("gcloud") else \
+            "the gcloud CLI is not on PATH: https://cloud.google.com/sdk/docs/install"
+    return {"lab": require_lab_tools, "docker": docker_problem}[facility]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by these markers
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, facility in FACILITY_OF_FIXTURE.items():
+            if fixture in item.fixturenames:
+                item.add_marker(facility)
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture is set up
+def pytest_runtest_setup(item):
+    for facility in ("lab", "docker", "gcloud"):
+        if item.get_closest_marker(facility) and (problem := missing(facility)):
+            if os.environ.get("PODRUN_TESTS_REQUIRE_ALL"):
+                pytest.fail(f"{problem} (.ci/run installs it)", pytrace=False)
+            pytest.skip(f"{facility}: {problem}")
 
 
 # the docker engine (tests/docker_lab.py): its fixtures, registered for every test module

@@ -1,4 +1,4 @@
-"""The test lab (GUIDE section 6): N real SSH hosts on this machine.
+"""The test lab (docs/design.md: How it is tested): N real SSH hosts on this machine.
 
 Each host is a network namespace on one bridge with its own address (10.99.0.10 for host 0, 200
 hosts per /24 of 10.99.0.0/20), its own sshd

@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+from helpers import lab_flags
 
 PREFIX = re.compile(r"^\[w(\d+)\] +(.*)$", re.MULTILINE)
-
-
-def lab_flags(lab, hosts=(0, 1, 2)) -> list[str]:
-    return ["--hosts", ",".join(lab.hosts[i].ip for i in hosts), "--user", "root", "--identity-file", str(lab.client_key)]
 
 
 def by_worker(stdout: str) -> dict[int, list[str]]:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import ipaddress
 import os
-import re
 import socket
 from pathlib import Path
 from unittest import mock
@@ -16,10 +13,10 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from podrun.cli import main
 from podrun.spec import JobSpec
 
 from conftest import REPO, examples, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+from helpers import PYDANTIC_WORDS, run_cli
 
 VALID = {"name": "fuzz", "target": {"local": {"workers": 2}}, "workdir": ".", "setup": "true",
          "run": "train.py --steps 1", "env": {"A": "1", "WANDB_API_KEY": "k"}, "secret_env": ["WANDB_API_KEY"],
@@ -63,13 +60,6 @@ def spec_path(tmp_path_factory) -> Path:
     return folder / "job.yaml"
 
 
-def run_cli(*args: str) -> tuple[int, str]:
-    errors = io.StringIO()
-    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
-        code = main(list(args))
-    return code, errors.getvalue()
-
-
 def literal_addresses_only(host, *args, **kwargs):
     """Name lookups stay on this machine: a generated name is not sent to a resolver."""
     try:
@@ -80,8 +70,6 @@ def literal_addresses_only(host, *args, **kwargs):
 
 
 real_getaddrinfo = socket.getaddrinfo
-PYDANTIC_WORDS = re.compile(r"Input should|instance of|should match pattern|type=|For further information|"
-                            r"errors\.pydantic|model_type|[Vv]alidation error|Field required|Value error")
 
 
 def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
@@ -95,6 +83,7 @@ def assert_success_or_one_line(code: int, stderr: str, spec_path: Path) -> None:
     assert not PYDANTIC_WORDS.search(stderr), stderr
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(spec=mutated_specs())
 @example(spec={**VALID, "workdir": "\x00"})  # found by hypothesis in CI: ValueError: embedded null byte
@@ -111,6 +100,7 @@ def test_generated_specs_validate_or_fail_in_one_line(spec, tmp_path_factory):
     assert_success_or_one_line(code, stderr, path)
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(spec=mutated_specs())
 def test_generated_specs_dry_run_or_fail_in_one_line(spec, tmp_path_factory, monkeypatch):

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_adhoc_exec import lab_flags
-from test_relay import BLOB_BYTES, bridge_sent_bytes, tree_listing
 
 from conftest import REPO, podrun, stderr_lines_without_traceback
+from helpers import BLOB_BYTES, bridge_sent_bytes, lab_flags, tree_listing
 
 
 def project(root: Path) -> Path:

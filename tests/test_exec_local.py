@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
 
 
@@ -178,7 +180,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(home, job_file):
 def test_dry_run_writes_no_digest_cache_where_exec_writes_one(home, job_file, monkeypatch):
     from podrun.shipping import digests, scan
 
-    from test_bad_input import run_cli
+    from helpers import run_cli
 
     monkeypatch.setattr(digests, "RACY_S", -3600)  # every file counts as old enough to remember
     spec = job_file("run: echo", files={"train.py": "print(1)\n"})
@@ -256,6 +258,7 @@ def test_the_failure_summary_names_the_exception_that_ended_the_worker(home, job
         " every other worker was stopped")
 
 
+@pytest.mark.slow
 def test_a_large_workdir_is_refused_in_one_line_naming_what_weighs_most(home, job_file):
     spec = job_file("run: echo ran", files={"train.py": "", ".venv/lib/x.so": "", "wheels/a.whl": ""})
     for name, size in ((".venv/lib/x.so", 900 << 20), ("wheels/a.whl", 300 << 20)):

@@ -21,23 +21,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+from helpers import ps_on_every_host
 
 ATTEMPTS = range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "5")))
 KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/transport/ssh.py)
 HEARTBEAT_TIMEOUT_S = 20  # a worker: no word from the launcher (podrun/launch.py)
 repeated = pytest.mark.parametrize("attempt", ATTEMPTS)
-
-
-def ps_on_every_host(lab, job_id: str) -> list[str]:
-    """What `ps` on each lab host shows of the job: processes whose environment carries its id."""
-    found = []
-    for host in lab.hosts:
-        listing = lab.run(host.index, "ps axeww -o pid=,stat=,args=").stdout
-        for line in listing.splitlines():
-            pid, state, command = line.split(None, 2)
-            if f"PODRUN_JOB_ID={job_id} " in command + " " and not state.startswith("Z"):
-                found.append(f"host {host.index}: {pid} {command[:120]}")
-    return found
+pytestmark = pytest.mark.slow  # minutes: every fault five times
 
 
 def started_job(hosts_spec, run: str, files: dict[str, str] | None = None,
@@ -342,7 +332,7 @@ class Placement:
         return self.home_of(worker) / ".podrun" / "jobs" / job_id / "output.log"
 
 
-@pytest.fixture(params=["hosts", "docker"])
+@pytest.fixture(params=[pytest.param("hosts", marks=pytest.mark.lab), pytest.param("docker", marks=pytest.mark.docker)])
 def placement(request, home, job_file) -> Placement:
     body = "name: ckpt\nstop_grace: 10s\nrun: python3 ckpt.py\n"
     files = {"ckpt.py": SAVES_A_CHECKPOINT_ON_SIGTERM}

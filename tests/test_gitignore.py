@@ -133,6 +133,7 @@ def generated_repository(tree: Directory, scratch: str, git_dir: Path) -> tuple[
     return top, made
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(500), deadline=None, database=None)
 @given(tree=directories(3, podrunignore=False), data=st.data())
 @example(tree=CLASSIC, data=None)
@@ -149,6 +150,7 @@ def test_what_ships_is_what_git_lists(git_dir, tree, data):
             assert shipped == expected
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(250), deadline=None, database=None)
 @given(tree=directories(2, podrunignore=True))
 def test_podrunignore_reads_as_appended_to_the_gitignore_beside_it(git_dir, tree):

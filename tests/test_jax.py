@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, podrun
 
 
+@pytest.mark.slow
 def test_the_jax_example_adds_up_across_two_local_processes(home):
     result = podrun("exec", REPO / "configs" / "jax-cpu.yaml", "--env", f"PATH={Path(sys.executable).parent}:/usr/bin:/bin",
                     timeout=300)

@@ -1,4 +1,4 @@
-"""A job's TPU lifecycle (GUIDE section 9): `podrun exec` creates the TPU its spec declares, names a
+"""A job's TPU lifecycle (README: A TPU's whole life): `podrun exec` creates the TPU its spec declares, names a
 preemption as such, restarts the job as `restarts` says (each attempt with its own PODRUN_ATTEMPT and
 logs), and leaves in the API exactly what the user asked to keep, attached, detached (its supervisor)
 and after Ctrl-C. Against the Cloud TPU stand-in, whose workers are lab hosts; run under
@@ -6,54 +6,17 @@ and after Ctrl-C. Against the Cloud TPU stand-in, whose workers are lab hosts; r
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
 import shlex
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
-
-PREEMPTED = 75  # exits.PREEMPTED, as the README documents it
-
-
-def lifecycle_spec(job_file, run: str, tpu: str = "", files: dict[str, str] | None = None, **top: str) -> Path:
-    """A spec whose target.tpu declares a v4-16 (2 lab hosts) named `life`, plus `tpu` fields, and
-    its workdir with `files`."""
-    lines = [f"target: {{tpu: {{name: life, accelerator_type: v4-16{', ' + tpu if tpu else ''}}}}}",
-             "ssh: {user: root}", f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}", "run: |",
-             *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in top.items())]
-    return job_file("\n".join(lines) + "\n", files)
-
-
-def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
-    """(queued resources, nodes) the stand-in holds, by short name, once pending deletions finish."""
-    deadline = time.monotonic() + 30
-    while True:
-        with tpu_api.lock:
-            tpu_api._advance()
-            pending = any(op.outcome is None for op in tpu_api.operations.values())
-            queued = sorted(name.rsplit("/", 1)[1] for name in tpu_api.queued)
-            nodes = sorted(name.rsplit("/", 1)[1] for name in tpu_api.nodes)
-        if not pending or time.monotonic() > deadline:
-            return queued, nodes
-        time.sleep(0.1)
-
-
-def job_record(home: Path, job_id: str) -> dict:
-    return json.loads((home / "jobs" / job_id / "job.json").read_text())
-
-
-# a run that says it started, then waits to be preempted on attempt 0 and succeeds on a later one
-WAIT_FOR_PREEMPTION = ('echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\n'
-                       'if [ "$PODRUN_ATTEMPT" = 0 ]; then exec sleep 600; fi\n'
-                       'echo "resumed on worker $PODRUN_WORKER"')
+from helpers import PREEMPTED, WAIT_FOR_PREEMPTION, job_record, left_in_api, lifecycle_spec
 
 
 @pytest.mark.slow
@@ -130,7 +93,8 @@ def test_a_preemption_with_no_restart_left_exits_75_and_leaves_nothing_in_the_ap
     assert left_in_api(tpu_api) == ([], [])  # the dead node and its suspended request were deleted
 
 
-def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(home, job_file):
+def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.2")  # not the default 1 s, then 2 s: the waits are not under test
     # Only worker 1 fails, after it printed: worker 0 may be stopped before its echo when a failure stops it.
     spec = job_file("target: {local: {workers: 2}}\n"
                     "run: |\n"

@@ -34,6 +34,7 @@ def worker_exit(home, worker: int, job_id: str) -> dict | None:
     return json.loads(exit_file.read_text()) if exit_file.exists() else None
 
 
+@pytest.mark.slow
 def test_a_detached_job_fails_fast_on_its_workers_with_no_launcher_left(home, job_file):
     spec = job_file("target: {local: {workers: 3}}\n" + ONE_FAILS)
     launched = podrun("exec", "--detach", spec)  # the launcher is gone once this returns
@@ -105,6 +106,7 @@ def test_a_detached_jobs_outcome_comes_from_its_workers_exits(home, exits, cause
     assert (record.state, record.exit_code, record.summary) == outcome
 
 
+@pytest.mark.slow
 def test_ctrl_c_gives_each_process_sigterm_once_and_the_grace_period_to_save(home, job_file):
     spec = job_file("""\
         target: {local: {workers: 2}}
@@ -135,6 +137,7 @@ while True:
     assert processes_of_job(job_id) == []
 
 
+@pytest.mark.slow
 def test_torchrun_exit_code_and_error_are_the_failed_ranks_and_lines_carry_the_rank(home, job_file):
     spec = torchrun_job(job_file, 2, 29531, """\
 import os, sys, time
@@ -152,6 +155,7 @@ time.sleep(60)
         assert sum(f"hello from rank {rank}" in line for line in result.stdout.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_torchrun_passes_on_a_ranks_own_exit_code(home, job_file):
     spec = torchrun_job(job_file, 1, 29532, "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\n"
                                             "time.sleep(60)\n")
@@ -181,7 +185,7 @@ def test_a_taken_rendezvous_port_is_named_before_anything_starts_on_one_local_wo
 
 
 def test_a_detached_job_on_ssh_hosts_fails_fast_and_says_so_after_its_launcher_is_gone(home, lab, hosts_spec):
-    from test_fault_matrix import ps_on_every_host
+    from helpers import ps_on_every_host
 
     launched = podrun("exec", "--detach", hosts_spec(ONE_FAILS))
     assert launched.returncode == 0, launched.stderr
@@ -217,6 +221,7 @@ if "hold" in sys.argv:
 """
 
 
+@pytest.mark.slow
 def test_under_torchrun_a_ranks_progress_bar_is_one_line_and_ranks_never_share_one(home, job_file):
     spec = torchrun_job(job_file, 2, 29533, BAR_SCRIPT)
     result = podrun("exec", spec, timeout=120)
@@ -232,6 +237,7 @@ def test_under_torchrun_a_ranks_progress_bar_is_one_line_and_ranks_never_share_o
                or "torch/distributed/run.py" in line for line in lines), result.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_under_torchrun_gives_each_rank_sigterm_once(home, job_file):
     spec = torchrun_job(job_file, 2, 29534, BAR_SCRIPT, arguments="hold", extra="stop_grace: 20s\n")
     job = Background("exec", spec)
@@ -245,6 +251,7 @@ def test_ctrl_c_under_torchrun_gives_each_rank_sigterm_once(home, job_file):
     assert processes_of_job(job_id_in(job.text)) == []
 
 
+@pytest.mark.slow
 def test_a_detached_torchrun_job_records_the_failed_ranks_own_code(home, job_file):
     spec = torchrun_job(job_file, 2, 29535, "import os, sys, time\nif os.environ['RANK'] == '2': sys.exit(9)\n"
                                             "time.sleep(300)\n")
@@ -270,6 +277,7 @@ def test_torchruns_failure_summary_names_the_rank_and_its_code():
     assert torchrun_root_cause(b"no summary at all\n") is None
 
 
+@pytest.mark.slow
 def test_jobs_does_not_hang_on_a_detached_jobs_workers_that_do_not_answer(home):
     """A listener that accepts and never speaks SSH: `podrun jobs` gives up on it and says so."""
     from podrun import jobstore

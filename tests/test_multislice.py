@@ -1,4 +1,4 @@
-"""Multislice (GUIDE section 9): one job over several TPU slices, created as one queued resource
+"""Multislice (README: Multislice): one job over several TPU slices, created as one queued resource
 (`slices: N`) or joined by name (`names: [...]`), run on every worker of every slice at once with
 the slice variables and MEGASCALE_* that libtpu and JAX read, preemption of one slice named and the
 whole multislice recovered, deleted as one unit. Against the Cloud TPU stand-in, whose workers are
@@ -13,10 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_lifecycle import WAIT_FOR_PREEMPTION, left_in_api
-from test_relay import BLOB_BYTES, bridge_sent_bytes, code_dirs, tree_listing, workdir_with_blob
 
 from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
+from helpers import (
+    BLOB_BYTES,
+    WAIT_FOR_PREEMPTION,
+    bridge_sent_bytes,
+    code_dirs,
+    left_in_api,
+    tree_listing,
+    workdir_with_blob,
+)
 
 MEGASCALE_PORT = "8080"  # as the README documents it
 VARIABLES = ('echo "vars $PODRUN_WORKER/$PODRUN_NUM_WORKERS slice $PODRUN_SLICE/$PODRUN_NUM_SLICES'
@@ -55,6 +62,7 @@ def expected_variables(slices: list[list[str]]) -> dict[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.gcloud
 def test_create_slices_runs_every_worker_of_every_slice_with_its_variables_and_deletes_them_as_one(
         home, tpu_api, lab, job_file):
     created = podrun("create", "v4-16", "--slices", "2", "--queued", "--spot", "--name", "ms")

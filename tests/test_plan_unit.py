@@ -1,4 +1,4 @@
-"""plan() and render() (GUIDE section 4: what every worker gets), from specs read by the real parser, on
+"""plan() and render() (README: What every worker gets), from specs read by the real parser, on
 fake workers and targets: pure functions, so no process and no network."""
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import subprocess
 import time
 
 import pytest
-from test_lifecycle import PREEMPTED, WAIT_FOR_PREEMPTION, job_record, left_in_api, lifecycle_spec
 
 from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
+from helpers import PREEMPTED, WAIT_FOR_PREEMPTION, job_record, left_in_api, lifecycle_spec
 
 LOST = 255
 

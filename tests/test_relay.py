@@ -4,55 +4,10 @@ over their own network, and a worker the tree cannot reach still gets it, direct
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-from pathlib import Path
-
-from podrun.shipping.scan import scan
 
 from conftest import podrun
-
-BLOB_BYTES = 4_000_000
-
-
-def tree_listing(root: Path) -> dict[str, tuple[str, str]]:
-    """Every file under root: its kind (file, exec, link) and its content's sha256 (or link target)."""
-    listing = {}
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = Path(directory) / name
-            relative = str(path.relative_to(root))
-            if path.is_symlink():
-                listing[relative] = ("link", os.readlink(path))
-            else:
-                kind = "exec" if os.access(path, os.X_OK) else "file"
-                listing[relative] = (kind, hashlib.sha256(path.read_bytes()).hexdigest())
-    return listing
-
-
-def workdir_with_blob(spec: Path) -> Path:
-    code = spec.parent / "code"
-    (code / "weights.bin").write_bytes(os.urandom(BLOB_BYTES))  # incompressible: sent as it is
-    (code / "tool.sh").write_text("#!/bin/sh\necho tool\n")
-    (code / "tool.sh").chmod(0o755)
-    (code / "link").symlink_to("tool.sh")
-    (code / "pkg").mkdir()
-    (code / "pkg" / "model.py").write_text("import torch\n" * 20_000)  # compressible
-    return code
-
-
-def code_dirs(lab, hosts, spec: Path) -> list[Path]:
-    """Where each host keeps this spec's code: ~/podrun/<name>/<content hash>."""
-    digest = scan(spec.parent / "code").digest
-    return [lab.hosts[index].home / "podrun" / spec.stem / digest for index in hosts]
-
-
-def bridge_sent_bytes() -> int:
-    """Bytes this machine (the launcher's side) sent into the lab's bridge; traffic between lab
-    hosts crosses the bridge without passing this machine's network stack."""
-    from lab import BRIDGE
-
-    return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
+from helpers import BLOB_BYTES, bridge_sent_bytes, code_dirs, tree_listing, workdir_with_blob
 
 
 def test_the_launcher_sends_the_code_once_and_every_worker_gets_an_identical_tree(home, lab, hosts_spec, monkeypatch):

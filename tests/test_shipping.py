@@ -43,6 +43,7 @@ def partial_trees(home: Path) -> list[Path]:
     return list(home.glob("local/w*/podrun/*/*.tmp.*"))
 
 
+@pytest.mark.slow
 def test_a_workdir_whose_mtimes_are_in_the_workers_future_ships_despite_tars_warnings(home, job_file):
     spec = job_file("""
         target: {local: {workers: 2}}
@@ -64,6 +65,7 @@ def test_a_workdir_whose_mtimes_are_in_the_workers_future_ships_despite_tars_war
     assert processes_under(home) == []
 
 
+@pytest.mark.lab  # mounts a file system: needs root
 def test_a_worker_whose_disk_is_full_is_named_with_tars_own_words_and_nothing_is_left(home, job_file):
     spec = job_file("""
         target: {local: {workers: 2}}
@@ -136,6 +138,7 @@ def sparse_workdir(tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.mark.slow
 def test_a_workdir_of_gigabytes_streams_to_the_workers_in_flat_memory(home, job_file, sparse_workdir):
     spec = job_file(f"""
         target: {{local: {{workers: 2}}}}
@@ -167,6 +170,7 @@ def read_positions(pid: int, directory: Path) -> dict[str, int]:
     return positions
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_packing_and_shipping_stops_within_a_second_and_leaves_nothing(home, job_file, sparse_workdir):
     spec = job_file(f"""
         target: {{local: {{workers: 2}}}}

@@ -69,7 +69,8 @@ BAD_SPECS = [
 ]
 
 
-@pytest.mark.parametrize("command", ["exec", "validate"])
+# exec makes validate's checks again: slow, so that the fast tier runs each once
+@pytest.mark.parametrize("command", [pytest.param("exec", marks=pytest.mark.slow), "validate"])
 @pytest.mark.parametrize("case, text, expected", BAD_SPECS, ids=[case[0] for case in BAD_SPECS])
 def test_bad_spec_is_one_line_and_exit_2(home, tmp_path, command, case, text, expected):
     spec = tmp_path / "job.yaml"
@@ -133,7 +134,7 @@ def test_schema_is_the_spec_model_and_configs_point_at_it():
 
 
 def test_spec_path_with_a_nul_byte_is_one_line():
-    from test_bad_input import run_cli
+    from helpers import run_cli
 
     code, stderr = run_cli("validate", "job\0.yaml")
     assert (code, stderr) == (2, "podrun: error: 'job\\x00.yaml': expected a file name, this one holds a NUL byte\n")

@@ -15,9 +15,9 @@ import termios
 import time
 
 import pytest
-from test_adhoc_exec import lab_flags
 
 from conftest import REPO, podrun, wait_until
+from helpers import lab_flags
 
 
 class Terminal:

@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
 # worker 1 hangs where a rank stuck in a collective would; worker 0 waits for it, as every other rank does
@@ -30,6 +32,7 @@ def stacks_of(home: Path, job_id: str, dump: int = 1) -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow
 def test_a_stall_is_named_its_stacks_saved_for_every_worker_and_the_job_stopped(home, job_file):
     spec = job_file("run: python3 hang.py\nstall: 3s\nstop_grace: 2s\ntarget: {local: {workers: 2}}\n",
                     {"hang.py": HANG})
@@ -48,6 +51,7 @@ def test_a_stall_is_named_its_stacks_saved_for_every_worker_and_the_job_stopped(
     assert (job["state"], job["exit_code"]) == ("stalled", STALLED)
 
 
+@pytest.mark.slow
 def test_without_py_spy_the_stacks_say_what_the_kernel_shows(home, job_file):
     spec = job_file("run: python3 hang.py\nstall: 1s\nstop_grace: 1s\ntarget: {local: {workers: 1}}\n"
                     "env: {PATH: /usr/bin:/bin}\n", {"hang.py": HANG})
@@ -59,6 +63,7 @@ def test_without_py_spy_the_stacks_say_what_the_kernel_shows(home, job_file):
     assert "wchan" in text and "hrtimer_nanosleep" in text
 
 
+@pytest.mark.slow
 def test_a_stall_restarts_the_job_when_restarts_on_holds_stall(home, job_file):
     spec = job_file("run: |\n  echo \"attempt $PODRUN_ATTEMPT\"\n  [ \"$PODRUN_ATTEMPT\" = 1 ] || exec sleep 300\n"
                     "stall: 1s\nstop_grace: 1s\nrestarts: {max: 1, on: [stall]}\ntarget: {local: {workers: 2}}\n")
@@ -72,6 +77,7 @@ def test_a_stall_restarts_the_job_when_restarts_on_holds_stall(home, job_file):
     assert not processes_of_job(job_id)
 
 
+@pytest.mark.slow
 def test_a_detached_job_is_caught_by_its_agents_with_no_launcher_and_its_stacks_fetched(home, job_file):
     spec = job_file("run: python3 hang.py\nstall: 2s\nstop_grace: 1s\ntarget: {local: {workers: 2}}\n",
                     {"hang.py": HANG})
@@ -87,6 +93,7 @@ def test_a_detached_job_is_caught_by_its_agents_with_no_launcher_and_its_stacks_
     assert "stalled" in podrun("jobs").stdout
 
 
+@pytest.mark.slow
 def test_podrun_stacks_shows_a_detached_jobs_stacks_per_worker_and_process_and_saves_them(home, job_file):
     spec = job_file("run: python3 hang.py\ntarget: {local: {workers: 2}}\n", {"hang.py": HANG})
     job_id = job_id_in(podrun("exec", "--detach", spec).stderr)

@@ -327,6 +327,7 @@ def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120) -
     return process.wait(timeout=10), bytes(written)
 
 
+@pytest.mark.slow
 def test_exec_on_a_terminal_redraws_the_bars_in_place(home, job_file):
     spec = job_file("target: {local: {workers: 2}}\nrun: python3 bar.py\n", files={"bar.py": BAR})
     code, written = run_in_terminal(["exec", spec], rows=24, columns=200)
@@ -337,6 +338,7 @@ def test_exec_on_a_terminal_redraws_the_bars_in_place(home, job_file):
     assert re.search(rb"\x1b\[\d+A", written)  # they were drawn in place while they ran
 
 
+@pytest.mark.slow
 def test_exec_in_a_pipe_prints_each_bar_once_without_escape_codes(home, job_file):
     spec = job_file("target: {local: {workers: 2}}\nrun: python3 bar.py\n", files={"bar.py": BAR})
     result = podrun("exec", spec)

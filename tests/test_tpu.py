@@ -35,19 +35,7 @@ from conftest import (
     processes_of_job,
     stderr_lines_without_traceback,
 )
-
-ZONE = "us-central2-b"
-
-
-def gcloud(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["gcloud", "compute", "tpus", "tpu-vm", *args, f"--zone={ZONE}", "--format=json"],
-                          capture_output=True, text=True, timeout=60)
-
-
-def create(name: str, accelerator_type: str = "v4-32", *flags: str) -> subprocess.CompletedProcess:
-    result = podrun("create", accelerator_type, "--name", name, *flags)
-    assert result.returncode == 0, result.stderr
-    return result
+from helpers import ZONE, create, gcloud
 
 
 def tpu_spec(job_file, name: str, run: str, **extra: str) -> Path:
@@ -119,6 +107,7 @@ def test_an_accelerator_type_in_capitals_creates_the_type_the_api_names(home, tp
     assert "accelerator  v4-8, 1 worker(s)" in created.stdout
 
 
+@pytest.mark.gcloud
 def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu_api, lab):
     created = create("my-pod", "v4-32", "--spot")
     assert "creating TPU VM my-pod (v4-32: 4 workers, runtime tpu-ubuntu2204-base, spot)" in created.stderr
@@ -153,6 +142,7 @@ def test_create_describe_list_delete_and_gcloud_reads_what_podrun_made(home, tpu
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr
 
 
+@pytest.mark.gcloud
 def test_gcloud_tpu_vm_ssh_reaches_every_worker_of_a_node_podrun_made(home, tpu_api, lab):
     """The stand-in serves what gcloud's own `tpu-vm ssh --worker=all` asks for (the node, its guest
     attributes' host keys, the compute project, the ssh-keys PATCH), so gcloud is a peer to measure
@@ -368,6 +358,7 @@ def test_create_no_wait_returns_at_once_and_exec_refuses_a_node_that_is_not_read
 
 
 @pytest.mark.slow
+@pytest.mark.gcloud
 def test_the_example_runs_on_every_worker_of_a_pod_slice_with_the_key_added_to_its_metadata(
         home, tpu_api, lab, tmp_path):
     create("my-pod", "v4-32", "--zone", "us-central2-b")

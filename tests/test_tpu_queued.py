@@ -1,4 +1,4 @@
-"""`podrun create --queued`, `list`, `describe` and `delete` with queued resources (GUIDE section 9),
+"""`podrun create --queued`, `list`, `describe` and `delete` with queued resources (README: A TPU's whole life),
 against the Cloud TPU stand-in; the real gcloud reads what podrun asked for. Run under
 `flock /tmp/podrun-lab.lock`: the stand-in's capacity is the lab."""
 
@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 
 import pytest
 
 from conftest import Background, crashed, podrun, stderr_lines_without_traceback, wait_until
+from helpers import ZONE, left_in_api
 
-ZONE = "us-central2-b"
 PARENT = f"projects/podrun-test/locations/{ZONE}"
 
 
@@ -24,25 +23,12 @@ def gcloud_queued(*args: str):
     return json.loads(result.stdout)
 
 
-def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
-    """(queued resources, nodes) the stand-in holds, by short name, once its pending operations are done."""
-    deadline = time.monotonic() + 30
-    while True:
-        with tpu_api.lock:
-            tpu_api._advance()
-            pending = any(operation.outcome is None for operation in tpu_api.operations.values())
-            found = (sorted(name.rsplit("/", 1)[1] for name in tpu_api.queued),
-                     sorted(name.rsplit("/", 1)[1] for name in tpu_api.nodes))
-        if not pending or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
-
-
 def queued_reads(tpu_api) -> int:
     return sum(method == "GET" and "/queuedResources/" in path for method, path in tpu_api.requests)
 
 
 @pytest.mark.slow
+@pytest.mark.gcloud
 def test_a_queued_spot_request_goes_active_and_gcloud_reads_what_podrun_asked_for(home, tpu_api, lab):
     created = podrun("create", "v4-16", "--name", "qr", "--queued", "--spot", "--valid-for", "6h")
     assert created.returncode == 0, created.stderr

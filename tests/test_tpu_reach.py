@@ -12,13 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_tpu import ZONE, create, gcloud
+import pytest
 
 from podrun.cloud.settings import Location
 from podrun.cloud.tpu_api import TpuNode, WorkerAddress
 from podrun.targets.tpu import host_key_alias
 
 from conftest import REPO, job_id_in, podrun, processes_of_job
+from helpers import ZONE, create, gcloud
 
 PATH = f"{Path(sys.executable).parent}:/usr/bin:/bin"
 
@@ -74,6 +75,7 @@ def test_every_create_asks_for_external_ips_unless_the_spec_or_the_flag_says_int
     assert [node["networkConfig"] for name, node in nodes if name == "direct"] == [{"enableExternalIps": True}]
 
 
+@pytest.mark.gcloud
 def test_a_node_without_external_ips_is_named_in_one_line_before_podrun_connects(home, tpu_api, lab, job_file):
     created = create("inside", "v4-16", "--internal-ips")
     assert "(v4-16: 2 workers, runtime tpu-ubuntu2204-base, internal IPs only)" in created.stderr

@@ -53,6 +53,7 @@ def client(tpu_api):
                             client_options={"api_endpoint": f"http://{host}:{port}"})
 
 
+@pytest.mark.gcloud
 def test_gcloud_spot_queued_resource_goes_active_is_preempted_and_force_deleted(tpu_api, lab):
     created = gcloud_json("queued-resources", "create", "qr-spot", "--node-id=spot-node", "--accelerator-type=v4-16",
                           "--runtime-version=tpu-ubuntu2204-base", "--spot", "--valid-until-duration=1h")
@@ -160,6 +161,7 @@ def test_valid_until_duration_passing_while_waiting_fails_the_request(tpu_api, c
     assert not list(client.list_queued_resources(parent=PARENT))
 
 
+@pytest.mark.gcloud
 def test_a_request_larger_than_the_free_hosts_waits_instead_of_failing(tpu_api):
     result = gcloud("queued-resources", "create", "qr-big", "--node-id=big", "--accelerator-type=v4-64",
                     "--runtime-version=tpu-ubuntu2204-base")

@@ -13,7 +13,7 @@ import yaml
 from podrun.spec import EXPECTED, NAME_RULES, JobSpec, _model_in, parse_stop_grace
 
 from conftest import podrun, stderr_lines_without_traceback
-from test_bad_input import PYDANTIC_WORDS, run_cli
+from helpers import PYDANTIC_WORDS, run_cli
 
 NEAR_MISSES = [  # (run, torchrun?, the script named in the message, what it suggests)
     ("trian.py", False, "trian.py", "train.py"),
@@ -27,7 +27,8 @@ NEAR_MISSES = [  # (run, torchrun?, the script named in the message, what it sug
 ]
 
 
-@pytest.mark.parametrize("command", ["validate", "exec"])
+# exec makes validate's checks again: slow, so that the fast tier runs each once
+@pytest.mark.parametrize("command", ["validate", pytest.param("exec", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("run, torchrun, script, nearest", NEAR_MISSES, ids=[case[0] for case in NEAR_MISSES])
 def test_a_script_not_in_the_workdir_is_named_with_the_nearest_file(home, job_file, tmp_path, command, run,
                                                                     torchrun, script, nearest):

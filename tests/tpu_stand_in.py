@@ -1,9 +1,9 @@
 """A stand-in for Google's Cloud TPU v2 REST API on 127.0.0.1, whose nodes' workers are lab hosts.
 
 It speaks the API as Google documents it (https://cloud.google.com/tpu/docs/reference/rest/v2/
-projects.locations.nodes) and as the real clients on these machines were seen to need (GUIDE
-section 6): paths `/v2/projects/P/locations/Z/nodes[/ID]`, camelCase fields, enums as strings (the
-Python client sends integers, both are accepted), `"apiVersion": "V2"`, long-running operations
+projects.locations.nodes) and as the real clients on these machines were seen to need: paths
+`/v2/projects/P/locations/Z/nodes[/ID]`, camelCase fields, enums as strings (the Python client sends
+integers, both are accepted), `"apiVersion": "V2"`, long-running operations
 named `projects/P/locations/Z/operations/ID` that finish after `operation_delay_s`, and errors as
 google.rpc.Status bodies. A bearer token is required, as Google requires one.
 
@@ -16,7 +16,7 @@ VMs: they come with sshd host keys of their own (`on_new_vm`), which `:getGuestA
 `ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
 Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create.
 
-Queued resources (`/v2/projects/P/locations/Z/queuedResources[/ID]`, GUIDE section 9): create is a
+Queued resources (`/v2/projects/P/locations/Z/queuedResources[/ID]`): create is a
 long-running operation that leaves the request ACCEPTED; then, driven by time like the operations
 (each state lasts at least `operation_delay_s`, checked on every request), it goes
 WAITING_FOR_RESOURCES -> PROVISIONING (its node(s) are created, CREATING, taking lab hosts as node

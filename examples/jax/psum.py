@@ -16,7 +16,6 @@ from jax.sharding import PartitionSpec as P
 
 if os.environ.get("PJRT_DEVICE", "CPU") == "CPU":
     jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives across CPU processes
     jax.distributed.initialize(num_processes=int(os.environ["PODRUN_NUM_WORKERS"]),
                                process_id=int(os.environ["PODRUN_WORKER"]))
 else:

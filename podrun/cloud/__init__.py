@@ -1,2 +1,3 @@
 """The Cloud TPU side: gcloud's settings (settings.py), the v2 API (tpu_api.py, the only module
-that imports Google's client) and the accelerator types (accelerators.py)."""
+that imports Google's client), the accelerator types (accelerators.py), what podrun asks Google for
+(request.py) and the capacity got and given back (capacity.py)."""

@@ -1,5 +1,6 @@
-"""TPU capacity, got and given back (GUIDE section 9): create a TPU VM directly or through a queued
-resource and wait until it is READY; tell a preempted one; delete one with whatever holds its name.
+"""TPU capacity, got and given back (README: A TPU's whole life): create a TPU VM directly or through
+a queued resource and wait until it is READY; tell a preempted one; delete one with whatever holds
+its name.
 
 Used by `podrun create`/`delete` and by `podrun exec` for a TPU its spec declares. The rule for
 interrupts: what podrun asked Google for, podrun deletes when the user interrupts the wait, and the

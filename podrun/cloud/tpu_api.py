@@ -96,7 +96,7 @@ class TpuNode:
 
 @dataclass(frozen=True)
 class QueuedResource:
-    """A queued resource (a request for TPU capacity, GUIDE section 9) as the API has it."""
+    """A queued resource (a request for TPU capacity) as the API has it."""
 
     name: str  # the short name (queued resource id)
     location: Location

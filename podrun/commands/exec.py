@@ -8,7 +8,6 @@ import sys
 
 from podrun import jobstore
 from podrun.errors import SpecError, UsageError
-from podrun.launch.lifecycle import Lifecycle
 from podrun.output import say
 from podrun.plan import render
 from podrun.shipping import scan
@@ -36,6 +35,8 @@ def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: st
     max_restarts = parse_restarts(spec, restarts)
     if down and spec.target.tpu is None:
         raise UsageError(f"--down: deletes the TPU the job ran on, but {spec.path} runs on {spec.target.kind} workers")
+    from podrun.launch.lifecycle import Lifecycle  # here: validate and a spec refused above never load asyncio
+
     target = target_for(spec)
     tree = _scan(spec, dry_run, allow_large_workdir) if ships_code else None
     lifecycle = Lifecycle(spec, target, tree, extra_env, kill_stale, detach, max_restarts, down)

@@ -1,5 +1,5 @@
 """Whether the capacity under a job went away: a lost worker judged before it is reported
-(preempted, or lost), and the API read now and then while run goes on (GUIDE section 10).
+(preempted, or lost), and the API read now and then while run goes on (docs/design.md: Preemptions).
 
 On Google's side a preemption reaches SSH first: the VM shuts down and its connections break at once,
 while the API shows the node PREEMPTED (its queued resource SUSPENDED) only once the shutdown is over,

@@ -14,4 +14,7 @@ imported (each runs its main() only as __main__).
   rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
   interfaces.py            the rendezvous doctor: a hostname that resolves to loopback (agent.py's probe)
+  placement.py             put `podrun cp`'s files in place from their staging directory (commands/copy.py)
+  stacks.py                the job's Python processes and their stacks (agent.py, launch/stacks.py)
+  vm_notice.py             a TPU VM's own preemption and maintenance notice (agent.py)
 """

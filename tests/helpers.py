@@ -1,0 +1,148 @@
+"""Helpers that more than one test module uses (test modules never import from each other): the CLI run
+in-process, the lab's flags and processes, trees of shipped code, the TPU API stand-in's leftovers and
+gcloud's reading of it. conftest.py holds the fixtures and the helpers every module uses."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from podrun.cli import main
+from podrun.shipping.scan import scan
+
+from conftest import podrun
+
+# --- the CLI in this process
+
+PYDANTIC_WORDS = re.compile(r"Input should|instance of|should match pattern|type=|For further information|"
+                            r"errors\.pydantic|model_type|[Vv]alidation error|Field required|Value error")
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    """podrun's main() in this process: (exit code, what it wrote to stderr)."""
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+        code = main(list(args))
+    return code, errors.getvalue()
+
+
+# --- the lab's hosts (tests/lab.py)
+
+def lab_flags(lab, hosts=(0, 1, 2)) -> list[str]:
+    """exec's target flags for lab hosts (by index), as root with the lab's key."""
+    return ["--hosts", ",".join(lab.hosts[i].ip for i in hosts), "--user", "root", "--identity-file", str(lab.client_key)]
+
+
+def ps_on_every_host(lab, job_id: str) -> list[str]:
+    """What `ps` on each lab host shows of the job: processes whose environment carries its id."""
+    found = []
+    for host in lab.hosts:
+        listing = lab.run(host.index, "ps axeww -o pid=,stat=,args=").stdout
+        for line in listing.splitlines():
+            pid, state, command = line.split(None, 2)
+            if f"PODRUN_JOB_ID={job_id} " in command + " " and not state.startswith("Z"):
+                found.append(f"host {host.index}: {pid} {command[:120]}")
+    return found
+
+
+def bridge_sent_bytes() -> int:
+    """Bytes this machine (the launcher's side) sent into the lab's bridge; traffic between lab
+    hosts crosses the bridge without passing this machine's network stack."""
+    from lab import BRIDGE
+
+    return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
+
+
+# --- shipped code
+
+BLOB_BYTES = 4_000_000
+
+
+def tree_listing(root: Path) -> dict[str, tuple[str, str]]:
+    """Every file under root: its kind (file, exec, link) and its content's sha256 (or link target)."""
+    listing = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            relative = str(path.relative_to(root))
+            if path.is_symlink():
+                listing[relative] = ("link", os.readlink(path))
+            else:
+                kind = "exec" if os.access(path, os.X_OK) else "file"
+                listing[relative] = (kind, hashlib.sha256(path.read_bytes()).hexdigest())
+    return listing
+
+
+def workdir_with_blob(spec: Path) -> Path:
+    code = spec.parent / "code"
+    (code / "weights.bin").write_bytes(os.urandom(BLOB_BYTES))  # incompressible: sent as it is
+    (code / "tool.sh").write_text("#!/bin/sh\necho tool\n")
+    (code / "tool.sh").chmod(0o755)
+    (code / "link").symlink_to("tool.sh")
+    (code / "pkg").mkdir()
+    (code / "pkg" / "model.py").write_text("import torch\n" * 20_000)  # compressible
+    return code
+
+
+def code_dirs(lab, hosts, spec: Path) -> list[Path]:
+    """Where each host keeps this spec's code: ~/podrun/<name>/<content hash>."""
+    digest = scan(spec.parent / "code").digest
+    return [lab.hosts[index].home / "podrun" / spec.stem / digest for index in hosts]
+
+
+# --- jobs on the Cloud TPU API stand-in (tests/tpu_stand_in.py)
+
+ZONE = "us-central2-b"
+PREEMPTED = 75  # exits.PREEMPTED, as the README documents it
+# a run that says it started, then waits to be preempted on attempt 0 and succeeds on a later one
+WAIT_FOR_PREEMPTION = ('echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\n'
+                       'if [ "$PODRUN_ATTEMPT" = 0 ]; then exec sleep 600; fi\n'
+                       'echo "resumed on worker $PODRUN_WORKER"')
+
+
+def gcloud(*args: str) -> subprocess.CompletedProcess:
+    """The real `gcloud compute tpus tpu-vm ARGS` in the stand-in's zone, as JSON (tests calling it are
+    marked `gcloud`)."""
+    return subprocess.run(["gcloud", "compute", "tpus", "tpu-vm", *args, f"--zone={ZONE}", "--format=json"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def create(name: str, accelerator_type: str = "v4-32", *flags: str) -> subprocess.CompletedProcess:
+    result = podrun("create", accelerator_type, "--name", name, *flags)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def lifecycle_spec(job_file, run: str, tpu: str = "", files: dict[str, str] | None = None, **top: str) -> Path:
+    """A spec whose target.tpu declares a v4-16 (2 lab hosts) named `life`, plus `tpu` fields, and
+    its workdir with `files`."""
+    lines = [f"target: {{tpu: {{name: life, accelerator_type: v4-16{', ' + tpu if tpu else ''}}}}}",
+             "ssh: {user: root}", f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}", "run: |",
+             *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in top.items())]
+    return job_file("\n".join(lines) + "\n", files)
+
+
+def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
+    """(queued resources, nodes) the stand-in holds, by short name, once pending deletions finish."""
+    deadline = time.monotonic() + 30
+    while True:
+        with tpu_api.lock:
+            tpu_api._advance()
+            pending = any(op.outcome is None for op in tpu_api.operations.values())
+            queued = sorted(name.rsplit("/", 1)[1] for name in tpu_api.queued)
+            nodes = sorted(name.rsplit("/", 1)[1] for name in tpu_api.nodes)
+        if not pending or time.monotonic() > deadline:
+            return queued, nodes
+        time.sleep(0.1)
+
+
+def job_record(home: Path, job_id: str) -> dict:
+    return json.loads((home / "jobs" / job_id / "job.json").read_text())
