@@ -11,8 +11,8 @@ before run, after setup (which may install it); a container brings its own.
 
 Interfaces: where a worker's hostname resolves to loopback, gloo and NCCL would advertise it to the
 other workers; its first step's agent sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface
-that reaches MASTER_ADDR unless the job sets either (remote/interfaces.py), and the launcher says so
-and keeps them for the job's later steps.
+that reaches MASTER_ADDR unless the job sets either (remote/interfaces.py); the launcher keeps them
+for the job's later steps, and says so where the job reads them (reads_interface_variables).
 
 Rendezvous: prove torchrun's rendezvous can work, in seconds.
 
