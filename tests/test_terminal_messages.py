@@ -89,6 +89,21 @@ def test_on_a_terminal_the_grace_period_counts_down_then_goes(home, job_file):
     assert "\x1b[J" in text[last_countdown:text.index("stopped on every worker")]
 
 
+def test_a_detached_stop_on_a_terminal_counts_down_the_first_workers_grace_period_apart(home, job_file):
+    spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: {IGNORES_TERM}\nstop_grace: 2s\n")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: all("ready" in podrun("logs", job_id, "--worker", str(i)).stdout for i in (0, 1)),
+               "both workers ready")
+    code, written = run_in_terminal(["stop", job_id], rows=24, columns=100)
+    text = written.decode(errors="replace")
+    assert code == 0, text
+    # worker 1 first, then worker 0 (its agent watches the others): each has its own grace period
+    assert text.count("stopping: 2s left of the grace period, then SIGKILL") == 2, text
+    assert text.rstrip().endswith(f"podrun: job {job_id} is stopped")
+
+
 # --- connect failures --------------------------------------------------------------------------
 
 def test_a_connect_failure_names_every_host_that_failed(home, job_file):

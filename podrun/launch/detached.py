@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError
@@ -78,9 +79,11 @@ def stop(record: jobstore.JobRecord) -> None:
     say(grace_announcement(record.stop_grace_s))
 
     async def stop_counting_down() -> None:
-        countdown = asyncio.ensure_future(count_down(Terminal(sys.stderr.buffer, prefixed=False), record.stop_grace_s))
+        again = asyncio.Event()  # the first worker's grace period starts once the others have stopped
+        countdown = asyncio.ensure_future(count_down(Terminal(sys.stderr.buffer, prefixed=False), record.stop_grace_s,
+                                                     again))
         try:
-            await stop_all(record)
+            await stop_all(record, again.set if len(record.workers) > 1 else None)
         finally:
             countdown.cancel()
             await asyncio.gather(countdown, return_exceptions=True)
@@ -194,9 +197,10 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
         fcntl.flock(log, fcntl.LOCK_UN)
 
 
-async def stop_all(record: jobstore.JobRecord) -> None:
+async def stop_all(record: jobstore.JobRecord, first_stopping: Callable[[], None] | None = None) -> None:
     """Stop every worker's run; the first worker's last, once the others' have ended: its agent is the
-    hub that the others' agents watch (agent.Hub), and stopped first it would look lost to them."""
+    hub that the others' agents watch (agent.Hub), and stopped first it would look lost to them.
+    `first_stopping` is called as the first worker's stop begins."""
     others_ended = asyncio.Event()
 
     async def stop_others() -> None:
@@ -208,6 +212,8 @@ async def stop_all(record: jobstore.JobRecord) -> None:
     async def stop_one(worker, transport: Transport) -> None:
         if worker is record.workers[0]:
             await others_ended.wait()
+            if first_stopping:
+                first_stopping()
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
         channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id, record.attempt),
                                                str(wait_s))

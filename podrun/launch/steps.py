@@ -198,11 +198,15 @@ async def heartbeats(worker_steps: list[WorkerStep]) -> None:
             worker_step.heartbeat()
 
 
-async def count_down(terminal: Terminal, grace_s: float) -> None:
-    """A stop's countdown on a live terminal, once a second, until cancelled (which takes it away)."""
+async def count_down(terminal: Terminal, grace_s: float, again: asyncio.Event | None = None) -> None:
+    """A stop's countdown on a live terminal, once a second, until cancelled (which takes it away); it
+    starts over when `again` is set."""
     ends_at = time.monotonic() + grace_s
     try:
         while True:
+            if again and again.is_set():
+                again.clear()
+                ends_at = time.monotonic() + grace_s
             terminal.show_status(grace_left(ends_at))
             await asyncio.sleep(1)
     finally:
