@@ -61,13 +61,19 @@ def test_a_worker_that_ends_on_sigterm_is_stopped_not_killed(home, job_file):
     assert exit_codes_cell(job_id_in(job.text)) == "2 stopped"
 
 
-def test_a_detached_stop_announces_the_grace_period_and_records_the_kill(home, job_file):
-    spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: {IGNORES_TERM}\nstop_grace: 1s\n")
+def detached_and_ready(job_file, grace_s: int) -> str:
+    """The id of a detached job on 2 local workers that ignore SIGTERM, once both said they are ready."""
+    spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: {IGNORES_TERM}\nstop_grace: {grace_s}s\n")
     started = podrun("exec", spec, "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
     wait_until(lambda: all("ready" in podrun("logs", job_id, "--worker", str(i)).stdout for i in (0, 1)),
                "both workers ready")
+    return job_id
+
+
+def test_a_detached_stop_announces_the_grace_period_and_records_the_kill(home, job_file):
+    job_id = detached_and_ready(job_file, grace_s=1)
     stopped = podrun("stop", job_id)
     assert stopped.returncode == 0, stopped.stderr
     assert "podrun: stopping: SIGTERM sent, waiting up to 1s (stop_grace)\n" in stopped.stderr
@@ -90,12 +96,7 @@ def test_on_a_terminal_the_grace_period_counts_down_then_goes(home, job_file):
 
 
 def test_a_detached_stop_on_a_terminal_counts_down_the_first_workers_grace_period_apart(home, job_file):
-    spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: {IGNORES_TERM}\nstop_grace: 2s\n")
-    started = podrun("exec", spec, "--detach")
-    assert started.returncode == 0, started.stderr
-    job_id = job_id_in(started.stderr)
-    wait_until(lambda: all("ready" in podrun("logs", job_id, "--worker", str(i)).stdout for i in (0, 1)),
-               "both workers ready")
+    job_id = detached_and_ready(job_file, grace_s=2)
     code, written = run_in_terminal(["stop", job_id], rows=24, columns=100)
     text = written.decode(errors="replace")
     assert code == 0, text
