@@ -28,7 +28,7 @@ AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 class WorkerRecord:
     def __init__(self, index: int, address: str, exit_code: int | None = None, signal: str | None = None,
                  endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None,
-                 output_at: float | None = None):
+                 output_at: float | None = None, killed: bool = False):
         self.index = index
         self.address = address
         self.exit_code = exit_code
@@ -39,6 +39,7 @@ class WorkerRecord:
         # when its output last came (epoch seconds), as its worker told a detached job's fetch; an
         # attached job's is its log's mtime (last_output_at)
         self.output_at = output_at
+        self.killed = killed  # a stop's SIGKILL ended it, after the grace period: no failure of its own
 
 
 class JobRecord:
@@ -133,11 +134,18 @@ class JobRecord:
         return self.state
 
     def outcome(self) -> str:
-        """How the job ended, one line: `job ID failed: worker 1 exited with code 3`."""
+        """How the job ended, one line: `job ID failed: worker 1 exited with code 3 after 4.2s`; a summary
+        that begins with the state reads on from it (`job ID stopped by SIGTERM after 4.2s`)."""
         state = self.current_state()
-        detail = f": {self.summary}" if self.summary and state != SUCCEEDED else ""
-        took = f" after {self.ended_at - self.started_at:.1f}s" if self.ended_at else ""
-        return f"job {self.id} {state}{detail}{took}"
+        summary = self.summary if self.summary not in (None, "", state) and state != SUCCEEDED else None
+        how = summary if summary and summary.startswith(f"{state} ") else f"{state}: {summary}" if summary else state
+        took = f"{self.ended_at - self.started_at:.1f}s" if self.ended_at else ""
+        if self.attempt:
+            restarts = f"{self.attempt} restart{'s' * (self.attempt > 1)}"
+            took = f" after {restarts}, {took} in all" if took else f" after {restarts}"
+        elif took:
+            took = f" after {took}"
+        return f"job {self.id} {how}{took}"
 
     def create(self) -> None:
         try:

@@ -28,6 +28,7 @@ from collections import deque
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import BinaryIO
 
 LINE_BREAK = re.compile(rb"\r\n|\n|\r|\[rank(\d+)\]:")  # a rank's header: remote/rank_output.py
 MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
@@ -41,6 +42,7 @@ CONTROL = r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0a-\x1f\x7f]"
 COLOURS = (36, 33, 35, 32, 34, 31)
 SUCCESS, FAILURE, PHASE = "1;32", "1;31", "2"  # bold green, bold red, dim
 MORE_ROWS = (-1, None)  # the region's last row when more lines are live than fit the screen
+STATUS = (-2, None)  # podrun's own live line (a stop's countdown), below the workers' live lines
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
@@ -89,6 +91,20 @@ def colour_wanted(stream) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
+def grace_announcement(grace_s: float) -> str:
+    """What a stop says as it starts: how long the job's processes get before SIGKILL."""
+    if not grace_s:
+        return "stopping: SIGTERM sent, then SIGKILL at once (stop_grace 0s)"
+    return f"stopping: SIGTERM sent, waiting up to {grace_s:g}s (stop_grace)"
+
+
+def grace_left(ends_at: float) -> str:
+    """A stop's countdown (time.monotonic() at which the grace period ends), for a live line."""
+    left = -int((time.monotonic() - ends_at) // 1)  # the seconds left, rounded up (math would cost `podrun logs`)
+    return (f"stopping: {left}s left of the grace period, then SIGKILL" if left > 0
+            else "stopping: the grace period is over: SIGKILL sent")
+
+
 def say(message: str) -> None:
     """podrun's own messages go to stderr, so stdout carries only the workers' output."""
     _say(message)
@@ -126,7 +142,8 @@ class Terminal:
 
     showing: Terminal | None = None  # the terminal whose live region is on the screen now
 
-    def __init__(self, stream: io.BufferedIOBase | None = None, prefixed: bool = True, worker_count: int = 1):
+    def __init__(self, stream: io.BufferedIOBase | BinaryIO | None = None, prefixed: bool = True,
+                 worker_count: int = 1):
         self.stream = stream or sys.stdout.buffer
         self.prefixed = prefixed
         self.colour = colour_wanted(self.stream)
@@ -140,6 +157,7 @@ class Terminal:
         self.drawn_at: dict[tuple[int, int | None], float] = {}
         self.stale: set[tuple[int, int | None]] = set()  # rows whose new text waits for its turn to be drawn
         self.lifted = False  # the region was erased to print lines above it; the next flush draws it again
+        self.status: str | None = None  # podrun's own live line (show_status)
 
     def label(self, index: int, rank: int | None) -> bytes:
         """`[w1] `, `[w1 r3] `, padded to the widest label so far, so the lines' text starts in one column."""
@@ -174,6 +192,18 @@ class Terminal:
         elif key in self.rows:
             self.stale.add(key)
 
+    def show_status(self, text: str | None) -> None:
+        """podrun's own live line (a stop's countdown) now shows `text`, below the workers' live lines;
+        None takes it away. On a live terminal only: a pipe gets podrun's lines from say() alone."""
+        if not self.live:
+            return
+        shown, self.status = self.status, text
+        if text is None or shown is None:
+            self._lift()  # drawn again with the row, or without it
+        elif STATUS in self.rows:
+            self.stale.add(STATUS)
+        self.flush()
+
     def flush(self) -> None:
         """Write what is pending, the live region drawn again if it was lifted, and rows that waited
         for their turn to be redrawn."""
@@ -205,12 +235,13 @@ class Terminal:
     def _draw_region(self) -> None:
         self.lifted = False
         keys = list(self.live_lines)
-        if not keys:
+        status: list[tuple[int, int | None]] = [STATUS] if self.status is not None else []
+        if not keys and not status:
             self.rows = []
             return
         columns, lines = self._size()
-        room = max(1, lines - 2)  # a region taller than the screen could not be erased
-        self.rows = keys if len(keys) <= room else keys[:room - 1] + [MORE_ROWS]
+        room = max(1, lines - 2 - len(status))  # a region taller than the screen could not be erased
+        self.rows = (keys if len(keys) <= room else keys[:room - 1] + [MORE_ROWS]) + status
         for key in self.rows:
             self.pending.append(self._row(key, columns) + b"\n")
 
@@ -223,8 +254,10 @@ class Terminal:
     def _row(self, key: tuple[int, int | None], columns: int) -> bytes:
         """A live row, cut to the screen's width: a row that wrapped could not be erased."""
         self.drawn_at[key] = time.monotonic()
-        if key == MORE_ROWS:
-            text = f"... and {len(self.live_lines) - len(self.rows) + 1} more live lines"
+        if key in (MORE_ROWS, STATUS):
+            text = (f"podrun: {self.status}" if key == STATUS else
+                    f"... and {len(self.live_lines) - len(self.rows) + 1 + (self.status is not None)} more live lines")
+            text = _fit(text, columns - 1)
             return (f"\x1b[2m{text}\x1b[0m" if self.colour else text).encode()
         label = self.label(*key)
         text = re.sub(CONTROL, "", self.live_lines[key].decode(errors="replace").expandtabs())
@@ -236,7 +269,7 @@ class Terminal:
             size = os.get_terminal_size(self.stream.fileno())
         except (OSError, ValueError):  # not a real terminal (a test's stream)
             return 80, 24
-        return size.columns, size.lines
+        return size.columns or 80, size.lines or 24  # 0: a terminal that was never given a size
 
     def _write(self) -> None:
         data, self.pending = b"".join(self.pending), []

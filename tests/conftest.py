@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import ast
+import fcntl
 import functools
 import os
 import queue
 import re
+import select
 import shutil
+import signal
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -89,6 +94,32 @@ def modules_imported_by(args: list[str], packages: tuple[str, ...]) -> list[str]
     imported = [line for line in probe.stdout.splitlines() if line.startswith("IMPORTED ")]
     assert imported, probe.stderr
     return ast.literal_eval(imported[-1].removeprefix("IMPORTED "))
+
+
+def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120,
+                    interrupt_after: bytes | None = None) -> tuple[int, bytes]:
+    """Run podrun with a real pseudo-terminal as its stdin, stdout and stderr (sending it SIGINT once it
+    wrote `interrupt_after`, if given); returns its exit code and all it wrote to the terminal."""
+    controller, terminal = os.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    process = subprocess.Popen([sys.executable, "-m", "podrun", *map(str, args)], cwd=REPO,
+                               stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    written = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if interrupt_after is not None and interrupt_after in written:
+            process.send_signal(signal.SIGINT)
+            interrupt_after = None
+        if select.select([controller], [], [], 0.1)[0]:
+            try:
+                written += os.read(controller, 65536)
+            except OSError:  # EIO: nothing has the terminal open any more
+                break
+        elif process.poll() is not None:
+            break
+    os.close(controller)
+    return process.wait(timeout=10), bytes(written)
 
 
 def job_id_in(stderr: str) -> str:

@@ -39,13 +39,13 @@ def test_a_step_reports_start_and_exit_and_leaves_its_exit_file(tmp_path):
     output, events, code = run_agent(tmp_path, "echo out; echo err >&2; exit 3", str(tmp_path))
     assert output == b"out\nerr\n"
     assert [e["event"] for e in events] == ["started", "exited"]
-    assert events[1] == {"event": "exited", "code": 3, "signal": None, "rank": None}
+    assert events[1] == {"event": "exited", "code": 3, "signal": None, "rank": None, "killed": False}
     assert code == 3
     exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
     recorded = json.loads(exit_file.read_text())
     assert time.time() - 60 < recorded.pop("ended_at") <= time.time()
     assert recorded == {"code": 3, "signal": None, "stop_reason": None, "cause_worker": None, "cause_code": None,
-                        "rank": None, "stalled": None}
+                        "rank": None, "stalled": None, "killed": False}
 
 
 def test_a_step_that_cannot_start_is_an_error_event_naming_why(tmp_path):
@@ -60,7 +60,8 @@ def test_a_stop_sent_right_behind_the_step_stops_it(tmp_path):
     # read together with the step description, the stop must still count; missed, the step would
     # run on until the grace period (60 s) or the next heartbeat
     output, events, code = run_agent(tmp_path, "echo up; exec sleep 60", str(tmp_path), control=b"stop\n")
-    assert events[-1] == {"event": "exited", "code": 143, "signal": "SIGTERM", "rank": None}
+    assert events[-1] == {"event": "exited", "code": 143, "signal": "SIGTERM", "rank": None,
+                          "killed": False}
     exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
     assert json.loads(exit_file.read_text())["stop_reason"] == "stop requested"
 
@@ -73,7 +74,8 @@ def test_the_compiled_agent_is_cached_per_source_and_a_broken_cache_entry_is_not
     assert oct((tmp_path / ".podrun").stat().st_mode & 0o777) == "0o700"
     entry.write_bytes(b"not marshal data")
     output, events, code = run_agent(tmp_path, "echo still runs", str(tmp_path))
-    assert (output, events[-1], code) == (b"still runs\n", {"event": "exited", "code": 0, "signal": None, "rank": None}, 0)
+    assert (output, events[-1], code) == (b"still runs\n", {"event": "exited", "code": 0, "signal": None, "rank": None,
+                                                             "killed": False}, 0)
     assert entry.read_bytes() != b"not marshal data"  # compiled again and stored again
 
 

@@ -41,7 +41,7 @@ def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
                                                                                (good_id, "succeeded", 0)]
     assert listed[0]["workers"][1] == {"index": 1, "address": "local/w1", "exit_code": 5, "signal": None,
                                        "endpoint": {"kind": "local", "root": str(home / "local" / "w1")},
-                                       "stop_reason": None, "rank": None, "output_at": None}
+                                       "stop_reason": None, "rank": None, "output_at": None, "killed": False}
 
 
 def test_logs_shows_the_newest_job_or_one_worker_tail(home, job_file):
@@ -283,7 +283,8 @@ def test_logs_and_stop_default_to_the_newest_running_job(home, job_file, tmp_pat
 
     stopped = podrun("stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert stopped.stderr == f"podrun: stopping job {running_id}, the newest running job\n"
+    assert stopped.stderr == (f"podrun: stopping job {running_id}, the newest running job\n"
+                              f"podrun: stopping: SIGTERM sent, waiting up to 30s (stop_grace)\n")
     assert stopped.stdout == f"podrun: job {running_id} is stopped\n"
     assert job.finish() == 143 and processes_of_job(running_id) == []
     none_left = podrun("stop")

@@ -80,7 +80,7 @@ def test_a_detached_job_whose_first_worker_is_killed_stops_everywhere(home, job_
 @pytest.mark.parametrize("exits, causes, outcome", [
     # podrun stop reached worker 2 first; its exit made worker 0's agent stop worker 1 "for" it
     ([(143, "SIGTERM"), (143, "worker 2 failed with code 143"), (143, "SIGTERM")], [(2, 143)],
-     ("stopped", 143, "stopped")),
+     ("stopped", 143, "stopped by SIGTERM")),
     ([(143, "worker 1 failed with code 3"), (3, None), (143, "worker 1 failed with code 3")], [(1, 3), (1, 3)],
      ("failed", 3, "worker 1 exited with code 3")),
     ([None, (143, "worker 0 failed with code 255")], [(0, 255)],

@@ -148,4 +148,4 @@ def test_a_file_stem_that_is_no_job_name_asks_for_name(home, tmp_path):
     assert stderr_lines_without_traceback(result.stderr) == [
         f"podrun: error: {spec}: name: the file's stem 'my job' is not a valid job name; set name: (letters, digits, . _ -)"]
     spec.write_text("name: mine\nrun: echo\n")
-    assert podrun("validate", spec).stderr == f"podrun: {spec}: valid; job 'mine' on local workers\n"
+    assert podrun("validate", spec).stderr == f"podrun: {spec}: valid; job 'mine' on 2 local workers\n"

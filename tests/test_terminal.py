@@ -3,23 +3,16 @@
 
 from __future__ import annotations
 
-import fcntl
 import io
-import os
 import re
-import select
-import struct
-import subprocess
 import sys
-import termios
-import time
 
 import pytest
 
 from podrun import output
 from podrun.output import PIPE_PROGRESS_S, Terminal, WorkerOutput, say, say_failure, say_phase, say_success
 
-from conftest import REPO, podrun
+from conftest import podrun, run_in_terminal
 
 ESCAPE = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\r|\n|[^\x1b\r\n]")
 
@@ -303,28 +296,6 @@ print("done")
 """
 FINAL_LINES = sorted(f"[w{index}] {text}" for index in (0, 1)
                      for text in ("training 100.0%|####################| 200/200", "done"))
-
-
-def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120) -> tuple[int, bytes]:
-    """Run podrun with a real pseudo-terminal as its stdin, stdout and stderr; returns its exit code
-    and all it wrote to the terminal."""
-    controller, terminal = os.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    process = subprocess.Popen([sys.executable, "-m", "podrun", *map(str, args)], cwd=REPO,
-                               stdin=terminal, stdout=terminal, stderr=terminal)
-    os.close(terminal)
-    written = bytearray()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([controller], [], [], 0.1)[0]:
-            try:
-                written += os.read(controller, 65536)
-            except OSError:  # EIO: nothing has the terminal open any more
-                break
-        elif process.poll() is not None:
-            break
-    os.close(controller)
-    return process.wait(timeout=10), bytes(written)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 
 from podrun import jobstore
 from podrun.errors import SpecError, UsageError
-from podrun.output import say
+from podrun.output import counted, say
 from podrun.plan import render
 from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
@@ -18,8 +18,23 @@ from podrun.targets import target_for
 def validate(spec_path: str) -> JobSpec:
     spec = load_spec(spec_path)
     check_run_script(spec)
-    say(f"{spec_path}: valid; job {spec.name!r} on {spec.target.kind} workers")
+    say(f"{spec_path}: valid; job {spec.name!r} on {_where(spec)}")
     return spec
+
+
+def _where(spec: JobSpec) -> str:
+    """What the spec runs on, as far as the spec alone says (validate asks no API and no host)."""
+    target = spec.target
+    if target.hosts:
+        return f"{counted(len(target.hosts), 'SSH host')}: {', '.join(target.hosts)}"
+    if target.tpu:
+        tpu = target.tpu
+        shape = f", {tpu.accelerator_type}" if tpu.accelerator_type else ""
+        if tpu.names or tpu.slices:
+            return f"the multislice {tpu.label} ({counted(len(tpu.node_names), 'slice')}{shape})"
+        return f"the TPU VM {tpu.label}" + (f" ({tpu.accelerator_type}, created if missing)" if shape else "")
+    assert target.local is not None, "a target is exactly one of tpu, hosts, local"
+    return counted(target.local.workers, "local worker")
 
 
 def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: str | None, env_overrides: list[str],

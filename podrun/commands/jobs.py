@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import sys
 import time
 
 from podrun import exits, jobstore, paths
@@ -13,6 +16,8 @@ from podrun.output import (
     WorkerOutput,
     counted,
     duration_text,
+    grace_announcement,
+    grace_left,
     print_table,
     say,
     say_failure,
@@ -30,6 +35,10 @@ FAILURES_SHOWN = 3  # then `+N`
 FOLLOW_POLL_S = 0.1
 LAUNCHER_STOP_MARGIN_S = 15  # the launcher needs the job's grace period, the KILL, and a little
 READ_SIZE = 1 << 16
+# the worker's own lines after its ranks' last (torchrun's report of a stop) are looked for this far
+# back from a log's end: a stop's tracebacks take a few KB, and a log without ranks is not read whole
+RANK_SCAN_BYTES = 1 << 20
+RANK_HEADER = re.compile(rb"\[rank\d+\]:")  # remote/rank_output.py
 
 
 def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None) -> int:
@@ -51,7 +60,7 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
         from podrun.launch import detached
 
         detached.fetch(record, chosen, outputs=None, follow=False)
-    offsets = {index: _start_offset(record.log_path(index), tail) for index in chosen}
+    offsets = {index: _show_tail(record.log_path(index), tail, outputs[index]) for index in chosen}
     if follow and on_workers and record.state == jobstore.RUNNING:  # the fetch may have seen it end
         for index in chosen:
             _copy_new(record.log_path(index), offsets[index], outputs[index])
@@ -87,7 +96,7 @@ def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int 
     for index in [worker] if worker is not None else indexes:
         path = record.log_path(index, attempt)
         output = WorkerOutput(index, terminal, log=None)
-        _copy_new(path, _start_offset(path, tail), output)
+        _show_tail(path, tail, output)
         output.close()
     ended = record.attempts[attempt]
     say(f"attempt {attempt} of job {record.id} {ended['state']}" + (f": {ended['summary']}" if ended["summary"] else ""))
@@ -95,11 +104,12 @@ def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int 
 
 
 def _ended(record: jobstore.JobRecord) -> int:
-    """A followed job's last word: its outcome, and its exit code as the exit code of `logs -f`."""
+    """A followed job's last word: its outcome, and its exit code as the exit code of `logs -f`: that of
+    `exec` for the same end (a job stopped by `podrun stop` gives 143, as its launcher would have)."""
     state = record.current_state()
     if state == jobstore.RUNNING:  # a detached job whose workers could not all be reached
         return 0
-    (say_success if state == jobstore.SUCCEEDED else say_failure)(record.outcome())
+    {jobstore.SUCCEEDED: say_success, jobstore.STOPPED: say}.get(state, say_failure)(record.outcome())
     return record.exit_code if record.exit_code is not None else exits.LOST
 
 
@@ -161,13 +171,16 @@ def stop_job(job: str | None) -> int:
         raise PodrunError(f"job {record.id}: its launcher cannot be found on this system (stopping an attached job "
                           f"needs Linux's /proc); press Ctrl-C where it runs")
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
+    say(grace_announcement(record.stop_grace_s))
     wait_s = record.stop_grace_s + LAUNCHER_STOP_MARGIN_S
     deadline = time.monotonic() + wait_s
-    while (record := jobstore.load(record.id)).current_state() == jobstore.RUNNING:
-        if time.monotonic() > deadline:
-            raise PodrunError(f"job {record.id}: its launcher (pid {record.launcher['pid']}) did not stop it "
-                              f"within {wait_s:g}s")
-        time.sleep(FOLLOW_POLL_S)
+    with counting_down(record.stop_grace_s) as tick:
+        while (record := jobstore.load(record.id)).current_state() == jobstore.RUNNING:
+            if time.monotonic() > deadline:
+                raise PodrunError(f"job {record.id}: its launcher (pid {record.launcher['pid']}) did not stop it "
+                                  f"within {wait_s:g}s")
+            tick()
+            time.sleep(FOLLOW_POLL_S)
     print(f"podrun: job {record.id} is {record.current_state()}")
     return 0
 
@@ -181,10 +194,24 @@ def _stop_supervised(record: jobstore.JobRecord) -> int:
     pid = record.supervisor["pid"]
     os.kill(pid, signal.SIGTERM)
     say(f"asked job {record.id}'s supervisor (pid {pid}) to stop it; waiting for it to finish")
-    while record.supervised():
-        time.sleep(FOLLOW_POLL_S)
+    say(grace_announcement(record.stop_grace_s))
+    with counting_down(record.stop_grace_s) as tick:
+        while record.supervised():
+            tick()
+            time.sleep(FOLLOW_POLL_S)
     print(f"podrun: job {record.id} is {jobstore.load(record.id).current_state()}")
     return 0
+
+
+@contextlib.contextmanager
+def counting_down(grace_s: float):
+    """A stop's countdown on stderr, if it is a terminal: the caller calls the function given now and then."""
+    status = Terminal(sys.stderr.buffer, prefixed=False)
+    ends_at = time.monotonic() + grace_s
+    try:
+        yield lambda: status.show_status(grace_left(ends_at))
+    finally:
+        status.show_status(None)
 
 
 def newest_running_or_newest() -> jobstore.JobRecord:
@@ -240,18 +267,22 @@ def _started(record: jobstore.JobRecord) -> str:
 
 def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
     """`32/32 ok`, `30/32 ok, 2 running`, `32 stopped`, or the failed workers and how many were stopped
-    (by `podrun stop`, fail-fast or Ctrl-C): `w5=3, 31 stopped`."""
-    failed = [w for w in record.workers if w.exit_code and not _stopped(w)]
-    stopped = sum(_stopped(w) for w in record.workers)
+    (by `podrun stop`, fail-fast or Ctrl-C): `w5=3, 31 stopped`; those a stop had to kill are counted
+    apart: `w5=3, 30 stopped, 1 killed after the grace period`."""
+    failed = [w for w in record.workers if w.exit_code and not _stopped(w) and not w.killed]
+    stopped = sum(_stopped(w) and not w.killed for w in record.workers)
+    killed = sum(bool(w.killed) for w in record.workers)
     ok = sum(w.exit_code == 0 for w in record.workers)
     pending = sum(w.exit_code is None for w in record.workers)
     parts = []
     if failed:
         parts.append(_failures(failed))
-    elif ok or not (stopped or pending):
+    elif ok or not (stopped or killed or pending):
         parts.append(f"{ok}/{len(record.workers)} ok")
     if stopped:
         parts.append(f"{stopped} stopped")
+    if killed:
+        parts.append(f"{killed} killed after the grace period")
     if pending:
         parts.append(f"{pending} {'running' if state == jobstore.RUNNING else 'unknown'}")
     return ", ".join(parts)
@@ -305,13 +336,50 @@ def _cut_middle(text: str, width: int) -> str:
     return f"{text[:width - 1 - end]}…{text[len(text) - end:]}"
 
 
-def _start_offset(path: str, tail: int | None) -> int:
-    """0, or the offset where the last `tail` lines of the file begin, as a person counts lines: a line
-    redrawn with \\r (a progress bar) is one, and so is a last line without \\n."""
+def _show_tail(path: str, tail: int | None, output: WorkerOutput) -> int:
+    """Show the log's last `tail` lines (all of it with None); returns the offset at its end. Under torchrun,
+    where the ranks' lines are marked, the lines of the worker's own after the ranks' last (torchrun's
+    report of a stop or a failure: a traceback per agent) do not push the ranks' last lines out: the
+    `tail` lines before them show first, then the last `tail` of them."""
+    start = _start_offset(path, tail)
+    if tail and (own_from := _own_lines_from(path)) is not None and start > own_from:
+        _copy_new(path, _start_offset(path, tail, end=own_from), output, end=own_from)
+        say(f"w{output.index}: {counted(_lines_between(path, own_from, start), 'line')} after its ranks' last lines "
+            f"not shown; the last {tail}:")
+    return _copy_new(path, start, output)
+
+
+def _own_lines_from(path: str) -> int | None:
+    """Where the worker's own lines after its ranks' last line begin (found in the log's last
+    RANK_SCAN_BYTES); None if the log ends with a rank's line or holds no rank line there."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            begin = max(0, size - RANK_SCAN_BYTES)
+            handle.seek(begin)
+            text = handle.read()
+    except OSError:
+        return None
+    headers = list(RANK_HEADER.finditer(text))
+    if not headers:
+        return None
+    line_end = text.find(b"\n", headers[-1].end())
+    return begin + line_end + 1 if 0 <= line_end < len(text) - 1 else None
+
+
+def _lines_between(path: str, start: int, end: int) -> int:
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        return handle.read(end - start).count(b"\n")
+
+
+def _start_offset(path: str, tail: int | None, end: int | None = None) -> int:
+    """0, or the offset where the last `tail` lines of the file (of its first `end` bytes) begin, as a
+    person counts lines: a line redrawn with \\r (a progress bar) is one, and so is a last line without \\n."""
     if tail is None or not os.path.exists(path):
         return 0
     with open(path, "rb") as handle:
-        end = position = handle.seek(0, os.SEEK_END)
+        end = position = handle.seek(0, os.SEEK_END) if end is None else end
         if tail == 0:
             return end
         while position > 0:
@@ -328,15 +396,15 @@ def _start_offset(path: str, tail: int | None) -> int:
         return 0
 
 
-def _copy_new(path: str, offset: int, output: WorkerOutput) -> int:
-    """Feed what the log gained since `offset` to the output; returns the new offset."""
+def _copy_new(path: str, offset: int, output: WorkerOutput, end: int | None = None) -> int:
+    """Feed what the log gained since `offset` (up to `end`) to the output; returns the new offset."""
     try:
         handle = open(path, "rb")
     except FileNotFoundError:
         return offset
     with handle:
         handle.seek(offset)
-        while chunk := handle.read(READ_SIZE):
+        while chunk := handle.read(READ_SIZE if end is None else min(READ_SIZE, end - offset)):
             output.feed(chunk)
             offset += len(chunk)
     return offset

@@ -12,17 +12,21 @@ import asyncio
 import fcntl
 import json
 import os
+import sys
+from collections.abc import Callable
 
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
-from podrun.launch.steps import StepResult
-from podrun.output import WorkerOutput, say
+from podrun.launch.steps import StepResult, count_down
+from podrun.output import Terminal, WorkerOutput, grace_announcement, say
 from podrun.remote import vm_notice
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
 
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # an agent's stop_reason when podrun stop (or a user) signalled it
+# an agent's stop_reason when podrun stop (or a user) signalled it, and the signal's number (the same on
+# Linux and macOS): a job stopped so exits 128 + N, as an attached job stopped by that signal does
+STOP_SIGNALS = {"SIGTERM": 15, "SIGINT": 2, "SIGHUP": 1}
 REFRESH_TIMEOUT_S = 10  # `podrun jobs` does not wait longer for a detached job's workers
 AGENT_STOP_MARGIN_S = 15  # after the job's grace period: KILL, a container's removal, and some
 
@@ -71,7 +75,20 @@ def fetch_stacks(record: jobstore.JobRecord, indexes: list[int]) -> dict[int, st
 
 
 def stop(record: jobstore.JobRecord) -> None:
-    asyncio.run(stop_all(record))
+    """Stop every worker's run (saying how long the stop may take, counting down on a terminal) and record the end."""
+    say(grace_announcement(record.stop_grace_s))
+
+    async def stop_counting_down() -> None:
+        again = asyncio.Event()  # the first worker's grace period starts once the others have stopped
+        countdown = asyncio.ensure_future(count_down(Terminal(sys.stderr.buffer, prefixed=False), record.stop_grace_s,
+                                                     again))
+        try:
+            await stop_all(record, again.set if len(record.workers) > 1 else None)
+        finally:
+            countdown.cancel()
+            await asyncio.gather(countdown, return_exceptions=True)
+
+    asyncio.run(stop_counting_down())
     fetch(record, [w.index for w in record.workers], None, follow=False)
 
 
@@ -90,6 +107,7 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
         if exit_record := report.exit:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
+            worker.killed = bool(exit_record.get("killed"))
             ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
             if exit_record.get("cause_worker") is not None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
@@ -114,7 +132,7 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
               if w.exit_code and w.stop_reason is None]
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
     lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
-    stopped = [w.exit_code for w in record.workers if w.exit_code and w.stop_reason is not None]
+    stopped = [w for w in record.workers if w.exit_code and w.stop_reason is not None]
     noticed = [w for w in record.workers if vm_notice.announced(w.stop_reason)]
     if noticed:  # the VM's own notice stopped it (remote/vm_notice.py)
         record.finish(jobstore.PREEMPTED, exits.PREEMPTED, f"worker {noticed[0].index}: {noticed[0].stop_reason}",
@@ -128,7 +146,12 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
         record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",
                       ended_at)
     elif stopped:
-        record.finish(jobstore.STOPPED, stopped[0], "stopped", ended_at)
+        by = next((w.stop_reason for w in stopped if w.stop_reason in STOP_SIGNALS), None)
+        if by:
+            record.finish(jobstore.STOPPED, exits.stopped_by(STOP_SIGNALS[by]), f"stopped by {by}", ended_at)
+        else:
+            record.finish(jobstore.STOPPED, stopped[0].exit_code or exits.FAILURE, f"stopped ({stopped[0].stop_reason})",
+                          ended_at)
     else:
         record.finish(jobstore.SUCCEEDED, 0, None, ended_at)
 
@@ -174,9 +197,10 @@ def _append_at(log, offset: int, chunk: bytes) -> None:
         fcntl.flock(log, fcntl.LOCK_UN)
 
 
-async def stop_all(record: jobstore.JobRecord) -> None:
+async def stop_all(record: jobstore.JobRecord, first_stopping: Callable[[], None] | None = None) -> None:
     """Stop every worker's run; the first worker's last, once the others' have ended: its agent is the
-    hub that the others' agents watch (agent.Hub), and stopped first it would look lost to them."""
+    hub that the others' agents watch (agent.Hub), and stopped first it would look lost to them.
+    `first_stopping` is called as the first worker's stop begins."""
     others_ended = asyncio.Event()
 
     async def stop_others() -> None:
@@ -188,6 +212,8 @@ async def stop_all(record: jobstore.JobRecord) -> None:
     async def stop_one(worker, transport: Transport) -> None:
         if worker is record.workers[0]:
             await others_ended.wait()
+            if first_stopping:
+                first_stopping()
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
         channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id, record.attempt),
                                                str(wait_s))

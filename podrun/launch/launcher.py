@@ -12,6 +12,7 @@ dies without telling them.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import signal
 import sys
@@ -20,8 +21,19 @@ import time
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
 from podrun.launch import preflight, stacks, stall
-from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, heartbeats, stop_all
-from podrun.output import Terminal, WorkerOutput, counted, say, say_failure, say_phase, say_success, size_text
+from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, count_down, heartbeats, stop_all
+from podrun.output import (
+    Terminal,
+    WorkerOutput,
+    counted,
+    grace_announcement,
+    say,
+    say_failure,
+    say_phase,
+    say_success,
+    size_text,
+    worker_ranges,
+)
 from podrun.plan import WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
@@ -33,6 +45,8 @@ from podrun.transport.base import ChannelLost
 RECORD_SAVE_INTERVAL_S = 0.5
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SHOWN_TAIL_LINES = 20
+DEFAULT_SCREEN_ROWS = 24
+MIN_ERROR_ROWS = 5  # a failure names at least this many workers, however small the terminal
 
 
 class Launch:
@@ -67,7 +81,7 @@ class Launch:
         try:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
-            _raise_first_error(connected, self.plans)  # before anything started anywhere
+            _raise_first_error(connected, self.plans, "connect")  # before anything started anywhere
             steps = ("setup", "run") if self.spec.setup else ("run",)
             for step in steps:
                 if step != steps[0]:
@@ -86,7 +100,10 @@ class Launch:
             if self.interrupted.is_set():
                 return self._finish_interrupted()
             self.record.finish(jobstore.SUCCEEDED, 0)
-            say_success(f"job {self.record.id} succeeded in {time.time() - self.record.started_at:.1f}s")
+            took_s = time.time() - self.record.started_at
+            say_success(f"job {self.record.id} succeeded " + (
+                f"after {counted(self.record.attempt, 'restart')}, {took_s:.1f}s in all" if self.record.attempt
+                else f"in {took_s:.1f}s"))
             return 0
         except PodrunError as error:
             if self.target.departs and (reason := await asyncio.to_thread(self.target.departure)):
@@ -121,7 +138,7 @@ class Launch:
                                        return_exceptions=True)
         if any(isinstance(outcome, BaseException) for outcome in started):
             await stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
-            _raise_first_error(started, self.plans)
+            _raise_first_error(started, self.plans, "start")
         beating = asyncio.ensure_future(heartbeats(worker_steps))
         watching = asyncio.ensure_future(self._watch_capacity()) if step == "run" and not detach else None
         try:
@@ -167,6 +184,7 @@ class Launch:
             self._silence(worker_steps) if watches_stall else asyncio.Event().wait())
         failure = None
         stopping = False
+        countdown: asyncio.Future | None = None
         while finishing:
             watched: list[asyncio.Future] = [*finishing, interrupt, departure, silence]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -174,10 +192,13 @@ class Launch:
                 await self._on_stall(silence.result(), worker_steps)
                 silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
-                finishing.pop(task)
+                worker = finishing.pop(task).plan.worker
                 result = task.result()
                 self._record_exit(result)
-                if result.failed and not stopping:
+                if result.killed:
+                    say(f"worker {result.index} ({worker.address}) was killed after the grace "
+                        f"period ({self.record.stop_grace_s:g}s): it had not ended on SIGTERM")
+                elif result.failed and not stopping:
                     failure = result
                     if not (self._judged(result) or self.preempted):  # a VM's notice: said already
                         self._report_failure(step, result)
@@ -188,6 +209,12 @@ class Launch:
                 stopping = True
                 for ws in finishing.values():
                     ws.stop()
+                if finishing:
+                    say(grace_announcement(self.record.stop_grace_s))
+                    countdown = asyncio.ensure_future(count_down(self.terminal, self.record.stop_grace_s))
+        if countdown:
+            countdown.cancel()
+            await asyncio.gather(countdown, return_exceptions=True)
         interrupt.cancel()
         departure.cancel()
         silence.cancel()
@@ -302,7 +329,7 @@ class Launch:
         if result.detached:
             return
         worker = self.worker_records[result.index]
-        worker.exit_code, worker.signal, worker.rank = result.code, result.signal, result.rank
+        worker.exit_code, worker.signal, worker.rank, worker.killed = result.code, result.signal, result.rank, result.killed
 
     def _report_failure(self, step: str, result: StepResult) -> None:
         plan = next(p for p in self.plans if p.worker.index == result.index)
@@ -377,21 +404,40 @@ class Launch:
         return code
 
 
-def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:
-    """Raise the first worker's error as one PodrunError line; anything else than a PodrunError
-    (a connection lost mid-start, a library's own exception) is named with its worker."""
+def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan], doing: str) -> None:
+    """Raise the workers' errors as one PodrunError: one line for one worker; for several, one line
+    each, up to a screenful, then the rest by index. Anything else than a PodrunError (a connection
+    lost mid-start, a library's own exception) is named with its worker."""
     failed = [(plan.worker, outcome) for plan, outcome in zip(plans, outcomes or ())
               if isinstance(outcome, BaseException)]
     if not failed:
         return
-    worker, error = failed[0]
-    if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
-        raise error
+    for _, error in failed:
+        if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+            raise error
+    if len(failed) == 1:
+        raise PodrunError(_worker_error(*failed[0]))
+    room = _screen_rows() - 2  # the heading, and the line that counts the rest
+    shown = failed if len(failed) <= room + 1 else failed[:room]
+    lines = [f"{len(failed)} of {counted(len(plans), 'worker')} failed to {doing}:"]
+    lines += [f"  {_worker_error(worker, error)}" for worker, error in shown]
+    if rest := [worker.index for worker, _ in failed[len(shown):]]:
+        lines.append(f"  and {len(rest)} more: {worker_ranges(rest)}")
+    raise PodrunError("\n".join(lines))
+
+
+def _worker_error(worker: Worker, error: BaseException) -> str:
     if isinstance(error, PodrunError):
-        message = str(error)
-    elif isinstance(error, ChannelLost):
-        message = f"worker {worker.index} ({worker.address}) lost its connection ({error})"
-    else:
-        message = f"worker {worker.index} ({worker.address}): {type(error).__name__}: {error}"
-    more = f" (and {len(failed) - 1} more worker(s) failed the same step)" if len(failed) > 1 else ""
-    raise PodrunError(message + more)
+        return str(error)
+    if isinstance(error, ChannelLost):
+        return f"worker {worker.index} ({worker.address}) lost its connection ({error})"
+    return f"worker {worker.index} ({worker.address}): {type(error).__name__}: {error}"
+
+
+def _screen_rows() -> int:
+    """The rows of the terminal podrun's messages show on; a pipe's reader gets as many as a default terminal."""
+    try:
+        rows = os.get_terminal_size(sys.stderr.fileno()).lines
+    except (OSError, ValueError):
+        rows = DEFAULT_SCREEN_ROWS
+    return max(rows - 2, MIN_ERROR_ROWS)  # the shell's prompt, and the line before the error, stay on screen

@@ -108,6 +108,8 @@ class Lifecycle:
             code = self._launch(record, self.plans(self.workers, self.selected, record.id, record.attempt))
             if self.detach:
                 code = self._watch(record)
+            if hint := restart_policy.resumed_apart(record):
+                say(hint)
         return code
 
     def _launch(self, record: jobstore.JobRecord, plans: list[WorkerPlan]) -> int:

@@ -11,8 +11,8 @@ before run, after setup (which may install it); a container brings its own.
 
 Interfaces: where a worker's hostname resolves to loopback, gloo and NCCL would advertise it to the
 other workers; its first step's agent sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface
-that reaches MASTER_ADDR unless the job sets either (remote/interfaces.py), and the launcher says so
-and keeps them for the job's later steps.
+that reaches MASTER_ADDR unless the job sets either (remote/interfaces.py); the launcher keeps them
+for the job's later steps, and says so where the job reads them (reads_interface_variables).
 
 Rendezvous: prove torchrun's rendezvous can work, in seconds.
 
@@ -94,21 +94,31 @@ def interface_probe(plans: list[WorkerPlan]) -> dict:
 
 def with_interfaces_set(plans: list[WorkerPlan], reports: list[dict]) -> list[WorkerPlan]:
     """The plans with the interface variables the agents set (their probe reports), for the job's
-    later steps; says so in one line."""
+    later steps; says so in one line where the job can read them (reads_interface_variables)."""
     chosen = {plan.worker.index: report["interface_set"] for plan, report in zip(plans, reports)
               if report.get("interface_set")}
     if not chosen:
         return plans
-    resolved = sorted({report["resolves_to"] or "nothing" for report in reports if report.get("interface_set")})
-    workers = [plan.worker for plan in plans if plan.worker.index in chosen]
-    groups = _grouped((chosen[worker.index], worker) for worker in workers)
-    where = (f"{next(iter(groups))} there" if len(groups) == 1 else
-             " and ".join(f"{interface} on {_named(group)}" for interface, group in groups.items()))
-    say(f"hostname resolves to {', '.join(resolved)} on {_named(workers)}: gloo and NCCL would advertise it to the "
-        f"other workers; set {' and '.join(interfaces.VARIABLES)} to {where}, the interface of the route to "
-        f"MASTER_ADDR {plans[0].env['MASTER_ADDR']} (set either in env to choose yourself)")
+    if reads_interface_variables(plans[0]):
+        resolved = sorted({report["resolves_to"] or "nothing" for report in reports if report.get("interface_set")})
+        workers = [plan.worker for plan in plans if plan.worker.index in chosen]
+        groups = _grouped((chosen[worker.index], worker) for worker in workers)
+        where = " and to ".join(f"{interface} on {_named(group)}" for interface, group in groups.items())
+        say(f"set {' and '.join(interfaces.VARIABLES)} to {where}: the interface of the route to MASTER_ADDR "
+            f"{plans[0].env['MASTER_ADDR']}, as the host name resolves to {' or '.join(resolved)} there, which gloo "
+            f"and NCCL would advertise to the other workers. To choose otherwise, set either variable in the spec's "
+            f"env or with --env (then podrun sets neither)")
     return [replace(plan, env={**plan.env, **dict.fromkeys(interfaces.VARIABLES, chosen[plan.worker.index])})
             if plan.worker.index in chosen else plan for plan in plans]
+
+
+def reads_interface_variables(plan: WorkerPlan) -> bool:
+    """Whether the job may read GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME: under torchrun (the spec's, or one
+    its own command starts), or on GPUs, where NCCL carries torch's and JAX's collectives. A JAX job on
+    CPUs (its gloo reads no variable) or a plain command gets them set all the same, without a word."""
+    commands = f"{plan.setup or ''}\n{plan.run}"
+    return (plan.term_leader_only or plan.env.get("PJRT_DEVICE") == "CUDA"
+            or "torchrun" in commands or "torch.distributed" in commands)
 
 
 def _torch(version: str) -> str:

@@ -10,6 +10,8 @@ no failure of the job's: it neither counts nor waits (creating the TPU again is 
 
 from __future__ import annotations
 
+import re
+
 from podrun import jobstore
 
 RESTART_BACKOFF = ("PODRUN_RESTART_BACKOFF", 1.0)
@@ -17,6 +19,9 @@ BACKOFF_MAX_S = 300.0
 QUICK_FAILURE_S = 60.0
 QUICK_FAILURES = 3
 FAILED_STATES = (jobstore.FAILED, jobstore.STALLED)
+# what a rank says when a peer went away under a collective: gloo's "Connection closed by peer", a
+# socket's "Connection reset by peer" or "Broken pipe", NCCL's "remote process exited"
+PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exited", re.IGNORECASE)
 
 
 def _attempts(record: jobstore.JobRecord) -> list[tuple[str, float]]:
@@ -37,6 +42,28 @@ def _trailing(attempts: list[tuple[str, float]], counts) -> int:
 def quick_failures(record: jobstore.JobRecord) -> int:
     """How many attempts in a row, ending with the last, failed within QUICK_FAILURE_S of starting."""
     return _trailing(_attempts(record), lambda state, ran_s: state in FAILED_STATES and ran_s < QUICK_FAILURE_S)
+
+
+def resumed_apart(record: jobstore.JobRecord) -> str | None:
+    """After a restarted attempt failed: a hint, when the workers probably did not resume from the same
+    point; else None. The sign: one worker was done (exit 0) while another still failed, or a rank failed
+    because its peer went away (PEER_GONE). In a job whose ranks step together neither happens unless
+    some ranks ran out of work first: on a restart, most often because a checkpoint saved by rank 0 on
+    its own disk resumed worker 0 while the others started over."""
+    if not record.attempt or record.state != jobstore.FAILED:
+        return None
+    done = [worker.index for worker in record.workers if worker.exit_code == 0]
+    if done:
+        sign = f"worker {done[0]} was done while another failed"
+    elif peer_gone := PEER_GONE.search(record.summary or ""):
+        sign = f"a rank lost its peer ({peer_gone[0]})"
+    else:
+        return None
+    return (f"attempt {record.attempt} (a restart) failed as workers do that resumed from different points: {sign}. "
+            f"A checkpoint saved on one worker's disk only (by rank 0, say) resumes that worker where it stopped "
+            f"while the others start over, and the first to finish leaves the others waiting. Save checkpoints "
+            f"where every worker reads them (a shared file system, a bucket), or on every worker "
+            f"(README: Restarts and per-worker disks)")
 
 
 def backoff_s(record: jobstore.JobRecord, first_s: float) -> float:

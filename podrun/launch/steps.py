@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from podrun import exits
-from podrun.output import WorkerOutput
+from podrun.output import Terminal, WorkerOutput, grace_left
 from podrun.plan import WorkerPlan
 from podrun.remote import framing
 from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source, remote_source
@@ -39,6 +39,7 @@ class StepResult:
     tail: list[str] = field(default_factory=list)
     detached: bool = False  # the step runs on in the background (exec --detach)
     rank: int | None = None  # under torchrun: the rank that failed first, whose exit code `code` is (agent.py)
+    killed: bool = False  # a stop's SIGKILL ended it, after the grace period (agent.py)
 
     @property
     def failed(self) -> bool:
@@ -154,7 +155,8 @@ class WorkerStep:
         if any(event.get("event") == "detached" for event in self.events):
             return StepResult(index, 0, detached=True)
         if exited:
-            return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail(), rank=exited.get("rank"))
+            return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail(), rank=exited.get("rank"),
+                              killed=bool(exited.get("killed")))
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
         detail = (errors or self.diagnostics or [f"the agent ended with code {agent_code} and no report"])[-1]
         return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
@@ -194,6 +196,21 @@ async def heartbeats(worker_steps: list[WorkerStep]) -> None:
         await asyncio.sleep(HEARTBEAT_S)
         for worker_step in worker_steps:
             worker_step.heartbeat()
+
+
+async def count_down(terminal: Terminal, grace_s: float, again: asyncio.Event | None = None) -> None:
+    """A stop's countdown on a live terminal, once a second, until cancelled (which takes it away); it
+    starts over when `again` is set."""
+    ends_at = time.monotonic() + grace_s
+    try:
+        while True:
+            if again and again.is_set():
+                again.clear()
+                ends_at = time.monotonic() + grace_s
+            terminal.show_status(grace_left(ends_at))
+            await asyncio.sleep(1)
+    finally:
+        terminal.show_status(None)
 
 
 async def stop_all(worker_steps: list[WorkerStep]) -> None:

@@ -33,13 +33,15 @@ Protocol
           long: each agent first saves its job's stacks as run.stacks (stacks.py).
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
-          "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is)},
+          "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is), "killed": true
+          when a stop's SIGKILL ended it after the grace period},
           {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
   agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
-  ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one, and
-  stalled: how long this worker had been silent when a stall stopped it), run.stacks (on a stall).
+  ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
+  stalled: how long this worker had been silent when a stall stopped it, and killed: whether SIGKILL
+  ended it after the grace period), run.stacks (on a stall).
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
@@ -98,7 +100,7 @@ def main():
         os.close(report)
         control = None
     code, signal_name = step.supervise(control, watch)
-    emit(event="exited", code=code, signal=signal_name, rank=step.rank)
+    emit(event="exited", code=code, signal=signal_name, rank=step.rank, killed=step.killed)
     if watch is not None:
         watch.step_ended(code)
         watch.serve(step)
@@ -179,10 +181,12 @@ def emit(**event):
 
 
 def to_json(flat):
-    """A flat dict of str, int, float and None as JSON."""
+    """A flat dict of str, int, float, bool and None as JSON."""
     def value(item):
         if item is None:
             return "null"
+        if isinstance(item, bool):
+            return "true" if item else "false"
         if isinstance(item, str):
             return '"%s"' % item.translate(JSON_ESCAPES)
         if isinstance(item, float):
@@ -260,6 +264,7 @@ class Step:
         self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
         self.stalled = None  # seconds this worker had been silent when the job stalled (a watched job)
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
+        self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
 
     def start(self):
@@ -348,6 +353,8 @@ class Step:
                 watch.check_stall()
             if self.status is None:
                 self.status = _exited(self.pid)
+                # it ended only once the grace period was over and SIGKILL sent: not a failure of its own
+                self.killed = self.status is not None and self.status[0] != 0 and ending.phase == Ending.KILLED
             # once the step exits, whatever it left behind goes too
             if self.stop_reason or self.status is not None:
                 if ending.advance() == Ending.ABANDONED:
@@ -364,7 +371,8 @@ class Step:
         cause_worker, cause_code = self.cause or (None, None)
         self._write_file(self.config["step"] + ".exit", to_json({
             "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
-            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled}))
+            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
+            "killed": self.killed}))
         return code, signal_name
 
     def stop_for_failure(self, worker, code):
