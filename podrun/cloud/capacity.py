@@ -78,8 +78,15 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
         except WaitTimedOut:
             waited = f"{request.name} was not READY within {waiting.elapsed():.0f}s ({WAIT_TIMEOUT[0]})"
             say(f"{waited}: deleting what podrun asked for, so that nothing is left queued or billing")
-            release(api, request.name)
-            raise PodrunError(f"{waited}; podrun deleted {'the request' if request.through_queue else 'it'}") from None
+            what = "the request" if request.through_queue else "it"
+            try:
+                release(api, request.name)
+            except WaitTimedOut:  # the deletion outlasts the wait too: the timeout is still the news
+                where = api.location
+                raise PodrunError(f"{waited}; podrun asked Google to delete {what}, which goes on there: `podrun "
+                                  f"describe {request.name} --zone {where.zone} --project {where.project}` shows it "
+                                  f"until it is gone") from None
+            raise PodrunError(f"{waited}; podrun deleted {what}") from None
     nodes = [api.get(name) for name in request.node_names]
     say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
     return nodes
@@ -149,7 +156,7 @@ def _until_gone(api: TpuApi, name: str, queued: bool, waiting: Waiting) -> None:
     interval = POLL_FIRST_S
     while (api.get_queued(name) is not None) if queued else api.state(name) != "gone":
         if waiting.elapsed() > api.wait_timeout_s:
-            raise PodrunError(f"{name} is still being deleted after {api.wait_timeout_s:g}s; it goes on at Google")
+            raise WaitTimedOut(f"{name} is still being deleted after {api.wait_timeout_s:g}s; it goes on at Google")
         waiting.show("DELETING", waiting.elapsed())
         time.sleep(interval)
         interval = min(interval * POLL_GROWTH, POLL_MAX_S)
