@@ -202,7 +202,8 @@ def test_dry_run_refuses_a_tpu_of_another_type_as_exec_does(home, tpu_api, lab, 
     spec = tpu_spec(job_file, "name: life, accelerator_type: v4-16")
     executed, dry = podrun("exec", spec), podrun("exec", spec, "--dry-run")
     expected = (f"podrun: error: {spec}: target.tpu.accelerator_type: life exists as a v4-8, but the spec declares "
-                f"a v4-16; delete it (`podrun delete life`) or give the spec another target.tpu.name")
+                f"a v4-16; delete it (`podrun delete life --zone us-central2-b --project podrun-test`) or give the spec "
+                f"another target.tpu.name")
     assert one_error_line(executed, 2) == expected
     assert one_error_line(dry, 2) == expected
     assert dry.stdout == ""

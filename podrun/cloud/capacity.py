@@ -82,10 +82,8 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
             try:
                 release(api, request.name)
             except WaitTimedOut:  # the deletion outlasts the wait too: the timeout is still the news
-                where = api.location
                 raise PodrunError(f"{waited}; podrun asked Google to delete {what}, which goes on there: `podrun "
-                                  f"describe {request.name} --zone {where.zone} --project {where.project}` shows it "
-                                  f"until it is gone") from None
+                                  f"describe {request.name} {api.location.flags}` shows it until it is gone") from None
             raise PodrunError(f"{waited}; podrun deleted {what}") from None
     nodes = [api.get(name) for name in request.node_names]
     say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
@@ -144,9 +142,8 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
             else:
                 _until_gone(api, name, queued is not None, waiting)
     except KeyboardInterrupt:
-        where = api.location
         say(f"interrupted: podrun stopped waiting, but the deletion of {name} goes on at Google: `podrun describe "
-            f"{name} --zone {where.zone} --project {where.project}` shows its state until it is gone")
+            f"{name} {api.location.flags}` shows its state until it is gone")
         raise
     return True
 
@@ -213,7 +210,7 @@ def blocked(api: TpuApi, names: list[str], label: str | None = None) -> str | No
     queued = api.get_queued(label)
     if queued is not None and queued.state == "FAILED":
         return (f"queued resource {label} FAILED ({queued.error or 'no reason given'}) and holds the name; "
-                f"`podrun delete {label}` clears it (or `podrun create ... --replace`)")
+                f"`podrun delete {label} {api.location.flags}` clears it (or `podrun create ... --replace`)")
     for name in names:
         node = api.find(name)
         request = node.queued_resource if node and node.queued_resource else label if len(names) == 1 else None
@@ -221,7 +218,7 @@ def blocked(api: TpuApi, names: list[str], label: str | None = None) -> str | No
         if dead := _dead(node, node_queued):
             clear = request if node_queued else name
             return (f"TPU VM {name} was preempted ({dead}) and keeps its name and quota until deleted; "
-                    f"`podrun delete {clear}` clears it (or `podrun create ... --replace`)")
+                    f"`podrun delete {clear} {api.location.flags}` clears it (or `podrun create ... --replace`)")
     return None
 
 

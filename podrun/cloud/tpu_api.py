@@ -260,10 +260,9 @@ class TpuApi:
         while not self._done(pending):
             elapsed = time.monotonic() - started
             if elapsed >= self.wait_timeout_s:
-                where = self.location
                 raise WaitTimedOut(
                     f"{pending.doing}: still not done after {self.wait_timeout_s:g}s; it goes on at Google: "
-                    f"`podrun describe {pending.node} --zone {where.zone} --project {where.project}` shows its "
+                    f"`podrun describe {pending.node} {self.location.flags}` shows its "
                     f"state (PODRUN_WAIT_TIMEOUT sets how many seconds podrun waits)")
             on_poll(elapsed)
             time.sleep(OPERATION_POLL_S)
@@ -386,10 +385,9 @@ class TpuApi:
         where = f"{project}/{zone}"
         if error.code == 409:
             return (f"a {kind} named {name} already exists in {where}; pick another --name, "
-                    f"or delete it with `podrun delete {name} --zone {zone} --project {project}`")
+                    f"or delete it with `podrun delete {name} {self.location.flags}`")
         if error.code == 404:
-            return (f"no {kind} named {name} in {where}; `podrun list --zone {zone} --project {project}` shows "
-                    f"the ones there")
+            return f"no {kind} named {name} in {where}; `podrun list {self.location.flags}` shows the ones there"
         if error.code == 429 and "quota" in message.lower():
             return (f"quota exceeded in {where} ({message}); ask for more quota in the console's "
                     f"IAM & Admin > Quotas, or use a smaller slice")

@@ -47,7 +47,7 @@ def create(positional: str | None, name: str | None, zone: str | None, project: 
         return exits.INTERRUPTED
     if not nodes:
         what = f"the queued request for {name} was accepted" if request.through_queue else f"creation of {name} started"
-        say(f"{what}; `podrun describe {name} --zone {api.location.zone}` shows when it is READY")
+        say(f"{what}; `podrun describe {name} {api.location.flags}` shows when it is READY")
         return 0
     print(_slices_text(nodes))
     return 0

@@ -176,7 +176,8 @@ class Lifecycle:
             say(f"deleting the preempted TPU VM {tpu.label}; the next `podrun exec` creates it again")
             self.target.release()
         elif preempted and tpu:
-            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: `podrun delete {tpu.label}`")
+            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: "
+                f"`{self.target.release_command()}`")
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:

@@ -138,14 +138,15 @@ class TpuVm(Target):
         tpu = self.tpu
         if not existing:
             raise PodrunError(f"multislice {tpu.label}: its queued resource exists but has made no slice yet; "
-                              f"`podrun describe {tpu.label}` shows its state")
+                              f"`podrun describe {tpu.label} {self.api.location.flags}` shows its state")
         if all(node.accelerator_type == tpu.accelerator_type for node in existing) and len(existing) == len(self.node_names):
             return
         shape = f"{len(self.node_names)} x {tpu.accelerator_type}" if self.multislice else tpu.accelerator_type
         found = f"{len(existing)} x {existing[0].accelerator_type}" if self.multislice else existing[0].accelerator_type
         raise SpecError(self.spec.path, "target.tpu.accelerator_type",
                         f"{tpu.label} exists as a {found}, but the spec declares a {shape}; delete it "
-                        f"(`podrun delete {tpu.label}`) or give the spec another target.tpu.name")
+                        f"(`podrun delete {tpu.label} {self.api.location.flags}`) or give the spec another "
+                        f"target.tpu.name")
 
     def departure(self, watch: bool = False) -> str | None:
         from podrun.cloud import capacity
@@ -165,8 +166,7 @@ class TpuVm(Target):
             capacity.release(self.api, name)
 
     def release_command(self) -> str:
-        where = self.api.location
-        return " && ".join(f"podrun delete {name} --zone {where.zone} --project {where.project} --yes"
+        return " && ".join(f"podrun delete {name} {self.api.location.flags} --yes"
                            for name in self._deleted_names())
 
     def _deleted_names(self) -> list[str]:
@@ -290,7 +290,7 @@ def _say_if_internal_only(nodes: list[TpuNode], label: str) -> None:
     what = f"TPU VM {lacking[0].name} has" if len(lacking) == 1 else f"TPU VMs {', '.join(n.name for n in lacking)} have"
     say(f"{what} no external IPs: connecting to internal IPs {shown}, which only a machine in its VPC network "
         f"reaches; from there, set target.tpu.internal_ip: true, else make it again with external IPs "
-        f"(`podrun delete {label}`, then create it without --internal-ips)")
+        f"(`podrun delete {label} {lacking[0].location.flags}`, then create it without --internal-ips)")
 
 
 def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]:
@@ -300,7 +300,7 @@ def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]
 
     node = api.get(name)
     if node.state != "READY":
-        where = f"--zone {node.location.zone} --project {node.location.project}"
+        where = node.location.flags
         advice = (f"a preempted Spot VM must be deleted and created again (`podrun delete {name} {where}`)"
                   if node.state in PREEMPTED_NODE_STATES else
                   f"`podrun describe {name} {where}` shows its state; run again once it is READY")
