@@ -85,8 +85,7 @@ class TpuVm(Target):
 
     def workers(self, dry_run: bool) -> list[Worker]:
         if dry_run and self.tpu.accelerator_type:
-            existing = [node for node in map(self.api.find, self.node_names) if node is not None]
-            if not existing and not (self.multislice and self.api.get_queued(self.tpu.label)):
+            if (existing := self._existing()) is None:
                 return self._workers_to_be()
             self._refuse_another_shape(existing)  # as exec would
         self.nodes, workers = tpu_workers(self.spec, self.api, authorize=not dry_run, just_created=self.just_created)
@@ -126,8 +125,7 @@ class TpuVm(Target):
             return
         if problem := capacity.blocked(self.api, self.node_names, tpu.label):
             raise PodrunError(problem)
-        existing = [node for node in map(self.api.find, self.node_names) if node is not None]
-        if not existing and not (self.multislice and self.api.get_queued(tpu.label)):
+        if (existing := self._existing()) is None:
             self._create()
             return
         self._refuse_another_shape(existing)
@@ -173,8 +171,10 @@ class TpuVm(Target):
         """What release() deletes: the TPU VM or the multislice's queued resource; with names:, each slice by itself."""
         return [self.tpu.label] if self.tpu.name else self.node_names
 
-    def _missing(self) -> bool:
-        return all(self.api.state(name) == "gone" for name in self.node_names)
+    def _existing(self) -> list[TpuNode] | None:
+        """The spec's nodes that exist; None while nothing holds its name (no node, no multislice request)."""
+        existing = [node for node in map(self.api.find, self.node_names) if node is not None]
+        return None if not existing and not (self.multislice and self.api.get_queued(self.tpu.label)) else existing
 
     def _create(self) -> None:
         """Create the TPU with the user's key in its metadata, as `gcloud ... create --metadata
