@@ -91,10 +91,15 @@ def _disk(args: argparse.Namespace) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
+    from podrun.cloud.gcloud_flags import refusal
     from podrun.commands.tpu import create
+    from podrun.errors import UsageError
 
+    if args.gcloud_only:
+        raise UsageError(refusal(args.gcloud_only[0]))
     return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait,
-                  args.queued, args.reservation, args.valid_for, args.replace, args.slices, args.internal_ips)
+                  args.queued, args.reservation, args.valid_for, args.replace, args.slices, args.internal_ips,
+                  args.accelerator_flag)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -122,10 +127,17 @@ def _count(text: str) -> int:
 
 
 def _create_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("accelerator_type", metavar="ACCEL_TYPE",
-                     help="generation and size: v2-8..v2-512, v3-8..v3-2048, v4-8..v4-8192, v5p-8..v5p-17920 "
-                          "(TensorCores, a multiple of 8); v5litepod-N (v5e), v6e-N (chips: 1, 4, 8, or a multiple "
-                          "of 8 up to 256)")
+    from podrun.cloud import gcloud_flags
+
+    sub.usage = ("%(prog)s ACCEL_TYPE [--name N] [options]\n"
+                 "       %(prog)s NAME --accelerator-type ACCEL_TYPE [options]   (gcloud's order)")
+    sub.add_argument("accelerator_type", nargs="?", metavar="ACCEL_TYPE",
+                     help="generation and size: v2-8, -32, -128, -256, -512; v3-8, -32, -64 ... -2048; v4 and v5p "
+                          "TensorCores: 8, 16, 32, 64, then whole cubes of 128 (v4-128 ... v4-8192, v5p-128 ... "
+                          "v5p-12288); v5litepod-N (v5e) and v6e-N count chips: 1, 4, 8, 16, 32, 64, 128, 256")
+    sub.add_argument("--accelerator-type", dest="accelerator_flag", metavar="ACCEL_TYPE",
+                     help="as ACCEL_TYPE, gcloud's spelling; with it, a positional argument is the TPU's name, as in "
+                          "gcloud")
     sub.add_argument("--name", metavar="N", help="default: USER-ACCEL_TYPE")
     sub.add_argument("--version", metavar="RUNTIME", help="runtime version; default: the generation's usual one")
     sub.add_argument("--queued", action="store_true",
@@ -145,6 +157,10 @@ def _create_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
                      help="wait until the TPU VM is READY (default), or return once Google accepted the request; "
                           "Ctrl-C while waiting deletes what was asked for")
+    sub.add_argument("--async", dest="wait", action="store_false", help="as --no-wait (gcloud's spelling)")
+    sub.add_argument("--quiet", "-q", action="store_true",
+                     help="accepted as gcloud takes it (no prompts): podrun create asks nothing anyway")
+    gcloud_flags.add_to(sub)  # gcloud's other flags: refused in one line naming podrun's equivalent
 
 
 def _delete_arguments(sub: argparse.ArgumentParser) -> None:

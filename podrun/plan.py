@@ -60,6 +60,7 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             **target.worker_env(worker, workers),
             **user_env,
         }
+        _megascale_ports_agree(env, user_env)
         run = spec.run
         container = f"podrun-{job_id}-w{worker.index}" if spec.docker else None
         if spec.torchrun:
@@ -103,6 +104,19 @@ def render(plans: list[WorkerPlan], title: str | None = None) -> str:
         lines.append(worker_plan.run)
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def _megascale_ports_agree(env: dict[str, str], user_env: Mapping[str, str]) -> None:
+    """On a multislice, MEGASCALE_COORDINATOR_ADDRESS (host:port) and MEGASCALE_PORT name one port, as
+    the queued-resource service writes them: where the user set one of the two, the other follows it."""
+    address, port = env.get("MEGASCALE_COORDINATOR_ADDRESS"), env.get("MEGASCALE_PORT")
+    if address is None or port is None:
+        return
+    host, colon, address_port = address.rpartition(":")
+    if "MEGASCALE_PORT" in user_env and "MEGASCALE_COORDINATOR_ADDRESS" not in user_env and colon:
+        env["MEGASCALE_COORDINATOR_ADDRESS"] = f"{host}:{port}"
+    elif "MEGASCALE_COORDINATOR_ADDRESS" in user_env and "MEGASCALE_PORT" not in user_env and address_port.isdigit():
+        env["MEGASCALE_PORT"] = address_port
 
 
 def _secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> dict[str, str]:

@@ -350,7 +350,8 @@ def test_create_no_wait_returns_at_once_and_exec_refuses_a_node_that_is_not_read
     tpu_api.operation_delay_s = 60
     result = podrun("create", "v4-8", "--name", "slow", "--no-wait")
     assert result.returncode == 0, result.stderr
-    assert "creation of slow started; `podrun describe slow --zone us-central2-b` shows when it is READY" in result.stderr
+    assert ("creation of slow started; `podrun describe slow --zone us-central2-b --project podrun-test` shows when "
+            "it is READY") in result.stderr
     assert "state        CREATING" in podrun("describe", "slow").stdout
     refused = podrun("exec", tpu_spec(job_file, "slow", "true"))
     assert refused.returncode == 1

@@ -116,7 +116,8 @@ def test_a_preempted_spot_tpu_is_named_by_create_and_replaced_with_replace(home,
     assert again.returncode == 1
     assert stderr_lines_without_traceback(again.stderr) == [
         "podrun: error: TPU VM qr was preempted (node PREEMPTED, queued resource SUSPENDED) and keeps its name and "
-        "quota until deleted; `podrun delete qr` clears it (or `podrun create ... --replace`)"]
+        "quota until deleted; `podrun delete qr --zone us-central2-b --project podrun-test` clears it (or "
+        "`podrun create ... --replace`)"]
     replaced = podrun("create", "v4-8", "--name", "qr", "--queued", "--spot", "--replace")
     assert replaced.returncode == 0, replaced.stderr
     assert "state        READY" in replaced.stdout

@@ -94,7 +94,8 @@ def test_a_node_without_external_ips_is_named_in_one_line_before_podrun_connects
     assert lines[named[0]] == (
         f"podrun: TPU VM inside has no external IPs: connecting to internal IPs {lab.hosts[0].ip}, {lab.hosts[1].ip}, "
         f"which only a machine in its VPC network reaches; from there, set target.tpu.internal_ip: true, else make "
-        f"it again with external IPs (`podrun delete inside`, then create it without --internal-ips)")
+        f"it again with external IPs (`podrun delete inside --zone us-central2-b --project podrun-test`, then "
+        f"create it without --internal-ips)")
     assert len(named) == 1 and named[0] < next(i for i, line in enumerate(lines) if "──" in line)
 
     from_inside = podrun("exec", spec_on(job_file, "name: inside, internal_ip: true", "echo inside"))

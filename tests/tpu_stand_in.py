@@ -5,7 +5,8 @@ projects.locations.nodes) and as the real clients on these machines were seen to
 `/v2/projects/P/locations/Z/nodes[/ID]`, camelCase fields, enums as strings (the Python client sends
 integers, both are accepted), `"apiVersion": "V2"`, long-running operations
 named `projects/P/locations/Z/operations/ID` that finish after `operation_delay_s`, and errors as
-google.rpc.Status bodies. A bearer token is required, as Google requires one.
+google.rpc.Status bodies. A bearer token is required, as Google requires one; with `accepted_tokens`
+set, any other is answered 401 UNAUTHENTICATED, as Google answers an expired one.
 
 Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `networkEndpoints`
 (internal `ipAddress`; `accessConfig.externalIp` only when its `networkConfig.enableExternalIps` is
@@ -76,6 +77,10 @@ ACCELERATOR_HOSTS = {
 # the zone's runtimeVersions
 RUNTIME_VERSIONS = {"tpu-ubuntu2204-base", "tpu-vm-tf-2.16.1-pod-pjrt", "v2-alpha-tpuv5", "v2-alpha-tpuv5-lite",
                     "v2-alpha-tpuv6e"}
+# Google's answer to an access token that expired or was never valid
+INVALID_CREDENTIALS = ("Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or "
+                       "other valid authentication credential. See "
+                       "https://developers.google.com/identity/sign-in/web/devconsole-project.")
 # google.rpc.Code numbers and the HTTP status each maps to
 CODES = {"INVALID_ARGUMENT": (3, 400), "NOT_FOUND": (5, 404), "ALREADY_EXISTS": (6, 409),
          "FAILED_PRECONDITION": (9, 400),
@@ -164,6 +169,7 @@ class TpuStandIn:
         self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
         self.bodies: list[tuple[str, str, dict, dict]] = []  # (method, path, query, JSON body) as received
+        self.accepted_tokens: set[str] | None = None  # None: any bearer token; else others get 401, as an expired one does
         self.publishes_host_keys = True  # False: guest agents that published nothing (yet)
         self.stall_s = 0.0  # seconds each request waits before it is answered; math.inf: never
         self.preemption_lag_s = 1.0  # from a preemption (its hosts gone) to the API showing it
@@ -238,8 +244,11 @@ class TpuStandIn:
                 if stand_in.stall():
                     return
                 try:
-                    if not self.headers.get("Authorization", "").startswith("Bearer "):
+                    authorization = self.headers.get("Authorization", "")
+                    if not authorization.startswith("Bearer "):
                         raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential.")
+                    if stand_in.accepted_tokens is not None and authorization[7:] not in stand_in.accepted_tokens:
+                        raise ApiError("UNAUTHENTICATED", INVALID_CREDENTIALS)
                     status, answer = 200, stand_in.handle(method, url.path, parse_qs(url.query), body)
                 except ApiError as error:
                     code, status = CODES[error.status]

@@ -7,6 +7,13 @@ pages https://cloud.google.com/tpu/docs/v4, /v5p, /v5e, /v6e):
 - v5litepod (v5e) and v6e names count chips: up to 8 chips is one host, larger slices have 4 chips
   per host (v6e-16 -> 4 hosts).
 
+The sizes each generation comes in (https://cloud.google.com/tpu/docs/types-topologies and the
+per-version pages): v2 8, 32, 128, 256, 512; v3 8, 32, 64 ... 2048; v5litepod and v6e 1, 4, 8, 16,
+32, 64, 128, 256 chips (1x1 ... 16x16). v4 and v5p slices are 3-D shapes AxBxC of chips: below a
+cube 2x2x1, 2x2x2, 2x2x4, 2x4x4 (v4-8, -16, -32, -64), else every side a multiple of 4, so whole
+4x4x4 cubes (128 TensorCores each) up to the largest slice: a v4 pod's 4096 chips (v4-8192), v5p's
+16x16x24 (6144 chips, v5p-12288). v5litepod-24 or v4-40 are no slice of any shape.
+
 Names are taken in any case (`V4-8` is v4-8). Other spellings are refused with the name the API
 takes: Google's docs call v5litepod "v5e", but the API, the console, quotas and `podrun list` say
 v5litepod, so a spec or a script that says v5e would not match what every other place shows.
@@ -17,21 +24,22 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
-from functools import cache
 
 from podrun.errors import UsageError
 
-# generation -> (what the number counts, largest slice, default runtime version)
+SUB_CUBE_CORES = (8, 16, 32, 64)  # v4 and v5p slices smaller than a cube: 2x2x1, 2x2x2, 2x2x4, 2x4x4 chips
+CUBE_CORES = 128  # a 4x4x4 cube of chips; larger v4 and v5p slices are made of whole cubes
+CHIP_COUNTS = (1, 4, 8, 16, 32, 64, 128, 256)  # v5e and v6e: 1x1, 2x2, 2x4, 4x4 ... 16x16
+# generation -> (what the number counts, the sizes it comes in, default runtime version)
 GENERATIONS = {
-    "v2": ("cores", 512, "tpu-ubuntu2204-base"),
-    "v3": ("cores", 2048, "tpu-ubuntu2204-base"),
-    "v4": ("cores", 8192, "tpu-ubuntu2204-base"),
-    "v5p": ("cores", 17920, "v2-alpha-tpuv5"),
-    "v5litepod": ("chips", 256, "v2-alpha-tpuv5-lite"),
-    "v6e": ("chips", 256, "v2-alpha-tpuv6e"),
+    "v2": ("cores", (8, 32, 128, 256, 512), "tpu-ubuntu2204-base"),
+    "v3": ("cores", (8, 32, 64, 128, 256, 512, 1024, 2048), "tpu-ubuntu2204-base"),
+    "v4": ("cores", SUB_CUBE_CORES + tuple(CUBE_CORES * cubes for cubes in range(1, 64 + 1)), "tpu-ubuntu2204-base"),
+    "v5p": ("cores", SUB_CUBE_CORES + tuple(CUBE_CORES * cubes for cubes in range(1, 96 + 1)), "v2-alpha-tpuv5"),
+    "v5litepod": ("chips", CHIP_COUNTS, "v2-alpha-tpuv5-lite"),
+    "v6e": ("chips", CHIP_COUNTS, "v2-alpha-tpuv6e"),
 }
 MAX_SLICES = 256  # slices in one multislice job (target.tpu.slices, create --slices)
-SINGLE_HOST_CHIP_COUNTS = (1, 4, 8)  # v5e and v6e slices that fit on one host
 TYPE_PATTERN = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
 # what people also write: a generation by another name, another separator, a `tpu` prefix, no size
 LOOSE_PATTERN = re.compile(r"^(?:tpu[-_ ]?)?(v\d+[a-z]*|trillium)[-_ ]*(\d*)$")
@@ -61,12 +69,9 @@ def parse(name: str) -> AcceleratorType:
     return AcceleratorType(match[0], generation, chips, hosts, runtime)
 
 
-@cache
 def valid_sizes(generation: str) -> list[int]:
     """The sizes a generation's slices come in, ascending."""
-    counts, largest, _ = GENERATIONS[generation]
-    multiples_of_8 = range(8, largest + 1, 8)
-    return list(multiples_of_8) if counts == "cores" else sorted({*SINGLE_HOST_CHIP_COUNTS, *multiples_of_8})
+    return list(GENERATIONS[generation][1])
 
 
 def suggestions(name: str) -> list[str]:

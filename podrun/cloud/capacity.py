@@ -79,8 +79,13 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
         except WaitTimedOut:
             waited = f"{request.name} was not READY within {waiting.elapsed():.0f}s ({WAIT_TIMEOUT[0]})"
             say(f"{waited}: deleting what podrun asked for, so that nothing is left queued or billing")
-            release(api, request.name)
-            raise PodrunError(f"{waited}; podrun deleted {'the request' if request.through_queue else 'it'}") from None
+            what = "the request" if request.through_queue else "it"
+            try:
+                release(api, request.name)
+            except WaitTimedOut:  # the deletion outlasts the wait too: the timeout is still the news
+                raise PodrunError(f"{waited}; podrun asked Google to delete {what}, which goes on there: `podrun "
+                                  f"describe {request.name} {api.location.flags}` shows it until it is gone") from None
+            raise PodrunError(f"{waited}; podrun deleted {what}") from None
     nodes = [api.get(name) for name in request.node_names]
     say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
     return nodes
@@ -138,9 +143,8 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
             else:
                 _until_gone(api, name, queued is not None, waiting)
     except KeyboardInterrupt:
-        where = api.location
         say(f"interrupted: podrun stopped waiting, but the deletion of {name} goes on at Google: `podrun describe "
-            f"{name} --zone {where.zone} --project {where.project}` shows its state until it is gone")
+            f"{name} {api.location.flags}` shows its state until it is gone")
         raise
     return True
 
@@ -150,7 +154,7 @@ def _until_gone(api: TpuApi, name: str, queued: bool, waiting: Waiting) -> None:
     interval = POLL_FIRST_S
     while (api.get_queued(name) is not None) if queued else api.state(name) != "gone":
         if waiting.elapsed() > api.wait_timeout_s:
-            raise PodrunError(f"{name} is still being deleted after {api.wait_timeout_s:g}s; it goes on at Google")
+            raise WaitTimedOut(f"{name} is still being deleted after {api.wait_timeout_s:g}s; it goes on at Google")
         waiting.show("DELETING", waiting.elapsed())
         time.sleep(interval)
         interval = min(interval * POLL_GROWTH, POLL_MAX_S)
@@ -207,7 +211,7 @@ def blocked(api: TpuApi, names: list[str], label: str | None = None) -> str | No
     queued = api.get_queued(label)
     if queued is not None and queued.state == "FAILED":
         return (f"queued resource {label} FAILED ({queued.error or 'no reason given'}) and holds the name; "
-                f"`podrun delete {label}` clears it (or `podrun create ... --replace`)")
+                f"`podrun delete {label} {api.location.flags}` clears it (or `podrun create ... --replace`)")
     for name in names:
         node = api.find(name)
         request = node.queued_resource if node and node.queued_resource else label if len(names) == 1 else None
@@ -215,7 +219,7 @@ def blocked(api: TpuApi, names: list[str], label: str | None = None) -> str | No
         if dead := _dead(node, node_queued):
             clear = request if node_queued else name
             return (f"TPU VM {name} was preempted ({dead}) and keeps its name and quota until deleted; "
-                    f"`podrun delete {clear}` clears it (or `podrun create ... --replace`)")
+                    f"`podrun delete {clear} {api.location.flags}` clears it (or `podrun create ... --replace`)")
     return None
 
 

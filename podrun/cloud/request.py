@@ -61,6 +61,12 @@ def multislice_node_names(name: str, slices: int) -> list[str]:
 
 
 def duration_text(seconds: float) -> str:
-    hours, rest = divmod(int(seconds), 3600)
-    minutes = rest // 60
-    return f"{hours}h{minutes:02d}m" if hours and minutes else f"{hours}h" if hours else f"{minutes or 1}m"
+    """`6h`, `1h30m`, `45m`, `1m30s`, `10s`: as exact as the duration asked for."""
+    hours, rest = divmod(round(seconds), 3600)
+    parts = [(hours, "h"), *zip(divmod(rest, 60), "ms")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    while len(parts) > 1 and parts[-1][0] == 0:
+        parts.pop()
+    (first, unit), *rest_parts = parts
+    return f"{first}{unit}" + "".join(f"{value:02d}{unit}" for value, unit in rest_parts)

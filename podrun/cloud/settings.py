@@ -37,6 +37,11 @@ class Location:
     def parent(self) -> str:
         return f"projects/{self.project}/locations/{self.zone}"
 
+    @property
+    def flags(self) -> str:
+        """`--zone Z --project P`: a command advised for this place reaches it, whatever gcloud's defaults."""
+        return f"--zone {self.zone} --project {self.project}"
+
 
 def location(project: str | None, zone: str | None) -> Location:
     """The project and zone to use, given what the flags (or the spec) said."""

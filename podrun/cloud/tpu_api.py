@@ -126,7 +126,8 @@ class TpuApi:
         self.endpoint = (gcloud_property(TPU_ENDPOINT) or "").rstrip("/").removesuffix("/v2") or None
         self.timeout_s = seconds(API_TIMEOUT)
         self.wait_timeout_s = seconds(WAIT_TIMEOUT)
-        self.credentials = _credentials()
+        self.token_file = gcloud_property(ACCESS_TOKEN_FILE)  # None: Application Default Credentials
+        self.credentials = _credentials(self.token_file)
         self.client = None  # Google's generated client, made on first use
 
     def get(self, name: str) -> TpuNode:
@@ -259,10 +260,9 @@ class TpuApi:
         while not self._done(pending):
             elapsed = time.monotonic() - started
             if elapsed >= self.wait_timeout_s:
-                where = self.location
                 raise WaitTimedOut(
                     f"{pending.doing}: still not done after {self.wait_timeout_s:g}s; it goes on at Google: "
-                    f"`podrun describe {pending.node} --zone {where.zone} --project {where.project}` shows its "
+                    f"`podrun describe {pending.node} {self.location.flags}` shows its "
                     f"state (PODRUN_WAIT_TIMEOUT sets how many seconds podrun waits)")
             on_poll(elapsed)
             time.sleep(OPERATION_POLL_S)
@@ -355,6 +355,9 @@ class TpuApi:
         except ApiCallError as error:
             raise PodrunError(f"{doing}: {self._advice(error, name, kind)}") from None
         except RefreshError as error:
+            # a bare access token cannot be refreshed: google.auth tries when Google answers 401
+            if self.token_file:
+                raise PodrunError(f"{doing}: {self._token_rejected()}") from None
             raise PodrunError(f"{doing}: cannot refresh the Google credentials ({error}); run "
                               f"`gcloud auth application-default login`") from None
         except TransportError as error:  # refreshing the credentials, before the API is asked anything
@@ -369,6 +372,12 @@ class TpuApi:
                               f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
                               f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
 
+    def _token_rejected(self) -> str:
+        return (f"Google rejected the access token in {self.token_file} (CLOUDSDK_AUTH_ACCESS_TOKEN_FILE): it has "
+                f"expired or is not valid; put a new one there, e.g. `gcloud auth print-access-token > "
+                f"{self.token_file}`, or unset CLOUDSDK_AUTH_ACCESS_TOKEN_FILE to use Application Default "
+                f"Credentials")
+
     def _advice(self, error: ApiCallError, name: str | None, kind: str) -> str:
         """What went wrong and what to do, by the HTTP status Google answered with."""
         message = HTTP_PREFIX.sub("", error.message)
@@ -376,19 +385,23 @@ class TpuApi:
         where = f"{project}/{zone}"
         if error.code == 409:
             return (f"a {kind} named {name} already exists in {where}; pick another --name, "
-                    f"or delete it with `podrun delete {name} --zone {zone}`")
+                    f"or delete it with `podrun delete {name} {self.location.flags}`")
         if error.code == 404:
-            return f"no {kind} named {name} in {where}; `podrun list --zone {zone}` shows the ones there"
+            return f"no {kind} named {name} in {where}; `podrun list {self.location.flags}` shows the ones there"
         if error.code == 429 and "quota" in message.lower():
             return (f"quota exceeded in {where} ({message}); ask for more quota in the console's "
                     f"IAM & Admin > Quotas, or use a smaller slice")
         if error.code == 429:
-            return f"no capacity in {zone} right now ({message}); try another zone, --spot, or again later"
+            return (f"no capacity in {zone} right now ({message}); ask through a queued request, which waits "
+                    f"for capacity (`podrun create ... --queued`, or target.tpu.queued: true in a spec), or try "
+                    f"another zone, --spot, or again later")
         if error.code == 403 and API_DISABLED.search(message):
             return (f"the Cloud TPU API is not enabled in project {project}; run "
                     f"`gcloud services enable tpu.googleapis.com --project {project}`")
         if error.code == 403:
             return f"permission denied in {where} ({message}); your account needs a role such as roles/tpu.admin"
+        if error.code == 401 and self.token_file:
+            return self._token_rejected()
         if error.code == 401:
             return f"Google rejected the credentials ({message}); run `gcloud auth application-default login`"
         if error.code == 400:
@@ -447,8 +460,7 @@ def _error_of(response: urllib3.BaseHTTPResponse) -> ApiCallError:
     return ApiCallError(response.status, message)
 
 
-def _credentials():
-    token_file = gcloud_property(ACCESS_TOKEN_FILE)
+def _credentials(token_file: str | None):
     if token_file:
         try:
             return Credentials(Path(os.path.expanduser(token_file)).read_text().strip())

@@ -19,10 +19,13 @@ from podrun.output import print_table, say
 if TYPE_CHECKING:
     from podrun.cloud.tpu_api import QueuedResource, TpuApi
 
-def create(accelerator_type: str, name: str | None, zone: str | None, project: str | None,
+def create(positional: str | None, name: str | None, zone: str | None, project: str | None,
            version: str | None, spot: bool, wait: bool, queued: bool = False, reservation: str | None = None,
-           valid_for: str | None = None, replace: bool = False, slices: int = 1, internal_ips: bool = False) -> int:
-    accelerator = accelerators.parse(accelerator_type)  # before any API call
+           valid_for: str | None = None, replace: bool = False, slices: int = 1, internal_ips: bool = False,
+           accelerator_flag: str | None = None) -> int:
+    """`positional`: the accelerator type (podrun's order), or with `accelerator_flag` the name (gcloud's)."""
+    accelerator_type, name = _type_and_name(positional, accelerator_flag, name)
+    accelerator = _accelerator(accelerator_type, gcloud_order=accelerator_flag is not None)  # before any API call
     name = name or default_node_name(accelerator.name)
     if not NODE_NAME.match(name):
         raise UsageError(f"--name {name!r}: expected {NODE_NAME_RULE}")
@@ -44,10 +47,37 @@ def create(accelerator_type: str, name: str | None, zone: str | None, project: s
         return exits.INTERRUPTED
     if not nodes:
         what = f"the queued request for {name} was accepted" if request.through_queue else f"creation of {name} started"
-        say(f"{what}; `podrun describe {name} --zone {api.location.zone}` shows when it is READY")
+        say(f"{what}; `podrun describe {name} {api.location.flags}` shows when it is READY")
         return 0
     print(_slices_text(nodes))
     return 0
+
+
+def _type_and_name(positional: str | None, accelerator_flag: str | None, name: str | None) -> tuple[str, str | None]:
+    """The accelerator type and the name, from podrun's order (`ACCEL_TYPE [--name N]`) or gcloud's
+    (`NAME --accelerator-type ACCEL_TYPE`)."""
+    if accelerator_flag is None:
+        if positional is None:
+            raise UsageError("no accelerator type: `podrun create ACCEL_TYPE [--name N]` (e.g. v4-8), or in gcloud's "
+                             "order `podrun create NAME --accelerator-type ACCEL_TYPE`")
+        return positional, name
+    if positional is not None and name is not None and positional != name:
+        raise UsageError(f"two names, {positional!r} and --name {name!r}: with --accelerator-type, the positional "
+                         f"argument is the TPU's name, as in gcloud; give one of them")
+    return accelerator_flag, positional or name
+
+
+def _accelerator(accelerator_type: str, gcloud_order: bool) -> accelerators.AcceleratorType:
+    """The type parsed; a positional that is no type at all but could be a name gets gcloud's order named."""
+    try:
+        return accelerators.parse(accelerator_type)
+    except UsageError:
+        if gcloud_order or accelerators.suggestions(accelerator_type) or not NODE_NAME.match(accelerator_type):
+            raise
+        raise UsageError(f"unknown accelerator type {accelerator_type!r}: podrun create takes the type first "
+                         f"(`podrun create v4-8 --name {accelerator_type}`); to name the TPU first, as gcloud does, "
+                         f"give the type with --accelerator-type (`podrun create {accelerator_type} "
+                         f"--accelerator-type v4-8`)") from None
 
 
 def _valid_for_s(valid_for: str | None) -> float | None:
@@ -78,8 +108,7 @@ def list_nodes(zone: str | None, project: str | None) -> int:
             if node.queued_resource not in multislices]
     for name, queued in multislices.items():
         slices = [node for node in nodes if node.queued_resource == name]
-        states = ", ".join(sorted({node.state for node in slices})) if slices else f"{queued.state} (queued)"
-        rows.append((name, states, f"{len(queued.node_names)} x {queued.accelerator_type}",
+        rows.append((name, _multislice_state(queued, slices), f"{len(queued.node_names)} x {queued.accelerator_type}",
                      str(sum(len(node.workers) for node in slices)) if slices else "-", queued.runtime_version,
                      _how_made(queued.spot, queued)))
     made = {name for node in nodes for name in [node.queued_resource] if name}
@@ -89,6 +118,19 @@ def list_nodes(zone: str | None, project: str | None) -> int:
     say(f"TPU VMs and queued resources {where_text}:")
     print_table([("NAME", "STATE", "ACCELERATOR", "WORKERS", "RUNTIME", "CAPACITY"), *sorted(rows)])
     return 0
+
+
+def _multislice_state(queued: QueuedResource, slices: list) -> str:
+    """`READY`, or what keeps the set from serving: slices gone (`READY, 1 of 2 slices gone`), its
+    queued resource not ACTIVE (`..., queued resource SUSPENDED`), or only the request (`WAITING_FOR_RESOURCES (queued)`)."""
+    if not slices:
+        return f"{queued.state} (queued)"
+    parts = [", ".join(sorted({node.state for node in slices}))]
+    if gone := len(queued.node_names) - len(slices):
+        parts.append(f"{gone} of {len(queued.node_names)} slices gone")
+    if queued.state != "ACTIVE":
+        parts.append(f"queued resource {queued.state}")
+    return ", ".join(parts)
 
 
 def _how_made(spot: bool, queued: QueuedResource | None) -> str:

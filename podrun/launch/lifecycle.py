@@ -87,7 +87,7 @@ class Lifecycle:
             raise
         finally:
             if not (self.detach and record and record.state == jobstore.RUNNING):
-                self._release_if_asked(record)
+                self._release_after(sys.exc_info()[1], record)
 
     def _new_record(self, job_id: str, stop_grace_s: float) -> jobstore.JobRecord:
         spec, workers = self.spec, self.workers
@@ -154,6 +154,18 @@ class Lifecycle:
         record.workers = self._worker_records()
         record.save()
 
+    def _release_after(self, failure: BaseException | None, record: jobstore.JobRecord | None) -> None:
+        """_release_if_asked, after the run ended, or failed with `failure`: when the deletion fails too,
+        the failure is said first (a creation that timed out, not only the deletion that then did too)."""
+        try:
+            self._release_if_asked(record)
+        except PodrunError as error:
+            if not isinstance(failure, PodrunError):
+                raise
+            both = PodrunError(f"{failure}; then, deleting the TPU (delete_after): {error}")
+            both.exit_code = failure.exit_code
+            raise both from None
+
     def _release_if_asked(self, record: jobstore.JobRecord | None) -> None:
         """Delete the TPU when delete_after says so; a preempted one too when podrun can create it again
         (it is of no use, and holds its name and quota until deleted), else say how."""
@@ -166,7 +178,8 @@ class Lifecycle:
             say(f"deleting the preempted TPU VM {tpu.label}; the next `podrun exec` creates it again")
             self.target.release()
         elif preempted and tpu:
-            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: `podrun delete {tpu.label}`")
+            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: "
+                f"`{self.target.release_command()}`")
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from podrun.cloud import accelerators
 from podrun.cloud.settings import location
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
@@ -84,8 +84,10 @@ class TpuVm(Target):
         return len(self.node_names) > 1
 
     def workers(self, dry_run: bool) -> list[Worker]:
-        if dry_run and self.tpu.accelerator_type and self._missing():
-            return self._workers_to_be()
+        if dry_run and self.tpu.accelerator_type:
+            if (existing := self._existing()) is None:
+                return self._workers_to_be()
+            self._refuse_another_shape(existing)  # as exec would
         self.nodes, workers = tpu_workers(self.spec, self.api, authorize=not dry_run, just_created=self.just_created)
         return workers
 
@@ -123,15 +125,26 @@ class TpuVm(Target):
             return
         if problem := capacity.blocked(self.api, self.node_names, tpu.label):
             raise PodrunError(problem)
-        existing = [node for node in map(self.api.find, self.node_names) if node is not None]
-        if not existing and not (self.multislice and self.api.get_queued(tpu.label)):
+        if (existing := self._existing()) is None:
             self._create()
+            return
+        self._refuse_another_shape(existing)
+
+    def _refuse_another_shape(self, existing: list[TpuNode]) -> None:
+        """Refuse a TPU of the spec's name that exists (`existing`: its nodes found) as another type or
+        with fewer slices than the spec declares: a spec error (exit 2), for exec and --dry-run alike."""
+        tpu = self.tpu
+        if not existing:
+            raise PodrunError(f"multislice {tpu.label}: its queued resource exists but has made no slice yet; "
+                              f"`podrun describe {tpu.label} {self.api.location.flags}` shows its state")
+        if all(node.accelerator_type == tpu.accelerator_type for node in existing) and len(existing) == len(self.node_names):
             return
         shape = f"{len(self.node_names)} x {tpu.accelerator_type}" if self.multislice else tpu.accelerator_type
         found = f"{len(existing)} x {existing[0].accelerator_type}" if self.multislice else existing[0].accelerator_type
-        if any(node.accelerator_type != tpu.accelerator_type for node in existing) or len(existing) < len(self.node_names):
-            raise PodrunError(f"{tpu.label} exists as a {found}, but the spec declares a {shape}; delete it "
-                              f"(`podrun delete {tpu.label}`) or give the spec another target.tpu.name")
+        raise SpecError(self.spec.path, "target.tpu.accelerator_type",
+                        f"{tpu.label} exists as a {found}, but the spec declares a {shape}; delete it "
+                        f"(`podrun delete {tpu.label} {self.api.location.flags}`) or give the spec another "
+                        f"target.tpu.name")
 
     def departure(self, watch: bool = False) -> str | None:
         from podrun.cloud import capacity
@@ -151,16 +164,17 @@ class TpuVm(Target):
             capacity.release(self.api, name)
 
     def release_command(self) -> str:
-        where = self.api.location
-        return " && ".join(f"podrun delete {name} --zone {where.zone} --project {where.project} --yes"
+        return " && ".join(f"podrun delete {name} {self.api.location.flags} --yes"
                            for name in self._deleted_names())
 
     def _deleted_names(self) -> list[str]:
         """What release() deletes: the TPU VM or the multislice's queued resource; with names:, each slice by itself."""
         return [self.tpu.label] if self.tpu.name else self.node_names
 
-    def _missing(self) -> bool:
-        return all(self.api.state(name) == "gone" for name in self.node_names)
+    def _existing(self) -> list[TpuNode] | None:
+        """The spec's nodes that exist; None while nothing holds its name (no node, no multislice request)."""
+        existing = [node for node in map(self.api.find, self.node_names) if node is not None]
+        return None if not existing and not (self.multislice and self.api.get_queued(self.tpu.label)) else existing
 
     def _create(self) -> None:
         """Create the TPU with the user's key in its metadata, as `gcloud ... create --metadata
@@ -238,6 +252,9 @@ def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool 
         host_keys = [future.result() if future else [] for future in published]
     if not tpu.internal_ip:
         _say_if_internal_only([node for node, _ in reached], tpu.label)
+    if fresh := [node.name for node, just_added in reached if just_added or just_created]:
+        say(f"your SSH key is new in the metadata of TPU VM {', '.join(fresh)}: its workers' guest agents install it "
+            f"within seconds; until then a refused login is retried, for up to {KEY_PROPAGATION_S}s")
     user, key_path = _user_and_key(spec)
     workers: list[Worker] = []
     for slice_id, ((node, just_added), node_keys) in enumerate(zip(reached, host_keys)):
@@ -273,16 +290,21 @@ def _say_if_internal_only(nodes: list[TpuNode], label: str) -> None:
     what = f"TPU VM {lacking[0].name} has" if len(lacking) == 1 else f"TPU VMs {', '.join(n.name for n in lacking)} have"
     say(f"{what} no external IPs: connecting to internal IPs {shown}, which only a machine in its VPC network "
         f"reaches; from there, set target.tpu.internal_ip: true, else make it again with external IPs "
-        f"(`podrun delete {label}`, then create it without --internal-ips)")
+        f"(`podrun delete {label} {lacking[0].location.flags}`, then create it without --internal-ips)")
 
 
 def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]:
     """The READY node with all its workers; with `key_line`, that key added to its metadata. Whether
     it was added just now."""
+    from podrun.cloud.capacity import PREEMPTED_NODE_STATES
+
     node = api.get(name)
     if node.state != "READY":
-        raise PodrunError(f"TPU VM {name} is {node.state}, not READY; `podrun describe {name}` shows "
-                          f"its state (a preempted Spot VM must be deleted and created again)")
+        where = node.location.flags
+        advice = (f"a preempted Spot VM must be deleted and created again (`podrun delete {name} {where}`)"
+                  if node.state in PREEMPTED_NODE_STATES else
+                  f"`podrun describe {name} {where}` shows its state; run again once it is READY")
+        raise PodrunError(f"TPU VM {name} is {node.state}, not READY; {advice}")
     expected = accelerators.parse(node.accelerator_type).hosts
     if len(node.workers) < expected:
         raise PodrunError(f"TPU VM {name} ({node.accelerator_type}) reports {len(node.workers)} of its "
