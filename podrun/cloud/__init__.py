@@ -1,3 +1,4 @@
 """The Cloud TPU side: gcloud's settings (settings.py), the v2 API (tpu_api.py, the only module
 that imports Google's client), the accelerator types (accelerators.py), what podrun asks Google for
-(request.py) and the capacity got and given back (capacity.py)."""
+(request.py), the capacity got and given back (capacity.py), and gcloud's create flags that podrun
+names its own way (gcloud_flags.py)."""
