@@ -62,7 +62,7 @@ def test_create_takes_gclouds_order_name_then_accelerator_type_and_its_same_mean
     assert "creation of later started; `podrun describe later" in started.stderr
     assert "waiting for" not in started.stderr
 
-    assert podrun("create", "v4-8", "--name", "podrun-order").returncode == 0  # the GUIDE's form holds
+    assert podrun("create", "v4-8", "--name", "podrun-order").returncode == 0  # the README's form holds
 
 
 def test_a_name_where_podrun_takes_the_type_first_names_both_orders_in_one_line(home, tpu_api):
