@@ -237,6 +237,9 @@ class Launch:
         self.target.check_probes(list(zip(workers, reports)), self.kill_stale)
         self.plans = preflight.with_interfaces_set(self.plans, reports)
         if self.tree is not None:
+            for worker, report in zip(workers, reports):
+                if report.get("changed_count"):
+                    say(changed_code_line(worker.index, report["changed"].split("\n"), report["changed_count"]))
             await self._ship(self.tree, [worker for worker, report in zip(workers, reports) if not report["code"]])
             if self.interrupted.is_set():
                 return None
@@ -395,3 +398,11 @@ def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:
         message = f"worker {worker.index} ({worker.address}): {type(error).__name__}: {error}"
     more = f" (and {len(failed) - 1} more worker(s) failed the same step)" if len(failed) > 1 else ""
     raise PodrunError(message + more)
+
+
+def changed_code_line(index: int, named: list[str], count: int) -> str:
+    """A worker's copy of the code that a job wrote into (remote/checkout.verify removed it)."""
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    return (f"worker {index}: {counted(count, 'code file')} changed since it was shipped ({', '.join(named)}{more}): "
+            f"a job wrote into {'it' if count == 1 else 'them'} through the run directory; shipping the code again "
+            f"to restore {'it' if count == 1 else 'them'}")
