@@ -51,6 +51,14 @@ def test_a_snapshot_saved_by_the_job_over_the_codes_is_restored_on_ssh_hosts(hom
         name_dir = lab.hosts[index].home / "podrun" / spec.stem
         assert len([path for path in name_dir.iterdir() if path.is_dir()]) == 2  # run/ and one version, shipped again
     assert "code unchanged" not in second
+    # from now on snapshot.pt is copied into run/: the job's save changes its copy, not podrun's
+    third = run_ok(spec)
+    assert "code unchanged on every worker" in third
+    for index in (0, 1):
+        assert f"[w{index}] snapshot sha256 {shipped}" in third and f"[w{index}] resuming from epoch 3" in third
+        name_dir = lab.hosts[index].home / "podrun" / spec.stem
+        (version,) = [path for path in name_dir.iterdir() if path.is_dir() and path.name != "run"]
+        assert hashlib.sha256((version / "snapshot.pt").read_bytes()).hexdigest() == shipped
 
 
 def test_a_same_size_write_with_its_mtime_put_back_is_found(home, job_file):
@@ -66,6 +74,8 @@ def test_a_same_size_write_with_its_mtime_put_back_is_found(home, job_file):
     second = run_ok(spec)
     assert "podrun: worker 0: 1 code file changed since it was shipped (data.txt)" in second
     assert "[w0] A" in second
+    third = run_ok(spec)  # data.txt is a copy in run/ now: the job's write stays out of podrun's copy
+    assert "code unchanged on every worker" in third and "[w0] A" in third
 
 
 def test_unchanged_code_is_still_called_unchanged(home, job_file):

@@ -403,6 +403,7 @@ def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:
 def changed_code_line(index: int, named: list[str], count: int) -> str:
     """A worker's copy of the code that a job wrote into (remote/checkout.verify removed it)."""
     more = f" and {count - len(named)} more" if count > len(named) else ""
+    them, copies = ("it", "a copy of it") if count == 1 else ("them", "copies of them")
     return (f"worker {index}: {counted(count, 'code file')} changed since it was shipped ({', '.join(named)}{more}): "
-            f"a job wrote into {'it' if count == 1 else 'them'} through the run directory; shipping the code again "
-            f"to restore {'it' if count == 1 else 'them'}")
+            f"a job wrote into {them} through the run directory; shipping the code again to restore {them} "
+            f"(from now on the run directory gets {copies}, not links)")
