@@ -7,9 +7,12 @@ next exec said "code unchanged on every worker" and resumed from the wrong epoch
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from podrun.remote import checkout, code_record
 
 from conftest import podrun
 
@@ -94,3 +97,21 @@ def test_a_code_file_the_job_replaced_is_put_back_on_the_next_run_of_the_same_co
     assert "[w0] A" in run_ok(spec)
     second = run_ok(spec)
     assert "code unchanged on every worker" in second and "[w0] A" in second
+
+
+def test_a_same_size_write_right_after_a_checkout_is_found(tmp_path):
+    """No tick of the file system's clock between the checkout recording a file and a job writing
+    into it: the stamp still tells them apart (code_record.settle waits past the links' tick)."""
+    name_dir = tmp_path / "podrun" / "job"
+    version = name_dir / ("a" * 16)
+    version.mkdir(parents=True)
+    (version / "data.txt").write_text("A\n")
+    code_record.create(str(version), str(version) + code_record.SUFFIX)
+    os.close(checkout.check_out(str(version), str(name_dir / "run"), "job-1"))
+    placed = name_dir / "run" / "data.txt"
+    info = placed.stat()
+    with open(placed, "r+") as handle:  # as root: the read-only mode does not stop it
+        handle.write("B")
+    os.utime(placed, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert checkout.verify(str(version)) == (False, ["data.txt"])
+    assert not version.exists()
