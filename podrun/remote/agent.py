@@ -121,7 +121,11 @@ def prepare(config, control, step):
     if probe is not None:
         holders = tpu_holders(probe) if probe.get("accelerator_files") else []
         network = interfaces.check(probe["route_to"], config["env"]) if probe.get("route_to") else {}
-        present, changed = checkout.verify(probe["code_dir"]) if probe["code_dir"] else (False, [])
+        try:
+            present, changed = checkout.verify(probe["code_dir"]) if probe["code_dir"] else (False, [])
+        except checkout.CheckoutError as error:
+            emit(event="error", message=str(error))
+            os._exit(1)
         emit(event="probe", code=int(present), changed="\n".join(changed[:CHANGED_NAMED]), changed_count=len(changed),
              holders="\n".join("%d\t%s\t%s" % holder for holder in holders), **network)
     hub_address = ""

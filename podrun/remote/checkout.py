@@ -74,8 +74,11 @@ def check_out(version_dir, run_dir, job_id):
         with _exclusive(run_dir):
             return _take(version_dir, run_dir, job_id)
     except OSError as error:
-        raise CheckoutError("cannot check out %s into %s: %s%s" % (
-            version_dir, run_dir, error.strerror or error, " (%s)" % error.filename if error.filename else "")) from None
+        raise CheckoutError("cannot check out %s into %s: %s" % (version_dir, run_dir, _reason(error))) from None
+
+
+def _reason(error):
+    return "%s%s" % (error.strerror or error, " (%s)" % error.filename if error.filename else "")
 
 
 def _take(version_dir, run_dir, job_id):
@@ -100,9 +103,17 @@ def verify(version_dir):
     """Before a job's first step (its agent's probe): whether this worker has the version as shipped.
     Returns (present, changed): a version with files whose content changed since it was shipped (a
     job wrote into one through the run directory) is removed, so that the launcher ships it again, and
-    `changed` names those files. A version without its record (shipped by an older podrun) is removed too."""
+    `changed` names those files. A version without its record (shipped by an older podrun) is removed too.
+    Raises CheckoutError."""
     if not os.path.isdir(version_dir):
         return False, []
+    try:
+        return _verify(version_dir)
+    except OSError as error:
+        raise CheckoutError("cannot check the code in %s: %s" % (version_dir, _reason(error))) from None
+
+
+def _verify(version_dir):
     run_dir = os.path.join(os.path.dirname(version_dir), RUN)
     os.makedirs(run_dir, exist_ok=True)
     with _exclusive(run_dir):  # no checkout links from it meanwhile

@@ -103,12 +103,15 @@ def trusted(entry, info, stamp):
 
 def intact_signature(path, entry):
     """The file's signature if its content is the recorded one (and did not move while it was read), else None."""
-    before = os.lstat(path)
-    if (before.st_mode ^ entry[5]) & 0o111 and entry[5]:  # executable or not is part of the code
+    try:
+        before = os.lstat(path)
+        if (before.st_mode ^ entry[5]) & 0o111 and entry[5]:  # executable or not is part of the code
+            return None
+        if sha256_of(path) != entry[0]:
+            return None
+        after = signature(os.lstat(path))
+    except OSError:  # gone, or made unreadable: not the code either
         return None
-    if sha256_of(path) != entry[0]:
-        return None
-    after = signature(os.lstat(path))
     return after if after == signature(before) else None
 
 
