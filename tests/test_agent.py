@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+from podrun.remote import code_record
 from podrun.transport.base import agent_command, agent_source
 
 STEP_LIMIT_S = 20
@@ -81,10 +82,12 @@ def test_the_compiled_agent_is_cached_per_source_and_a_broken_cache_entry_is_not
 
 def test_a_probing_agent_reports_the_code_dir_and_starts_only_on_go(tmp_path):
     (tmp_path / "code").mkdir()
+    code_record.create(str(tmp_path / "code"), str(tmp_path / "code.files"))  # as the relay unpacks it
     output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"go\n", probe={"code_dir": "code"})
-    assert events[0] == {"event": "probe", "code": 1, "holders": ""}
+    assert events[0] == {"event": "probe", "code": 1, "changed": "", "changed_count": 0, "holders": ""}
     assert (output, events[-1]["event"], code) == (b"ran\n", "exited", 0)
 
     output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"stop\n", probe={"code_dir": "absent"})
-    assert events == [{"event": "probe", "code": 0, "holders": ""}]  # told to stop before go: nothing ran
+    # told to stop before go: nothing ran
+    assert events == [{"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""}]
     assert (output, code) == (b"", 0)

@@ -264,6 +264,9 @@ class Launch:
         self.target.check_probes(list(zip(workers, reports)), self.kill_stale)
         self.plans = preflight.with_interfaces_set(self.plans, reports)
         if self.tree is not None:
+            for worker, report in zip(workers, reports):
+                if report.get("changed_count"):
+                    say(changed_code_line(worker.index, report["changed"].split("\n"), report["changed_count"]))
             await self._ship(self.tree, [worker for worker, report in zip(workers, reports) if not report["code"]])
             if self.interrupted.is_set():
                 return None
@@ -441,3 +444,12 @@ def _screen_rows() -> int:
     except (OSError, ValueError):
         rows = DEFAULT_SCREEN_ROWS
     return max(rows - 2, MIN_ERROR_ROWS)  # the shell's prompt, and the line before the error, stay on screen
+
+
+def changed_code_line(index: int, named: list[str], count: int) -> str:
+    """A worker's copy of the code that a job wrote into (remote/checkout.verify removed it)."""
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    them, copies = ("it", "a copy of it") if count == 1 else ("them", "copies of them")
+    return (f"worker {index}: {counted(count, 'code file')} changed since it was shipped ({', '.join(named)}{more}): "
+            f"a job wrote into {them} through the run directory; shipping the code again to restore {them} "
+            f"(from now on the run directory gets {copies}, not links)")

@@ -11,6 +11,7 @@ imported (each runs its main() only as __main__).
   detached_stopper.py      stop a detached job's step (launch/detached.py)
   checkout.py              the run directory: check a code version out there, prune old versions (agent.py);
                            as a script, the disk podrun uses for a name (commands/disk.py)
+  code_record.py           what each file of a code version held, so a job's write into it is found (checkout.py)
   rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
   interfaces.py            the rendezvous doctor: a hostname that resolves to loopback (agent.py's probe)

@@ -19,7 +19,9 @@ Protocol
           link that died silently), means the launcher is gone: the job stops too.
   probe   {code_dir, and on a TPU VM accelerator_files (glob patterns, colon-separated), kill_stale,
           stale_grace, and on several hosts route_to (MASTER_ADDR)}: before starting anything the
-          agent reports {"event": "probe", "code": 1 if code_dir exists else 0, "holders": "pid TAB
+          agent reports {"event": "probe", "code": 1 if code_dir is here as shipped else 0
+          (checkout.verify), "changed" (newline-separated) and "changed_count": the first few and the count
+          of the files a job changed in this worker's copy (removed: it is shipped again), "holders": "pid TAB
           file TAB command" lines of the processes that hold the TPU (killed first with kill_stale),
           and with route_to hostname, resolves_to, interface, interface_set (interfaces.py: the
           variables it set in the step's env)}, then waits for the line "go" (the launcher
@@ -69,6 +71,7 @@ except ImportError:  # not CPython
     import signal
 
 SPAWN_FAILED = 127
+CHANGED_NAMED = 3  # of the code files a job changed, those the probe names
 LOST = 255  # the code of a worker whose agent is gone (as podrun.exits.LOST)
 # signal numbers by name, without the aliases Linux also defines for SIGCHLD, SIGABRT and SIGIO
 SIGNAL_NAMES = {getattr(signal, name): name for name in dir(signal)
@@ -120,7 +123,12 @@ def prepare(config, control, step):
     if probe is not None:
         holders = tpu_holders(probe) if probe.get("accelerator_files") else []
         network = interfaces.check(probe["route_to"], config["env"]) if probe.get("route_to") else {}
-        emit(event="probe", code=int(os.path.isdir(probe["code_dir"])),
+        try:
+            present, changed = checkout.verify(probe["code_dir"]) if probe["code_dir"] else (False, [])
+        except checkout.CheckoutError as error:
+            emit(event="error", message=str(error))
+            os._exit(1)
+        emit(event="probe", code=int(present), changed="\n".join(changed[:CHANGED_NAMED]), changed_count=len(changed),
              holders="\n".join("%d\t%s\t%s" % holder for holder in holders), **network)
     hub_address = ""
     if probe is not None or watch_config:

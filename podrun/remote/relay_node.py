@@ -7,11 +7,12 @@ workers' own network, so the launcher's uplink carries the code once.
 
 A shipment is a stream of frames (framing.py). The payloads of the frames before the end, unpacked, are one
 tar archive, packed while it is sent; the end frame's payload is its sha256 (hex), which must match
-before the tree is renamed into place.
+before the tree is renamed into place, after its record (code_record.py: each file's sha256).
 
 stdin   two messages (framing.py):
-          1. {code_dir, token, listen}: with listen, open a TCP port for the parent and
-             answer "port N" on stdout (0 without listen);
+          1. {code_dir, token, listen, record}: with listen, open a TCP port for the parent and
+             answer "port N" on stdout (0 without listen); with record (code), write its record
+             (code_record.py);
           2. {children: [[ip, port], ...]}: where to forward.
         Then a root's frames. For the others, end of stdin before the parent connected means the
         parent will not: give up.
@@ -38,10 +39,10 @@ import threading
 import time
 import zlib
 
-try:
-    framing = sys.modules["podrun_remote_framing"]  # on a worker: sent ahead of this file (transport/base.py)
+try:  # on a worker: sent ahead of this file (transport/base.py)
+    framing, code_record = sys.modules["podrun_remote_framing"], sys.modules["podrun_remote_code_record"]
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import framing
+    from podrun.remote import code_record, framing
 
 STALL_TIMEOUT_S = 30  # no byte moving on a relay connection, or into tar, for this long: the peer is gone
 # the launcher feeds the roots of a round in step and gives up on a stalled one after 60 s
@@ -77,6 +78,10 @@ def receive_and_forward():
     os.makedirs(tmp)
     try:
         receive(source, children, tmp)
+        # the record first: a version in place is never without one (it holds no inode yet, so that
+        # of two receivers of the same tree, either's record fits the tree that stays)
+        if config["record"]:
+            code_record.create(tmp, config["code_dir"] + code_record.SUFFIX)
         try:
             os.rename(tmp, config["code_dir"])
         except OSError:  # another job put the same tree (same hash, same content) in place first

@@ -44,6 +44,11 @@ class Shipment:
     frames: Callable[[], AsyncGenerator[bytes, None]]  # a fresh stream of frames (see relay_node.py) per call
     what: str = "code"  # in messages: the workdir's "code", or the "files" `podrun cp` uploads
 
+    @property
+    def recorded(self) -> bool:
+        """Code gets its record as it is unpacked (remote/code_record.py); what `podrun cp` uploads does not."""
+        return self.what == "code"
+
 
 async def deliver(shipment: Shipment, workers: list[Worker]) -> int:
     """Put the shipment in place on every worker, or raise PodrunError naming one it cannot reach.
@@ -89,7 +94,7 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int,
             receivers[j].end_input()
 
     try:
-        await asyncio.gather(*(receiver.start(shipment.code_dir, token, listen=parent is not None)
+        await asyncio.gather(*(receiver.start(shipment, token, listen=parent is not None)
                                for receiver, parent in zip(receivers, parents)))
         await asyncio.gather(*(receiver.tell_children([receivers[j].address for j in children[i]])
                                for i, receiver in enumerate(receivers)))
@@ -167,8 +172,8 @@ class Receiver:
     def address(self) -> tuple[str, int]:
         return self.worker.internal_ip, self.port or 0
 
-    async def start(self, code_dir: str, token: str, listen: bool) -> None:
-        config = {"code_dir": code_dir, "token": token, "listen": listen}
+    async def start(self, shipment: Shipment, token: str, listen: bool) -> None:
+        config = {"code_dir": shipment.code_dir, "token": token, "listen": listen, "record": shipment.recorded}
         try:
             self.channel = await self.worker.transport.start(script_command(self.worker.transport.python,
                                                                             "relay_node"))

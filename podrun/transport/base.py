@@ -67,7 +67,7 @@ class Transport(ABC):
 
     async def start_python(self, name: str, *args: str) -> Channel:
         """Run the small worker-side script podrun/remote/`name`.py with the worker's Python."""
-        script = remote_source(name).decode()
+        script = (UNCACHED_COMPILE if name in SCRIPT_MODULES else "") + script_source(name).decode()
         return await self.start(" ".join([shlex.quote(self.python), "-I", "-S", "-c", shlex.quote(script),
                                           *map(shlex.quote, args)]))
 
@@ -117,7 +117,10 @@ exec(c('{name}',b),{{'__name__':'__main__','_podrun_compiled':c}})"""
 # them ahead of the script, each as a module of its own, "podrun_remote_<name>" (`type(sys)` is the module
 # type), compiled once per worker and interpreter by BOOTSTRAP's cache (compiling checkout.py afresh would
 # cost every agent 1.3 ms)
-SCRIPT_MODULES = {"agent": ("framing", "checkout", "interfaces", "stacks", "vm_notice"), "relay_node": ("framing",)}
+SCRIPT_MODULES = {"agent": ("framing", "code_record", "checkout", "interfaces", "stacks", "vm_notice"),
+                  "relay_node": ("framing", "code_record"), "checkout": ("code_record",)}
+# what BOOTSTRAP's cache is to a script started with its source on the command line (start_python)
+UNCACHED_COMPILE = "_podrun_compiled = lambda name, source: compile(source, name, 'exec')\n"
 MODULE_LOADER = """import sys
 def _podrun_module(name, cache_name, source):
     module = type(sys)('podrun_remote_' + name)
