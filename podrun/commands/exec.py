@@ -61,7 +61,7 @@ def parse_restarts(spec: JobSpec, restarts: int | None) -> int:
     if restarts is None:
         return spec.restarts.max if spec.restarts else 0
     tpu = spec.target.tpu
-    if restarts and not spec.restarts and not (tpu and tpu.accelerator_type):
+    if restarts and "preemption" in spec.restart_on and not (tpu and tpu.accelerator_type):
         raise UsageError(f"--restarts {restarts}: restarts on preemption need a tpu target with accelerator_type "
                          f"(podrun creates it again); {spec.path} has none. To restart failures, set "
                          f"`restarts: {{on: [failure]}}` in the spec")

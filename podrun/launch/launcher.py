@@ -394,4 +394,7 @@ def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan]) -> None:
     else:
         message = f"worker {worker.index} ({worker.address}): {type(error).__name__}: {error}"
     more = f" (and {len(failed) - 1} more worker(s) failed the same step)" if len(failed) > 1 else ""
-    raise PodrunError(message + more)
+    raised = PodrunError(message + more)
+    if isinstance(error, PodrunError):  # an unusable PODRUN_HOME stays a usage error (exit 2)
+        raised.exit_code = error.exit_code
+    raise raised

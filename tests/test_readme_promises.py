@@ -1,0 +1,52 @@
+"""What the README promises, held to it (issue 26, 3a): restarts on every target, every spec problem
+listed, an unusable PODRUN_HOME as a usage error, ..."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import podrun, stderr_lines_without_traceback
+
+FAILS_ONCE = 'test "$PODRUN_ATTEMPT" = 1 && echo "attempt $PODRUN_ATTEMPT ran" || exit 3'
+
+
+@pytest.mark.parametrize("restarts, args", [("restarts: {max: 2}\n", ()), ("", ("--restarts", "2"))])
+def test_restarts_without_on_restart_a_failed_local_job(home, job_file, monkeypatch, restarts, args):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0")
+    spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: '{FAILS_ONCE}'\n{restarts}")
+    result = podrun("exec", spec, *args)
+    assert result.returncode == 0, result.stderr
+    assert "restart 1 of 2 in 0s: running again on the same workers" in result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[w0] attempt 1 ran", "[w1] attempt 1 ran"]
+
+
+def test_restarts_without_on_are_valid_on_hosts_and_say_what_to_write_on_a_tpu_podrun_cannot_create(job_file):
+    hosts = job_file("target: {hosts: [10.1.0.7, 10.1.0.8]}\nrun: 'true'\nrestarts: {max: 2}\n")
+    assert podrun("validate", hosts).returncode == 0
+    tpu = job_file("target: {tpu: {name: my-pod, zone: us-central2-b, project: p}}\nrun: 'true'\n"
+                   "restarts: {max: 2}\n", name="tpu")
+    refused = podrun("validate", tpu)
+    assert refused.returncode == 2
+    assert stderr_lines_without_traceback(refused.stderr) == [
+        f"podrun: error: {tpu}: restarts.on: on a tpu target, restarts default to preemption restarts, which "
+        f"create the TPU VM again, so they need target.tpu.accelerator_type; `on: [failure]` restarts failures"]
+
+
+def test_a_key_given_twice_is_listed_with_every_other_problem(job_file):
+    spec = job_file("run: echo one\nrun: echo two\ntarget: {local: {workers: 0}}\nwrokdir: .\n")
+    result = podrun("validate", spec)
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: {spec}: run: given twice, on line 1 and line 2; keep one",
+        f"{spec}: target.local.workers: expected a number of workers from 1 to 256, got 0",
+        f"{spec}: wrokdir: unknown field; did you mean 'workdir'?"]
+
+
+def test_a_podrun_home_where_a_worker_cannot_be_made_is_a_usage_error(home, job_file):
+    (home / "local").mkdir(parents=True)
+    (home / "local" / "w0").write_text("a file where local worker 0's directory goes\n")
+    result = podrun("exec", job_file("target: {local: {workers: 1}}\nrun: echo ran\n"))
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        f"podrun: error: PODRUN_HOME={home}: cannot create {home}/local/w0 there (File exists); expected a "
+        f"writable directory (set PODRUN_HOME to one)")
