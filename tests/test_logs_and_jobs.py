@@ -8,6 +8,8 @@ import re
 import signal
 import time
 
+from test_terminal import run_in_terminal
+
 from podrun import jobstore
 
 from conftest import Background, crashed, job_id_in, podrun, processes_of_job, wait_until
@@ -18,6 +20,14 @@ def jobs(*args: str, columns: int | None = None):
     the environment get COLUMNS=80 (set in the C environment of this process, not in os.environ)."""
     environment = {name: value for name, value in os.environ.items() if name != "COLUMNS"}
     return podrun("jobs", *args, env={**environment, **({"COLUMNS": str(columns)} if columns else {})})
+
+
+def jobs_on_a_terminal(columns: int, monkeypatch) -> str:
+    """`podrun jobs` on a real terminal `columns` wide (COLUMNS says the same, as a shell exports it)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, written = run_in_terminal(["jobs"], rows=50, columns=columns)
+    assert code == 0, written
+    return written.decode().replace("\r\n", "\n")
 
 
 def cells(table: str) -> list[list[str]]:
@@ -180,7 +190,7 @@ def recorded_job(name: str, started_at: float, codes: list[int | None], state: s
 LONG_NAME = "resnet50-imagenet-sweep-lr0.1-wd1e-4-bs4096-warmup5-cosine-label-smoothing"
 
 
-def test_jobs_fit_the_terminal_and_summarise_32_workers(home):
+def test_jobs_fit_the_terminal_and_summarise_32_workers(home, monkeypatch):
     now = time.time()
     fail_fast = recorded_job(LONG_NAME, now - 30, [143] * 5 + [3] + [143] * 26, jobstore.FAILED, 3,
                              stopped=tuple(set(range(32)) - {5}))
@@ -197,11 +207,9 @@ def test_jobs_fit_the_terminal_and_summarise_32_workers(home):
     assert [(row[0], row[4]) for row in rows] == list(zip(newest_first, summaries))
     assert max(map(len, piped.stdout.splitlines())) > 120
 
-    narrow = jobs(columns=80)
-    assert narrow.returncode == 0 and narrow.stderr == ""
-    lines = narrow.stdout.splitlines()
-    assert max(map(len, lines)) <= 80, narrow.stdout
-    header, *rows = cells(narrow.stdout)
+    narrow = jobs_on_a_terminal(80, monkeypatch)
+    assert max(map(len, narrow.splitlines())) <= 80, narrow
+    header, *rows = cells(narrow)
     assert header == ["ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION"]
     assert [row[4] for row in rows] == summaries  # whole: only the name and the id give way at 80 columns
     assert [row[1] for row in rows][1:4] == ["train", "train", "flaky"]  # the widest gives way: short names stay

@@ -3,7 +3,14 @@ listed, an unusable PODRUN_HOME as a usage error, ..."""
 
 from __future__ import annotations
 
+import os
+import re
+import time
+
 import pytest
+from test_logs_and_jobs import LONG_NAME, jobs_on_a_terminal, recorded_job
+
+from podrun import jobstore
 
 from conftest import podrun, stderr_lines_without_traceback
 
@@ -50,3 +57,35 @@ def test_a_podrun_home_where_a_worker_cannot_be_made_is_a_usage_error(home, job_
     assert stderr_lines_without_traceback(result.stderr)[-1] == (
         f"podrun: error: PODRUN_HOME={home}: cannot create {home}/local/w0 there (File exists); expected a "
         f"writable directory (set PODRUN_HOME to one)")
+
+
+@pytest.fixture
+def five_jobs(home) -> list[str]:
+    """Jobs of every state and long names, newest first."""
+    now = time.time()
+    return [recorded_job(LONG_NAME, now, [0] * 32),
+            recorded_job("train", now - 5, [143] * 32, jobstore.STOPPED, 143, stopped=tuple(range(32))),
+            recorded_job("train", now - 10, [0] * 30 + [None] * 2, jobstore.RUNNING, None),
+            recorded_job("flaky", now - 15, [1] * 5 + [0] * 27, jobstore.FAILED, 1),
+            recorded_job(LONG_NAME, now - 20, [0] * 5 + [3, 0, 137] + [0] * 24, jobstore.FAILED, 3)]
+
+
+@pytest.mark.parametrize("columns", [40, 50, 60, 68])
+def test_the_jobs_table_fits_a_narrow_terminal_keeping_id_state_and_exit_codes(five_jobs, monkeypatch, columns):
+    lines = jobs_on_a_terminal(columns, monkeypatch).splitlines()
+    assert max(map(len, lines)) <= columns, "\n".join(lines)
+    header = re.split(r" {2,}", lines[0])
+    assert header[0] == "ID" and "STATE" in header and "EXIT CODES" in header, lines[0]
+    rows = [re.split(r" {2,}", line) for line in lines[1:]]
+    assert [row[header.index("STATE")] for row in rows] == ["succeeded", "stopped", "running", "failed", "failed"]
+    for row, job_id in zip(rows, five_jobs):
+        head, _, end = row[0].partition("…")
+        assert job_id.startswith(head) and job_id.endswith(end), row
+
+
+def test_piped_jobs_rows_are_whole_with_columns_exported(five_jobs):
+    piped = podrun("jobs", env={**os.environ, "COLUMNS": "30"})
+    assert piped.returncode == 0, piped.stderr
+    rows = [re.split(r" {2,}", line) for line in piped.stdout.splitlines()[1:]]
+    assert [row[0] for row in rows] == five_jobs
+    assert rows[0][1] == LONG_NAME and rows[-1][4] == "w5=3 w7=137"
