@@ -205,7 +205,8 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
                           "restarts.on says; by default on preemption on a TPU (creating it again), on failure on "
                           "hosts and local workers")
     sub.add_argument("--allow-large-workdir", action="store_true",
-                     help="ship a workdir over 1 GB or 50,000 files (otherwise podrun stops and names what weighs most)")
+                     help="ship a workdir over 1 GiB or 50,000 files without asking (otherwise podrun names what "
+                          "weighs most, and asks on a terminal or stops)")
 
 
 def _ssh_arguments(sub: argparse.ArgumentParser) -> None:

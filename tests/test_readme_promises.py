@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 
 import pytest
 from test_logs_and_jobs import LONG_NAME, jobs_on_a_terminal, recorded_job
+from test_terminal import run_in_terminal
 
 from podrun import jobstore
 
@@ -89,3 +91,52 @@ def test_piped_jobs_rows_are_whole_with_columns_exported(five_jobs):
     rows = [re.split(r" {2,}", line) for line in piped.stdout.splitlines()[1:]]
     assert [row[0] for row in rows] == five_jobs
     assert rows[0][1] == LONG_NAME and rows[-1][4] == "w5=3 w7=137"
+
+
+@pytest.fixture
+def large_spec(job_file):
+    """A spec whose workdir holds 1.2 GiB (sparse files: no disk used)."""
+    spec = job_file("target: {local: {workers: 1}}\nrun: echo ran", files={"train.py": "", ".venv/lib/x.so": "",
+                                                                          "wheels/a.whl": ""})
+    for name, size in ((".venv/lib/x.so", 900 << 20), ("wheels/a.whl", 300 << 20)):
+        os.truncate(spec.parent / "code" / name, size)
+    return spec
+
+
+@pytest.mark.parametrize("answer, code", [pytest.param(b"y", 0, marks=pytest.mark.slow), (b"", 2)])
+def test_a_large_workdir_is_shipped_when_the_person_at_the_terminal_says_yes(home, large_spec, monkeypatch, answer,
+                                                                             code):
+    monkeypatch.setenv("NO_COLOR", "1")
+    exit_code, written = run_in_terminal(["exec", large_spec], rows=24, columns=400, answer=answer)
+    shown = written.decode().replace("\r\n", "\n")
+    assert exit_code == code, shown
+    workdir = large_spec.parent / "code"
+    assert (f"podrun: {large_spec}: workdir: {workdir}: 1.2 GB in 3 files would ship (more than 1 GiB or 50,000 "
+            f"files); the heaviest: .venv/ 900.0 MB in 1 file, wheels/ 300.0 MB in 1 file, train.py 0 bytes in "
+            f"1 file\npodrun: ship it all? (--allow-large-workdir ships it without asking) [y/N] ") in shown
+    if code == 0:
+        assert "[w0] ran\n" in shown
+    else:
+        assert shown.endswith(f"podrun: error: {large_spec}: workdir: {workdir}: not shipped; exclude what the job "
+                              f"does not need in .podrunignore, or point workdir: at the code\n")
+
+
+def test_off_a_terminal_a_large_workdir_stops_and_says_the_limit_is_a_gibibyte(home, large_spec):
+    result = podrun("exec", large_spec, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert "1.2 GB in 3 files would ship (more than 1 GiB or 50,000 files); the heaviest: .venv/" in result.stderr
+    assert result.stderr.endswith("or pass --allow-large-workdir\n") and not home.exists()
+
+
+@pytest.mark.slow
+def test_too_many_files_names_what_holds_the_most_files_not_the_most_bytes(home, job_file):
+    spec = job_file("run: echo ran", files={"data/big.bin": "", "train.py": ""})
+    os.truncate(spec.parent / "code" / "data" / "big.bin", 500 << 20)
+    for folder in ("node_modules", "cache"):
+        (spec.parent / "code" / folder).mkdir()
+    for index in range(50_000):
+        (spec.parent / "code" / ("node_modules" if index % 5 else "cache") / f"{index}.js").touch()
+    result = podrun("exec", spec, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert ("500.0 MB in 50,002 files would ship (more than 1 GiB or 50,000 files); the most files: node_modules/ "
+            "0 bytes in 40,000 files, cache/ 0 bytes in 10,000 files, data/ 500.0 MB in 1 file;") in result.stderr

@@ -305,9 +305,10 @@ FINAL_LINES = sorted(f"[w{index}] {text}" for index in (0, 1)
                      for text in ("training 100.0%|####################| 200/200", "done"))
 
 
-def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120) -> tuple[int, bytes]:
+def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120,
+                    answer: bytes | None = None) -> tuple[int, bytes]:
     """Run podrun with a real pseudo-terminal as its stdin, stdout and stderr; returns its exit code
-    and all it wrote to the terminal."""
+    and all it wrote to the terminal. `answer` is typed, with Enter, when podrun asks `[y/N]`."""
     controller, terminal = os.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     process = subprocess.Popen([sys.executable, "-m", "podrun", *map(str, args)], cwd=REPO,
@@ -321,6 +322,8 @@ def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120) -
                 written += os.read(controller, 65536)
             except OSError:  # EIO: nothing has the terminal open any more
                 break
+            if answer is not None and written.endswith(b"[y/N] "):
+                os.write(controller, answer + b"\n")
         elif process.poll() is not None:
             break
     os.close(controller)

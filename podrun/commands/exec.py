@@ -9,7 +9,7 @@ import sys
 from podrun import jobstore
 from podrun.errors import SpecError, UsageError
 from podrun.launch.lifecycle import Lifecycle
-from podrun.output import say
+from podrun.output import ask, say
 from podrun.plan import render
 from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
@@ -50,8 +50,20 @@ def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: st
 
 
 def _scan(spec: JobSpec, dry_run: bool, allow_large_workdir: bool) -> scan.Tree:
+    def ship_large(too_large: scan.WorkdirTooLarge) -> bool:
+        """--allow-large-workdir, or a yes on a terminal; off one, the stop says what to do."""
+        if allow_large_workdir:
+            return True
+        if not (sys.stdin.isatty() and sys.stderr.isatty()):
+            return False
+        say(f"{spec.path}: workdir: {spec.workdir}: {too_large.found}")
+        if ask("ship it all? (--allow-large-workdir ships it without asking)"):
+            return True
+        raise SpecError(spec.path, "workdir", f"{spec.workdir}: not shipped; exclude what the job does not need in "
+                                              f".podrunignore, or point workdir: at the code")
+
     try:
-        return scan.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
+        return scan.scan(spec.workdir, remember=not dry_run, ship_large=ship_large)
     except scan.WorkdirTooLarge as error:
         raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
 
