@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from test_logs_and_jobs import LONG_NAME, jobs_on_a_terminal, recorded_job
@@ -140,3 +141,32 @@ def test_too_many_files_names_what_holds_the_most_files_not_the_most_bytes(home,
     assert result.returncode == 2
     assert ("500.0 MB in 50,002 files would ship (more than 1 GiB or 50,000 files); the most files: node_modules/ "
             "0 bytes in 40,000 files, cache/ 0 bytes in 10,000 files, data/ 500.0 MB in 1 file;") in result.stderr
+
+
+SHOW_RANK = """\
+import os
+print("rank", os.environ["RANK"], "gloo", os.environ.get("GLOO_SOCKET_IFNAME"), "job dir",
+      os.path.isdir(os.environ["PODRUN_JOB_DIR"]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_dry_run_is_the_script_each_worker_runs(home, lab, hosts_spec):
+    spec = hosts_spec("run: show.py\ntorchrun: {nproc_per_node: 1}\nsetup: echo set up in $PWD",
+                      hosts=(0, 1), files={"show.py": SHOW_RANK})
+    ran = podrun("exec", spec)  # ships the code; the dry run's script then runs where the job ran
+    assert ran.returncode == 0, ran.stderr
+    dry = podrun("exec", spec, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    blocks = dry.stdout.split("\n\n# worker ")[1:]
+    assert len(blocks) == 2
+    scripts = [subprocess.Popen([*lab.ssh_args(index), "sh", "-e"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+    with ThreadPoolExecutor() as both:  # at once: worker 0's rendezvous waits for worker 1
+        outputs = list(both.map(lambda script, block: script.communicate("# worker " + block, timeout=120),
+                                scripts, blocks))
+    for index, (script, (stdout, stderr)) in enumerate(zip(scripts, outputs)):
+        assert script.returncode == 0, stderr
+        assert f"[w{index} r{index}] rank {index} gloo eth0 job dir True" in ran.stdout  # what podrun's run printed
+        assert f"[rank{index}]:rank {index} gloo eth0 job dir True" in stdout.splitlines(), stdout + stderr
+        assert "set up in /root/podrun/job/run" in stdout
