@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from test_adhoc_exec import lab_flags
 from test_logs_and_jobs import LONG_NAME, jobs_on_a_terminal, recorded_job
 from test_terminal import run_in_terminal
 
@@ -170,3 +171,66 @@ def test_the_dry_run_is_the_script_each_worker_runs(home, lab, hosts_spec):
         assert f"[w{index} r{index}] rank {index} gloo eth0 job dir True" in ran.stdout  # what podrun's run printed
         assert f"[rank{index}]:rank {index} gloo eth0 job dir True" in stdout.splitlines(), stdout + stderr
         assert "set up in /root/podrun/job/run" in stdout
+
+
+def test_an_upload_one_local_worker_cannot_take_reaches_no_worker(home, tmp_path):
+    (tmp_path / "model.pt").write_text("weights\n")
+    for index in (0, 2):  # worker 1 has no ~/data: its copy cannot be put in place
+        (home / "local" / f"w{index}" / "data").mkdir(parents=True)
+    result = podrun("cp", "--local", "3", tmp_path / "model.pt", ":data/model.pt")
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr) == [
+        "podrun: error: worker 1 (local/w1): data: no such directory; nothing was copied to any worker"]
+    for index in range(3):
+        worker = home / "local" / f"w{index}"
+        assert os.listdir(worker / "data") == [] if index != 1 else not (worker / "data").exists()
+        assert not list((worker / ".podrun" / "cp").iterdir())  # no staging left anywhere
+
+
+def test_a_download_one_local_worker_cannot_give_writes_nothing(home, tmp_path):
+    for index in (0, 1):  # worker 2 has no saved/
+        (home / "local" / f"w{index}" / "saved").mkdir(parents=True)
+        (home / "local" / f"w{index}" / "saved" / "step.txt").write_text(f"{index}\n")
+    (home / "local" / "w2").mkdir(parents=True)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    result = podrun("cp", "--local", "3", "-r", ":saved", landing / "back")
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr) == [
+        "podrun: error: worker 2 (local/w2): :saved: no such file or directory; nothing was copied from any worker"]
+    assert os.listdir(landing) == []  # no back/, no back/w0, no staging directory
+    (landing / "back").mkdir()
+    (landing / "back" / "w1").write_text("a file where worker 1's folder goes\n")
+    clash = podrun("cp", "--local", "2", "-r", ":saved", landing / "back")
+    assert clash.returncode == 1
+    assert stderr_lines_without_traceback(clash.stderr) == [
+        f"podrun: error: worker 1 (local/w1): {landing}/back/w1: not a directory, cannot be replaced by one; "
+        f"nothing was copied from any worker"]
+    assert os.listdir(landing / "back") == ["w1"]
+
+
+@pytest.mark.slow
+def test_a_copy_to_ssh_hosts_with_one_read_only_destination_copies_nothing_and_says_where(home, lab, tmp_path):
+    (tmp_path / "model.pt").write_text("weights\n")
+    for index in range(3):
+        lab.run(index, "mkdir -p /root/shared")
+    lab.run(1, "mount --bind -o ro /root/shared /root/shared")
+    try:
+        result = podrun("cp", *lab_flags(lab), tmp_path / "model.pt", ":shared/")
+    finally:
+        lab.run(1, "umount /root/shared")
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: worker 1 ({lab.hosts[1].ip}): /root/shared: cannot write there (read-only file system); "
+        f"nothing was copied to any worker"]
+    for index in range(3):
+        assert os.listdir(lab.hosts[index].home / "shared") == []
+        assert os.listdir(lab.hosts[index].home / ".podrun" / "cp") == []
+    (lab.hosts[2].home / "shared" / "only-here").write_text("2\n")
+    down = podrun("cp", *lab_flags(lab), ":shared/only-here", tmp_path / "back")
+    assert down.returncode == 1
+    assert stderr_lines_without_traceback(down.stderr) == [
+        f"podrun: error: worker 0 ({lab.hosts[0].ip}): :shared/only-here: no such file or directory; "
+        f"worker 1 ({lab.hosts[1].ip}): :shared/only-here: no such file or directory; nothing was copied from any "
+        f"worker"]
+    assert sorted(os.listdir(tmp_path)) == ["model.pt", "podrun-home"]  # no back/, no staging directory
