@@ -1,5 +1,7 @@
 """What the README promises, held to it (issue 26, 3a): restarts on every target, every spec problem
-listed, an unusable PODRUN_HOME as a usage error, ..."""
+listed, an unusable PODRUN_HOME as a usage error, a `jobs` table that fits narrow terminals and is
+whole in a pipe, a large workdir asked about on a terminal, a dry run that is the workers' script,
+and `cp` all or nothing across workers."""
 
 from __future__ import annotations
 
@@ -185,6 +187,19 @@ def test_an_upload_one_local_worker_cannot_take_reaches_no_worker(home, tmp_path
         worker = home / "local" / f"w{index}"
         assert os.listdir(worker / "data") == [] if index != 1 else not (worker / "data").exists()
         assert not list((worker / ".podrun" / "cp").iterdir())  # no staging left anywhere
+
+
+def test_an_upload_that_cannot_be_staged_on_one_local_worker_leaves_no_staging_on_the_others(home, tmp_path):
+    (tmp_path / "model.pt").write_text("weights\n")
+    (home / "local" / "w1" / ".podrun").mkdir(parents=True)
+    (home / "local" / "w1" / ".podrun" / "cp").write_text("a file where the staging directories go\n")
+    result = podrun("cp", "--local", "3", tmp_path / "model.pt", ":model.pt")
+    assert result.returncode == 1
+    assert result.stderr.endswith("podrun: error: worker 1 (local/w1): shipping files failed: receiving the code "
+                                  "failed: Not a directory; nothing was copied to any worker\n"), result.stderr
+    for index in (0, 2):
+        assert os.listdir(home / "local" / f"w{index}" / ".podrun" / "cp") == []
+        assert not (home / "local" / f"w{index}" / "model.pt").exists()
 
 
 def test_a_download_one_local_worker_cannot_give_writes_nothing(home, tmp_path):
