@@ -217,10 +217,12 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
                      help="TPU: delete the TPU VM (and its queued resource) when the job ends, also after Ctrl-C "
                           "(the spec's delete_after: always)")
     sub.add_argument("--restarts", type=_count, metavar="N",
-                     help="restart the job at most N times (the spec's restarts.max; by default on preemption, "
-                          "creating the TPU again)")
+                     help="restart the job at most N times (the spec's restarts.max), on what the spec's "
+                          "restarts.on says; by default on preemption on a TPU (creating it again), on failure on "
+                          "hosts and local workers")
     sub.add_argument("--allow-large-workdir", action="store_true",
-                     help="ship a workdir over 1 GB or 50,000 files (otherwise podrun stops and names what weighs most)")
+                     help="ship a workdir over 1 GiB or 50,000 files without asking (otherwise podrun names what "
+                          "weighs most, and asks on a terminal or stops)")
 
 
 def _ssh_arguments(sub: argparse.ArgumentParser) -> None:

@@ -110,6 +110,12 @@ def say(message: str) -> None:
     _say(message)
 
 
+def ask(question: str) -> bool:
+    """A yes or no from the person at the terminal (stdin and stderr are one): `podrun: QUESTION [y/N] `."""
+    print(f"podrun: {question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def say_success(message: str) -> None:
     _say(message, SUCCESS)
 

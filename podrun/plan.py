@@ -17,6 +17,18 @@ from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"
 CONTAINER_SHELL_TRAP = "trap 'exit 143' TERM\n"  # see _in_docker
+# what the agent's probe does before the first step (remote/interfaces.py), as a shell does it: where
+# this host's name resolves to loopback and the job names neither variable, both name the interface of
+# the route to MASTER_ADDR (lo when it is this host's own address: then the interface holding it)
+LOOPBACK_CHECK = """\
+if [ -z "$GLOO_SOCKET_IFNAME$NCCL_SOCKET_IFNAME" ]; then
+  case "$(getent ahosts "$(uname -n)" | awk 'NR == 1 {print $1}')" in ''|::1|127.*)
+    ifname=$(ip -o route get "$MASTER_ADDR" | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')
+    [ "$ifname" != lo ] || ifname=$(ip -o -4 addr show to "$MASTER_ADDR/32" | awk '{print $2; exit}')
+    [ -z "$ifname" ] || export GLOO_SOCKET_IFNAME="$ifname" NCCL_SOCKET_IFNAME="$ifname";;
+  esac
+fi"""
+FILE_END = "PODRUN_FILE_END"
 
 
 @dataclass(frozen=True)
@@ -85,20 +97,32 @@ def checks_interfaces(plans: list[WorkerPlan]) -> bool:
             and not any(name in plans[0].env for name in interfaces.VARIABLES))
 
 
+def job_files(worker_plan: WorkerPlan) -> dict[str, str]:
+    """What the agent writes into the job's directory before the run, by name: under torchrun, the
+    wrapper each rank runs behind (podrun's own source, read here)."""
+    from podrun.transport.base import remote_source
+
+    return {"rank_output.py": remote_source("rank_output").decode()} if worker_plan.term_leader_only else {}
+
+
 def render(plans: list[WorkerPlan], title: str | None = None) -> str:
-    """The plan as the shell script each worker effectively runs, secrets hidden; `title` (what the
-    job runs on) as a comment first."""
+    """The plan as the shell script each worker runs, secrets hidden: run as it is, in the worker's
+    starting environment, it does what the agent does; `title` (what the job runs on) as a comment first."""
     blocks = [f"# {title}"] if title else []
     interfaces_checked = checks_interfaces(plans)
     for worker_plan in plans:
         worker = worker_plan.worker
+        root = '"$HOME"' if worker.transport.root == "~" else shlex.quote(worker.transport.root)
         lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
                  f"# environment: {worker.transport.starting_environment()}, then:",
                  f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
+        lines += [f"export PODRUN_JOB_DIR={root}/{shlex.quote(worker_plan.job_dir)}",
+                  '(umask 077 && mkdir -p "$PODRUN_JOB_DIR")']
         lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
+        for name, text in job_files(worker_plan).items():
+            lines.append(f"cat > \"$PODRUN_JOB_DIR/{name}\" <<'{FILE_END}'\n{text.rstrip()}\n{FILE_END}")
         if interfaces_checked:
-            lines.append(f"# and, if this host's name resolves to loopback: {' and '.join(interfaces.VARIABLES)} "
-                         f"set to the interface of its route to MASTER_ADDR (checked at start)")
+            lines.append(LOOPBACK_CHECK)
         if worker_plan.setup:
             lines.append(f"{worker_plan.setup}  # setup")
         lines.append(worker_plan.run)

@@ -310,10 +310,10 @@ def _lower_choice(field: str, choices: tuple[str, ...]):
 
 class Restarts(_Model):
     max: int = Field(1, ge=0, le=100, description="how many times the job may restart (default 1)")
-    on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] = \
-        Field(["preemption"], min_length=1,
+    on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
+        Field(None, min_length=1,
               description="preemption (the TPU is created again), failure and/or stall (run again on the same "
-                          "workers)")
+                          "workers); default: [preemption] on a tpu target, [failure] on hosts and local")
     exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
         None, min_length=1, description="failure restarts only for these exit codes (default: any)")
 
@@ -362,6 +362,14 @@ class JobSpec(_Model):
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def restart_on(self) -> list[str]:
+        """What restarts the job (when it may restart: `restarts`, `exec --restarts N`): restarts.on, else
+        a preemption on a TPU, which podrun creates again, and a failure where nothing is preempted."""
+        if self.restarts and self.restarts.on:
+            return list(self.restarts.on)
+        return ["preemption"] if self.target.tpu else ["failure"]
 
     def is_secret(self, key: str) -> bool:
         return key in self.secret_env or bool(SECRET_KEY_PATTERN.search(key))
@@ -463,7 +471,7 @@ def load_spec(path: str | Path) -> JobSpec:
     except ValueError:  # the only other error open() raises: a NUL byte in the name
         raise SpecError(repr(str(path)), None, "expected a file name, this one holds a NUL byte") from None
     try:
-        data = _parse_yaml(path, text)
+        data, duplicates = _parse_yaml(text)
         _refuse_unusable_text(path, data)
     except yaml.YAMLError as error:
         raise SpecError(path, None, _yaml_problem(error)) from None
@@ -479,7 +487,9 @@ def load_spec(path: str | Path) -> JobSpec:
     try:
         spec = validate_fields(data)
     except FieldProblems as error:
-        raise SpecProblems(path, error.problems) from None
+        raise SpecProblems(path, duplicates + error.problems) from None
+    if duplicates:
+        raise SpecProblems(path, duplicates)
     if spec.torchrun:
         _refuse_python_under_torchrun(path, spec.run)
     _refuse_lifecycle_without_a_tpu(path, spec)
@@ -495,16 +505,14 @@ def load_spec(path: str | Path) -> JobSpec:
     return resolved
 
 
-def _parse_yaml(path: Path, text: str) -> Any:
-    """The document as yaml.safe_load reads it, except that a key given twice is an error (PyYAML keeps
-    the last one silently), and that a number under `env` stays as it was written: YAML reads `3.10` as
-    3.1 and `0x1F` as 31, but a variable gets the text in the file."""
+def _parse_yaml(text: str) -> tuple[Any, list[tuple[str | None, str]]]:
+    """The document as yaml.safe_load reads it, except that a number under `env` stays as it was
+    written (YAML reads `3.10` as 3.1 and `0x1F` as 31, but a variable gets the text in the file); and
+    each key given twice, a problem listed with the spec's others (PyYAML keeps the last one silently)."""
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
         duplicates = list(_duplicate_keys(root, (), set())) if root is not None else []
-        if duplicates:
-            raise SpecProblems(path, duplicates)
         data = loader.construct_document(root) if root is not None else None
     finally:
         loader.dispose()
@@ -514,7 +522,7 @@ def _parse_yaml(path: Path, text: str) -> Any:
             for key, value in env_node.value:
                 if isinstance(value, yaml.ScalarNode) and value.tag in (INT_TAG, FLOAT_TAG):
                     data["env"][loader.construct_object(key)] = value.value
-    return data
+    return data, duplicates
 
 
 def _duplicate_keys(node: yaml.Node, field: tuple[str, ...], seen: set[int]) -> Iterator[tuple[str | None, str]]:
@@ -553,12 +561,18 @@ def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
     if spec.delete_after != "never" and tpu is None:
         raise SpecError(path, "delete_after", f"{spec.delete_after} deletes the TPU VM the job ran on, but the "
                                               f"target is {spec.target.kind}: remove it")
-    if spec.restarts and spec.restarts.exit_codes and "failure" not in spec.restarts.on:
+    if spec.restarts and spec.restarts.exit_codes and "failure" not in spec.restart_on:
         raise SpecError(path, "restarts.exit_codes", "limits failure restarts, but restarts.on does not hold "
                                                      "failure: add it, or remove exit_codes")
-    if spec.restarts and "preemption" in spec.restarts.on and not (tpu and tpu.accelerator_type):
-        raise SpecError(path, "restarts.on", "preemption restarts create the TPU VM again, so they need "
-                                             "target.tpu.accelerator_type; `on: [failure]` restarts failures")
+    if spec.restarts and "preemption" in spec.restart_on and not (tpu and tpu.accelerator_type):
+        raise SpecError(path, "restarts.on", f"{_preemption_restarts(spec)}; `on: [failure]` restarts failures")
+
+
+def _preemption_restarts(spec: JobSpec) -> str:
+    """Why a TPU without accelerator_type cannot restart on preemption (restarts.on, given or not)."""
+    given = spec.restarts is not None and spec.restarts.on is not None
+    return (f"{'' if given else 'on a tpu target, restarts default to '}preemption restarts, which create the "
+            f"TPU VM again, so they need target.tpu.accelerator_type")
 
 
 def _after_python(words: list[str]) -> list[str] | None:

@@ -97,9 +97,10 @@ def modules_imported_by(args: list[str], packages: tuple[str, ...]) -> list[str]
 
 
 def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120,
-                    interrupt_after: bytes | None = None) -> tuple[int, bytes]:
+                    interrupt_after: bytes | None = None, answer: bytes | None = None) -> tuple[int, bytes]:
     """Run podrun with a real pseudo-terminal as its stdin, stdout and stderr (sending it SIGINT once it
-    wrote `interrupt_after`, if given); returns its exit code and all it wrote to the terminal."""
+    wrote `interrupt_after`, if given; typing `answer` and Enter when it asks `[y/N]`); returns its
+    exit code and all it wrote to the terminal."""
     controller, terminal = os.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     process = subprocess.Popen([sys.executable, "-m", "podrun", *map(str, args)], cwd=REPO,
@@ -116,6 +117,8 @@ def run_in_terminal(args: list, rows: int, columns: int, timeout: float = 120,
                 written += os.read(controller, 65536)
             except OSError:  # EIO: nothing has the terminal open any more
                 break
+            if answer is not None and written.endswith(b"[y/N] "):
+                os.write(controller, answer + b"\n")
         elif process.poll() is not None:
             break
     os.close(controller)

@@ -15,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from podrun import jobstore
 from podrun.cli import main
 from podrun.shipping.scan import scan
 
-from conftest import podrun
+from conftest import podrun, run_in_terminal
 
 # --- the CLI in this process
 
@@ -146,3 +147,32 @@ def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
 
 def job_record(home: Path, job_id: str) -> dict:
     return json.loads((home / "jobs" / job_id / "job.json").read_text())
+
+
+# --- the jobs table
+
+LONG_NAME = "resnet50-imagenet-sweep-lr0.1-wd1e-4-bs4096-warmup5-cosine-label-smoothing"
+
+
+def recorded_job(name: str, started_at: float, codes: list[int | None], state: str = jobstore.SUCCEEDED,
+                 exit_code: int | None = 0, stopped: tuple[int, ...] = (), serial: int = 0) -> str:
+    """A job's record, written by the job store as the launcher writes it, for jobs a real run would take
+    too long to make (32 workers, dozens of jobs); `stopped`: the workers SIGTERM ended. Returns its id."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started_at))
+    workers = [jobstore.WorkerRecord(index, f"local/w{index}", code, "SIGTERM" if index in stopped else None)
+               for index, code in enumerate(codes)]
+    # a running job's launcher is this test's process, alive; a finished one's is gone
+    record = jobstore.JobRecord(id=f"{name}-{stamp}-{serial:04x}", name=name, target=f"local:{len(codes)}",
+                                spec_path=f"{name}.yaml", workers=workers, state=state, started_at=started_at,
+                                ended_at=None if state == jobstore.RUNNING else started_at + 3725, exit_code=exit_code,
+                                launcher=None if state == jobstore.RUNNING else {})
+    record.create()
+    return record.id
+
+
+def jobs_on_a_terminal(columns: int, monkeypatch) -> str:
+    """`podrun jobs` on a real terminal `columns` wide (COLUMNS says the same, as a shell exports it)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, written = run_in_terminal(["jobs"], rows=50, columns=columns)
+    assert code == 0, written
+    return written.decode().replace("\r\n", "\n")

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from podrun.plan import LOOPBACK_CHECK
 from podrun.remote.interfaces import route_interface
 
 from conftest import REPO, podrun
@@ -65,8 +66,7 @@ def test_local_workers_reach_each_other_on_loopback_and_get_nothing(home):
 
 def test_dry_run_says_that_the_interface_is_chosen_at_start_unless_the_job_names_one(home, job_file):
     spec = job_file("target: {hosts: [10.1.0.7, 10.1.0.8]}\nrun: 'true'\n")
-    note = ("# and, if this host's name resolves to loopback: GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to "
-            "the interface of its route to MASTER_ADDR (checked at start)\n")
+    note = LOOPBACK_CHECK + "\n"  # the shell's version of the agent's check (test_readme_promises.py runs it)
     plan = podrun("exec", spec, "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.count(note) == 2

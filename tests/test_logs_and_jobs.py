@@ -11,6 +11,7 @@ import time
 from podrun import jobstore
 
 from conftest import Background, crashed, job_id_in, podrun, processes_of_job, wait_until
+from helpers import LONG_NAME, jobs_on_a_terminal, recorded_job
 
 
 def jobs(*args: str, columns: int | None = None):
@@ -161,26 +162,9 @@ def test_stop_of_a_job_whose_launcher_has_no_process_identity_is_one_line(home, 
                              f"attached job needs Linux's /proc); press Ctrl-C where it runs\n")
 
 
-def recorded_job(name: str, started_at: float, codes: list[int | None], state: str = jobstore.SUCCEEDED,
-                 exit_code: int | None = 0, stopped: tuple[int, ...] = (), serial: int = 0) -> str:
-    """A job's record, written by the job store as the launcher writes it, for jobs a real run would take
-    too long to make (32 workers, dozens of jobs); `stopped`: the workers SIGTERM ended. Returns its id."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started_at))
-    workers = [jobstore.WorkerRecord(index, f"local/w{index}", code, "SIGTERM" if index in stopped else None)
-               for index, code in enumerate(codes)]
-    # a running job's launcher is this test's process, alive; a finished one's is gone
-    record = jobstore.JobRecord(id=f"{name}-{stamp}-{serial:04x}", name=name, target=f"local:{len(codes)}",
-                                spec_path=f"{name}.yaml", workers=workers, state=state, started_at=started_at,
-                                ended_at=None if state == jobstore.RUNNING else started_at + 3725, exit_code=exit_code,
-                                launcher=None if state == jobstore.RUNNING else {})
-    record.create()
-    return record.id
 
 
-LONG_NAME = "resnet50-imagenet-sweep-lr0.1-wd1e-4-bs4096-warmup5-cosine-label-smoothing"
-
-
-def test_jobs_fit_the_terminal_and_summarise_32_workers(home):
+def test_jobs_fit_the_terminal_and_summarise_32_workers(home, monkeypatch):
     now = time.time()
     fail_fast = recorded_job(LONG_NAME, now - 30, [143] * 5 + [3] + [143] * 26, jobstore.FAILED, 3,
                              stopped=tuple(set(range(32)) - {5}))
@@ -197,11 +181,9 @@ def test_jobs_fit_the_terminal_and_summarise_32_workers(home):
     assert [(row[0], row[4]) for row in rows] == list(zip(newest_first, summaries))
     assert max(map(len, piped.stdout.splitlines())) > 120
 
-    narrow = jobs(columns=80)
-    assert narrow.returncode == 0 and narrow.stderr == ""
-    lines = narrow.stdout.splitlines()
-    assert max(map(len, lines)) <= 80, narrow.stdout
-    header, *rows = cells(narrow.stdout)
+    narrow = jobs_on_a_terminal(80, monkeypatch)
+    assert max(map(len, narrow.splitlines())) <= 80, narrow
+    header, *rows = cells(narrow)
     assert header == ["ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION"]
     assert [row[4] for row in rows] == summaries  # whole: only the name and the id give way at 80 columns
     assert [row[1] for row in rows][1:4] == ["train", "train", "flaky"]  # the widest gives way: short names stay

@@ -321,7 +321,7 @@ def test_a_killed_supervisor_reads_as_lost_and_stop_still_reaches_the_workers(ho
     job_id = job_id_in(started.stderr)
     record = json.loads((home / "jobs" / job_id / "job.json").read_text())
     os.kill(record["supervisor"]["pid"], signal.SIGKILL)
-    wait_until(lambda: "running (supervisor lost)" in podrun("jobs").stdout, "podrun jobs to show the supervisor lost")
+    wait_until(lambda: "running (supervisor lost, idle " in podrun("jobs").stdout, "podrun jobs to show the supervisor lost")
     assert "succeeded" not in podrun("jobs").stdout
     assert len(processes_of_job(job_id)) >= 2  # the job itself goes on
     stopped = podrun("stop", job_id)

@@ -46,7 +46,7 @@ BAD_SPECS = [
      "{file}: nested too deeply to be a job spec"),
     ("lone surrogate in an env value", 'run: echo\nenv: {A: "\\ud800"}\n',
      "{file}: env.A: holds a lone surrogate character, which no path, command or variable can"),
-    ("run given twice", "run: echo\nsetup: true\nrun: echo 2\n", "{file}: run: given twice, on line 1 and line 3; keep one"),
+    ("run given twice", "run: echo\nsetup: make\nrun: echo 2\n", "{file}: run: given twice, on line 1 and line 3; keep one"),
     ("script not in the workdir", "run: python3 trian.py --steps 5\n",
      "{file}: run: trian.py is not in the workdir ({dir})"),
     ("python under torchrun", "run: python -u train.py --lr 0.1\ntorchrun: {nproc_per_node: 2}\n",

@@ -4,9 +4,12 @@ workers (default all), `--recurse` copies directories.
 
 One connection per worker, all at once. An upload is packed once and delivered through the relay
 (shipping/relay.py): the launcher's uplink carries it once, whatever the number of workers. A
-download from several workers lands in DEST/w<i>/. Either way the files arrive in a staging
-directory first and are put in place whole (remote/placement.py), so a copy that fails half-way
-leaves the destination as it was. On a terminal one line shows the bytes, the rate and the workers done.
+download from several workers lands in DEST/w<i>/. Either way a copy is all or nothing across the
+workers: the files arrive in a staging directory on every worker (or, downloading, beside DEST),
+every placement is checked (remote/placement.py), and only then are they put in place, so a copy that
+fails on one worker leaves every destination as it was. What cannot be checked beforehand (a disk
+that fills while files move) is named: which workers have the copy and which may hold part of it.
+On a terminal one line shows the bytes, the rate and the workers done.
 """
 
 from __future__ import annotations
@@ -90,37 +93,118 @@ def _local_tree(sources: list[str], recurse: bool) -> Tree:
 
 async def _upload(tree: Tree, sources: list[str], dest: str, workers: list[Worker]) -> int:
     staging = f".podrun/cp/{secrets.token_hex(8)}"
-    sent = await relay.deliver(archive.shipment(tree, staging, "files"), workers)
     entries = [f"{staging}/{os.path.abspath(source).lstrip('/')}" for source in sources]
-    await asyncio.gather(*(_place_remotely(worker, staging, dest, entries) for worker in workers))
+    try:
+        try:
+            sent = await relay.deliver(archive.shipment(tree, staging, "files"), workers)
+        except PodrunError as error:
+            raise PodrunError(f"{error}; nothing was copied to any worker") from None
+        _raise_for(await asyncio.gather(*(_placement(worker, "--check", staging, dest, *entries) for worker in workers),
+                                        return_exceptions=True), workers, "nothing was copied to any worker")
+    except BaseException:
+        await asyncio.gather(*(_discard(worker, staging) for worker in workers), return_exceptions=True)
+        raise
+    placed = await asyncio.gather(*(_placement(worker, staging, dest, *entries) for worker in workers),
+                                  return_exceptions=True)
+    _raise_for(placed, workers, _partly_copied(placed, workers, "to"))
     return sent
 
 
-async def _place_remotely(worker: Worker, staging: str, dest: str, entries: list[str]) -> None:
-    channel = await worker.transport.start_python("placement", staging, dest, *entries)
+async def _discard(worker: Worker, staging: str) -> None:
+    channel = await worker.transport.start(f"rm -rf {shlex.quote(staging)}")
+    channel.stdin.write_eof()
+    await channel.wait()
+
+
+async def _placement(worker: Worker, *args: str) -> None:
+    """remote/placement.py on the worker: a check (--check) or the placement itself."""
+    channel = await worker.transport.start_python("placement", *args)
     try:
         channel.stdin.write_eof()
-        errors, code = await asyncio.gather(channel.stderr.read(), channel.wait())
+        errors = await channel.stderr.read()  # before wait(): asyncssh's wait() takes what is left unread
+        code = await channel.wait()
     except ChannelLost as lost:
         raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection ({lost})") from None
     if code != 0:
         raise PodrunError(f"worker {worker.index} ({worker.address}): {_last_line(errors, code)}")
 
 
+def _raise_for(outcomes: list, workers: list[Worker], what_happened: str) -> None:
+    """A PodrunError naming every worker that failed (each error names its worker) and what happened
+    to the copy, if any outcome is an exception."""
+    failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if any(not isinstance(outcome, PodrunError) for outcome in failed):
+        raise next(outcome for outcome in failed if not isinstance(outcome, PodrunError))  # Ctrl-C, a bug
+    if failed:
+        copied = f"; {what_happened}" if len(workers) > 1 else ""
+        raise PodrunError("; ".join(map(str, failed)) + copied)
+
+
+def _partly_copied(outcomes: list, workers: list[Worker], direction: str) -> str:
+    """What a placement that failed on some workers after every check passed leaves behind."""
+    done = [worker.index for worker, outcome in zip(workers, outcomes) if not isinstance(outcome, BaseException)]
+    copied = f"copied {direction} {counted(len(done), 'worker')} ({', '.join(map(str, done))})" if done else \
+        "copied nowhere"
+    return f"{copied}; a worker named here may hold part of the copy"
+
+
 async def _download(sources: list[str], recurse: bool, dest: str, workers: list[Worker]) -> int:
+    """Every worker's copy into its own staging directory beside `dest`; then, only if all arrived and
+    every placement checks out, each put in place: into DEST/w<i> with several workers."""
     progress = relay.Progress(len(workers), "copying", "received")
+    per_worker = len(workers) > 1
+    made: list[str] = []  # DEST and DEST/w<i> made here, removed again if the copy stops before placing
     try:
-        await asyncio.gather(*(_download_from(worker, sources, recurse, dest, len(workers) > 1, progress)
-                               for worker in workers))
+        stagings = await asyncio.gather(*(_download_from(worker, sources, recurse, dest, progress)
+                                          for worker in workers), return_exceptions=True)
     finally:
         progress.clear()
+    arrived = [staging for staging in stagings if isinstance(staging, str)]
+    try:
+        _raise_for(stagings, workers, "nothing was copied from any worker")
+        intos = [os.path.join(dest, f"w{worker.index}") if per_worker else dest for worker in workers]
+        entries = [[os.path.join(staging, os.path.basename(source.rstrip("/"))) for source in sources]
+                   for staging in arrived]
+        try:
+            for folder in ([dest, *intos] if per_worker else []):
+                if not os.path.lexists(folder):
+                    os.mkdir(folder)
+                    made.append(folder)
+            for worker, staging, into, its_entries in zip(workers, arrived, intos, entries):
+                _check_locally(worker, staging, into, its_entries)
+        except (OSError, PodrunError) as error:
+            for folder in reversed(made):
+                os.rmdir(folder)
+            reason = error if isinstance(error, PodrunError) else f"{dest}: cannot copy there: {error.strerror}"
+            raise PodrunError(f"{reason}; nothing was copied" + " from any worker" * per_worker) from None
+        placed = [_place_locally(worker, staging, into, its_entries)
+                  for worker, staging, into, its_entries in zip(workers, arrived, intos, entries)]
+        _raise_for(placed, workers, _partly_copied(placed, workers, "from"))
+    finally:
+        for staging in arrived:
+            shutil.rmtree(staging, ignore_errors=True)  # placement removed it, unless the copy stopped before
     return progress.sent
 
 
-async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest: str, per_worker: bool,
-                         progress: relay.Progress) -> None:
-    """The sources packed by the worker's tar, unpacked here by tar into a staging directory beside
-    `dest`, then put in place: into DEST/w<i> (made when the copy is whole) if `per_worker`."""
+def _check_locally(worker: Worker, staging: str, into: str, entries: list[str]) -> None:
+    try:
+        placement.check(staging, into, entries)
+    except placement.PlacementError as error:
+        raise PodrunError(f"worker {worker.index} ({worker.address}): {error}") from None
+
+
+def _place_locally(worker: Worker, staging: str, into: str, entries: list[str]) -> PodrunError | None:
+    try:
+        placement.place(staging, into, entries)
+    except placement.PlacementError as error:
+        return PodrunError(f"worker {worker.index} ({worker.address}): {error}")
+    return None
+
+
+async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest: str,
+                         progress: relay.Progress) -> str:
+    """The sources packed by the worker's tar, unpacked here by tar into a new staging directory
+    beside `dest`, which is returned (removed again if the copy failed)."""
     try:
         staging = tempfile.mkdtemp(prefix=".podrun-cp-", dir=os.path.dirname(os.path.abspath(dest)))
     except OSError as error:
@@ -137,6 +221,7 @@ async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest
                 unpacker.stdin.write(chunk)
                 await unpacker.stdin.drain()
                 progress.add(sent=len(chunk))
+            error_text = await errors  # before wait(), which takes what is left unread (asyncssh)
             code = await channel.wait()
         except ChannelLost as lost:
             raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection ({lost})") from None
@@ -144,21 +229,15 @@ async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest
             unpacker.stdin.close()
             unpacked = await unpacker.wait()
         if code != 0:
-            raise PodrunError(f"worker {worker.index} ({worker.address}): {_last_line(await errors, code)}")
+            raise PodrunError(f"worker {worker.index} ({worker.address}): {_last_line(error_text, code)}")
         if unpacked != 0:
             raise PodrunError(f"{dest}: tar could not unpack the copy from worker {worker.index}: "
                               f"{_last_line(await unpacker.stderr.read(), unpacked)}")
-        entries = [os.path.join(staging, os.path.basename(source.rstrip("/"))) for source in sources]
-        into = dest
-        if per_worker:
-            into = os.path.join(dest, f"w{worker.index}")
-            os.makedirs(into, exist_ok=True)
-        placement.place(staging, into, entries)
         progress.add(done=1)
-    except placement.PlacementError as error:
-        raise PodrunError(f"worker {worker.index} ({worker.address}): {error}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # placement removed it, unless the copy failed before
+        return staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _tar_command(sources: list[str], recurse: bool) -> str:

@@ -8,7 +8,7 @@ import sys
 
 from podrun import jobstore
 from podrun.errors import SpecError, UsageError
-from podrun.output import counted, say
+from podrun.output import ask, counted, say
 from podrun.plan import render
 from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
@@ -66,8 +66,20 @@ def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: st
 
 
 def _scan(spec: JobSpec, dry_run: bool, allow_large_workdir: bool) -> scan.Tree:
+    def ship_large(too_large: scan.WorkdirTooLarge) -> bool:
+        """--allow-large-workdir, or a yes on a terminal; off one, the stop says what to do."""
+        if allow_large_workdir:
+            return True
+        if not (sys.stdin.isatty() and sys.stderr.isatty()):
+            return False
+        say(f"{spec.path}: workdir: {spec.workdir}: {too_large.found}")
+        if ask("ship it all? (--allow-large-workdir ships it without asking)"):
+            return True
+        raise SpecError(spec.path, "workdir", f"{spec.workdir}: not shipped; exclude what the job does not need in "
+                                              f".podrunignore, or point workdir: at the code")
+
     try:
-        return scan.scan(spec.workdir, remember=not dry_run, allow_large=allow_large_workdir)
+        return scan.scan(spec.workdir, remember=not dry_run, ship_large=ship_large)
     except scan.WorkdirTooLarge as error:
         raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
 
@@ -77,7 +89,7 @@ def parse_restarts(spec: JobSpec, restarts: int | None) -> int:
     if restarts is None:
         return spec.restarts.max if spec.restarts else 0
     tpu = spec.target.tpu
-    if restarts and not spec.restarts and not (tpu and tpu.accelerator_type):
+    if restarts and "preemption" in spec.restart_on and not (tpu and tpu.accelerator_type):
         raise UsageError(f"--restarts {restarts}: restarts on preemption need a tpu target with accelerator_type "
                          f"(podrun creates it again); {spec.path} has none. To restart failures, set "
                          f"`restarts: {{on: [failure]}}` in the spec")

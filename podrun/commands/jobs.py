@@ -29,8 +29,12 @@ DEFAULT_JOBS_SHOWN = 20
 HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
 # what gives way when the table is wider than the terminal, {column: how narrow it may get}, group by
 # group: the name and the id (the wider of the two first, the name on a tie: the id begins with it),
-# then (after a running job's idle time, left out: list_jobs) the exit codes
-SHRINKABLE = ({1: 4, 0: 12}, {4: len("EXIT CODES")})
+# then (after a running job's idle time, left out: _table) the exit codes; then whole columns, the
+# least needed first (the id begins with the name), each giving the others their room back; then the
+# id and the state are cut further
+SHRINKABLE = ({"NAME": 4, "ID": 12}, {"EXIT CODES": len("EXIT CODES")})
+DROPPABLE = ("STARTED", "NAME", "DURATION", "TARGET")
+LAST_RESORT = {"ID": 9, "STATE": len("succeeded")}
 FAILURES_SHOWN = 3  # then `+N`
 FOLLOW_POLL_S = 0.1
 LAUNCHER_STOP_MARGIN_S = 15  # the launcher needs the job's grace period, the KILL, and a little
@@ -129,11 +133,7 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     if as_json:
         print(json.dumps([_as_json(record, state) for record, state in shown], indent=1))
     else:
-        width = _terminal_width()
-        rows = _fit([HEADER, *(_row(record, state, idle=True) for record, state in shown)], width, SHRINKABLE[:1])
-        if width and _table_width(rows) > width:  # a running job's idle time gives way after the names
-            rows = _fit([HEADER, *(_row(record, state, idle=False) for record, state in shown)], width, SHRINKABLE)
-        print_table(rows)
+        print_table(_table(shown, _terminal_width()))
     if len(shown) < len(jobs):
         say(f"{counted(len(jobs) - len(shown), 'older job')} not shown; -n N or --all shows them")
     return 0
@@ -299,9 +299,25 @@ def _failures(failed: list[jobstore.WorkerRecord]) -> str:
     return f"{shown} +{len(failed) - FAILURES_SHOWN}" if len(failed) > FAILURES_SHOWN else shown
 
 
+def _table(jobs: list[tuple[jobstore.JobRecord, str]], width: int | None) -> list[tuple[str, ...]]:
+    """The rows of `podrun jobs`, the header first, fitted to `width` (None: whole) as SHRINKABLE says."""
+    rows = _fit([HEADER, *(_row(record, state, idle=True) for record, state in jobs)], width, SHRINKABLE[:1])
+    if not width or _table_width(rows) <= width:
+        return rows
+    whole = [HEADER, *(_row(record, state, idle=False) for record, state in jobs)]
+    for dropped in range(len(DROPPABLE) + 1):
+        kept = [column for column, name in enumerate(HEADER) if name not in DROPPABLE[:dropped]]
+        rows = _fit([tuple(row[column] for column in kept) for row in whole], width, SHRINKABLE)
+        if _table_width(rows) <= width:
+            return rows
+    return _fit(rows, width, (LAST_RESORT,))
+
+
 def _terminal_width() -> int | None:
-    """COLUMNS, else the width of the terminal stdout shows on; None for a pipe or a file, which get
-    whole rows, as from `ps` or `docker ps`: a script that reads them must not get cut cells."""
+    """On a terminal, COLUMNS, else its width; None for a pipe or a file, COLUMNS or not: they get whole
+    rows, as from `ps` or `docker ps`, since a script that reads them must not get cut cells."""
+    if not os.isatty(1):
+        return None
     try:
         return int(os.environ["COLUMNS"]) or None
     except (KeyError, ValueError):
@@ -315,13 +331,14 @@ def _table_width(rows: list[tuple[str, ...]]) -> int:
     return sum(max(len(row[column]) for row in rows) for column in range(len(rows[0]))) + 2 * (len(rows[0]) - 1)
 
 
-def _fit(rows: list[tuple[str, ...]], width: int | None, shrinkable: tuple[dict[int, int], ...]) \
+def _fit(rows: list[tuple[str, ...]], width: int | None, shrinkable: tuple[dict[str, int], ...]) \
         -> list[tuple[str, ...]]:
-    """The rows, with the `shrinkable` columns (SHRINKABLE's groups) cut in the middle until a row fits `width`
-    (or they can give no more)."""
+    """The rows, with the `shrinkable` columns (SHRINKABLE's groups, by header) cut in the middle until a row
+    fits `width` (or they can give no more)."""
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     excess = _table_width(rows) - width if width else 0
-    for narrowest in shrinkable:
+    for by_name in shrinkable:
+        narrowest = {rows[0].index(name): least for name, least in by_name.items() if name in rows[0]}
         while excess > 0 and (wider := [column for column in narrowest if widths[column] > narrowest[column]]):
             widths[max(wider, key=lambda column: widths[column])] -= 1
             excess -= 1

@@ -419,14 +419,19 @@ def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan], doing: st
         if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
             raise error
     if len(failed) == 1:
-        raise PodrunError(_worker_error(*failed[0]))
-    room = _screen_rows() - 2  # the heading, and the line that counts the rest
-    shown = failed if len(failed) <= room + 1 else failed[:room]
-    lines = [f"{len(failed)} of {counted(len(plans), 'worker')} failed to {doing}:"]
-    lines += [f"  {_worker_error(worker, error)}" for worker, error in shown]
-    if rest := [worker.index for worker, _ in failed[len(shown):]]:
-        lines.append(f"  and {len(rest)} more: {worker_ranges(rest)}")
-    raise PodrunError("\n".join(lines))
+        raised = PodrunError(_worker_error(*failed[0]))
+    else:
+        room = _screen_rows() - 2  # the heading, and the line that counts the rest
+        shown = failed if len(failed) <= room + 1 else failed[:room]
+        lines = [f"{len(failed)} of {counted(len(plans), 'worker')} failed to {doing}:"]
+        lines += [f"  {_worker_error(worker, error)}" for worker, error in shown]
+        if rest := [worker.index for worker, _ in failed[len(shown):]]:
+            lines.append(f"  and {len(rest)} more: {worker_ranges(rest)}")
+        raised = PodrunError("\n".join(lines))
+    first_error = failed[0][1]
+    if isinstance(first_error, PodrunError):  # an unusable PODRUN_HOME stays a usage error (exit 2)
+        raised.exit_code = first_error.exit_code
+    raise raised
 
 
 def _worker_error(worker: Worker, error: BaseException) -> str:

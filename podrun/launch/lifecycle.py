@@ -40,7 +40,7 @@ class Lifecycle:
         self.spec, self.target, self.tree = spec, target, tree
         self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
         self.max_restarts = restarts
-        self.restart_on = spec.restarts.on if spec.restarts else ["preemption"]  # `exec --restarts N` alone
+        self.restart_on = spec.restart_on
         self.exit_codes = spec.restarts.exit_codes if spec.restarts else None  # None: failures of any code
         self.delete_after = "always" if down else spec.delete_after
         self.code_dir = paths.remote_code_dir(spec.name, tree.digest) if tree else ""  # "": nothing ships

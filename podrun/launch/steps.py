@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from podrun import exits
 from podrun.output import Terminal, WorkerOutput, grace_left
-from podrun.plan import WorkerPlan
+from podrun.plan import WorkerPlan, job_files
 from podrun.remote import framing
-from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source, remote_source
+from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
 
 # the launcher says something to every agent this often; an agent that hears nothing for
 # HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself
@@ -100,8 +100,8 @@ class WorkerStep:
         if self.step == "run":
             config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group",
                           vm_notices=self.vm_notices)
-            if self.plan.term_leader_only:  # torchrun: each rank runs behind rank_output.py (plan.py)
-                config["job_files"] = {"rank_output.py": remote_source("rank_output").decode()}
+            if files := job_files(self.plan):  # torchrun: each rank runs behind rank_output.py
+                config["job_files"] = files
         if probe is not None:
             config["probe"] = probe
         if self.watch is not None:

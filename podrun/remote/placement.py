@@ -3,10 +3,12 @@ arrived in (whole: a copy that failed half-way never touches the destination).
 
 A DEST that is a directory receives each entry under its own name; otherwise DEST becomes the one
 entry. A directory landing on one that exists merges into it, file by file; a file replaces a file.
-The staging directory is removed in every case.
+The staging directory is removed in every case. check() says beforehand, touching nothing, whether
+place() would fail for a reason it can see (no such directory, a file over a directory, a directory
+that cannot be written in): a copy to several workers is put in place only where every one passed.
 
-argv: STAGING DEST ENTRY... (each ENTRY a path inside STAGING; DEST may begin with ~). Prints why it
-failed and exits 1.
+argv: [--check] STAGING DEST ENTRY... (each ENTRY a path inside STAGING; DEST may begin with ~).
+Prints why it failed (or would) and exits 1.
 Runs on the workers (uploads: commands/copy.py runs it as a script) and on the launcher (downloads).
 """
 
@@ -36,6 +38,35 @@ def place(staging, dest, entries):
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def check(staging, dest, entries):
+    """Raise PlacementError where place() would fail as it begins, and where it would have to write in
+    a directory it cannot (a read-only file system, permissions); changes nothing."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
+        raise PlacementError("%s: no such directory" % os.path.dirname(dest))
+    if os.path.isdir(dest):
+        pairs = [(entry, os.path.join(dest, os.path.basename(entry))) for entry in entries]
+    elif len(entries) > 1:
+        raise PlacementError("%s: not a directory (several files are copied into one)" % dest)
+    else:
+        pairs = [(entries[0], dest)]
+    while pairs:
+        source, target = pairs.pop()
+        if _is_directory(source) and _is_directory(target):
+            pairs += [(os.path.join(source, name), os.path.join(target, name)) for name in os.listdir(source)]
+        elif _is_directory(target):
+            raise PlacementError("%s: is a directory, cannot be replaced by a file" % target)
+        elif _is_directory(source) and os.path.lexists(target):
+            raise PlacementError("%s: not a directory, cannot be replaced by one" % target)
+        elif not os.access(os.path.dirname(os.path.abspath(target)), os.W_OK | os.X_OK):
+            folder = os.path.dirname(os.path.abspath(target))
+            why = "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "permission denied"
+            raise PlacementError("%s: cannot write there (%s)" % (folder, why))
+
+
+def _is_directory(path):
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
 def _merge(source, target):
     if os.path.isdir(source) and not os.path.islink(source) and os.path.isdir(target) and not os.path.islink(target):
         for name in os.listdir(source):
@@ -52,8 +83,10 @@ def _merge(source, target):
 
 
 def main():
+    checking = sys.argv[1] == "--check"
+    staging, dest, *entries = sys.argv[2:] if checking else sys.argv[1:]
     try:
-        place(sys.argv[1], os.path.expanduser(sys.argv[2]), sys.argv[3:])
+        (check if checking else place)(staging, os.path.expanduser(dest), entries)
     except PlacementError as error:
         print(error, file=sys.stderr, flush=True)
         sys.exit(1)
