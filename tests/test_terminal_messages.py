@@ -40,6 +40,7 @@ def interrupted_once_ready(spec) -> Background:
     return job
 
 
+@pytest.mark.slow
 def test_a_stop_announces_its_grace_period_and_names_a_kill_as_a_kill(home, job_file):
     spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: {IGNORES_TERM}\nstop_grace: 2s\n")
     job = interrupted_once_ready(spec)
@@ -72,6 +73,7 @@ def detached_and_ready(job_file, grace_s: int) -> str:
     return job_id
 
 
+@pytest.mark.slow
 def test_a_detached_stop_announces_the_grace_period_and_records_the_kill(home, job_file):
     job_id = detached_and_ready(job_file, grace_s=1)
     stopped = podrun("stop", job_id)
@@ -81,6 +83,7 @@ def test_a_detached_stop_announces_the_grace_period_and_records_the_kill(home, j
     assert exit_codes_cell(job_id) == "2 killed after the grace period"
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_grace_period_counts_down_then_goes(home, job_file):
     spec = job_file(f"target: {{local: {{workers: 2}}}}\nrun: {IGNORES_TERM}\nstop_grace: 3s\n")
     code, written = run_in_terminal(["exec", spec], rows=24, columns=100, interrupt_after=b"ready 1")
@@ -95,6 +98,7 @@ def test_on_a_terminal_the_grace_period_counts_down_then_goes(home, job_file):
     assert "\x1b[J" in text[last_countdown:text.index("stopped on every worker")]
 
 
+@pytest.mark.slow
 def test_a_detached_stop_on_a_terminal_counts_down_the_first_workers_grace_period_apart(home, job_file):
     job_id = detached_and_ready(job_file, grace_s=2)
     code, written = run_in_terminal(["stop", job_id], rows=24, columns=100)
@@ -218,6 +222,7 @@ for epoch in range(10000):
 """
 
 
+@pytest.mark.slow
 def test_after_a_stop_logs_tail_keeps_the_ranks_last_lines_above_torchruns_tracebacks(home, job_file):
     spec = job_file("target: {local: {workers: 2}}\nrun: epochs.py\nenv: {OMP_NUM_THREADS: 1}\n"
                     "torchrun: {nproc_per_node: 2, port: 29632}\n", files={"epochs.py": EPOCHS})
@@ -259,6 +264,7 @@ for epoch in range(start, 6):
 """
 
 
+@pytest.mark.slow
 def test_a_restart_whose_workers_resumed_from_different_epochs_says_what_probably_happened(home, job_file,
                                                                                             monkeypatch):
     monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")
