@@ -41,7 +41,8 @@ def run_ok(spec: Path) -> str:
 
 
 def test_a_snapshot_saved_by_the_job_over_the_codes_is_restored_on_ssh_hosts(home, lab, hosts_spec):
-    spec = hosts_spec("run: python train.py\n", hosts=(0, 1), files={"train.py": TRAIN})
+    # a name of its own: the lab's hosts live through the session, with other tests' code versions of `job`
+    spec = hosts_spec("name: snapshot-resume\nrun: python train.py\n", hosts=(0, 1), files={"train.py": TRAIN})
     shipped = local_snapshot(spec.parent / "code", epoch=3)
     first = run_ok(spec)
     for index in (0, 1):
@@ -51,7 +52,7 @@ def test_a_snapshot_saved_by_the_job_over_the_codes_is_restored_on_ssh_hosts(hom
         assert f"[w{index}] resuming from epoch 3" in second  # before the fix: 5, from the first run's save
         assert f"[w{index}] snapshot sha256 {shipped}" in second  # the code's file, not the job's save
         assert f"podrun: worker {index}: 1 code file changed since it was shipped (snapshot.pt)" in second
-        name_dir = lab.hosts[index].home / "podrun" / spec.stem
+        name_dir = lab.hosts[index].home / "podrun" / "snapshot-resume"
         assert len([path for path in name_dir.iterdir() if path.is_dir()]) == 2  # run/ and one version, shipped again
     assert "code unchanged" not in second
     # from now on snapshot.pt is copied into run/: the job's save changes its copy, not podrun's
@@ -59,7 +60,7 @@ def test_a_snapshot_saved_by_the_job_over_the_codes_is_restored_on_ssh_hosts(hom
     assert "code unchanged on every worker" in third
     for index in (0, 1):
         assert f"[w{index}] snapshot sha256 {shipped}" in third and f"[w{index}] resuming from epoch 3" in third
-        name_dir = lab.hosts[index].home / "podrun" / spec.stem
+        name_dir = lab.hosts[index].home / "podrun" / "snapshot-resume"
         (version,) = [path for path in name_dir.iterdir() if path.is_dir() and path.name != "run"]
         assert hashlib.sha256((version / "snapshot.pt").read_bytes()).hexdigest() == shipped
 
