@@ -29,8 +29,9 @@ Protocol
           So one channel per worker does what would otherwise take three.
   watch   {token, worker, hub_worker, workers, bind, stall, alive_every}: a detached run (on several
           workers, or with a stall limit), whose agents stop each other's steps when one fails, with no
-          launcher left (Hub, HubLink). The hub_worker's agent listens and reports {"event": "hub",
-          "port": P} first; every agent waits for "go HOST:PORT" (the hub's address) before it starts.
+          launcher left (Hub, HubLink). The hub_worker's agent listens on `bind` (its internal
+          address) and reports {"event": "hub", "port": P} first; every agent waits for
+          "go HOST:PORT" (the hub's address) before it starts.
           With stall (seconds), the hub also stops the job when no worker printed anything for that
           long: each agent first saves its job's stacks as run.stacks (stacks.py).
   stdout  the command's output, stdout and stderr merged, byte for byte.
