@@ -545,7 +545,8 @@ class Hub:
     Anyone who reaches worker 0's internal address may connect: a connection that has not said
     hello with the token within HELLO_WITHIN_S, or sends a longer line than Link.LONGEST_LINE, is
     dropped; beyond STRANGERS_KEPT such connections (and one per agent still to come) the oldest
-    goes; an accept() that fails (out of descriptors) pauses accepting for ACCEPT_PAUSE_S. So
+    goes; an accept() that fails (out of descriptors) halves that number for good and pauses
+    accepting for ACCEPT_PAUSE_S. So
     strangers cost a bounded number of descriptors, never the agent, and never keep it waiting."""
 
     HELLO_WAIT_S = 30  # how long a finished worker 0 waits for agents that never said hello
@@ -568,6 +569,7 @@ class Hub:
         self.links = {}  # descriptor: Link of an agent that said hello
         self.strangers = {}  # descriptor: Link of a connection that has not yet, oldest first
         self.accepting_at = None  # when accepting resumes, after accept() failed
+        self.strangers_kept = self.workers + self.STRANGERS_KEPT  # fewer once descriptors ran out
         self.ended = set()  # workers whose step ended (their code arrived)
         self.failure = None
         self.poller = None
@@ -619,14 +621,16 @@ class Hub:
             connection, _ = self.listener.accept()
             _keep_alive(connection)
         except OSError:  # out of descriptors (EMFILE, ENFILE), or the connection already reset
-            if self.strangers:
+            # keep half as many strangers from now on: the job's own files must still open
+            self.strangers_kept = max(1, len(self.strangers) // 2)
+            while len(self.strangers) > self.strangers_kept:
                 self._hang_up(next(iter(self.strangers)))
             self.poller.unregister(self.listener.fileno())
             self.accepting_at = time.monotonic() + self.ACCEPT_PAUSE_S
             return
         self.strangers[connection.fileno()] = Link(connection)
         self.poller.register(connection.fileno(), "watch")
-        if len(self.strangers) > self.STRANGERS_KEPT + self.workers - 1 - len(self.links):
+        if len(self.strangers) > min(self.strangers_kept, self.STRANGERS_KEPT + self.workers - 1 - len(self.links)):
             self._hang_up(next(iter(self.strangers)))
 
     def _hang_up(self, fd):
