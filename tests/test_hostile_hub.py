@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import marshal
 import os
 import secrets
 import socket
@@ -176,9 +177,11 @@ def relay_frames(files: dict[str, bytes]) -> bytes:
     return struct.pack(">cI", b"r", len(data)) + data + struct.pack(">cI", b"e", len(end)) + end
 
 
-def test_idle_strangers_do_not_hold_up_a_relay_receiver(tmp_path):
-    """A receiver waiting for its parent (the worker relaying it the code) while a stranger connects
-    first and says nothing takes the parent at once. Before: it waited 30 s on the stranger."""
+@pytest.mark.parametrize("strangers", [1, 20])
+def test_idle_strangers_do_not_hold_up_a_relay_receiver(tmp_path, strangers):
+    """A receiver waiting for its parent (the worker relaying it the code) while strangers connect
+    first and say nothing takes the parent at once (beyond 16, the oldest stranger goes). Before: it
+    waited 30 s on the first stranger."""
     from podrun.remote import framing
     from podrun.transport.base import script_command, script_source
 
@@ -192,7 +195,7 @@ def test_idle_strangers_do_not_hold_up_a_relay_receiver(tmp_path):
     receiver.stdin.flush()
     try:
         port = int(receiver.stdout.readline().split()[1])
-        attack = stranger("idle", port, 1)
+        attack = stranger("idle", port, strangers)
         assert attack.stdout.readline().startswith("open "), "the stranger could not connect"
         started = time.monotonic()
         with socket.create_connection(("127.0.0.1", port), timeout=5) as parent:
@@ -207,3 +210,21 @@ def test_idle_strangers_do_not_hold_up_a_relay_receiver(tmp_path):
     assert output.splitlines()[-1] == b"ok"
     assert (code_dir / "train.py").read_bytes() == b"print('hi')\n"
     assert took < 10, f"the receiver took {took:.1f}s to take its parent"
+
+
+def test_the_hub_listens_on_worker_0s_internal_address_or_not_at_all(tmp_path):
+    """An internal address that is not the host's own (behind NAT) is one error event naming it.
+    Before: the hub listened on every interface instead."""
+    from podrun.transport.base import agent_command, agent_source
+
+    step = {"job_id": "bind-test", "job_dir": ".podrun/jobs/bind-test", "worker": 0, "step": "run",
+            "cwd": str(tmp_path), "command": "true", "env": {}, "grace": 5, "heartbeat": 5, "detach": False,
+            "watch": {"token": secrets.token_hex(16), "worker": 0, "hub_worker": 0, "workers": 2,
+                      "bind": "192.0.2.1"}}  # TEST-NET-1: no host's own address
+    blob = marshal.dumps(step, 4)
+    agent = subprocess.run(["/bin/sh", "-c", agent_command(sys.executable)], cwd=tmp_path, capture_output=True,
+                           input=agent_source() + b"%d\n" % len(blob) + blob, timeout=30)
+    events = [json.loads(line) for line in agent.stderr.splitlines()]
+    assert events == [{"event": "error", "message": "cannot listen on 192.0.2.1, this worker's internal address, "
+                       "for the other workers' agents to watch the job: Cannot assign requested address"}]
+    assert agent.returncode == 127

@@ -73,7 +73,7 @@ def receive_and_forward():
     if config["listen"]:
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("0.0.0.0", 0))
-        server.listen(1)
+        server.listen(STRANGERS_KEPT)  # the parent must not find the backlog full of strangers
     say("port %d" % (server.getsockname()[1] if server else 0))
     children = [connect_child(tuple(address), config["token"]) for address in framing.read_message(stdin)["children"]]
     source = stdin if server is None else accept_parent(server, stdin, config["token"])
@@ -164,11 +164,11 @@ def accept_parent(server, stdin, token):
                 connection, _ = server.accept()
             except OSError:  # out of descriptors, or reset before it was accepted: make room
                 if candidates:
-                    candidates.pop(next(iter(candidates))).close()
+                    drop_oldest(candidates)
                 continue
             candidates[connection] = [time.monotonic(), b""]
             if len(candidates) > STRANGERS_KEPT:
-                candidates.pop(next(iter(candidates))).close()
+                drop_oldest(candidates)
             continue
         for connection in [c for c in readable if c in candidates]:
             try:
@@ -187,6 +187,12 @@ def accept_parent(server, stdin, token):
                 return Stream(connection, "the worker relaying the code", STALL_TIMEOUT_S)
             connection.close()  # not our parent
         launcher_done = launcher_done or stdin.handle in readable
+
+
+def drop_oldest(candidates):
+    oldest = next(iter(candidates))
+    del candidates[oldest]
+    oldest.close()
 
 
 def receive(source, children, tmp):
