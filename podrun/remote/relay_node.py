@@ -162,9 +162,10 @@ def accept_parent(server, stdin, token):
         if server in readable:  # before stdin: a parent that connected and finished leaves both ready
             try:
                 connection, _ = server.accept()
-            except OSError:  # out of descriptors, or reset before it was accepted: make room
-                if candidates:
-                    drop_oldest(candidates)
+            except OSError as error:  # out of descriptors: make room, if strangers hold it
+                if not candidates:
+                    fail("cannot take the relay connection: %s" % (error.strerror or error))
+                drop_oldest(candidates)
                 continue
             candidates[connection] = [time.monotonic(), b""]
             if len(candidates) > STRANGERS_KEPT:
