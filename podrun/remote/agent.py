@@ -29,8 +29,9 @@ Protocol
           So one channel per worker does what would otherwise take three.
   watch   {token, worker, hub_worker, workers, bind, stall, alive_every}: a detached run (on several
           workers, or with a stall limit), whose agents stop each other's steps when one fails, with no
-          launcher left (Hub, HubLink). The hub_worker's agent listens and reports {"event": "hub",
-          "port": P} first; every agent waits for "go HOST:PORT" (the hub's address) before it starts.
+          launcher left (Hub, HubLink). The hub_worker's agent listens on `bind` (its internal
+          address) and reports {"event": "hub", "port": P} first; every agent waits for
+          "go HOST:PORT" (the hub's address) before it starts.
           With stall (seconds), the hub also stops the job when no worker printed anything for that
           long: each agent first saves its job's stacks as run.stacks (stacks.py).
   stdout  the command's output, stdout and stderr merged, byte for byte.
@@ -65,6 +66,10 @@ try:  # on a worker, each was sent ahead of this file (transport/base.py, SCRIPT
         sys.modules["podrun_remote_" + name] for name in ("framing", "checkout", "interfaces", "stacks", "vm_notice"))
 except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import checkout, framing, interfaces, stacks, vm_notice
+try:  # hmac.compare_digest, without the 6.7 ms of imports (_hashlib) that hmac brings
+    from _operator import _compare_digest as same_secret
+except ImportError:  # not CPython
+    from hmac import compare_digest as same_secret  # type: ignore[no-redef]
 try:
     import _signal as signal  # what `signal` wraps in enums: the same functions and constants
 except ImportError:  # not CPython
@@ -116,7 +121,14 @@ def prepare(config, control, step):
     """Everything before the step starts: the probe and the launcher's "go", the checkout into the
     run directory, and a watched job's line between agents (returns its Hub or HubLink, else None)."""
     watch_config = config.get("watch")
-    hub = Hub(watch_config) if watch_config and watch_config["worker"] == watch_config["hub_worker"] else None
+    hub = None
+    if watch_config and watch_config["worker"] == watch_config["hub_worker"]:
+        try:
+            hub = Hub(watch_config)
+        except OSError as error:  # the internal address is not one of this host's own (NAT)
+            emit(event="error", message="cannot listen on %s, this worker's internal address, for the other "
+                 "workers' agents to watch the job: %s" % (watch_config["bind"], error.strerror or error))
+            os._exit(SPAWN_FAILED)
     if hub is not None:
         emit(event="hub", port=hub.port)
     probe = config.get("probe")
@@ -320,9 +332,10 @@ class Step:
             if attached and not self.stop_reason:
                 until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
-            until_stall = watch.until_stall() if watch is not None and not self.stop_reason else None
-            if until_stall is not None:
-                timeout = until_stall if timeout is None else min(timeout, until_stall)
+            watching_stall = not self.stop_reason
+            until_due = watch.until_due(watching_stall) if watch is not None else None
+            if until_due is not None:
+                timeout = until_due if timeout is None else min(timeout, until_due)
             for ready, fd in poller.poll(timeout):
                 if ready == "output":
                     data = os.read(self.output, 65536)
@@ -357,8 +370,8 @@ class Step:
                         self.request_stop(reason)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
-            if until_stall is not None:
-                watch.check_stall()
+            if watch is not None:
+                watch.tick(watching_stall)
             if self.status is None:
                 self.status = _exited(self.pid)
                 # it ended only once the grace period was over and SIGKILL sent: not a failure of its own
@@ -527,25 +540,36 @@ class Hub:
     stays to fail fast): every other worker's agent connects here, says hello with the job's token
     and, when its step ends, its exit code. The first failure (a non-zero code, or a connection
     that breaks before its code arrived: an agent killed, a host gone) is sent to every agent as
-    "stop WORKER CODE", and this worker stops too. Worker 0 stays until every other agent is done."""
+    "stop WORKER CODE", and this worker stops too. Worker 0 stays until every other agent is done.
+
+    Anyone who reaches worker 0's internal address may connect: a connection that has not said
+    hello with the token within HELLO_WITHIN_S, or sends a longer line than Link.LONGEST_LINE, is
+    dropped; beyond STRANGERS_KEPT such connections (and one per agent still to come) the oldest
+    goes; an accept() that fails (out of descriptors) halves that number for good and pauses
+    accepting for ACCEPT_PAUSE_S. So
+    strangers cost a bounded number of descriptors, never the agent, and never keep it waiting."""
 
     HELLO_WAIT_S = 30  # how long a finished worker 0 waits for agents that never said hello
+    HELLO_WITHIN_S = 5  # an agent says hello as soon as it connected
+    STRANGERS_KEPT = 16
+    ACCEPT_PAUSE_S = 1.0
 
     def __init__(self, config):
         import socket  # only watched jobs pay for it (it imports enum)
 
-        self.token = config["token"]
+        self.token = config["token"].encode()
         self.worker = config["worker"]
         self.workers = config["workers"]
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.listener.bind((config["bind"], 0))
-        except OSError:  # the internal IP is not one of this host's addresses (NAT): any address
-            self.listener.bind(("", 0))
+        # the internal address only: the watch is for the workers' network, not every interface
+        self.listener.bind((config["bind"], 0))
         self.listener.listen(self.workers)
         self.port = self.listener.getsockname()[1]
-        self.links = {}  # descriptor: Link of an agent that connected
+        self.links = {}  # descriptor: Link of an agent that said hello
+        self.strangers = {}  # descriptor: Link of a connection that has not yet, oldest first
+        self.accepting_at = None  # when accepting resumes, after accept() failed
+        self.strangers_kept = self.workers + self.STRANGERS_KEPT  # fewer once descriptors ran out
         self.ended = set()  # workers whose step ended (their code arrived)
         self.failure = None
         self.poller = None
@@ -561,26 +585,28 @@ class Hub:
         self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
         if self.started_at is None:
             self.started_at = self.heard_at[self.worker] = time.monotonic()
-        poller.register(self.listener.fileno(), "watch")
-        for fd in self.links:
+        if self.accepting_at is None:
+            poller.register(self.listener.fileno(), "watch")
+        for fd in (*self.links, *self.strangers):
             poller.register(fd, "watch")
 
     def ready(self, fd):
         if fd == self.listener.fileno():
-            connection, _ = self.listener.accept()
-            _keep_alive(connection)
-            self.links[connection.fileno()] = Link(connection)
-            self.poller.register(connection.fileno(), "watch")
+            self._accept()
             return
-        link = self.links[fd]
+        link = self.links.get(fd) or self.strangers.get(fd)
+        if link is None:
+            return  # dropped earlier in the same round of events
         lines = link.read_lines()
         for words in (line.split() for line in lines or ()):
-            if len(words) == 3 and words[0] == "hello" and words[1] == self.token:
+            if link.worker is None:
+                if len(words) != 3 or words[0] != "hello" or not words[2].isdigit() \
+                        or not same_secret(words[1].encode(), self.token):
+                    lines = None  # not one of the job's agents: hang up
+                    break
                 link.worker = int(words[2])
+                self.links[fd] = self.strangers.pop(fd)
                 self.heard_at.setdefault(link.worker, self.started_at)
-            elif link.worker is None:
-                lines = None  # not one of the job's agents: hang up
-                break
             elif words == ["alive"]:
                 self.heard_at[link.worker] = time.monotonic()
             elif len(words) == 2 and words[0] == "exit":
@@ -588,11 +614,31 @@ class Hub:
                 if int(words[1]) != 0:
                     self.fail(link.worker, int(words[1]))
         if lines is None:
-            self.poller.unregister(fd)
-            del self.links[fd]
-            link.connection.close()
-            if link.worker is not None and link.worker not in self.ended:
-                self.fail(link.worker, LOST)
+            self._hang_up(fd)
+
+    def _accept(self):
+        try:
+            connection, _ = self.listener.accept()
+            _keep_alive(connection)
+        except OSError:  # out of descriptors (EMFILE, ENFILE), or the connection already reset
+            # keep half as many strangers from now on: the job's own files must still open
+            self.strangers_kept = max(1, len(self.strangers) // 2)
+            while len(self.strangers) > self.strangers_kept:
+                self._hang_up(next(iter(self.strangers)))
+            self.poller.unregister(self.listener.fileno())
+            self.accepting_at = time.monotonic() + self.ACCEPT_PAUSE_S
+            return
+        self.strangers[connection.fileno()] = Link(connection)
+        self.poller.register(connection.fileno(), "watch")
+        if len(self.strangers) > min(self.strangers_kept, self.STRANGERS_KEPT + self.workers - 1 - len(self.links)):
+            self._hang_up(next(iter(self.strangers)))
+
+    def _hang_up(self, fd):
+        link = self.links.pop(fd, None) or self.strangers.pop(fd)
+        self.poller.unregister(fd)
+        link.connection.close()
+        if link.worker is not None and link.worker not in self.ended:
+            self.fail(link.worker, LOST)
 
     def fail(self, worker, code):
         if self.failure is not None or self.stalled:
@@ -605,6 +651,29 @@ class Hub:
 
     def heard(self):
         self.heard_at[self.worker] = time.monotonic()
+
+    def until_due(self, stall):
+        """Seconds until tick() has something to do (None: nothing to wait for): a stranger's hello
+        overdue, accepting again, and with `stall` the job's stall."""
+        dues = []
+        if self.strangers:
+            dues.append(next(iter(self.strangers.values())).since + self.HELLO_WITHIN_S - time.monotonic())
+        if self.accepting_at is not None:
+            dues.append(self.accepting_at - time.monotonic())
+        until_stall = self.until_stall() if stall else None
+        if until_stall is not None:
+            dues.append(until_stall)
+        return max(0.0, min(dues)) if dues else None
+
+    def tick(self, stall):
+        now = time.monotonic()
+        while self.strangers and next(iter(self.strangers.values())).since + self.HELLO_WITHIN_S <= now:
+            self._hang_up(next(iter(self.strangers)))
+        if self.accepting_at is not None and self.accepting_at <= now:
+            self.accepting_at = None
+            self.poller.register(self.listener.fileno(), "watch")
+        if stall:
+            self.check_stall()
 
     def until_stall(self):
         """Seconds until the job counts as stalled (None: it is not watched for one, or already did)."""
@@ -619,8 +688,7 @@ class Hub:
         self.stalled = True
         now = time.monotonic()
         for link in self.links.values():
-            if link.worker is not None:
-                link.send("stall %.3f\n" % (now - self.heard_at[link.worker]))
+            link.send("stall %.3f\n" % (now - self.heard_at[link.worker]))
         self.on_stall(now - self.heard_at[self.worker])
 
     def step_ended(self, code):
@@ -635,18 +703,18 @@ class Hub:
         self.poller.register(step.wakeup, "signal")
         while not step.stop_reason and self._waiting():
             timeout = None if self.links else max(0.0, self.hello_deadline - time.monotonic())
-            until_stall = self.until_stall()  # the other workers may still hang
-            if until_stall is not None:
-                timeout = until_stall if timeout is None else min(timeout, until_stall)
+            until_due = self.until_due(stall=True)  # the other workers may still hang
+            if until_due is not None:
+                timeout = until_due if timeout is None else min(timeout, until_due)
             for ready, fd in self.poller.poll(timeout):
                 if ready == "signal":
                     os.read(fd, 512)
                 else:
                     self.ready(fd)
-            self.check_stall()
+            self.tick(stall=True)
 
     def _waiting(self):
-        """Whether an agent is still connected, or may yet connect."""
+        """Whether an agent is still connected, or may yet connect (a stranger's connection is no reason)."""
         return bool(self.links) or (len(self.ended) < self.workers and time.monotonic() < self.hello_deadline)
 
 
@@ -678,10 +746,10 @@ class HubLink:
             self.link.send("alive\n")
             self.alive_due = time.monotonic() + self.alive_every
 
-    def until_stall(self):
-        return None  # the hub decides
+    def until_due(self, stall):
+        return None  # the hub watches for a stall
 
-    def check_stall(self):
+    def tick(self, stall):
         pass
 
     def ready(self, fd):
@@ -706,13 +774,17 @@ class HubLink:
 class Link:
     """One connection between agents of a watched job, in lines."""
 
+    LONGEST_LINE = 1024  # agents send short lines ("hello TOKEN WORKER", "exit CODE"): more is no agent
+
     def __init__(self, connection):
         self.connection = connection
         self.worker = None
+        self.since = time.monotonic()
         self.pending = b""
 
     def read_lines(self):
-        """The complete lines that arrived, or None once the connection is closed or broken."""
+        """The complete lines that arrived, or None once the connection is closed or broken, or sent
+        a line longer than LONGEST_LINE (so what is kept stays short, and splitting it stays linear)."""
         try:
             data = self.connection.recv(4096)
         except OSError:
@@ -720,6 +792,8 @@ class Link:
         if not data:
             return None
         *lines, self.pending = (self.pending + data).split(b"\n")
+        if len(self.pending) > self.LONGEST_LINE or any(len(line) > self.LONGEST_LINE for line in lines):
+            return None
         return [line.decode(errors="replace") for line in lines]
 
     def send(self, text):

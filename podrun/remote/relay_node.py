@@ -28,6 +28,7 @@ pipe holds.
 
 import collections
 import hashlib
+import hmac
 import os
 import select
 import shutil
@@ -49,6 +50,8 @@ STALL_TIMEOUT_S = 30  # no byte moving on a relay connection, or into tar, for t
 # (relay.RECEIVER_STALL_S): the others wait longer than that before giving up on the launcher
 LAUNCHER_SILENCE_S = 90
 CONNECT_TIMEOUT_S = 5
+PARENT_PROVES_S = 5  # a connection that has not presented the token by then is not the parent
+STRANGERS_KEPT = 16  # connections waited on at once: the oldest goes
 PROGRESS_INTERVAL_S = 1
 TAR_LINES_SHOWN = 3
 HEADER = struct.Struct(framing.FRAME_HEADER)
@@ -70,7 +73,7 @@ def receive_and_forward():
     if config["listen"]:
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("0.0.0.0", 0))
-        server.listen(1)
+        server.listen(STRANGERS_KEPT)  # the parent must not find the backlog full of strangers
     say("port %d" % (server.getsockname()[1] if server else 0))
     children = [connect_child(tuple(address), config["token"]) for address in framing.read_message(stdin)["children"]]
     source = stdin if server is None else accept_parent(server, stdin, config["token"])
@@ -137,23 +140,60 @@ def connect_child(address, token):
 
 
 def accept_parent(server, stdin, token):
-    """The first connection that presents the token; stdin's end first means no parent is coming."""
+    """The first connection that presents the token; stdin's end first means no parent is coming.
+    Anyone who reaches this port may connect: each connection gets PARENT_PROVES_S to present the
+    token, the oldest is dropped beyond STRANGERS_KEPT, and none holds up the others."""
+    expected = token.encode()
+    candidates = {}  # connection: [accepted at, the bytes it sent so far], oldest first
+    give_up_at = time.monotonic() + STALL_TIMEOUT_S
+    launcher_done = False
     while True:
-        readable, _, _ = select.select([server, stdin.handle], [], [], STALL_TIMEOUT_S)
-        if server in readable:  # before stdin: a parent that connected and finished leaves both ready
-            connection, _ = server.accept()
-            parent = Stream(connection, "the worker relaying the code", STALL_TIMEOUT_S)
-            try:
-                if parent.read_exactly(len(token)) == token.encode():
-                    server.close()
-                    return parent
-            except (OSError, EOFError):
-                pass
-            connection.close()  # not our parent
-        elif readable:
+        now = time.monotonic()
+        for connection in [c for c, (since, _) in candidates.items() if now - since >= PARENT_PROVES_S]:
+            candidates.pop(connection)
+            connection.close()
+        if launcher_done and not candidates:
             fail("the worker relaying the code to this one never connected")
-        else:
+        if now >= give_up_at:
             fail("no relay connection for %ds" % STALL_TIMEOUT_S)
+        due = min([give_up_at] + [since + PARENT_PROVES_S for since, _ in candidates.values()])
+        watched = [server] + ([] if launcher_done else [stdin.handle]) + list(candidates)
+        readable = select.select(watched, [], [], max(0.0, due - now))[0]
+        if server in readable:  # before stdin: a parent that connected and finished leaves both ready
+            try:
+                connection, _ = server.accept()
+            except OSError as error:  # out of descriptors: make room, if strangers hold it
+                if not candidates:
+                    fail("cannot take the relay connection: %s" % (error.strerror or error))
+                drop_oldest(candidates)
+                continue
+            candidates[connection] = [time.monotonic(), b""]
+            if len(candidates) > STRANGERS_KEPT:
+                drop_oldest(candidates)
+            continue
+        for connection in [c for c in readable if c in candidates]:
+            try:
+                data = connection.recv(len(expected) - len(candidates[connection][1]))
+            except OSError:
+                data = b""
+            candidates[connection][1] += data
+            presented = candidates[connection][1]
+            if data and len(presented) < len(expected):
+                continue
+            del candidates[connection]
+            if data and hmac.compare_digest(presented, expected):
+                for other in candidates:
+                    other.close()
+                server.close()
+                return Stream(connection, "the worker relaying the code", STALL_TIMEOUT_S)
+            connection.close()  # not our parent
+        launcher_done = launcher_done or stdin.handle in readable
+
+
+def drop_oldest(candidates):
+    oldest = next(iter(candidates))
+    del candidates[oldest]
+    oldest.close()
 
 
 def receive(source, children, tmp):
