@@ -1,9 +1,12 @@
 """A worker's directory for the jobs of one name: the code versions, the run directory, and their disk.
 
     ~/podrun/<name>/<hash>/   one version of the code per content hash, as shipped; never trusted as
-                              is: its record (<hash>.files, code_record.py) says what it must hold
+                              is: its record (<hash>.files, code_record.py) says what it must hold.
+                              Only a directory with its record beside it is a version: whatever else
+                              is there is the user's (a 2024/), never counted or removed
     ~/podrun/<name>/run/      where every job of that name runs (its cwd): its version's files,
-                              hard-linked in, beside what jobs wrote there (checkpoints, outputs)
+                              hard-linked in, beside what jobs wrote there (checkpoints, outputs); a
+                              checkout never follows a link a job made in it (_RunDirs)
 
 Before a job's first step, its agent's probe calls verify(): a version whose files changed since it
 was shipped is removed, and the launcher ships it again. A job changes a version by writing into one
