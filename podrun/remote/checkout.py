@@ -223,7 +223,10 @@ class _RunDirs:
                     raise FileExistsError(errno.EEXIST, "a file is where the code has a directory",
                                           os.path.join(self.run_dir, relative_dir)) from None
                 os.unlink(name, dir_fd=parent)
-            os.mkdir(name, dir_fd=parent)
+            try:
+                os.mkdir(name, dir_fd=parent)
+            except FileExistsError:  # a job made it meanwhile
+                pass
             descriptor = os.open(name, DIRECTORY_FLAGS, dir_fd=parent)
         self.descriptors[relative_dir] = descriptor
         return descriptor
@@ -231,6 +234,8 @@ class _RunDirs:
     def remove(self, relative_dir):
         """Remove the directory if it is empty; returns whether it did."""
         parent = self.open(os.path.dirname(relative_dir))
+        if parent is None:
+            return False
         try:
             os.rmdir(os.path.basename(relative_dir), dir_fd=parent)
         except OSError:  # not empty: the job's files, or the version's (or a link: not ours)
