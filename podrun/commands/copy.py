@@ -19,6 +19,7 @@ import os
 import secrets
 import shlex
 import shutil
+import stat
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,6 +37,12 @@ from podrun.transport.base import ChannelLost
 
 REMOTE = ":"
 READ_BYTES = 1 << 16
+# as root, tar would keep the archive's owners and setuid bits: what a worker sends is owned by the
+# user running podrun, with their umask, as for any other user (tar's default for them)
+UNPACK = ("tar", "-x", "--no-same-owner", "--no-same-permissions", "-f", "-", "-C")
+SPECIAL_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a fifo",
+                 stat.S_IFSOCK: "a socket"}
+SPECIALS_NAMED = 5
 
 
 def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, recurse: bool,
@@ -88,7 +95,20 @@ def _local_tree(sources: list[str], recurse: bool) -> Tree:
                 raise UsageError(f"{source}: is a directory (use --recurse)")
             for folder, folders, files in os.walk(path):
                 entries += [os.path.join(folder, name) for name in folders + files]
+    specials = [f"{entry} is {kind}" for entry in sorted(entries) if (kind := _special_kind(entry))]
+    if specials:
+        raise UsageError(_specials_refused(specials))
     return Tree(Path("/"), sorted({entry.lstrip("/") for entry in entries}), digest="")
+
+
+def _special_kind(path: str) -> str | None:
+    """What path is if it is none of a file, a directory or a symbolic link ("a fifo"), else None."""
+    return SPECIAL_KINDS.get(stat.S_IFMT(os.lstat(path).st_mode))
+
+
+def _specials_refused(specials: list[str]) -> str:
+    more = f" (and {len(specials) - SPECIALS_NAMED} more)" if len(specials) > SPECIALS_NAMED else ""
+    return f"{', '.join(specials[:SPECIALS_NAMED])}{more}: podrun cp copies files, directories and symbolic links only"
 
 
 async def _upload(tree: Tree, sources: list[str], dest: str, workers: list[Worker]) -> int:
@@ -211,8 +231,8 @@ async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest
         raise PodrunError(f"{dest}: cannot copy there: {error.strerror}") from None
     try:
         channel = await worker.transport.start(_tar_command(sources, recurse))
-        unpacker = await asyncio.create_subprocess_exec("tar", "-x", "-f", "-", "-C", staging,
-                                                        stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        unpacker = await asyncio.create_subprocess_exec(*UNPACK, staging, stdin=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
         assert unpacker.stdin is not None and unpacker.stderr is not None
         try:
             channel.stdin.write_eof()
@@ -233,11 +253,26 @@ async def _download_from(worker: Worker, sources: list[str], recurse: bool, dest
         if unpacked != 0:
             raise PodrunError(f"{dest}: tar could not unpack the copy from worker {worker.index}: "
                               f"{_last_line(await unpacker.stderr.read(), unpacked)}")
+        _refuse_special_files(worker, staging, sources)
         progress.add(done=1)
         return staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _refuse_special_files(worker: Worker, staging: str, sources: list[str]) -> None:
+    """A copy holding a device node, a fifo or a socket is refused, naming them (as remote paths)."""
+    remote_folder = {os.path.basename(source.rstrip("/")): os.path.dirname(source.rstrip("/")) for source in sources}
+    specials = []
+    for folder, folders, files in os.walk(staging):
+        for name in folders + files:
+            if kind := _special_kind(os.path.join(folder, name)):
+                relative = os.path.relpath(os.path.join(folder, name), staging)
+                specials.append(f"{REMOTE}{os.path.join(remote_folder.get(relative.split(os.sep)[0], ''), relative)} "
+                                f"is {kind}")
+    if specials:
+        raise PodrunError(f"worker {worker.index} ({worker.address}): {_specials_refused(sorted(specials))}")
 
 
 def _tar_command(sources: list[str], recurse: bool) -> str:
@@ -251,7 +286,8 @@ def _tar_command(sources: list[str], recurse: bool) -> str:
         if not recurse:
             checks.append(f'[ ! -d {path} ] || {{ echo {shown}: is a directory "(use --recurse)" >&2; exit 1; }}')
         folder, name = os.path.split(source.rstrip("/"))
-        members.append(f"-C {_shell_path(folder, absolute=True)} {shlex.quote(name)}")
+        # ./: a name that begins with `-` is not read as one of tar's options (-C's own argument is absolute)
+        members.append(f"-C {_shell_path(folder, absolute=True)} {shlex.quote('./' + name)}")
     return "; ".join([*checks, f"exec tar -c -f - {' '.join(members)}"])
 
 

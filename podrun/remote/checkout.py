@@ -1,9 +1,12 @@
 """A worker's directory for the jobs of one name: the code versions, the run directory, and their disk.
 
     ~/podrun/<name>/<hash>/   one version of the code per content hash, as shipped; never trusted as
-                              is: its record (<hash>.files, code_record.py) says what it must hold
+                              is: its record (<hash>.files, code_record.py) says what it must hold.
+                              Only a directory with its record beside it is a version: whatever else
+                              is there is the user's (a 2024/), never counted or removed
     ~/podrun/<name>/run/      where every job of that name runs (its cwd): its version's files,
-                              hard-linked in, beside what jobs wrote there (checkpoints, outputs)
+                              hard-linked in, beside what jobs wrote there (checkpoints, outputs); a
+                              checkout never follows a link a job made in it (_RunDirs)
 
 Before a job's first step, its agent's probe calls verify(): a version whose files changed since it
 was shipped is removed, and the launcher ships it again. A job changes a version by writing into one
@@ -44,6 +47,7 @@ Standard library only, Python 3.8+, nothing done at import.
 import errno
 import fcntl
 import os
+import stat
 import sys
 
 try:  # on a worker, sent ahead of this file (transport/base.py, SCRIPT_MODULES)
@@ -58,7 +62,7 @@ WRITTEN_SUFFIX = ".written"
 RUN = "run"
 KEPT_VERSIONS = 3
 NEW_SUFFIX = ".podrun-new"
-HEX_DIGITS = frozenset("0123456789abcdef")
+DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 _verified: dict = {}  # version dir: its record, as verify() just found it
 
 
@@ -158,96 +162,162 @@ def _place(version_dir, run_dir, same_version):
         raise CheckoutError("the code version %s is gone from this worker (removed while the job started?); "
                             "run the job again" % version_dir)
     entries = record[1]
-    if not same_version:
-        for relative, inode in _read_manifest(run_dir).items():
-            if relative not in entries:
-                _remove_placed(run_dir, relative, inode)
-    in_run_dir = _inodes(run_dir, {os.path.dirname(relative) for relative in entries})
-    written = _written(run_dir)
-    made = set()
-    linked = []
-    placed = {}
-    for relative, entry in entries.items():
-        inode = entry[1] or os.lstat(os.path.join(version_dir, relative)).st_ino
-        if in_run_dir.get(relative) == inode:
-            placed[relative] = inode
-            continue
-        target = os.path.join(run_dir, relative)
-        parent = os.path.dirname(target)
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
-        copy = relative in written
-        placed[relative] = _link(os.path.join(version_dir, relative), target, relative in in_run_dir, copy)
-        if not copy:
-            linked.append(relative)
+    with _RunDirs(run_dir) as dirs:
+        if not same_version:
+            for relative, inode in _read_manifest(run_dir).items():
+                if relative not in entries:
+                    _remove_placed(dirs, relative, inode)
+        in_run_dir = _inodes(dirs, {os.path.dirname(relative) for relative in entries})
+        written = _written(run_dir)
+        linked = []
+        placed = {}
+        for relative, entry in entries.items():
+            inode = entry[1] or os.lstat(os.path.join(version_dir, relative)).st_ino
+            if in_run_dir.get(relative) == inode:
+                placed[relative] = inode
+                continue
+            copy = relative in written
+            placed[relative] = _link(os.path.join(version_dir, relative), dirs.open(os.path.dirname(relative), True),
+                                     os.path.basename(relative), relative in in_run_dir, copy)
+            if not copy:
+                linked.append(relative)
     if linked:
         code_record.settle(version_dir, record, linked)
     if linked or not same_version:
         _write_manifest(run_dir, placed)
 
 
-def _inodes(run_dir, relative_dirs):
+class _RunDirs:
+    """Descriptors of run/'s directories, each opened from its parent's without following a symbolic
+    link: what a checkout writes or removes is in run/, never through a job's link out of it (say,
+    src/ replaced by a link to a directory elsewhere). Every name is then used relative to its directory's
+    descriptor, for a `with` block."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+
+    def __enter__(self):
+        self.descriptors = {"": os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)}
+        return self
+
+    def __exit__(self, *exception):
+        for descriptor in self.descriptors.values():
+            os.close(descriptor)
+
+    def open(self, relative_dir, create=False):
+        """The directory's descriptor; None if it is missing or not a directory (a link is not one),
+        unless `create`: then it is made, and a link found in its place removed (the link itself)."""
+        if relative_dir in self.descriptors:
+            return self.descriptors[relative_dir]
+        parent = self.open(os.path.dirname(relative_dir), create)
+        if parent is None:
+            return None
+        name = os.path.basename(relative_dir)
+        try:
+            descriptor = os.open(name, DIRECTORY_FLAGS, dir_fd=parent)
+        except (FileNotFoundError, NotADirectoryError) as error:
+            if not create:
+                return None
+            if isinstance(error, NotADirectoryError):
+                if not stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode):
+                    raise FileExistsError(errno.EEXIST, "a file is where the code has a directory",
+                                          os.path.join(self.run_dir, relative_dir)) from None
+                os.unlink(name, dir_fd=parent)
+            try:
+                os.mkdir(name, dir_fd=parent)
+            except FileExistsError:  # a job made it meanwhile
+                pass
+            descriptor = os.open(name, DIRECTORY_FLAGS, dir_fd=parent)
+        self.descriptors[relative_dir] = descriptor
+        return descriptor
+
+    def remove(self, relative_dir):
+        """Remove the directory if it is empty; returns whether it did."""
+        parent = self.open(os.path.dirname(relative_dir))
+        if parent is None:
+            return False
+        try:
+            os.rmdir(os.path.basename(relative_dir), dir_fd=parent)
+        except OSError:  # not empty: the job's files, or the version's (or a link: not ours)
+            return False
+        descriptor = self.descriptors.pop(relative_dir, None)
+        if descriptor is not None:
+            os.close(descriptor)
+        return True
+
+
+def _inodes(dirs, relative_dirs):
     """{relative path: inode} of what the directories hold, from the directory entries (no stat: a
     checkout of unchanged code reads a directory per directory of the code, not an inode per file)."""
     inodes = {}
     for relative_dir in relative_dirs:
-        try:
-            with os.scandir(os.path.join(run_dir, relative_dir)) as entries:
+        descriptor = dirs.open(relative_dir)
+        if descriptor is not None:
+            with os.scandir(descriptor) as entries:
                 for entry in entries:
                     inodes[os.path.join(relative_dir, entry.name)] = entry.inode()
-        except (FileNotFoundError, NotADirectoryError):
-            pass
     return inodes
 
 
-def _link(source, target, replacing, copy=False):
-    """Put source (or a copy of it) at target, a file there `replacing` (through a temporary name: a
-    job never finds it missing); returns target's inode."""
+def _link(source, parent, name, replacing, copy=False):
+    """Put source (or a copy of it) at `name` in the directory `parent` (a descriptor), a file there
+    `replacing` (through a temporary name: a job never finds it missing); returns its inode."""
     info = os.lstat(source)
-    placed = target + NEW_SUFFIX if replacing else target
+    placed = name + NEW_SUFFIX if replacing else name
     try:
-        inode = _hard_link(source, placed, info, copy)
+        inode = _hard_link(source, parent, placed, info, copy)
     except FileExistsError:  # a temporary name left by a checkout that was killed
-        os.unlink(placed)
-        inode = _hard_link(source, placed, info, copy)
+        os.unlink(placed, dir_fd=parent)
+        inode = _hard_link(source, parent, placed, info, copy)
     if replacing:
-        os.replace(placed, target)
+        os.replace(placed, name, src_dir_fd=parent, dst_dir_fd=parent)
     return inode
 
 
-def _hard_link(source, target, info, copy):
+def _hard_link(source, parent, name, info, copy):
     """A hard link, or a copy if asked or where run/ is on another file system than the version;
     returns its inode."""
     try:
         if not copy:
-            os.link(source, target, follow_symlinks=False)
+            os.link(source, name, dst_dir_fd=parent, follow_symlinks=False)
             return info.st_ino
     except OSError as error:
         if error.errno != errno.EXDEV:
             raise
+    if stat.S_ISLNK(info.st_mode):
+        os.symlink(os.readlink(source), name, dir_fd=parent)
+    else:
+        _copy(source, parent, name, info)
+    return os.lstat(name, dir_fd=parent).st_ino
+
+
+def _copy(source, parent, name, info):
+    """A new file `name` in `parent` with source's content, mode and times (as shutil.copy2)."""
     import shutil
 
-    shutil.copy2(source, target, follow_symlinks=False)
-    return os.lstat(target).st_ino
+    descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent)
+    with open(source, "rb") as reader, open(descriptor, "wb") as writer:
+        shutil.copyfileobj(reader, writer)
+        writer.flush()
+        os.chmod(descriptor, stat.S_IMODE(info.st_mode))
+        os.utime(descriptor, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
-def _remove_placed(run_dir, relative, inode):
-    """Remove a file an earlier checkout placed, unless a job replaced it since, then the directories
-    that emptied."""
-    target = os.path.join(run_dir, relative)
+def _remove_placed(dirs, relative, inode):
+    """Remove a file an earlier checkout placed, unless a job replaced it since (or its directory),
+    then the directories that emptied."""
+    parent = dirs.open(os.path.dirname(relative))
+    if parent is None:  # gone, or a job's link now: what it leads to is not ours
+        return
+    name = os.path.basename(relative)
     try:
-        if os.lstat(target).st_ino != inode:
+        if os.lstat(name, dir_fd=parent).st_ino != inode:
             return
-        os.unlink(target)
+        os.unlink(name, dir_fd=parent)
     except (FileNotFoundError, NotADirectoryError):
         return
     relative_dir = os.path.dirname(relative)
-    while relative_dir:
-        try:
-            os.rmdir(os.path.join(run_dir, relative_dir))
-        except OSError:  # not empty: the job's files, or the version's
-            return
+    while relative_dir and dirs.remove(relative_dir):
         relative_dir = os.path.dirname(relative_dir)
 
 
@@ -298,26 +368,38 @@ def prune(name_dir, current, keep):
 
 
 def _remove_version(version_dir):
-    """The version and its record (renamed first: versions_in no longer lists a half-removed one)."""
+    """The version, then its record (renamed first: versions_in no longer lists a half-removed one)."""
     import shutil
 
+    removed = "%s.removed.%d" % (version_dir, os.getpid())
+    os.rename(version_dir, removed)
     try:
         os.unlink(version_dir + code_record.SUFFIX)
     except FileNotFoundError:
         pass
-    removed = "%s.removed.%d" % (version_dir, os.getpid())
-    os.rename(version_dir, removed)
     shutil.rmtree(removed)
 
 
 def versions_in(name_dir):
-    """The version directories of a name (named by content hash; shipments still unpacking are not)."""
+    """The version directories of a name: those with podrun's record beside them (shipments still
+    unpacking have none yet). Whatever else is there is the user's, whatever its name (2024/)."""
     try:
         entries = os.listdir(name_dir)
     except FileNotFoundError:
         return []
-    return [os.path.join(name_dir, entry) for entry in entries
-            if set(entry) <= HEX_DIGITS and os.path.isdir(os.path.join(name_dir, entry))]
+    versions = []
+    for entry in entries:
+        path = os.path.join(name_dir, entry[:-len(code_record.SUFFIX)])
+        if entry.endswith(code_record.SUFFIX) and code_record.is_record(path + code_record.SUFFIX) and _is_directory(path):
+            versions.append(path)
+    return versions
+
+
+def _is_directory(path):
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def current_version(run_dir):

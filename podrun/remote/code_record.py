@@ -64,6 +64,15 @@ def load(version_dir):
     return int(header[len(HEADER):]), entries
 
 
+def is_record(path):
+    """Whether path is a record podrun wrote (its header), not a user's file of that name."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(HEADER)) == HEADER
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+
+
 def changed_files(version_dir, record):
     """The files of the version whose content is not the one shipped (missing ones too), sorted.
     Signatures that moved but whose content is intact are recorded again."""

@@ -243,8 +243,10 @@ class Tar:
     its stderr read by a thread as it comes, the last lines kept to say why it failed."""
 
     def __init__(self, directory):
-        self.process = subprocess.Popen(["tar", "-x", "-f", "-", "-C", directory], stdin=subprocess.PIPE,
-                                        stderr=subprocess.PIPE)
+        # as root, tar would keep the launcher's uid (or its user's, by name) and setuid bits: what
+        # arrives belongs to the login user, with its umask, as for any other user
+        self.process = subprocess.Popen(["tar", "-x", "--no-same-owner", "--no-same-permissions", "-f", "-",
+                                         "-C", directory], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
         os.set_blocking(self.process.stdin.fileno(), False)
         self.last_lines = collections.deque(maxlen=TAR_LINES_SHOWN)
         self.reader = threading.Thread(target=self.read_stderr, daemon=True)
