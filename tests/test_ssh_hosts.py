@@ -28,7 +28,8 @@ def test_torchrun_ddp_across_three_hosts_from_the_example_config(home, lab, tmp_
     result = podrun("exec", tmp_path / "ssh-hosts.yaml", timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout
     # the lab's hostnames resolve to 127.0.0.1 and the spec names no interface: podrun does
-    assert "set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to eth0 there" in result.stderr
+    assert ("set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to eth0 on workers 0, 1, 2 (10.99.0.10, 10.99.0.11, "
+            "10.99.0.12): the interface of the route to MASTER_ADDR 10.99.0.10") in result.stderr
     ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
     assert sorted(int(rank) for _, rank, *_ in ranks) == list(range(6)), result.stdout
     for prefix_worker, rank, world_size, _local_rank, env_worker, _ in ranks:
