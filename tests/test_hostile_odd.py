@@ -68,7 +68,7 @@ def interrupted_once_said(args: list, pattern: str, signum: int) -> tuple[int, f
 # --- item 4: a host whose login hangs
 
 @pytest.mark.slow
-def test_exec_names_a_host_whose_login_hangs_and_sigterm_ends_it_in_seconds(lab, hosts_spec):
+def test_exec_names_a_host_whose_login_hangs_and_sigterm_ends_it_in_seconds(lab, hosts_spec, home):
     spec = hosts_spec("run: echo hi\n", hosts=(0, 1))
     with login_script(lab, 1, HANGING_LOGIN):
         code, took_s, text = interrupted_once_said(
@@ -81,7 +81,7 @@ def test_exec_names_a_host_whose_login_hangs_and_sigterm_ends_it_in_seconds(lab,
 
 
 @pytest.mark.slow
-def test_exec_gives_up_on_a_host_whose_login_hangs_naming_it(lab, hosts_spec):
+def test_exec_gives_up_on_a_host_whose_login_hangs_naming_it(lab, hosts_spec, home):
     spec = hosts_spec("run: echo hi\n", hosts=(0, 1))
     with login_script(lab, 1, HANGING_LOGIN):
         started = time.monotonic()
@@ -96,7 +96,7 @@ def test_exec_gives_up_on_a_host_whose_login_hangs_naming_it(lab, hosts_spec):
 
 
 @pytest.mark.slow
-def test_disk_names_a_host_whose_login_hangs_and_ctrl_c_ends_it(lab, hosts_spec):
+def test_disk_names_a_host_whose_login_hangs_and_ctrl_c_ends_it(lab, hosts_spec, home):
     spec = hosts_spec("run: echo hi\n", hosts=(0, 1))
     with login_script(lab, 1, HANGING_LOGIN):
         code, took_s, text = interrupted_once_said(
@@ -108,7 +108,7 @@ def test_disk_names_a_host_whose_login_hangs_and_ctrl_c_ends_it(lab, hosts_spec)
 # --- item 12: a login that talks on stderr
 
 @pytest.mark.slow
-def test_a_chatty_login_breaks_neither_jobs_nor_logs_of_a_detached_job(lab, hosts_spec, tmp_path):
+def test_a_chatty_login_breaks_neither_jobs_nor_logs_of_a_detached_job(lab, hosts_spec, home, tmp_path):
     release = tmp_path / "release"
     spec = hosts_spec(f"run: |\n  echo before $PODRUN_WORKER\n  while [ ! -e {release} ]; do sleep 0.1; done\n",
                       hosts=(0, 1))
