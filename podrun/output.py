@@ -30,7 +30,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import BinaryIO
 
-LINE_BREAK = re.compile(rb"\r\n|\n|\r|\[rank(\d+)\]:")  # a rank's header: remote/rank_output.py
+# a rank's header (remote/rank_output.py), `[rank3]:`; more digits than any world size has make it text, not a
+# header: Python refuses to read an integer of 4,301 digits, and each header names a rank to keep apart
+RANK_HEADER = r"\[rank(\d{1,7})\]:"
+LINE_BREAK = re.compile(rb"\r\n|\n|\r|" + RANK_HEADER.encode())
+# a worker's ranks with an unfinished line at once (each costs a line's state, and a live row); a stream
+# naming ever new ranks finishes the oldest one's line as it goes, so memory stays bounded
+MAX_OPEN_RANKS = 1024
 MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
 PIPE_PROGRESS_S = 30.0
 # a live line is redrawn at most this often, so a fast bar costs the terminal nothing; a newer text
@@ -182,6 +188,8 @@ class Terminal:
         given, prints above it."""
         if self.live_lines.pop((index, rank), None) is not None or text is not None:
             self._lift()
+        self.drawn_at.pop((index, rank), None)  # a rank's row is gone for good: its line ended
+        self.stale.discard((index, rank))
         if text is not None:
             self.pending.append(self.label(index, rank) + text + b"\n")
 
@@ -387,6 +395,8 @@ class WorkerOutput:
             self._add(match[0])
         else:
             self.rank = int(match[1])
+            if self.rank not in self.lines and len(self.lines) >= MAX_OPEN_RANKS:
+                self._end_line_of(next(rank for rank in self.lines if rank is not None))
 
     def _show_unfinished(self) -> None:
         """On a live terminal, the current line's text as the terminal would show it: what was written
@@ -407,6 +417,12 @@ class WorkerOutput:
         elif time.monotonic() - line.since >= PIPE_PROGRESS_S and line.shown.strip():
             line.since = time.monotonic()
             self.terminal.print_line(self.index, self.rank, line.shown)
+
+    def _end_line_of(self, rank: int) -> None:
+        """Finish rank `rank`'s line as it stands, then go on with the current rank's."""
+        current, self.rank = self.rank, rank
+        self._end_line()
+        self.rank = current
 
     def _end_line(self) -> None:
         line, rank = self.lines.pop(self.rank, _Line()), self.rank

@@ -142,6 +142,7 @@ class FakeAgent:
         if watch and watch["worker"] == watch["hub_worker"]:
             self._emit(event="hub", port=40000 + self.index)
         if "probe" in self.config:
+            self._emit(event="hello")  # as agent.py: first, before its checks
             if script.lost_in == "probe":
                 return self._lose()
             if not script.probe_held:

@@ -84,10 +84,11 @@ def test_a_probing_agent_reports_the_code_dir_and_starts_only_on_go(tmp_path):
     (tmp_path / "code").mkdir()
     code_record.create(str(tmp_path / "code"), str(tmp_path / "code.files"))  # as the relay unpacks it
     output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"go\n", probe={"code_dir": "code"})
-    assert events[0] == {"event": "probe", "code": 1, "changed": "", "changed_count": 0, "holders": ""}
+    assert events[:2] == [{"event": "hello"},
+                          {"event": "probe", "code": 1, "changed": "", "changed_count": 0, "holders": ""}]
     assert (output, events[-1]["event"], code) == (b"ran\n", "exited", 0)
 
     output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"stop\n", probe={"code_dir": "absent"})
     # told to stop before go: nothing ran
-    assert events == [{"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""}]
+    assert events == [{"event": "hello"}, {"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""}]
     assert (output, code) == (b"", 0)

@@ -64,7 +64,7 @@ def test_a_detached_job_whose_first_worker_is_killed_stops_everywhere(home, job_
     job_id = job_id_in(launched.stderr)
     agent_file = home / "local" / "w0" / ".podrun" / "jobs" / job_id / "run.agent"
     wait_until(agent_file.exists, "worker 0's agent pid file")
-    os.kill(int(agent_file.read_text()), signal.SIGKILL)
+    os.kill(int(agent_file.read_text().split()[0]), signal.SIGKILL)
     wait_until(lambda: worker_exit(home, 1, job_id), "worker 1 to stop", timeout=20)
     assert worker_exit(home, 1, job_id)["stop_reason"] == "worker 0 failed with code 255"
     listed = json.loads(podrun("jobs", "--json").stdout)

@@ -12,12 +12,14 @@ import json
 
 from podrun import paths
 from podrun.errors import PodrunError
+from podrun.launch.steps import wait_for_workers
 from podrun.output import counted, print_table, size_text
 from podrun.spec import load_spec
 from podrun.targets import target_for
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
 
+DISK_TIMEOUT_S = 120  # measuring (and freeing) a worker's files: a big tree takes seconds, a login that hangs forever
 JOB_FILES_KEPT_S = 7 * 24 * 3600  # --free keeps a finished job's files on the workers this long after its last change
 
 
@@ -31,7 +33,9 @@ def disk(spec_path: str, free: bool) -> int:
 
 
 async def _on_every_worker(workers: list[Worker], name: str, free: bool) -> list[dict]:
-    return await asyncio.gather(*(_usage(worker, name, free) for worker in workers))
+    usage: dict[asyncio.Future, Worker] = {asyncio.ensure_future(_usage(worker, name, free)): worker for worker in workers}
+    await wait_for_workers(usage, "report podrun's disk use", DISK_TIMEOUT_S)
+    return [task.result() for task in usage]
 
 
 async def _usage(worker: Worker, name: str, free: bool) -> dict:

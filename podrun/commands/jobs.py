@@ -12,6 +12,7 @@ import time
 from podrun import exits, jobstore, paths
 from podrun.errors import PodrunError, UsageError
 from podrun.output import (
+    RANK_HEADER,
     Terminal,
     WorkerOutput,
     counted,
@@ -42,7 +43,7 @@ READ_SIZE = 1 << 16
 # the worker's own lines after its ranks' last (torchrun's report of a stop) are looked for this far
 # back from a log's end: a stop's tracebacks take a few KB, and a log without ranks is not read whole
 RANK_SCAN_BYTES = 1 << 20
-RANK_HEADER = re.compile(rb"\[rank\d+\]:")  # remote/rank_output.py
+RANK_HEADER_IN_LOG = re.compile(RANK_HEADER.encode())
 
 
 def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None) -> int:
@@ -377,7 +378,7 @@ def _own_lines_from(path: str) -> int | None:
             text = handle.read()
     except OSError:
         return None
-    headers = list(RANK_HEADER.finditer(text))
+    headers = list(RANK_HEADER_IN_LOG.finditer(text))
     if not headers:
         return None
     line_end = text.find(b"\n", headers[-1].end())

@@ -54,6 +54,9 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
         except (PodrunError, asyncio.TimeoutError) as error:
             say(f"job {record.id}: shown as last recorded; its workers could not be asked "
                 f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
+        except Exception as error:  # whatever one job's workers send, the listing of the others goes on
+            say(f"job {record.id}: shown as last recorded; what its workers sent could not be read "
+                f"({type(error).__name__}: {error})")
 
     running = [r for r in records if r.detached and r.state == jobstore.RUNNING
                and not r.supervised()]  # a supervisor keeps its record current
@@ -158,13 +161,36 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
 
 class WorkerReport:
     """What log_follower tells of one worker besides its output: its run.exit (None while it runs),
-    when its output last came (epoch seconds), and the stacks its agent saved on a stall."""
+    when its output last came (epoch seconds), and the stacks its agent saved on a stall.
 
-    def __init__(self, text: str):
-        header, _, self.stacks = text.partition("\n")
-        fields = json.loads(header)
-        self.exit: dict | None = fields["exit"]
-        self.output_at: float | None = fields["output_at"]
+    Its stderr may begin with what the host's login printed there (a motd, a warning from ~/.bashrc):
+    the report is its first line that is one, and lines before it are left out."""
+
+    def __init__(self, text: str, worker: jobstore.WorkerRecord):
+        lines = text.split("\n")
+        for number, line in enumerate(lines):
+            fields = _report_fields(line)
+            if fields is not None:
+                self.exit: dict | None = fields["exit"]
+                self.output_at: float | None = fields["output_at"]
+                self.stacks = "\n".join(lines[number + 1:])
+                return
+        said = next((line.strip() for line in reversed(lines) if line.strip()), "nothing")
+        raise PodrunError(f"worker {worker.index} ({worker.address}): no report on the job's log came back; "
+                          f"the worker said: {said[:200]}")
+
+
+def _report_fields(line: str) -> dict | None:
+    """log_follower's report line as its fields, or None for any other line."""
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None
+    if not (isinstance(fields, dict) and {"exit", "output_at"} <= fields.keys()):
+        return None
+    if not isinstance(fields["exit"], (dict, type(None))) or not isinstance(fields["output_at"], (int, float, type(None))):
+        return None
+    return fields
 
 
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> WorkerReport:
@@ -182,7 +208,7 @@ async def _fetch(record, worker, transport: Transport, output: WorkerOutput | No
     if output:
         output.close()
     report, _ = await asyncio.gather(channel.stderr.read(), channel.wait())
-    return WorkerReport(report.decode(errors="replace"))
+    return WorkerReport(report.decode(errors="replace"), worker)
 
 
 def _append_at(log, offset: int, chunk: bytes) -> None:
@@ -216,9 +242,12 @@ async def stop_all(record: jobstore.JobRecord, first_stopping: Callable[[], None
                 first_stopping()
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
         channel = await transport.start_python("detached_stopper", paths.remote_job_dir(record.id, record.attempt),
-                                               str(wait_s))
+                                               str(wait_s), record.id, str(worker.index))
         channel.stdin.write_eof()
-        if await channel.wait() != 0:
+        notes, code = await asyncio.gather(channel.stderr.read(), channel.wait())
+        for note in notes.decode(errors="replace").splitlines():  # a pid that was not the job's, and what it did
+            say(f"worker {worker.index} ({worker.address}): {note}")
+        if code != 0:
             raise PodrunError(f"worker {worker.index} ({worker.address}): the job did not stop within {wait_s:g}s")
 
     await asyncio.gather(stop_others(), on_every_worker(record.workers[:1], stop_one))

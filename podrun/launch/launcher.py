@@ -21,7 +21,15 @@ import time
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
 from podrun.launch import preflight, stacks, stall
-from podrun.launch.steps import TAIL_LINES_KEPT, StepResult, WorkerStep, count_down, heartbeats, stop_all
+from podrun.launch.steps import (
+    TAIL_LINES_KEPT,
+    StepResult,
+    WorkerStep,
+    count_down,
+    first_contact,
+    heartbeats,
+    stop_all,
+)
 from podrun.output import (
     Terminal,
     WorkerOutput,
@@ -253,6 +261,8 @@ class Launch:
     async def _prepare(self, step: str, worker_steps: list[WorkerStep]) -> StepResult | None:
         """While the first step's agents wait: read their probes, ship the code to the workers without
         it, check the workers. Returns the failure of a worker whose agent ended before reporting."""
+        if await self._until_interrupted(first_contact(worker_steps)) is None and self.interrupted.is_set():
+            return None
         reports = await self._until_interrupted(
             asyncio.gather(*(ws.probed() for ws in worker_steps), return_exceptions=True))
         if reports is None:

@@ -15,9 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from podrun import exits
-from podrun.output import Terminal, WorkerOutput, grace_left
+from podrun.errors import PodrunError
+from podrun.output import RANK_HEADER, Terminal, WorkerOutput, counted, grace_left, say, worker_ranges
 from podrun.plan import WorkerPlan, job_files
 from podrun.remote import framing
+from podrun.targets.base import Worker
 from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
 
 # the launcher says something to every agent this often; an agent that hears nothing for
@@ -26,7 +28,13 @@ HEARTBEAT_S = 5.0
 HEARTBEAT_TIMEOUT_S = 20.0
 # "torch.distributed.DistNetworkError: ...", "RuntimeError: ...": the line that says why it died
 EXCEPTION_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Interrupt)): (\S.*)$")
-RANK_LINE = re.compile(r"^\[rank(\d+)\]:")  # remote/rank_output.py
+RANK_LINE = re.compile("^" + RANK_HEADER)
+# a first step's agents say hello before anything else (agent.py): workers silent this long are named on
+# the terminal, and this much longer, given up on; a login that waits (a ~/.bashrc reading its input, a
+# ForceCommand) would otherwise hold the job, and a Ctrl-C, forever
+FIRST_CONTACT_NOTICE_S = 5.0
+FIRST_CONTACT_TIMEOUT_S = 30.0
+WAITING_LOGIN = "does a login there wait: ~/.bashrc, ~/.ssh/rc, a ForceCommand?"
 TAIL_LINES_KEPT = 200  # enough to hold torchrun's summary and the failing rank's traceback before it
 
 
@@ -89,6 +97,7 @@ class WorkerStep:
         self.events: list[dict] = []
         self.diagnostics: list[str] = []  # stderr lines that are not agent events
         self.output_at = 0.0  # when output last came (time.monotonic()): the stall watch's clock
+        self.probing = False  # its agent says hello first (first_contact)
 
     async def start(self, probe: dict | None = None) -> None:
         """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
@@ -104,6 +113,7 @@ class WorkerStep:
                 config["job_files"] = files
         if probe is not None:
             config["probe"] = probe
+            self.probing = True
         if self.watch is not None:
             config["watch"] = self.watch
         self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
@@ -213,7 +223,45 @@ async def count_down(terminal: Terminal, grace_s: float, again: asyncio.Event | 
         terminal.show_status(None)
 
 
+async def first_contact(worker_steps: list[WorkerStep]) -> None:
+    """Returns once every probing agent said hello (or ended); see wait_for_workers."""
+    await wait_for_workers({asyncio.ensure_future(ws.reported("hello")): ws.plan.worker
+                            for ws in worker_steps if ws.probing}, "start podrun's agent", FIRST_CONTACT_TIMEOUT_S)
+
+
+async def wait_for_workers(waiting: dict[asyncio.Future, Worker], what: str, timeout_s: float) -> None:
+    """Returns once every future is done: the workers whose futures are not done after
+    FIRST_CONTACT_NOTICE_S are named on the terminal, and after `timeout_s` raised as a PodrunError.
+    Whatever ends it, the futures not done are cancelled (a done one's outcome stays for its caller)."""
+    try:
+        pending = (await asyncio.wait(waiting, timeout=FIRST_CONTACT_NOTICE_S))[1] if waiting else set()
+        if pending:
+            say(f"waiting for {_named([waiting[task] for task in pending])} to {what} "
+                f"({FIRST_CONTACT_NOTICE_S:g}s so far; {WAITING_LOGIN})")
+            pending = (await asyncio.wait(pending, timeout=timeout_s - FIRST_CONTACT_NOTICE_S))[1]
+        if pending:
+            raise PodrunError(f"{_named([waiting[task] for task in pending])}: did not {what} within {timeout_s:g}s "
+                              f"({WAITING_LOGIN})")
+    finally:
+        for task in waiting:
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()  # looked at: asyncio warns of an exception nobody retrieved
+
+
+def _named(workers: list[Worker]) -> str:
+    """`worker 1 (10.0.0.3)`, or for several, `3 workers (w1-2,5)`."""
+    workers = sorted(workers, key=lambda worker: worker.index)
+    if len(workers) == 1:
+        return f"worker {workers[0].index} ({workers[0].address})"
+    return f"{counted(len(workers), 'worker')} ({worker_ranges([worker.index for worker in workers])})"
+
+
 async def stop_all(worker_steps: list[WorkerStep]) -> None:
+    """Stop every step and wait for each to end; an agent that never said hello (first_contact) never
+    got past the login: nothing of the job runs there to wait for, and closing the connection ends it."""
     for worker_step in worker_steps:
         worker_step.stop()
-    await asyncio.gather(*(worker_step.finish() for worker_step in worker_steps), return_exceptions=True)
+    started = [ws for ws in worker_steps if not ws.probing or any(e["event"] == "hello" for e in ws.events)]
+    await asyncio.gather(*(worker_step.finish() for worker_step in started), return_exceptions=True)

@@ -17,7 +17,8 @@ Protocol
           VM's own notice of its preemption stops the job at once, vm_notice.py); then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
           link that died silently), means the launcher is gone: the job stops too.
-  probe   {code_dir, and on a TPU VM accelerator_files (glob patterns, colon-separated), kill_stale,
+  probe   (reported first: {"event": "hello"}, before any of its checks, which may wait for a lock)
+          {code_dir, and on a TPU VM accelerator_files (glob patterns, colon-separated), kill_stale,
           stale_grace, and on several hosts route_to (MASTER_ADDR)}: before starting anything the
           agent reports {"event": "probe", "code": 1 if code_dir is here as shipped else 0
           (checkout.verify), "changed" (newline-separated) and "changed_count": the first few and the count
@@ -41,8 +42,8 @@ Protocol
           {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
-  agent's pid: SIGTERM to it stops the step cleanly), <step>.exit (JSON: code, signal, stop_reason,
-  ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
+  agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.exit
+  (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
   stalled: how long this worker had been silent when a stall stopped it, and killed: whether SIGKILL
   ended it after the grace period), run.stacks (on a stall).
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
@@ -133,6 +134,7 @@ def prepare(config, control, step):
         emit(event="hub", port=hub.port)
     probe = config.get("probe")
     if probe is not None:
+        emit(event="hello")  # the launcher's first contact: the worker's login let a command through
         holders = tpu_holders(probe) if probe.get("accelerator_files") else []
         network = interfaces.check(probe["route_to"], config["env"]) if probe.get("route_to") else {}
         try:
@@ -302,7 +304,8 @@ class Step:
         self.log = os.open(os.path.join(self.job_dir, "output.log"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._write_file(self.config["step"] + ".pid", str(self.pid))
-        self._write_file(self.config["step"] + ".agent", str(os.getpid()))
+        start = stacks.start_of(os.getpid())  # with the pid, who the agent is: `podrun stop` checks it
+        self._write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
 
     def supervise(self, control, watch):
         """Pump output until the step and everything it started are gone; returns (code, signal name)."""

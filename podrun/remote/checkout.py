@@ -477,7 +477,7 @@ def _finished(job_dir):
         step, extension = os.path.splitext(name)
         if extension == ".agent" and not os.path.exists(os.path.join(job_dir, step + ".exit")):
             with open(os.path.join(job_dir, name)) as handle:
-                if _running(int(handle.read() or 0)):
+                if _running(int((handle.read().split() or ["0"])[0])):  # "PID START" (agent.py)
                     return False
     return True
 

@@ -7,7 +7,8 @@ else what the kernel shows (its state, wchan, /proc/PID/stack where readable, th
 with a note that py-spy would give the Python stack.
 
 Run as a script (argv: JOB_ID WORKER; the text goes to stdout), or by the agent of a watched job on
-a stall (text()). Standard library only, Python 3.8+, nothing done at import: the agent loads it at
+a stall (text()). The detached stopper finds the job's processes here too, and tells a process by
+its start time (start_of). Standard library only, Python 3.8+, nothing done at import: the agent loads it at
 every start (transport/base.py), and imports subprocess only when it dumps.
 """
 
@@ -43,6 +44,22 @@ def job_processes(job_id, worker):
         if wanted.issubset(variables):
             found.append((int(entry), dict(variable.partition(b"=")[::2] for variable in variables)))
     return found
+
+
+def start_of(pid):
+    """The kernel's start time of process pid (clock ticks after boot, as text): with the pid, who it
+    is, as a reused pid is another process; None for no such process, or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except (OSError, IndexError):
+        return None
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def field_of(pid, name):
+    """A `Name:` line's value in /proc/PID/status ("PPid:"), or ""."""
+    return _read("/proc/%d/status" % pid, name)
 
 
 def _is_python(pid):

@@ -118,7 +118,8 @@ exec(c('{name}',b),{{'__name__':'__main__','_podrun_compiled':c}})"""
 # type), compiled once per worker and interpreter by BOOTSTRAP's cache (compiling checkout.py afresh would
 # cost every agent 1.3 ms)
 SCRIPT_MODULES = {"agent": ("framing", "code_record", "checkout", "interfaces", "stacks", "vm_notice"),
-                  "relay_node": ("framing", "code_record"), "checkout": ("code_record",)}
+                  "relay_node": ("framing", "code_record"), "checkout": ("code_record",),
+                  "detached_stopper": ("stacks",)}
 # what BOOTSTRAP's cache is to a script started with its source on the command line (start_python)
 UNCACHED_COMPILE = "_podrun_compiled = lambda name, source: compile(source, name, 'exec')\n"
 MODULE_LOADER = """import sys
