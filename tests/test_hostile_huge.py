@@ -3,14 +3,17 @@ podrun's own checks, and file names that are not UTF-8. Each case broke podrun b
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO, podrun
+from helpers import lab_flags
 
 ARG_LIMIT = 128 * 1024  # Linux's MAX_ARG_STRLEN: one argument or one NAME=value
 
@@ -107,3 +110,36 @@ def test_a_spec_over_a_mebibyte_is_refused_without_reading_it_all(job_file, home
     assert result.stderr.splitlines() == [
         f"podrun: error: {spec}: over 1024 KiB, too large for a job spec; keep long commands and data in files "
         f"of the workdir"]
+
+
+LIST_NAMES = "python3 -c 'import os; print(sorted(os.listdir(b\".\")))'"
+LATIN_1_NAME = b"caf\xe9.txt"  # not UTF-8: git and tar ship it as its bytes
+
+
+def latin_1_workdir(job_file) -> Path:
+    spec = job_file(f"run: {LIST_NAMES}\ntarget: {{local: {{workers: 2}}}}\n")
+    (spec.parent / "code" / os.fsdecode(LATIN_1_NAME)).write_bytes(b"x\n")
+    return spec
+
+
+def test_a_file_name_that_is_not_utf8_ships_as_its_bytes_to_local_workers(job_file, home):
+    spec = latin_1_workdir(job_file)
+    result = podrun("exec", spec, text=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(b"[b'caf\\xe9.txt']") == 2
+    # a job that writes into it: the next run names it (the agent's report of it crashed the launcher)
+    writes = spec.with_name("writes.yaml")
+    writes.write_text("run: printf changed > \"$(printf 'caf\\351.txt')\"\nworkdir: code\n"
+                                         "target: {local: {workers: 2}}\n")
+    assert podrun("exec", writes).returncode == 0
+    again = podrun("exec", writes)
+    assert again.returncode == 0, again.stderr
+    assert "worker 0: 1 code file changed since it was shipped (caf\ufffd.txt)" in again.stderr
+
+
+def test_a_file_name_that_is_not_utf8_ships_as_its_bytes_over_ssh_and_the_relay(job_file, home, lab):
+    spec = latin_1_workdir(job_file)
+    result = podrun("exec", *lab_flags(lab), "--workdir", spec.parent / "code",
+                    "--", LIST_NAMES, text=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(b"[b'caf\\xe9.txt']") == 3

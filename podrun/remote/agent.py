@@ -184,7 +184,8 @@ def detach():
 
 def emit(**event):
     try:
-        os.write(2, (to_json(event) + "\n").encode())
+        # a file name that is not UTF-8 (os.fsdecode's surrogates) goes out as its own bytes
+        os.write(2, (to_json(event) + "\n").encode(errors="surrogateescape"))
     except OSError:
         pass  # the launcher is gone; the files in the job directory tell the story
 
