@@ -151,13 +151,13 @@ def _worker_script(worker_plan: WorkerPlan, interfaces_checked: bool) -> list[st
              f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
     lines += [f"export PODRUN_JOB_DIR={root}/{shlex.quote(worker_plan.job_dir)}",
               '(umask 077 && mkdir -p "$PODRUN_JOB_DIR")']
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
-    if "PODRUN_WORKER_IPS" not in worker_plan.env:
-        lines.append(f"# PODRUN_WORKER_IPS is not set: the {worker_plan.env['PODRUN_NUM_WORKERS']} workers' IPs "
-                     f"take over {MAX_WORKER_IPS_VARIABLE // 1024} KiB; read $PODRUN_WORKER_IPS_FILE")
     lines += [f'export {key}="$PODRUN_JOB_DIR/{name}"' for key, name in FILE_VARIABLES.items()]
     for name, text in job_files(worker_plan).items():
         lines.append(f"cat > \"$PODRUN_JOB_DIR/{name}\" <<'{FILE_END}'\n{text.rstrip()}\n{FILE_END}")
+    if "PODRUN_WORKER_IPS" not in worker_plan.env:
+        lines.append(f"# PODRUN_WORKER_IPS is not set: the {worker_plan.env['PODRUN_NUM_WORKERS']} workers' IPs "
+                     f"take over {MAX_WORKER_IPS_VARIABLE // 1024} KiB; read $PODRUN_WORKER_IPS_FILE")
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
     if interfaces_checked:
         lines.append(LOOPBACK_CHECK)
     if worker_plan.setup:
