@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from podrun import paths
 from podrun.errors import SpecError
 from podrun.remote import interfaces
-from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
+from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec, check_command_size
 from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"
@@ -29,6 +29,15 @@ if [ -z "$GLOO_SOCKET_IFNAME$NCCL_SOCKET_IFNAME" ]; then
   esac
 fi"""
 FILE_END = "PODRUN_FILE_END"
+# every worker gets the workers' IPs as a file in its job's directory, one a line, and as
+# PODRUN_WORKER_IPS while that stays this small: each variable is one argument of the job's execve,
+# and Linux takes at most 128 KiB in one (10,000 workers' IPs take 133 KB)
+WORKER_IPS_FILE = "worker_ips"
+MAX_WORKER_IPS_VARIABLE = 32 * 1024
+# the variables the agent sets to a file of the job's directory (it knows the directory's absolute path)
+FILE_VARIABLES = {"PODRUN_WORKER_IPS_FILE": WORKER_IPS_FILE}
+# --dry-run shows this many workers in full; each worker after them, only where it differs from worker 0
+WORKERS_SHOWN_IN_FULL = 8
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class WorkerPlan:
     setup: str | None
     run: str
     secret_keys: frozenset[str]
+    worker_ips: str = ""  # the workers' internal IPs, one a line: the job's directory's WORKER_IPS_FILE
     container: str | None = None  # the docker container run runs in: stopped by name
     # torchrun passes SIGTERM on to its ranks: the agent signals it alone, or each rank got two
     term_leader_only: bool = False
@@ -58,6 +68,9 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
     secret_keys = frozenset(key for key in user_env if spec.is_secret(key))
     port = spec.torchrun.port if spec.torchrun else DEFAULT_RDZV_PORT
     master_addr = workers[0].internal_ip
+    worker_ips = ",".join(worker.internal_ip for worker in workers)  # one string that every plan shares
+    ips_variable = {"PODRUN_WORKER_IPS": worker_ips} if len(worker_ips) <= MAX_WORKER_IPS_VARIABLE else {}
+    ips_file = "".join(f"{worker.internal_ip}\n" for worker in workers)
     plans = []
     for worker in workers:
         env = {
@@ -66,7 +79,7 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             "PODRUN_ATTEMPT": str(attempt),
             "PODRUN_WORKER": str(worker.index),
             "PODRUN_NUM_WORKERS": str(len(workers)),
-            "PODRUN_WORKER_IPS": ",".join(w.internal_ip for w in workers),
+            **ips_variable,
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(port),
             **target.worker_env(worker, workers),
@@ -83,9 +96,11 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
                    f' --rdzv_endpoint={master_addr}:{port} "$PODRUN_JOB_DIR/rank_output.py" {run}')
         if container and spec.docker:
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
+        check_command_size(spec.path, "run", run)
         cwd = paths.remote_run_dir(spec.name) if code_dir else "."
         plans.append(WorkerPlan(worker, cwd, code_dir, paths.remote_job_dir(job_id, attempt),
-                                env, spec.setup, run, secret_keys, container, term_leader_only=bool(spec.torchrun)))
+                                env, spec.setup, run, secret_keys, ips_file, container,
+                                term_leader_only=bool(spec.torchrun)))
     return plans
 
 
@@ -97,37 +112,58 @@ def checks_interfaces(plans: list[WorkerPlan]) -> bool:
             and not any(name in plans[0].env for name in interfaces.VARIABLES))
 
 
-def job_files(worker_plan: WorkerPlan) -> dict[str, str]:
-    """What the agent writes into the job's directory before the run, by name: under torchrun, the
-    wrapper each rank runs behind (podrun's own source, read here)."""
+def job_files(worker_plan: WorkerPlan, step: str = "run") -> dict[str, str]:
+    """What the agent writes into the job's directory before a step, by name: the workers' IPs, and
+    for the run under torchrun, the wrapper each rank runs behind (podrun's own source, read here)."""
     from podrun.transport.base import remote_source
 
-    return {"rank_output.py": remote_source("rank_output").decode()} if worker_plan.term_leader_only else {}
+    files = {WORKER_IPS_FILE: worker_plan.worker_ips}
+    if step == "run" and worker_plan.term_leader_only:
+        files["rank_output.py"] = remote_source("rank_output").decode()
+    return files
 
 
 def render(plans: list[WorkerPlan], title: str | None = None) -> str:
     """The plan as the shell script each worker runs, secrets hidden: run as it is, in the worker's
-    starting environment, it does what the agent does; `title` (what the job runs on) as a comment first."""
+    starting environment, it does what the agent does; `title` (what the job runs on) as a comment first.
+    Past WORKERS_SHOWN_IN_FULL workers, each after worker 0 shows only its lines that differ from worker
+    0's, so that the script grows with the workers, not with their square."""
     blocks = [f"# {title}"] if title else []
     interfaces_checked = checks_interfaces(plans)
+    first: list[str] = []
     for worker_plan in plans:
-        worker = worker_plan.worker
-        root = '"$HOME"' if worker.transport.root == "~" else shlex.quote(worker.transport.root)
-        lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
-                 f"# environment: {worker.transport.starting_environment()}, then:",
-                 f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
-        lines += [f"export PODRUN_JOB_DIR={root}/{shlex.quote(worker_plan.job_dir)}",
-                  '(umask 077 && mkdir -p "$PODRUN_JOB_DIR")']
-        lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
-        for name, text in job_files(worker_plan).items():
-            lines.append(f"cat > \"$PODRUN_JOB_DIR/{name}\" <<'{FILE_END}'\n{text.rstrip()}\n{FILE_END}")
-        if interfaces_checked:
-            lines.append(LOOPBACK_CHECK)
-        if worker_plan.setup:
-            lines.append(f"{worker_plan.setup}  # setup")
-        lines.append(worker_plan.run)
+        lines = _worker_script(worker_plan, interfaces_checked)
+        if not first:
+            first = lines
+        elif len(plans) > WORKERS_SHOWN_IN_FULL and len(lines) == len(first):
+            differing = [line for line, line_0 in zip(lines[1:], first[1:]) if line != line_0]
+            lines = [lines[0] + ": as worker 0, except:", *differing]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def _worker_script(worker_plan: WorkerPlan, interfaces_checked: bool) -> list[str]:
+    """The lines of one worker's part of render(): its header comment first."""
+    worker = worker_plan.worker
+    root = '"$HOME"' if worker.transport.root == "~" else shlex.quote(worker.transport.root)
+    lines = [f"# worker {worker.index}: {worker.address} (internal IP {worker.internal_ip})",
+             f"# environment: {worker.transport.starting_environment()}, then:",
+             f"cd {worker.transport.root}" + ("" if worker_plan.cwd == "." else f"/{worker_plan.cwd}")]
+    lines += [f"export PODRUN_JOB_DIR={root}/{shlex.quote(worker_plan.job_dir)}",
+              '(umask 077 && mkdir -p "$PODRUN_JOB_DIR")']
+    lines += [f'export {key}="$PODRUN_JOB_DIR/{name}"' for key, name in FILE_VARIABLES.items()]
+    for name, text in job_files(worker_plan).items():
+        lines.append(f"cat > \"$PODRUN_JOB_DIR/{name}\" <<'{FILE_END}'\n{text.rstrip()}\n{FILE_END}")
+    if "PODRUN_WORKER_IPS" not in worker_plan.env:
+        lines.append(f"# PODRUN_WORKER_IPS is not set: the {worker_plan.env['PODRUN_NUM_WORKERS']} workers' IPs "
+                     f"take over {MAX_WORKER_IPS_VARIABLE // 1024} KiB; read $PODRUN_WORKER_IPS_FILE")
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in worker_plan.shown_env().items()]
+    if interfaces_checked:
+        lines.append(LOOPBACK_CHECK)
+    if worker_plan.setup:
+        lines.append(f"{worker_plan.setup}  # setup")
+    lines.append(worker_plan.run)
+    return lines
 
 
 def _megascale_ports_agree(env: dict[str, str], user_env: Mapping[str, str]) -> None:
@@ -162,7 +198,7 @@ def _in_docker(docker: Docker, target_flags: tuple[str, ...], container: str, en
     # values come from the agent's environment, not argv; PODRUN_JOB_DIR is the agent's own, and the
     # interface variables are the agent's where it sets them (remote/interfaces.py; docker passes a
     # variable named here only when it is set)
-    passed = dict.fromkeys([*env_keys, *interfaces.VARIABLES, "PODRUN_JOB_DIR"])
+    passed = dict.fromkeys([*env_keys, *interfaces.VARIABLES, "PODRUN_JOB_DIR", *FILE_VARIABLES])
     argv += [f"--env={key}" for key in passed]
     argv += [*docker.args, docker.image]
     # the run directory is the container's working directory; the job's directory holds rank_output.py

@@ -8,7 +8,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shlex
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +38,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Set by podrun on every worker (the README's "What every worker gets"); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
-                "PODRUN_WORKER_IPS", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR", "PODRUN_ATTEMPT",
-                "PODRUN_SLICE", "PODRUN_NUM_SLICES", "PODRUN_WORKER_IN_SLICE")
+                "PODRUN_WORKER_IPS", "PODRUN_WORKER_IPS_FILE", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR",
+                "PODRUN_ATTEMPT", "PODRUN_SLICE", "PODRUN_NUM_SLICES", "PODRUN_WORKER_IN_SLICE")
 PLAIN_KEY = re.compile(r"^[\w-]+\Z")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -53,6 +52,16 @@ _NUMBER = r"\d+(?:\.\d+)?"
 DURATION = re.compile(rf"(?=\d)(?:({_NUMBER})|(?:({_NUMBER})h)?(?:({_NUMBER})m)?(?:({_NUMBER})s)?)")
 # what `run` holds is guessed at only when it is one plain command
 SHELL_SYNTAX = re.compile(r"[;&|$`\n()<>]")
+# one word of a plain command, as the shell (and shlex.split, quadratic on a long word) reads it
+SHELL_WORD = re.compile(r"""(?:[^ \t\r\n'"\\]+|\\.|'[^']*'|"(?:[^"\\]+|\\.)*")+""", re.S)
+SHELL_BLANKS = re.compile(r"[ \t\r\n]*")
+QUOTED_PART = re.compile(r"""\\(.)|'([^']*)'|"((?:[^"\\]+|\\.)*)"|([^'"\\]+)""", re.S)
+ESCAPED_IN_DOUBLE_QUOTES = re.compile(r'\\(["\\])')
+# a spec is a page of YAML: past this, reading and checking it would only cost time and memory
+MAX_SPEC_BYTES = 1 << 20
+# Linux's MAX_ARG_STRLEN: the most one argument or variable (NAME=value) may hold, its final NUL included;
+# the agent runs a command as `sh -c COMMAND`
+MAX_ARG_BYTES = 128 * 1024
 PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?\Z")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -463,7 +472,12 @@ def load_spec(path: str | Path) -> JobSpec:
     """Read, validate and resolve a job file: `name` defaults to the file's stem, `workdir` becomes absolute."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as spec_file:
+            raw = spec_file.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError(path, None, f"over {MAX_SPEC_BYTES // 1024} KiB, too large for a job spec; keep long "
+                                        f"commands and data in files of the workdir")
+        text = raw.decode()
     except FileNotFoundError:
         raise SpecError(path, None, "no such file") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -492,6 +506,8 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecProblems(path, duplicates)
     if spec.torchrun:
         _refuse_python_under_torchrun(path, spec.run)
+    for field, command in (("run", spec.run), ("setup", spec.setup or "")):
+        check_command_size(path, field, command)
     _refuse_lifecycle_without_a_tpu(path, spec)
     expanded = os.path.expanduser(spec.workdir)  # pathlib's would raise for ~user of no user
     if expanded.startswith("~"):
@@ -575,18 +591,27 @@ def _preemption_restarts(spec: JobSpec) -> str:
             f"TPU VM again, so they need target.tpu.accelerator_type")
 
 
+def check_command_size(path: Path, field: str, command: str) -> None:
+    """A command the agent can run as `sh -c COMMAND`: one argument, so at most MAX_ARG_BYTES."""
+    size = len(command.encode(errors="surrogateescape"))
+    if size >= MAX_ARG_BYTES:
+        raise SpecError(path, field, f"{size} bytes, over the {MAX_ARG_BYTES // 1024} KiB "
+                                     f"Linux allows one command; put it in a script in the workdir and run that")
+
+
 def _after_python(words: list[str]) -> list[str] | None:
     """The script and its arguments of `python [options] script args...`; None with -m, -c or - (stdin)."""
-    rest = words[1:]
-    while rest and rest[0].startswith("-"):
-        option = rest.pop(0)
+    at = 1
+    while at < len(words) and words[at].startswith("-"):
+        option = words[at]
+        at += 1
         if option == "--":
             break
         if option == "-" or option.startswith(("-m", "-c")):
             return None
         if option in ("-W", "-X"):  # the options that take their value as the next word
-            rest = rest[1:]
-    return rest
+            at += 1
+    return words[at:]
 
 
 def check_run_script(spec: JobSpec) -> None:
@@ -606,12 +631,13 @@ def _script_in(spec: JobSpec) -> str | None:
     """The relative path of the file `run` starts, when it plainly names one; shell syntax is not guessed at."""
     if SHELL_SYNTAX.search(spec.run):
         return None
-    try:
-        words = shlex.split(spec.run)
-    except ValueError:  # unbalanced quotes: the shell will say so
+    words = _shell_words(spec.run)
+    if words is None:  # unbalanced quotes: the shell will say so
         return None
-    while words and ASSIGNMENT.match(words[0]):  # `OMP_NUM_THREADS=1 python3 train.py`
-        words = words[1:]
+    assignments = 0
+    while assignments < len(words) and ASSIGNMENT.match(words[assignments]):  # `OMP_NUM_THREADS=1 python3 train.py`
+        assignments += 1
+    words = words[assignments:]
     if words and not spec.torchrun and PYTHON.match(words[0]):
         words = _after_python(words) or []
     if not words:
@@ -619,6 +645,25 @@ def _script_in(spec: JobSpec) -> str | None:
     script = words[0]
     looks_like_file = script.endswith(".py") or "/" in script
     return script if looks_like_file and not script.startswith(("/", "~")) else None
+
+
+def _shell_words(command: str) -> list[str] | None:
+    """shlex.split(command) in linear time (a command without shell syntax); None for unbalanced quotes."""
+    words, at = [], 0
+    while (at := SHELL_BLANKS.match(command, at).end()) < len(command):  # type: ignore[union-attr]
+        word = SHELL_WORD.match(command, at)
+        if word is None:
+            return None
+        words.append("".join(_unquoted(part) for part in QUOTED_PART.finditer(word[0])))
+        at = word.end()
+    return words
+
+
+def _unquoted(part: re.Match[str]) -> str:
+    escaped, single, double, plain = part.groups()
+    if double is not None:
+        return ESCAPED_IN_DOUBLE_QUOTES.sub(r"\1", double)
+    return next(text for text in (escaped, single, plain) if text is not None)
 
 
 def _refuse_unusable_text(path: Path, data: Any, field: tuple[str, ...] = ()) -> None:

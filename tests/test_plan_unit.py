@@ -186,7 +186,7 @@ def test_docker_wraps_run_with_the_targets_container_flags_and_env_names_only(sp
         assert argv[:5] == ["docker", "run", "--rm", "--net=host", f"--name=podrun-{JOB_ID}-w{index}"]
         assert argv[5:11] == ["-v", "$PWD:$PWD", "-w", "$PWD", "-v", "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR"]
         env_flags = [f"--env={key}" for key in [*worker_plan.env, "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-                                                 "PODRUN_JOB_DIR"]]
+                                                 "PODRUN_JOB_DIR", "PODRUN_WORKER_IPS_FILE"]]
         assert argv[11:] == ["--init", "--env=TINI_KILL_PROCESS_GROUP=1", *flags, *env_flags, "--shm-size=16g",
                              "xla:r2.5", "sh", "-c", 'trap \'exit 143\' TERM\npython3 train.py --data "/d 1"']
         assert "hf-123" not in worker_plan.run  # values reach the container from the agent's environment

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from podrun import exits
 from podrun.errors import PodrunError
 from podrun.output import RANK_HEADER, Terminal, WorkerOutput, counted, grace_left, say, worker_ranges
-from podrun.plan import WorkerPlan, job_files
+from podrun.plan import FILE_VARIABLES, WorkerPlan, job_files
 from podrun.remote import framing
 from podrun.targets.base import Worker
 from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
@@ -105,12 +105,11 @@ class WorkerStep:
         config = {"job_id": self.plan.env["PODRUN_JOB_ID"], "job_dir": self.plan.job_dir, "worker": worker.index,
                   "step": self.step,
                   "cwd": self.plan.cwd, "command": self.command, "env": self.plan.env, "grace": self.grace,
-                  "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach, "code_dir": self.plan.code_dir}
+                  "heartbeat": HEARTBEAT_TIMEOUT_S, "detach": self.detach, "code_dir": self.plan.code_dir,
+                  "job_files": job_files(self.plan, self.step), "file_env": FILE_VARIABLES}
         if self.step == "run":
             config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group",
                           vm_notices=self.vm_notices)
-            if files := job_files(self.plan):  # torchrun: each rank runs behind rank_output.py
-                config["job_files"] = files
         if probe is not None:
             config["probe"] = probe
             self.probing = True

@@ -11,8 +11,9 @@ Protocol
           by every Python 3.4+) holding {job_id, job_dir (where its files go, relative to the root: one
           per attempt of a restarted job), worker, step, cwd (the run directory), code_dir (the
           code version checked out into cwd before the step starts: checkout.py), command, env,
-          grace, heartbeat, detach}, for run {container, term ("leader" or "group"), job_files (name:
-          text, written into the job's directory first: rank_output.py under torchrun)}, for a job's
+          grace, heartbeat, detach, job_files (name: text, written into the job's directory first: the
+          workers' IPs, and for run under torchrun rank_output.py), file_env (variable: the name of a
+          job file, set to its path)}, for run {container, term ("leader" or "group")}, for a job's
           first step "probe", for a watched run "watch", for a run on a TPU VM "vm_notices" (true: the
           VM's own notice of its preemption stops the job at once, vm_notice.py); then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
@@ -197,7 +198,8 @@ def detach():
 
 def emit(**event):
     try:
-        os.write(2, (to_json(event) + "\n").encode())
+        # a file name that is not UTF-8 (os.fsdecode's surrogates) goes out as its own bytes
+        os.write(2, (to_json(event) + "\n").encode(errors="surrogateescape"))
     except OSError:
         pass  # the launcher is gone; the files in the job directory tell the story
 
@@ -293,8 +295,10 @@ class Step:
         env = dict(os.environ)
         env.update(self.config["env"])
         env["PODRUN_JOB_DIR"] = self.job_dir
-        for name, text in self.config.get("job_files", {}).items():  # e.g. rank_output.py, for torchrun
+        for name, text in self.config.get("job_files", {}).items():  # the workers' IPs; rank_output.py for torchrun
             self._write_file(name, text)
+        for key, name in self.config.get("file_env", {}).items():
+            env[key] = os.path.join(self.job_dir, name)
         read_end, write_end = os.pipe()
         try:
             self.pid = spawn([_shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)

@@ -89,9 +89,9 @@ def _digest(root: Path, files: list[str], infos: list[os.stat_result], remember:
     digest = hashlib.sha256()
     for relative, info in zip(files, infos):
         path = os.path.join(root, relative)
-        digest.update(relative.encode() + b"\0")
+        digest.update(os.fsencode(relative) + b"\0")
         if stat.S_ISLNK(info.st_mode):
-            digest.update(b"link\0" + os.readlink(path).encode())
+            digest.update(b"link\0" + os.fsencode(os.readlink(path)))
         else:
             digest.update(b"exec\0" if info.st_mode & 0o111 else b"file\0")
             digest.update(file_digests.of(relative, path, info))
