@@ -243,8 +243,13 @@ def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
             raise PodrunError(f"ssh.identity_file {path} does not exist")
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)
-        key.write_private_key(str(path))
-        path.chmod(0o600)
+        # created 0600, never readable by others for a moment (asyncssh's writer makes it 0644 first)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as error:
+            raise PodrunError(f"cannot create the SSH key {path}: {error.strerror or error}") from None
+        with os.fdopen(descriptor, "wb") as private:
+            private.write(key.export_private_key())
         key.write_public_key(str(path) + ".pub")
     try:
         key = asyncssh.read_private_key(str(path))
