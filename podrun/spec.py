@@ -374,6 +374,10 @@ class JobSpec(_Model):
     def is_secret(self, key: str) -> bool:
         return key in self.secret_env or bool(SECRET_KEY_PATTERN.search(key))
 
+    def written_secrets(self) -> list[str]:
+        """The secret keys whose value `env` holds, as written in the spec (not taken from podrun's environment)."""
+        return [key for key, value in self.env.items() if value != "" and self.is_secret(key)]
+
 
 VARIABLE_NAME = ("a variable name", "use letters, digits and '_', not starting with a digit")
 # (what it is not, the rule) for the fields with a pattern; `*` is any list index or env key, `[key]` the key itself
