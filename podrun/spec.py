@@ -196,6 +196,8 @@ class SshOptions(_Model):
     port: int | None = Field(None, ge=1, le=65535)
     identity_file: str | None = None
     check_host_keys: bool = Field(True, description="trust on first use, refuse changed host keys")
+    known_hosts: str | None = Field(None, description="a known-hosts file read with ~/.ssh/known_hosts: a host "
+                                                      "it knows must present a key it holds for it")
 
 
 HOST_FORMS = "host, user@host, host:port or user@host:port"
@@ -413,6 +415,7 @@ EXPECTED = {
     "ssh.port": PORT,
     "ssh.identity_file": "the path of a private key such as ~/.ssh/id_ed25519",
     "ssh.check_host_keys": "true or false",
+    "ssh.known_hosts": "the path of a known-hosts file such as ~/.ssh/cluster_known_hosts",
     "workdir": "a directory (relative to the spec file)",
     "setup": "a shell command such as pip install -r requirements.txt",
     "run": "the command to run, such as python3 train.py (with torchrun: the script and its arguments)",
@@ -501,6 +504,10 @@ def load_spec(path: str | Path) -> JobSpec:
     if expanded.startswith("~"):
         raise SpecError(path, "workdir",
                         f"expected an existing directory, {_printable(spec.workdir)} is no user's home here")
+    known_hosts = spec.ssh.known_hosts
+    if known_hosts is not None and not os.path.isfile(os.path.expanduser(known_hosts)):
+        raise SpecError(path, "ssh.known_hosts",
+                        f"expected an existing known-hosts file, {_printable(known_hosts)} is not one")
     workdir = (path.parent / expanded).resolve()
     if not workdir.is_dir():
         raise SpecError(path, "workdir", f"expected an existing directory, {_printable(str(workdir))} is not one")

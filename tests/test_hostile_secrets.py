@@ -6,13 +6,20 @@ host that the user's own ~/.ssh/known_hosts knows by another key.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
+import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, podrun
+import pytest
+
+from conftest import REPO, podrun, stderr_lines_without_traceback
+from helpers import lab_flags
 
 # records, at every audit event while ensure_key_pair runs, the mode of the key file if it exists by then
 KEY_MODES_WATCHED = """
@@ -121,3 +128,102 @@ def test_validate_is_quiet_about_secrets_taken_from_podruns_environment(tmp_path
     result = podrun("validate", spec)
     assert result.returncode == 0, result.stderr
     assert "secret" not in result.stderr
+
+
+def hashed(name: str) -> str:
+    """A known-hosts name as OpenSSH's HashKnownHosts writes it."""
+    salt = os.urandom(20)
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+@pytest.fixture
+def user_home(tmp_path, monkeypatch) -> Path:
+    """A HOME of the test's own, with an empty ~/.ssh, for the podrun subprocesses."""
+    path = tmp_path / "user-home"
+    (path / ".ssh").mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv("HOME", str(path))
+    return path
+
+
+def another_hosts_key(lab) -> str:
+    return " ".join((lab.hosts[1].dir / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+
+def assert_refused_by_record(spec: Path, host_ip: str, record: Path, line: int) -> None:
+    refused = podrun("exec", spec)
+    assert (refused.returncode, stderr_lines_without_traceback(refused.stderr)[-1]) == (1, (
+        f"podrun: error: {host_ip}: host key differs from the one recorded for it in {record} line {line}; if the "
+        f"host was rebuilt, remove that record (ssh-keygen -R {host_ip} -f {record})"))
+
+
+@pytest.mark.slow
+def test_a_host_the_users_known_hosts_knows_by_another_key_is_refused(home, lab, hosts_spec, user_home):
+    """podrun trusted any key on first contact, though ~/.ssh/known_hosts held another for the host
+    (OpenSSH's accept-new refuses); it is refused now, naming the file and line, and nothing runs."""
+    host = lab.hosts[0]
+    spec = hosts_spec("run: echo ran > ~/ran-here", hosts=(0,))
+    own_key = " ".join(host.host_key().split()[:2])
+    users = user_home / ".ssh" / "known_hosts"
+    users.write_text(f"# hosts of the cluster\n{hashed(host.ip)} {another_hosts_key(lab)}\n")
+    assert_refused_by_record(spec, host.ip, users, 2)
+    assert not (host.home / "ran-here").exists()
+    assert not (home / "known_hosts").exists()  # nothing trusted on first contact either
+
+    users.write_text(f"10.99.*,!{lab.hosts[1].ip} {own_key}\n")  # a pattern that names it, with its own key
+    assert podrun("exec", spec).returncode == 0
+    assert (host.home / "ran-here").exists()
+    assert not (home / "known_hosts").exists()  # the user's file is its record: podrun keeps no copy
+
+
+@pytest.mark.slow
+def test_the_specs_known_hosts_file_is_read_too_and_podrun_ssh_keeps_it(home, lab, hosts_spec, user_home):
+    host = lab.hosts[0]
+    cluster = user_home / "cluster_known_hosts"
+    cluster.write_text(f"{host.ip},{lab.hosts[2].ip} {another_hosts_key(lab)}\n")
+    spec = hosts_spec("run: echo ok", hosts=(0,))
+    spec.write_text(spec.read_text().replace("ssh: {", f"ssh: {{known_hosts: {cluster}, "))
+    assert_refused_by_record(spec, host.ip, cluster, 1)
+    (user_home / ".ssh" / "known_hosts").write_text(f"{host.ip} {another_hosts_key(lab)}\n")
+    shell = podrun("ssh", *lab_flags(lab, (0,)), "--", "echo reached")  # OpenSSH, with podrun's rules
+    assert shell.returncode == 255
+    assert "reached" not in shell.stdout and "HOST IDENTIFICATION HAS CHANGED" in shell.stderr
+
+
+def test_a_missing_known_hosts_file_named_by_the_spec_is_one_line(home, tmp_path, user_home):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("target: {hosts: [10.99.0.250]}\nssh: {known_hosts: ~/nowhere}\nworkdir: .\nrun: echo hi\n")
+    result = podrun("exec", spec)
+    assert (result.returncode, result.stderr) == (
+        2, f"podrun: error: {spec}: ssh.known_hosts: expected an existing known-hosts file, ~/nowhere is not one\n")
+
+
+def test_known_hosts_lines_name_a_host_as_openssh_matches_them(tmp_path):
+    from podrun.transport.known_hosts import lines_for
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHh"
+    path = tmp_path / "known_hosts"
+    path.write_text("\n".join([
+        "# a comment",
+        f"10.0.0.2 {key}1",
+        f"node-a,10.0.0.3 {key}2",
+        f"10.0.0.* {key}3",
+        f"10.0.0.*,!10.0.0.9 {key}4",
+        f"[10.0.0.2]:2222 {key}5",
+        f"{hashed('10.0.0.4')} {key}6",
+        f"NODE-B {key}7",
+        f"@revoked 10.0.0.5 {key}8",
+        f"10.0.0.? {key}9",
+        "",
+    ]))
+    def named(known_as: str) -> list[int]:
+        return [line.number for line in lines_for(known_as, [str(path)])]
+
+    assert named("10.0.0.2") == [2, 4, 5, 10]
+    assert named("10.0.0.9") == [4, 10]  # the ! pattern leaves it out of line 5
+    assert named("[10.0.0.2]:2222") == [6]  # a port's brackets are no character class
+    assert named("10.0.0.4") == [4, 5, 7, 10]
+    assert named("node-b") == [8]
+    assert named("10.0.0.5") == [4, 5, 9, 10]
+    assert named("10.0.0.10") == [4, 5]
+    assert named("tpu.4001-0") == []
