@@ -205,6 +205,8 @@ class SshOptions(_Model):
     port: int | None = Field(None, ge=1, le=65535)
     identity_file: str | None = None
     check_host_keys: bool = Field(True, description="trust on first use, refuse changed host keys")
+    known_hosts: str | None = Field(None, description="a known-hosts file read with ~/.ssh/known_hosts: a host "
+                                                      "it knows must present a key it holds for it")
 
 
 HOST_FORMS = "host, user@host, host:port or user@host:port"
@@ -383,6 +385,10 @@ class JobSpec(_Model):
     def is_secret(self, key: str) -> bool:
         return key in self.secret_env or bool(SECRET_KEY_PATTERN.search(key))
 
+    def written_secrets(self) -> list[str]:
+        """The secret keys whose value `env` holds, as written in the spec (not taken from podrun's environment)."""
+        return [key for key, value in self.env.items() if value != "" and self.is_secret(key)]
+
 
 VARIABLE_NAME = ("a variable name", "use letters, digits and '_', not starting with a digit")
 # (what it is not, the rule) for the fields with a pattern; `*` is any list index or env key, `[key]` the key itself
@@ -418,6 +424,7 @@ EXPECTED = {
     "ssh.port": PORT,
     "ssh.identity_file": "the path of a private key such as ~/.ssh/id_ed25519",
     "ssh.check_host_keys": "true or false",
+    "ssh.known_hosts": "the path of a known-hosts file such as ~/.ssh/cluster_known_hosts",
     "workdir": "a directory (relative to the spec file)",
     "setup": "a shell command such as pip install -r requirements.txt",
     "run": "the command to run, such as python3 train.py (with torchrun: the script and its arguments)",
@@ -513,6 +520,10 @@ def load_spec(path: str | Path) -> JobSpec:
     if expanded.startswith("~"):
         raise SpecError(path, "workdir",
                         f"expected an existing directory, {_printable(spec.workdir)} is no user's home here")
+    known_hosts = spec.ssh.known_hosts
+    if known_hosts is not None and not os.path.isfile(os.path.expanduser(known_hosts)):
+        raise SpecError(path, "ssh.known_hosts",
+                        f"expected an existing known-hosts file, {_printable(known_hosts)} is not one")
     workdir = (path.parent / expanded).resolve()
     if not workdir.is_dir():
         raise SpecError(path, "workdir", f"expected an existing directory, {_printable(str(workdir))} is not one")

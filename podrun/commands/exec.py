@@ -7,6 +7,7 @@ import re
 import sys
 
 from podrun import jobstore
+from podrun.adhoc import COMMAND_LINE
 from podrun.errors import SpecError, UsageError
 from podrun.output import ask, counted, say
 from podrun.plan import render
@@ -18,6 +19,7 @@ from podrun.targets import target_for
 def validate(spec_path: str) -> JobSpec:
     spec = load_spec(spec_path)
     check_run_script(spec)
+    warn_of_written_secrets(spec)
     say(f"{spec_path}: valid; job {spec.name!r} on {_where(spec)}")
     return spec
 
@@ -43,6 +45,7 @@ def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: st
     """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none)."""
     if ships_code:
         check_run_script(spec)
+    warn_of_written_secrets(spec)
     extra_env = parse_env_overrides(env_overrides)
     grace_s = parse_grace(grace)
     if stall is not None:
@@ -79,9 +82,27 @@ def _scan(spec: JobSpec, dry_run: bool, allow_large_workdir: bool) -> scan.Tree:
                                               f".podrunignore, or point workdir: at the code")
 
     try:
-        return scan.scan(spec.workdir, remember=not dry_run, ship_large=ship_large)
+        return scan.scan(spec.workdir, remember=not dry_run, ship_large=ship_large, left_home=_spec_in_workdir(spec))
     except scan.WorkdirTooLarge as error:
         raise SpecError(spec.path, "workdir", f"{spec.workdir}: {error}") from None
+
+
+def _spec_in_workdir(spec: JobSpec) -> str | None:
+    """The spec file's path in its workdir, where it is in it: it never ships (its env may hold secrets)."""
+    if spec.path == COMMAND_LINE:
+        return None
+    try:
+        return spec.path.resolve().relative_to(spec.workdir).as_posix()
+    except ValueError:
+        return None
+
+
+def warn_of_written_secrets(spec: JobSpec) -> None:
+    """One line per secret whose value is written in the spec file, where whoever reads the file reads it."""
+    for key in spec.written_secrets():
+        say(f"{spec.path}: env.{key}: a secret's value is written in the spec, readable by whoever can read the "
+            f"file; keep it out: drop it from env, list it in secret_env ([{key}]) and `export {key}=...` before "
+            f"podrun runs (secret_env takes it from podrun's environment)")
 
 
 def parse_restarts(spec: JobSpec, restarts: int | None) -> int:

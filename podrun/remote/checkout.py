@@ -109,9 +109,10 @@ def verify(version_dir):
     job wrote into one through the run directory) is removed, so that the launcher ships it again, and
     `changed` names those files. A version without its record (shipped by an older podrun) is removed too.
     Raises CheckoutError."""
-    if not os.path.isdir(version_dir):
-        return False, []
     try:
+        code_record.make_private(version_dir)
+        if not os.path.isdir(version_dir):
+            return False, []
         return _verify(version_dir)
     except OSError as error:
         raise CheckoutError("cannot check the code in %s: %s" % (version_dir, _reason(error))) from None

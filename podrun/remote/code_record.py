@@ -32,6 +32,15 @@ READ_BYTES = 1 << 20
 TICK_WAIT_S = 0.001
 
 
+def make_private(version_dir):
+    """~/podrun and ~/podrun/<name> above a version, where they are, made 0700 (older podruns left them
+    0755): the code, and what jobs write in run/, are the user's own."""
+    name_dir = os.path.dirname(version_dir)
+    for directory in (os.path.dirname(name_dir), name_dir):
+        if os.path.isdir(directory):
+            os.chmod(directory, 0o700)
+
+
 def create(directory, record_path):
     """After unpacking a shipment into directory: make its files read-only (a job then gets EACCES
     writing into one, unless it runs as root) and record each file's sha256."""

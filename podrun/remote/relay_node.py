@@ -78,7 +78,9 @@ def receive_and_forward():
     children = [connect_child(tuple(address), config["token"]) for address in framing.read_message(stdin)["children"]]
     source = stdin if server is None else accept_parent(server, stdin, config["token"])
     tmp = "%s.tmp.%d" % (config["code_dir"], os.getpid())
-    os.makedirs(tmp)
+    os.makedirs(tmp, 0o700)
+    if config["record"]:  # code, not a `podrun cp` upload
+        code_record.make_private(config["code_dir"])
     try:
         receive(source, children, tmp)
         # the record first: a version in place is never without one (it holds no inode yet, so that

@@ -52,12 +52,13 @@ class Tree:
 
 
 def scan(workdir: str | Path, remember: bool = True,
-         ship_large: Callable[[WorkdirTooLarge], bool] = refuse) -> Tree:
+         ship_large: Callable[[WorkdirTooLarge], bool] = refuse, left_home: str | None = None) -> Tree:
     """The files that ship and their content hash; `remember` keeps their digests for the next
     scan (digests.py), which --dry-run does not: it writes nothing. A large workdir raises
-    WorkdirTooLarge before any file is read, unless `ship_large`, told how large, says to go on."""
+    WorkdirTooLarge before any file is read, unless `ship_large`, told how large, says to go on.
+    `left_home`: a relative path that never ships (the spec being run: its env may hold secrets)."""
     root = Path(workdir)
-    files = ignore.shipped_files(root)
+    files = [relative for relative in ignore.shipped_files(root) if relative != left_home]
     infos = [os.lstat(root / relative) for relative in files]
     too_large = _too_large(files, infos)
     if too_large and not ship_large(too_large):

@@ -22,7 +22,8 @@ class SshHosts(Target):
         workers = []
         for index, entry in enumerate(self.spec.target.hosts or ()):
             user, host, port = parse_host(entry)
-            transport = SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys)
+            transport = SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
+                                     known_hosts_file=ssh.known_hosts)
             workers.append(Worker(index, entry, self._internal_ip(host, index), transport))
         return workers
 

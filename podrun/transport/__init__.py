@@ -1,5 +1,6 @@
 """Transports: how a command reaches one worker (base.py: the interface, the worker-side script
-bootstrap), over SSH (ssh.py) or as a local process tree (local.py)."""
+bootstrap), over SSH (ssh.py) or as a local process tree (local.py); known_hosts.py: the host keys on
+record, podrun's and the user's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def transport_for(endpoint: dict) -> Transport:
         return LocalTransport(endpoint["root"])
     from podrun.transport.ssh import SshTransport
 
-    # records of jobs started before TPU workers had host key aliases have neither field
+    # records of jobs started before TPU workers had host key aliases have neither field, nor known_hosts_file
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
                         endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
-                        host_keys=tuple(endpoint.get("host_keys", ())))
+                        host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"))

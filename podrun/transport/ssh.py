@@ -5,8 +5,9 @@ fresh connections): asyncssh 0.11/0.23/0.77 s, paramiko with a thread per host 0
 OpenSSH clients 0.31/0.86/3.23 s (0.16/0.34/1.06 s with curve25519), and it fits the asyncio
 launcher without a thread per host. It honours ~/.ssh/config (aliases, HostName, User, Port).
 
-Host keys: podrun keeps its own known-hosts file, trusts a host's key the first time it sees it, and
-refuses when a known host presents a different key (ssh.check_host_keys: false turns this off).
+Host keys (known_hosts.py): a host that the user's known-hosts files or podrun's own know must present
+a key they hold for it; one none knows is trusted the first time podrun sees it, and its key kept in
+podrun's file (ssh.check_host_keys: false turns all this off).
 A host is known by its address and port, or by its `host_key_alias` where it has one: a TPU worker
 goes by gcloud's alias for it (targets/tpu.py), so a TPU VM made again on the same addresses is a
 new host, not a changed one. Keys its owner published (`host_keys`: a TPU VM's guest attributes)
@@ -18,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import ctypes.util
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import podrun.transport.known_hosts as known_hosts
 from podrun import paths
 from podrun.errors import PodrunError
 from podrun.transport.base import Channel, ChannelLost, Transport
@@ -121,13 +124,14 @@ class SshTransport(Transport):
 
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
-                 host_keys: tuple[str, ...] = ()):
+                 host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
         self.check_host_keys = check_host_keys
         self.refused_retry_s = refused_retry_s  # a key that was just authorized may take this long to work
         self.host_key_alias = host_key_alias  # its name in the known-hosts file, in place of host:port
         self.host_keys = host_keys  # "ssh-ed25519 AAAA..." as its owner published them: trusted as they are
+        self.known_hosts_file = known_hosts_file  # the spec's ssh.known_hosts, read with ~/.ssh/known_hosts
         self.connection: asyncssh.SSHClientConnection | None = None
 
     @property
@@ -139,12 +143,18 @@ class SshTransport(Transport):
         """Its name in known-hosts lines: the alias (OpenSSH's HostKeyAlias, which takes no port), or host[:port]."""
         return self.host_key_alias or _host_pattern(self.host, self.port or 22)
 
-    def _published_lines(self) -> bytes:
-        return "".join(f"{self.known_as} {key}\n" for key in self.host_keys).encode()
+    def _keys_on_record(self) -> tuple[str, list[known_hosts.KnownLine]]:
+        """The known-hosts lines the host's key must match ("": none knows the host, trust it on first
+        contact), and those of them that the user's files hold (named if the key matches none)."""
+        if self.host_keys:
+            return "".join(f"{self.known_as} {key}\n" for key in self.host_keys), []
+        users = known_hosts.lines_for(self.known_as, known_hosts.user_files(self.known_hosts_file))
+        own = known_hosts.podrun_lines(self.known_as).decode()
+        return "".join(line.as_known(self.known_as) for line in users) + own, users
 
     async def connect(self) -> None:
-        known = (self._published_lines() or known_host_keys(self.known_as)) if self.check_host_keys else None
-        options: dict[str, object] = {"known_hosts": asyncssh.import_known_hosts(known.decode()) if known else None,
+        known, users = self._keys_on_record() if self.check_host_keys else ("", [])
+        options: dict[str, object] = {"known_hosts": asyncssh.import_known_hosts(known) if known else None,
                                       "host_key_alias": self.host_key_alias,
                                       "connect_timeout": CONNECT_TIMEOUT_S, "encryption_algs": ENCRYPTION_ALGS,
                                       "keepalive_interval": KEEPALIVE_INTERVAL_S,
@@ -158,13 +168,7 @@ class SshTransport(Transport):
         try:
             self.connection = await self._connect(options)
         except asyncssh.HostKeyNotVerifiable:
-            if self.host_keys:
-                raise PodrunError(f"{self.label}: its host key is not one of those its TPU VM published (guest "
-                                  f"attributes, namespace hostkeys); refusing to connect") from None
-            alias = f" as {self.host_key_alias}" if self.host_key_alias else ""
-            raise PodrunError(
-                f"{self.label}: host key changed since podrun first connected (recorded in "
-                f"{known_hosts_path()}{alias}); if the host was rebuilt, remove its line there") from None
+            raise PodrunError(self._key_refused(users)) from None
         except asyncssh.PermissionDenied:
             raise PodrunError(f"{self.label}: key refused for user {self.user or 'default'} "
                               f"(identity file: {self.identity_file or 'ssh defaults'})") from None
@@ -175,7 +179,21 @@ class SshTransport(Transport):
             raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}") from None
         host_key = self.connection.get_server_host_key()
         if self.check_host_keys and not known and host_key is not None:
-            remember_host_keys(self.known_as, [host_key.export_public_key().decode().strip()])
+            known_hosts.remember(self.known_as, [host_key.export_public_key().decode().strip()])
+
+    def _key_refused(self, users: list[known_hosts.KnownLine]) -> str:
+        """Why the host's key was refused, and what to do: one line."""
+        if self.host_keys:
+            return (f"{self.label}: its host key is not one of those its TPU VM published (guest attributes, "
+                    f"namespace hostkeys); refusing to connect")
+        if users:
+            removals = "; ".join(f"ssh-keygen -R {shlex.quote(self.known_as)} -f {shlex.quote(path)}"
+                                 for path in dict.fromkeys(line.path for line in users))
+            return (f"{self.label}: host key differs from the one recorded for it in {known_hosts.where(users)}; "
+                    f"if the host was rebuilt, remove that record ({removals})")
+        alias = f" as {self.host_key_alias}" if self.host_key_alias else ""
+        return (f"{self.label}: host key changed since podrun first connected (recorded in "
+                f"{known_hosts.podrun_known_hosts()}{alias}); if the host was rebuilt, remove its line there")
 
     async def _connect(self, options: dict) -> asyncssh.SSHClientConnection:
         deadline = asyncio.get_running_loop().time() + self.refused_retry_s
@@ -190,18 +208,22 @@ class SshTransport(Transport):
     def endpoint(self) -> dict:
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
-                "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys)}
+                "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys),
+                "known_hosts_file": self.known_hosts_file}
 
     def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
         """OpenSSH's client, as gcloud's `tpu-vm ssh` runs it: a real terminal (resize, Ctrl-C to
-        the remote program) for free, with podrun's keys and its host-key rules (its known-hosts file,
-        trust on first use, a changed key refused; published keys written there and required)."""
+        the remote program) for free, with podrun's keys and its host-key rules (its known-hosts file
+        and the user's, trust on first use, a changed key refused; published keys written there and required)."""
         argv = ["ssh", "-t"] if terminal else ["ssh"]
         if self.check_host_keys:
-            paths.make_private_dir(str(known_hosts_path().parent))
-            known = known_host_keys(self.known_as).decode().splitlines()
-            remember_host_keys(self.known_as, [key for key in self.host_keys if f"{self.known_as} {key}" not in known])
-            argv += ["-o", f"UserKnownHostsFile={known_hosts_path()}",
+            own = known_hosts.podrun_known_hosts()
+            paths.make_private_dir(str(own.parent))
+            known = known_hosts.podrun_lines(self.known_as).decode().splitlines()
+            known_hosts.remember(self.known_as, [key for key in self.host_keys if f"{self.known_as} {key}" not in known])
+            # OpenSSH adds a key seen on first contact to the first file; published keys need no other
+            files = [str(own), *([] if self.host_keys else known_hosts.user_files(self.known_hosts_file))]
+            argv += ["-o", f"UserKnownHostsFile={' '.join(map(_quoted_for_ssh_config, files))}",
                      "-o", f"StrictHostKeyChecking={'yes' if self.host_keys else 'accept-new'}",
                      "-o", "HashKnownHosts=no"]  # podrun reads the file by host name
             if self.host_key_alias:
@@ -243,8 +265,13 @@ def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
             raise PodrunError(f"ssh.identity_file {path} does not exist")
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)
-        key.write_private_key(str(path))
-        path.chmod(0o600)
+        # created 0600, never readable by others for a moment (asyncssh's writer makes it 0644 first)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as error:
+            raise PodrunError(f"cannot create the SSH key {path}: {error.strerror or error}") from None
+        with os.fdopen(descriptor, "wb") as private:
+            private.write(key.export_private_key())
         key.write_public_key(str(path) + ".pub")
     try:
         key = asyncssh.read_private_key(str(path))
@@ -254,39 +281,13 @@ def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
     return f"{key_type} {blob} {comment}"
 
 
-def known_hosts_path() -> Path:
-    return Path(paths.podrun_home()) / "known_hosts"
+def _quoted_for_ssh_config(path: str) -> str:
+    """A path as one word of an ssh_config value (which splits at spaces, and honours double quotes)."""
+    return f'"{path}"' if " " in path else path
 
 
 def _host_pattern(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
-
-
-def known_host_keys(known_as: str) -> bytes:
-    """The lines of podrun's known-hosts file for this host (host[:port] or alias), or b"" if it was never seen."""
-    try:
-        lines = known_hosts_path().read_bytes().splitlines(keepends=True)
-    except FileNotFoundError:
-        return b""
-    pattern = known_as.encode()
-    return b"".join(line for line in lines if line.split(b" ", 1)[0] == pattern)
-
-
-def remember_host_keys(known_as: str, keys: list[str]) -> None:
-    """Add `known_as key` lines ("ssh-ed25519 AAAA...") to podrun's known-hosts file."""
-    if not keys:
-        return
-    path = known_hosts_path()
-    paths.make_private_dir(str(path.parent))
-    lines = "".join(f"{known_as} {key}\n" for key in keys).encode()
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    except OSError as error:
-        raise paths.unusable_home(error) from None
-    try:
-        os.write(descriptor, lines)  # one small append: parallel connects never interleave
-    finally:
-        os.close(descriptor)
 
 
 def _reason(error: BaseException) -> str:
