@@ -285,6 +285,13 @@ def pytest_terminal_summary(terminalreporter):
                                         f"{ordered[-1]:.2f} s over {len(times)} runs")
 
 
+# A shell starts its background jobs (`cmd &`, no job control) with SIGINT ignored, and an ignored signal
+# stays ignored across exec: podrun would then start with Ctrl-C ignored, and every test that presses it
+# (SIGINT to podrun) would wait in vain. podrun gets SIGINT as a terminal gives it, however pytest started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # What a test needs of the machine, as markers: `lab` (root, network namespaces, a real sshd: tests/lab.py),
 # `docker` (a dockerd of the session's own: tests/docker_lab.py), `gcloud` (the real gcloud CLI reading the
 # TPU API stand-in). A fixture that needs one gives its marker to every test that uses it; tests that need
