@@ -69,7 +69,7 @@ def hub_agent(home: Path, job_id: str) -> int:
     """The pid of worker 0's agent (the hub) of a detached local job, once it has started the step."""
     agent_file = home / "local" / "w0" / ".podrun" / "jobs" / job_id / "run.agent"
     wait_until(agent_file.exists, "worker 0's agent to start the step")
-    return int(agent_file.read_text())
+    return int(agent_file.read_text().split()[0])  # the agent's pid, then its start time
 
 
 def listening_port(pid: int) -> int:
