@@ -359,7 +359,7 @@ def _parse_intermixed(parser: _Parser, argv: list[str]) -> argparse.Namespace:
     options, after_dashes = _split_at_dashes(argv)
     # Python 3.11's parse_intermixed_args reads an argument after `--` as an option when no positional
     # comes before the `--`: stand-ins that cannot be options (argv never holds NUL) keep them positional
-    parser.stand_ins = {f"\0{index}": argument for index, argument in enumerate(after_dashes)}
+    parser.stand_ins = {f"\0{index}\0": argument for index, argument in enumerate(after_dashes)}
     args = parser.parse_intermixed_args(options + list(parser.stand_ins))
     for name, value in vars(args).items():
         if isinstance(value, list):
