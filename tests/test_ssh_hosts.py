@@ -179,6 +179,7 @@ def test_docker_wraps_run_and_a_worker_without_docker_is_named(home, lab, hosts_
                 f'-v "$PWD:$PWD" -w "$PWD" -v "$PODRUN_JOB_DIR:$PODRUN_JOB_DIR" --init --env=TINI_KILL_PROCESS_GROUP=1 '
                 f"--env=PJRT_DEVICE") in plan.stdout
     assert ("--env=WANDB_API_KEY --env=GLOO_SOCKET_IFNAME --env=NCCL_SOCKET_IFNAME --env=PODRUN_JOB_DIR "
+            "--env=PODRUN_WORKER_IPS_FILE "
             "--shm-size=16g us-docker.pkg.dev/proj/repo/xla:r2.5 sh -c "
             + shlex.quote("trap 'exit 143' TERM\npython3 train.py")) in plan.stdout
     assert "hunter2" not in plan.stdout and "--privileged" not in plan.stdout  # that is for TPU only
