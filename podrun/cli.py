@@ -10,9 +10,12 @@ import argparse
 import gc
 import os
 import sys
+from collections.abc import Callable
 
 from podrun import __version__, exits
 from podrun.errors import PodrunError
+
+SUPERVISE = "_supervise"  # the hidden command a supervisor host runs (supervisor/daemon.py)
 
 
 def _exec(args: argparse.Namespace) -> int:
@@ -23,11 +26,13 @@ def _exec(args: argparse.Namespace) -> int:
     try:
         from podrun.adhoc import job_spec
         from podrun.commands.exec import execute
+        from podrun.commands.exec_options import ExecOptions
 
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
-        return execute(spec, args.spec is not None or args.workdir is not None, args.dry_run, args.worker, args.env,
-                       args.detach, args.kill_stale, args.allow_large_workdir, args.grace, args.down, args.restarts,
-                       args.stall)
+        options = ExecOptions(args.dry_run, args.worker, tuple(args.env), args.detach, args.kill_stale,
+                              args.allow_large_workdir, args.grace, args.down, args.restarts, args.stall,
+                              args.supervisor)
+        return execute(spec, args.spec is not None or args.workdir is not None, options)
     finally:
         gc.enable()
 
@@ -220,6 +225,9 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
                      help="restart the job at most N times (the spec's restarts.max), on what the spec's "
                           "restarts.on says; by default on preemption on a TPU (creating it again), on failure on "
                           "hosts and local workers")
+    sub.add_argument("--supervisor", metavar="HOST",
+                     help="hand the job to HOST (user@host:port), which runs its whole life (create, restarts, "
+                          "delete_after) while this machine may close (the spec's supervisor.host)")
     sub.add_argument("--allow-large-workdir", action="store_true",
                      help="ship a workdir over 1 GiB or 50,000 files without asking (otherwise podrun names what "
                           "weighs most, and asks on a terminal or stops)")
@@ -426,12 +434,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and return its exit code (bad usage: 2, as argparse prints it)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [SUPERVISE]:  # not a user's command: what a handover starts on a supervisor host
+        from podrun.supervisor import daemon
+
+        return handled(daemon.main)
     try:
         args = parse(argv)
     except SystemExit as argparse_exit:  # bad usage, or --help
         return int(argparse_exit.code or 0)
+    return handled(lambda: args.handler(args))
+
+
+def handled(command: Callable[[], int]) -> int:
+    """Run a command; its exit code, or that of its error, said in one line."""
     try:
-        return args.handler(args)
+        return command()
     except PodrunError as error:
         print(f"podrun: error: {error}", file=sys.stderr)
         return error.exit_code

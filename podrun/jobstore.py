@@ -47,7 +47,8 @@ class JobRecord:
                  state: str = RUNNING, started_at: float | None = None, ended_at: float | None = None,
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
-                 attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None):
+                 attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
+                 supervised_by: dict | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -67,6 +68,9 @@ class JobRecord:
         # a detached job that restarts or deletes its TPU: the local process that watches it (pid, start)
         self.supervisor = supervisor
         self.cleanup = cleanup  # the command that deletes what the supervisor would delete (delete_after)
+        # a job handed to a supervisor host (supervisor/): this record points at the one kept there, and
+        # holds what was last read of it; {host, endpoint: Transport.endpoint(), podrun: its command there}
+        self.supervised_by = supervised_by
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -128,7 +132,10 @@ class JobRecord:
         return self.supervisor is not None and self.state == RUNNING and not is_alive(self.supervisor)
 
     def current_state(self) -> str:
-        """The state, with a running job whose launcher has died shown as lost."""
+        """The state, with a running job whose launcher has died shown as lost (a supervised job's
+        supervisor tells: supervisor/remote.py)."""
+        if self.state == RUNNING and self.supervised_by:
+            return self.state
         if self.state == RUNNING and not self.detached and not is_alive(self.launcher):
             return LOST
         return self.state
@@ -255,9 +262,12 @@ def _is_plain_name(text: str) -> bool:
 
 def _read(path: str) -> JobRecord:
     with open(path) as handle:
-        data = json.load(handle)
-    data["workers"] = [WorkerRecord(**worker) for worker in data["workers"]]
-    return JobRecord(**data)
+        return from_dict(json.load(handle))
+
+
+def from_dict(data: dict) -> JobRecord:
+    """A record from its JSON form (to_dict(), or a line of `podrun jobs --json`)."""
+    return JobRecord(**{**data, "workers": [WorkerRecord(**worker) for worker in data["workers"]]})
 
 
 def is_alive(identity: dict) -> bool:

@@ -64,7 +64,7 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
     """One WorkerPlan per worker, in worker order. `extra_env` is `--env K=V` from the command line;
     `launcher_env` supplies secret_env keys that the spec names but does not set; `attempt` counts the
     job's restarts (`restarts`)."""
-    user_env = {**spec.env, **_secrets_from_launcher(spec, launcher_env), **extra_env}
+    user_env = {**spec.env, **secrets_from_launcher(spec, launcher_env), **extra_env}
     secret_keys = frozenset(key for key in user_env if spec.is_secret(key))
     port = spec.torchrun.port if spec.torchrun else DEFAULT_RDZV_PORT
     master_addr = workers[0].internal_ip
@@ -179,7 +179,7 @@ def _megascale_ports_agree(env: dict[str, str], user_env: Mapping[str, str]) -> 
         env["MEGASCALE_PORT"] = address_port
 
 
-def _secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> dict[str, str]:
+def secrets_from_launcher(spec: JobSpec, launcher_env: Mapping[str, str]) -> dict[str, str]:
     missing = [key for key in spec.secret_env if key not in spec.env]
     for position, key in enumerate(spec.secret_env):
         if key in missing and key not in launcher_env:

@@ -342,6 +342,14 @@ StopGrace = Annotated[float, BeforeValidator(parse_stop_grace), WithJsonSchema({
     {"type": "string", "pattern": f"^{DURATION.pattern}$"}]})]
 
 
+class Supervisor(_Model):
+    """A host that runs the job's whole life in place of the machine that started it."""
+
+    host: HostEntry = Field(description="host, user@host, host:port or user@host:port; the spec's ssh: applies")
+    podrun: str | None = Field(None, description="podrun's path there; default: podrun on its login PATH, else one "
+                                                 "podrun installs into ~/.podrun/venv")
+
+
 class JobSpec(_Model):
     """A podrun job: where it runs and what runs on every worker."""
 
@@ -368,6 +376,8 @@ class JobSpec(_Model):
     delete_after: Annotated[DeleteAfter, BeforeValidator(_lower_choice("delete_after", ("never", "success", "always")))] \
         = Field("never", description="delete the TPU VM when the job ends: never, success or always")
     restarts: Restarts | None = Field(None, description="restart the job on preemption, failure and/or stall")
+    supervisor: Supervisor | None = Field(None, description="a host that runs the job's whole life (exec "
+                                                            "--supervisor HOST)")
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
 
     @property
@@ -448,6 +458,9 @@ EXPECTED = {
     "restarts.on.*": "preemption, failure or stall",
     "restarts.exit_codes": "a list of exit codes such as [42, 75]",
     "restarts.exit_codes.*": "an exit code from 1 to 255",
+    "supervisor": "a mapping such as {host: me@supervisor-vm, podrun: /opt/podrun/bin/podrun}",
+    "supervisor.host": HOST_FORMS,
+    "supervisor.podrun": "the path of podrun on the supervisor host, such as /opt/podrun/bin/podrun",
 }
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 import re
 import sys
+from collections.abc import Callable, Iterable
 
 from podrun import jobstore
 from podrun.adhoc import COMMAND_LINE
+from podrun.commands.exec_options import ExecOptions
 from podrun.errors import SpecError, UsageError
 from podrun.output import ask, counted, say
 from podrun.plan import render
@@ -39,33 +41,38 @@ def _where(spec: JobSpec) -> str:
     return counted(target.local.workers, "local worker")
 
 
-def execute(spec: JobSpec, ships_code: bool, dry_run: bool, worker_selection: str | None, env_overrides: list[str],
-            detach: bool = False, kill_stale: bool = False, allow_large_workdir: bool = False,
-            grace: str | None = None, down: bool = False, restarts: int | None = None, stall: str | None = None) -> int:
-    """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none)."""
+def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str | None = None,
+            on_running: Callable[[], None] | None = None) -> int:
+    """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none).
+    `job_id` and `on_running` (called once run has started everywhere) are a supervisor's (supervisor/daemon.py)."""
     if ships_code:
         check_run_script(spec)
     warn_of_written_secrets(spec)
-    extra_env = parse_env_overrides(env_overrides)
-    grace_s = parse_grace(grace)
-    if stall is not None:
-        spec = spec.model_copy(update={"stall_s": parse_stall_flag(stall)})
-    max_restarts = parse_restarts(spec, restarts)
-    if down and spec.target.tpu is None:
+    extra_env = parse_env_overrides(options.env)
+    grace_s = parse_grace(options.grace)
+    if options.stall is not None:
+        spec = spec.model_copy(update={"stall_s": parse_stall_flag(options.stall)})
+    max_restarts = parse_restarts(spec, options.restarts)
+    if options.down and spec.target.tpu is None:
         raise UsageError(f"--down: deletes the TPU the job ran on, but {spec.path} runs on {spec.target.kind} workers")
+    if supervisor := options.supervisor or (spec.supervisor and spec.supervisor.host):
+        from podrun.supervisor import handover
+
+        tree = _scan(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
+        return handover.hand_over(spec, supervisor, tree, options)
     from podrun.launch.lifecycle import Lifecycle  # here: validate and a spec refused above never load asyncio
 
     target = target_for(spec)
-    tree = _scan(spec, dry_run, allow_large_workdir) if ships_code else None
-    lifecycle = Lifecycle(spec, target, tree, extra_env, kill_stale, detach, max_restarts, down)
-    if dry_run:
+    tree = _scan(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
+    lifecycle = Lifecycle(spec, target, tree, extra_env, options.kill_stale, options.detach, max_restarts, options.down)
+    if options.dry_run:
         workers = target.workers(dry_run=True)
-        plans = lifecycle.plans(workers, parse_worker_selection(worker_selection, len(workers)),
-                                jobstore.new_job_id(spec.name), attempt=0)
+        plans = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
+                                job_id or jobstore.new_job_id(spec.name), attempt=0)
         sys.stdout.write(render(plans, f"target: {target.describe(workers)}"))
         return 0
-    return lifecycle.run(functools.partial(parse_worker_selection, worker_selection),
-                         spec.stop_grace_s if grace_s is None else grace_s)
+    return lifecycle.run(functools.partial(parse_worker_selection, options.worker),
+                         spec.stop_grace_s if grace_s is None else grace_s, job_id, on_running)
 
 
 def _scan(spec: JobSpec, dry_run: bool, allow_large_workdir: bool) -> scan.Tree:
@@ -133,7 +140,7 @@ def parse_stall_flag(stall: str) -> float:
         raise UsageError(f"--stall {stall!r}: {error}") from None
 
 
-def parse_env_overrides(assignments: list[str]) -> dict[str, str]:
+def parse_env_overrides(assignments: Iterable[str]) -> dict[str, str]:
     env = {}
     for assignment in assignments:
         key, equals, value = assignment.partition("=")

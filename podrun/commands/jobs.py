@@ -50,6 +50,13 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
     """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job.
     `attempt`: an earlier attempt's output (kept locally), else the current attempt's."""
     record = jobstore.find(job) if job else newest_running_or_newest()
+    if record.supervised_by:
+        from podrun.supervisor import remote
+
+        flags = {"--worker": worker, "--tail": tail, "--attempt": attempt}
+        return remote.forward(record, ["logs", record.id, *(["--follow"] if follow else []),
+                                       *(word for flag, value in flags.items() if value is not None
+                                         for word in (flag, str(value)))])
     if attempt is not None and attempt != record.attempt:
         return _show_earlier_attempt(record, attempt, worker, tail)
     indexes = [w.index for w in record.workers]
@@ -123,6 +130,10 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     """Newest first: at most `count` jobs (default 20; with --json, all), of these states (any if none),
     whose id begins with `name_or_prefix` (an id begins with its job's name)."""
     records = [record for record in jobstore.all_jobs() if record.id.startswith(name_or_prefix or "")]
+    if any(record.supervised_by and record.state == jobstore.RUNNING for record in records):
+        from podrun.supervisor import remote  # asks their supervisors
+
+        remote.refresh(records)
     if any(record.detached and record.state == jobstore.RUNNING for record in records):
         from podrun.launch import detached  # asks their workers: a detached job that ended shows it now
 
@@ -152,6 +163,10 @@ def _as_json(record: jobstore.JobRecord, state: str) -> dict:
 def stop_job(job: str | None) -> int:
     """`job`: an id, an id's beginning or a name; none: the newest running job."""
     record = jobstore.find(job) if job else _newest_running()
+    if record.supervised_by:
+        from podrun.supervisor import remote
+
+        return remote.forward(record, ["stop", record.id])
     state = record.current_state()
     if state != jobstore.RUNNING:
         raise PodrunError(f"job {record.id} is not running (it is {state})")
@@ -241,6 +256,8 @@ def _state_text(record: jobstore.JobRecord, state: str, idle: bool) -> str:
     """The state, with the restarts it took (`restarts`) and, while it runs, its supervisor if it has one
     and (with `idle`) how long ago its last output came."""
     notes = [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] if record.attempt else []
+    if record.supervised_by:
+        notes.append(f"on {record.supervised_by['host']}")
     if state == jobstore.RUNNING and record.supervised():
         notes.append("supervised")
     elif state == jobstore.RUNNING and record.supervisor_lost():

@@ -16,6 +16,10 @@ from podrun.output import say
 def show_stacks(job: str | None, worker_selection: str | None) -> int:
     """`job`: as for `podrun logs` (default: the newest running job, else the newest job)."""
     record = jobstore.find(job) if job else newest_running_or_newest()
+    if record.supervised_by:
+        from podrun.supervisor import remote
+
+        return remote.forward(record, ["stacks", record.id, *(["--worker", worker_selection] if worker_selection else [])])
     if (state := record.current_state()) != jobstore.RUNNING:
         raise PodrunError(f"job {record.id} is {state}: stacks come from a running job's processes"
                           f"{_saved_note(record)}")

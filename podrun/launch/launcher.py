@@ -17,6 +17,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from podrun import exits, jobstore
 from podrun.errors import PodrunError
@@ -61,12 +62,14 @@ class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
     def __init__(self, spec: JobSpec, target: Target, plans: list[WorkerPlan], tree: scan.Tree | None,
-                 record: jobstore.JobRecord, terminal: Terminal, detach: bool, kill_stale: bool = False):
+                 record: jobstore.JobRecord, terminal: Terminal, detach: bool, kill_stale: bool = False,
+                 on_running: Callable[[], None] | None = None):
         self.spec = spec
         self.target = target
         self.plans = plans
         self.detach = detach
         self.kill_stale = kill_stale
+        self.on_running = on_running  # called once run has started on every worker
         self.tree = tree  # None: nothing ships (an ad-hoc command without --workdir)
         self.record = record
         self.terminal = terminal
@@ -183,6 +186,8 @@ class Launch:
             for ws in worker_steps:
                 ws.go(hub)
         say_phase(step, counted(len(worker_steps), self.target.worker_noun))
+        if step == "run" and self.on_running:
+            self.on_running()
         finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())

@@ -47,6 +47,7 @@ class Lifecycle:
         self.workers: list[Worker] = []
         self.selected: set[int] = set()
         self.recreating = False  # between a preemption and the TPU made again: the old one is of no use
+        self.on_running: Callable[[], None] | None = None
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
         if target.departs:
@@ -57,20 +58,24 @@ class Lifecycle:
                                                     self.extra_env, os.environ, attempt)
                 if worker_plan.worker.index in selected]
 
-    def run(self, select: Callable[[int], set[int]], stop_grace_s: float) -> int:
+    def run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None = None,
+            on_running: Callable[[], None] | None = None) -> int:
         """Create the TPU if the spec declares it and it does not exist, run the job (on the workers
         `select` picks, given their count) until it ends, restarting it as asked, then delete the TPU
-        if asked. Detached, this returns once the first attempt runs, leaving a supervisor if needed."""
+        if asked. Detached, this returns once the first attempt runs, leaving a supervisor if needed.
+        `job_id`: the id chosen beforehand (a supervisor host's); `on_running`: called once the first
+        attempt's run has started everywhere."""
+        self.on_running = on_running
         with interrupts.interruptible_once(HANDLED_SIGNALS):  # a second interrupt cannot stop the cleanup
-            return self._run(select, stop_grace_s)
+            return self._run(select, stop_grace_s, job_id)
 
-    def _run(self, select: Callable[[int], set[int]], stop_grace_s: float) -> int:
+    def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
         try:
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
             self.selected = select(len(self.workers))
-            job_id = jobstore.new_job_id(self.spec.name)
+            job_id = job_id or jobstore.new_job_id(self.spec.name)
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             record = self._new_record(job_id, stop_grace_s)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
@@ -115,9 +120,15 @@ class Lifecycle:
     def _launch(self, record: jobstore.JobRecord, plans: list[WorkerPlan]) -> int:
         try:
             return asyncio.run(Launch(self.spec, self.target, plans, self.tree, record,
-                                      Terminal(worker_count=len(self.workers)), self.detach, self.kill_stale).run())
+                                      Terminal(worker_count=len(self.workers)), self.detach, self.kill_stale,
+                                      self._running_once).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)
+
+    def _running_once(self) -> None:
+        if self.on_running:
+            self.on_running()
+            self.on_running = None
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
         cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}.get(record.state)

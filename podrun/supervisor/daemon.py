@@ -1,0 +1,161 @@
+"""The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
+
+It reads the job from stdin (one JSON line: the spec's fields, the exec flags, and the environment the
+job needs from the launcher: secret values, the API endpoint, podrun's settings; none of it is written
+to disk) and forks the job's launcher into a session of its own, so that it outlives the SSH session:
+the laptop may close. That launcher is a plain attached `podrun exec` of this host's: it creates the
+TPU, runs, watches, restarts and deletes as the spec says, and keeps the job's record and every
+worker's log in this host's job store. What it prints goes to files under PODRUN_HOME/supervised/<id>/.
+
+The process started over SSH relays those files to the laptop (stdout to stdout, stderr to stderr),
+after a first stdout line `{"job": ID}`, until the run has started (--detach) or the job has ended;
+it exits with the launcher's exit code. A line `interrupt` on its stdin is the laptop's Ctrl-C: the
+launcher gets SIGINT, and stops the job and cleans up as after Ctrl-C at its own terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import signal
+import sys
+from pathlib import Path
+
+from podrun import jobstore, paths
+from podrun.commands.exec import execute
+from podrun.commands.exec_options import ExecOptions
+from podrun.errors import PodrunError
+from podrun.spec import FieldProblems, JobSpec, SpecProblems, validate_fields
+
+INTERRUPT = b"interrupt\n"
+RUNNING = b"r"  # the launcher tells the relay that run has started everywhere
+POLL_S = 0.1
+READ_SIZE = 1 << 16
+
+
+def main() -> int:
+    payload_line, more = _read_line(0)
+    payload = json.loads(payload_line)
+    spec = _spec(payload)
+    options = ExecOptions(**{**payload["options"], "env": tuple(payload["options"]["env"]), "supervisor": None})
+    os.environ.update(payload["environ"])
+    if options.dry_run:
+        return execute(spec, payload["ships_code"], options)
+    job_id = jobstore.new_job_id(spec.name)
+    console = console_dir(job_id)
+    os.makedirs(console, mode=0o700)
+    running_read, running_write = os.pipe()
+    launcher = os.fork()
+    if launcher == 0:  # returns through the CLI, which says an error in one line and exits with its code
+        os.close(running_read)
+        return _launch(spec, payload["ships_code"], options, job_id, console, running_write)
+    os.close(running_write)
+    _write_line(sys.stdout.buffer, json.dumps({"job": job_id, "launcher": launcher}).encode())
+    return _relay(launcher, console, running_read, options.detach, more)
+
+
+def console_dir(job_id: str) -> str:
+    """Where a supervised job's launcher writes what it prints (stdout, stderr)."""
+    return os.path.join(paths.podrun_home(), "supervised", job_id)
+
+
+def _spec(payload: dict) -> JobSpec:
+    """The spec's fields as the laptop validated them; its workdir is the code shipped here."""
+    path = Path(payload["spec_path"])
+    try:
+        spec = validate_fields(payload["spec"])
+    except FieldProblems as error:  # a podrun of another version would not get this far (install.py)
+        raise SpecProblems(path, error.problems) from None
+    spec = spec.model_copy(update={"workdir": os.path.expanduser(spec.workdir)})
+    spec._path = path
+    return spec
+
+
+def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, console: str, running: int) -> int:
+    """The forked launcher: in a session of its own, printing into the console files."""
+    os.setsid()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        os.dup2(os.open(os.path.join(console, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), fd)
+    for stream in (sys.stdout, sys.stderr):  # each line in its file as it is said: the laptop relays them
+        assert isinstance(stream, io.TextIOWrapper)
+        stream.reconfigure(line_buffering=True)
+
+    def on_running() -> None:
+        try:
+            os.write(running, RUNNING)
+        except OSError:  # the relay is gone (the laptop closed): nobody waits for it
+            pass
+
+    return execute(spec, ships_code, options, job_id, on_running)
+
+
+def _relay(launcher: int, console: str, running: int, detach: bool, pending: bytes) -> int:
+    """Copy the console files to our stdout and stderr until the launcher ends (its exit code) or, with
+    `detach`, until run has started (0); pass the laptop's interrupts on."""
+    tails = [_Tail(os.path.join(console, name), stream) for name, stream in (("stdout", sys.stdout.buffer),
+                                                                               ("stderr", sys.stderr.buffer))]
+    inputs = [running, 0]
+    _pass_interrupts(pending, launcher)
+    while True:
+        ready, _, _ = select.select(inputs, [], [], POLL_S)
+        for tail in tails:
+            tail.copy()
+        if 0 in ready:
+            data = os.read(0, READ_SIZE)
+            if data:
+                _pass_interrupts(data, launcher)
+            else:
+                inputs.remove(0)  # the laptop closed its side: the job goes on
+        if running in ready:
+            if os.read(running, 1) == b"":  # the launcher ended
+                break
+            if detach:
+                return 0
+    _, status = os.waitpid(launcher, 0)
+    for tail in tails:
+        tail.copy()
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _pass_interrupts(data: bytes, launcher: int) -> None:
+    for _ in range(data.count(INTERRUPT)):
+        os.kill(launcher, signal.SIGINT)
+
+
+class _Tail:
+    """A console file, copied as it grows."""
+
+    def __init__(self, path: str, stream):
+        self.path, self.stream, self.offset = path, stream, 0
+
+    def copy(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                while chunk := handle.read(READ_SIZE):
+                    self.stream.write(chunk)
+                    self.offset += len(chunk)
+        except FileNotFoundError:
+            return
+        self.stream.flush()
+
+
+def _read_line(fd: int) -> tuple[bytes, bytes]:
+    """The first line of what `fd` gives, and what came after it, read unbuffered: the relay reads on."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(fd, READ_SIZE)
+        if not chunk:
+            raise PodrunError("the job's description ended early (the handover was cut off)")
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
+def _write_line(stream, line: bytes) -> None:
+    stream.write(line + b"\n")
+    stream.flush()

@@ -1,0 +1,140 @@
+"""Handing a job to a supervisor host (`exec --supervisor HOST`, the spec's `supervisor:`): the laptop
+connects to HOST as to any SSH host (the spec's ssh: settings, ~/.ssh/config, podrun's host-key
+rules), finds or installs podrun there (install.py), ships the code to it once, as to a worker, and
+starts `podrun _supervise` (daemon.py) with the job on its stdin. HOST runs the job's whole life from
+then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `supervised_by`).
+
+What travels: the spec's fields, the exec flags, and from this machine's environment only what the
+job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
+endpoint podrun resolved here, and podrun's own settings. Never an access token, a key or a gcloud
+credential: HOST uses its own. Everything goes over the channel's stdin, never in a file or on a
+command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import sys
+
+from podrun import exits, jobstore
+from podrun.cloud.settings import PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
+from podrun.commands.exec_options import ExecOptions
+from podrun.errors import UsageError
+from podrun.output import say, say_success
+from podrun.paths import remote_code_dir
+from podrun.plan import secrets_from_launcher
+from podrun.shipping import archive, scan
+from podrun.spec import HOST_FORMS, JobSpec, parse_host
+from podrun.supervisor import install, remote
+from podrun.targets.base import Worker
+from podrun.transport.base import ChannelLost
+from podrun.transport.ssh import SshTransport
+
+# podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
+SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
+            "PODRUN_TPU_WATCH_INTERVAL", "PODRUN_RELAY_FANOUT", "PODRUN_ACCELERATOR_FILES")
+GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT)
+
+
+def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> int:
+    """Run the job on `host`'s podrun; returns the job's exit code (0 once run started, with --detach)."""
+    transport = supervisor_transport(spec, host, "--supervisor" if options.supervisor else "supervisor.host")
+    payload = _payload(spec, tree, options)
+    return asyncio.run(_hand_over(spec, host, transport, tree, payload, options))
+
+
+def supervisor_transport(spec: JobSpec, host: str, named_by: str) -> SshTransport:
+    """The SSH transport to the supervisor host, as to any of the spec's hosts."""
+    try:
+        user, address, port = parse_host(host)
+    except ValueError:
+        raise UsageError(f"{named_by} {host!r}: expected {HOST_FORMS}") from None
+    ssh = spec.ssh
+    return SshTransport(address, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
+                        known_hosts_file=ssh.known_hosts)
+
+
+def _payload(spec: JobSpec, tree: scan.Tree | None, options: ExecOptions) -> dict:
+    fields = spec.model_dump(mode="json", by_alias=True, exclude={"supervisor"}, exclude_none=True)
+    fields["workdir"] = f"~/{remote_code_dir(spec.name, tree.digest)}" if tree else "~"
+    environ = {**secrets_from_launcher(spec, os.environ),
+               **{key: os.environ[key] for key in SETTINGS if key in os.environ},
+               **{f"CLOUDSDK_{section}_{key}".upper(): value for section, key in GCLOUD_SETTINGS
+                  if (value := gcloud_property((section, key)))}}
+    return {"spec": fields, "spec_path": str(spec.path), "ships_code": tree is not None,
+            "options": {**vars(options), "supervisor": None}, "environ": environ}
+
+
+async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: scan.Tree | None, payload: dict,
+                     options: ExecOptions) -> int:
+    try:
+        await remote.connect(transport, host)
+        podrun = await install.podrun_on_host(transport, host, spec.supervisor.podrun if spec.supervisor else None)
+        if tree is not None:
+            await _ship(transport, host, tree, spec.name)
+        channel = await transport.start(f"exec {shlex.quote(podrun)} _supervise")
+        channel.stdin.write(json.dumps(payload).encode() + b"\n")
+        if options.dry_run:
+            return await remote.relay(channel)
+        started = await channel.stdout.readline()
+        if not started:  # it refused the job before starting it: its one line says why
+            return await remote.relay(channel)
+        job_id = json.loads(started)["job"]
+        record = _pointer(spec, job_id, host, transport, podrun, options.detach)
+        say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs; "
+            f"this machine may close once it runs")
+        code = await _follow(channel, host, job_id)
+        await remote.refresh_one(record, transport)
+        if options.detach and code == 0:
+            say_success(f"job {job_id} runs under the supervisor {host}; follow it with `podrun logs -f {job_id}`, "
+                        f"stop it with `podrun stop {job_id}`")
+        return code
+    finally:
+        await transport.close()
+
+
+async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) -> None:
+    """The code, to the supervisor's code store, unless it has it already; from there it ships to the workers."""
+    directory = remote_code_dir(name, tree.digest)
+    check = await transport.start(f"test -d {shlex.quote(directory)}")
+    check.stdin.write_eof()
+    if await check.wait() != 0:
+        await archive.ship(tree, name, [Worker(0, host, "", transport)])
+
+
+def _pointer(spec: JobSpec, job_id: str, host: str, transport: SshTransport, podrun: str,
+             detached: bool) -> jobstore.JobRecord:
+    record = jobstore.JobRecord(id=job_id, name=spec.name, target=spec.target.kind, spec_path=str(spec.path),
+                                workers=[], detached=detached,
+                                supervised_by={"host": host, "endpoint": transport.endpoint(), "podrun": podrun})
+    record.create()
+    return record
+
+
+async def _follow(channel, host: str, job_id: str) -> int:
+    """The job's console until it ends (or runs, detached); Ctrl-C goes to the supervisor as an interrupt."""
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        say(f"interrupt: the supervisor {host} stops the job and cleans up")
+        try:
+            channel.stdin.write(b"interrupt\n")
+        except ChannelLost:
+            pass
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, interrupt)
+    try:
+        return await remote.relay(channel)
+    except ChannelLost as lost:
+        say(f"the link to the supervisor {host} broke ({lost}); job {job_id} goes on there: `podrun logs -f {job_id}` "
+            f"follows it, `podrun stop {job_id}` stops it")
+        return exits.LOST
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        sys.stdout.flush()

@@ -1,0 +1,114 @@
+"""A supervised job from the laptop: `podrun logs`, `stop` and `stacks` run the same command on the
+job's supervisor host (its podrun, over SSH) and show what it prints; `podrun jobs` reads the state
+there, within REFRESH_TIMEOUT_S, and keeps it in the laptop's pointer record: a supervisor that does
+not answer leaves its jobs shown as last known, with one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+
+from podrun import jobstore
+from podrun.errors import PodrunError
+from podrun.output import counted, say
+from podrun.transport import transport_for
+from podrun.transport.base import Channel, ChannelLost, Transport
+
+REFRESH_TIMEOUT_S = 10  # as for a detached job's workers (launch/detached.py)
+READ_SIZE = 1 << 16
+
+
+async def connect(transport: Transport, host: str) -> None:
+    try:
+        await transport.connect()
+    except PodrunError as error:
+        raise PodrunError(f"supervisor {host}: {error}") from None
+
+
+def forward(record: jobstore.JobRecord, argv: list[str]) -> int:
+    """Run `podrun ARGV` on the record's supervisor, showing its output; its exit code. The record is
+    read again afterwards (a stop changed it)."""
+    async def run() -> int:
+        transport = transport_for(_by(record)["endpoint"])
+        try:
+            await connect(transport, _by(record)["host"])
+            channel = await transport.start(_podrun_command(record, argv))
+            channel.stdin.write_eof()
+            code = await relay(channel)
+            await refresh_one(record, transport)
+            return code
+        except ChannelLost as lost:
+            raise PodrunError(f"supervisor {_by(record)['host']}: the link broke ({lost})") from None
+        finally:
+            await transport.close()
+
+    return asyncio.run(run())
+
+
+async def relay(channel: Channel) -> int:
+    """Copy the channel's stdout and stderr to ours as they come; its exit code."""
+    async def copy(source, target) -> None:
+        while chunk := await source.read(READ_SIZE):
+            target.write(chunk)
+            target.flush()
+
+    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer), copy(channel.stderr, sys.stderr.buffer))
+    return await channel.wait()
+
+
+def refresh(records: list[jobstore.JobRecord]) -> None:
+    """Bring running supervised jobs' pointers up to date from their supervisors, one connection each."""
+    by_host: dict[str, list[jobstore.JobRecord]] = {}
+    for record in records:
+        if record.supervised_by and record.state == jobstore.RUNNING:
+            by_host.setdefault(_by(record)["host"], []).append(record)
+
+    async def refresh_host(host: str, pointers: list[jobstore.JobRecord]) -> None:
+        transport = transport_for(_by(pointers[0])["endpoint"])
+        try:
+            await asyncio.wait_for(_refresh_all(transport, host, pointers), REFRESH_TIMEOUT_S)
+        except (PodrunError, ChannelLost, asyncio.TimeoutError) as error:
+            say(f"supervisor {host}: {counted(len(pointers), 'job')} shown as last known; it could not be asked "
+                f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
+        finally:
+            await transport.close()
+
+    async def refresh_all() -> None:
+        await asyncio.gather(*(refresh_host(host, pointers) for host, pointers in by_host.items()))
+
+    if by_host:
+        asyncio.run(refresh_all())
+
+
+async def _refresh_all(transport: Transport, host: str, pointers: list[jobstore.JobRecord]) -> None:
+    await connect(transport, host)
+    for record in pointers:
+        await refresh_one(record, transport)
+
+
+async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> None:
+    """The pointer's fields from the record its supervisor keeps (`podrun jobs --json ID` there)."""
+    channel = await transport.start(_podrun_command(record, ["jobs", "--json", record.id]))
+    channel.stdin.write_eof()
+    output, _, _ = await asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait())
+    try:
+        listed = [job for job in json.loads(output) if job["id"] == record.id]
+    except (ValueError, TypeError, KeyError):
+        raise PodrunError(f"supervisor {_by(record)['host']}: `podrun jobs --json` gave no job list") from None
+    if not listed:  # not recorded yet: its TPU is being created, or the handover failed before the job began
+        return
+    kept = jobstore.from_dict({**listed[0], "supervised_by": record.supervised_by, "detached": record.detached})
+    vars(record).update(vars(kept))
+    record.save()
+
+
+def _by(record: jobstore.JobRecord) -> dict:
+    """The record's supervisor: {host, endpoint, podrun}."""
+    assert record.supervised_by is not None, "a supervised job's pointer"
+    return record.supervised_by
+
+
+def _podrun_command(record: jobstore.JobRecord, argv: list[str]) -> str:
+    return " ".join(map(shlex.quote, [_by(record)["podrun"], *argv]))
