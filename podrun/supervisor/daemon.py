@@ -27,6 +27,7 @@ from podrun import jobstore, paths
 from podrun.commands.exec import execute
 from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError
+from podrun.output import say
 from podrun.spec import FieldProblems, JobSpec, SpecProblems, validate_fields
 
 INTERRUPT = b"interrupt\n"
@@ -39,7 +40,10 @@ def main() -> int:
     payload_line, more = _read_line(0)
     payload = json.loads(payload_line)
     spec = _spec(payload)
-    options = ExecOptions(**{**payload["options"], "env": tuple(payload["options"]["env"]), "supervisor": None})
+    # the launcher here runs attached, whatever the laptop asked: detached is how long the laptop waits
+    detach = payload["options"]["detach"]
+    options = ExecOptions(**{**payload["options"], "env": tuple(payload["options"]["env"]), "supervisor": None,
+                             "detach": False})
     os.environ.update(payload["environ"])
     if options.dry_run:
         return execute(spec, payload["ships_code"], options)
@@ -50,10 +54,10 @@ def main() -> int:
     launcher = os.fork()
     if launcher == 0:  # returns through the CLI, which says an error in one line and exits with its code
         os.close(running_read)
-        return _launch(spec, payload["ships_code"], options, job_id, console, running_write)
+        return _launch(spec, payload["ships_code"], options, job_id, console, running_write, payload["host"])
     os.close(running_write)
     _write_line(sys.stdout.buffer, json.dumps({"job": job_id, "launcher": launcher}).encode())
-    return _relay(launcher, console, running_read, options.detach, more)
+    return _relay(launcher, console, running_read, detach, more)
 
 
 def console_dir(job_id: str) -> str:
@@ -69,11 +73,17 @@ def _spec(payload: dict) -> JobSpec:
     except FieldProblems as error:  # a podrun of another version would not get this far (install.py)
         raise SpecProblems(path, error.problems) from None
     spec = spec.model_copy(update={"workdir": os.path.expanduser(spec.workdir)})
+    key = spec.ssh.identity_file
+    if key and not os.path.exists(os.path.expanduser(key)):
+        say(f"ssh.identity_file: {key} is not on the supervisor {payload['host']}; it uses a key of its own "
+            f"(a TPU's is added to the TPU's metadata; hosts must accept the supervisor's ~/.ssh/id_* keys)")
+        spec = spec.model_copy(update={"ssh": spec.ssh.model_copy(update={"identity_file": None})})
     spec._path = path
     return spec
 
 
-def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, console: str, running: int) -> int:
+def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, console: str, running: int,
+            host: str) -> int:
     """The forked launcher: in a session of its own, printing into the console files."""
     os.setsid()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -89,7 +99,11 @@ def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, 
         except OSError:  # the relay is gone (the laptop closed): nobody waits for it
             pass
 
-    return execute(spec, ships_code, options, job_id, on_running)
+    try:
+        return execute(spec, ships_code, options, job_id, on_running)
+    except PodrunError as error:  # the laptop shows it: where it happened is not where it was said
+        error.args = (f"on the supervisor {host}: {error}",)
+        raise
 
 
 def _relay(launcher: int, console: str, running: int, detach: bool, pending: bytes) -> int:

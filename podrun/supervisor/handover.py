@@ -43,7 +43,7 @@ GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT)
 def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> int:
     """Run the job on `host`'s podrun; returns the job's exit code (0 once run started, with --detach)."""
     transport = supervisor_transport(spec, host, "--supervisor" if options.supervisor else "supervisor.host")
-    payload = _payload(spec, tree, options)
+    payload = _payload(spec, host, tree, options)
     return asyncio.run(_hand_over(spec, host, transport, tree, payload, options))
 
 
@@ -58,14 +58,14 @@ def supervisor_transport(spec: JobSpec, host: str, named_by: str) -> SshTranspor
                         known_hosts_file=ssh.known_hosts)
 
 
-def _payload(spec: JobSpec, tree: scan.Tree | None, options: ExecOptions) -> dict:
+def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> dict:
     fields = spec.model_dump(mode="json", by_alias=True, exclude={"supervisor"}, exclude_none=True)
     fields["workdir"] = f"~/{remote_code_dir(spec.name, tree.digest)}" if tree else "~"
     environ = {**secrets_from_launcher(spec, os.environ),
                **{key: os.environ[key] for key in SETTINGS if key in os.environ},
                **{f"CLOUDSDK_{section}_{key}".upper(): value for section, key in GCLOUD_SETTINGS
                   if (value := gcloud_property((section, key)))}}
-    return {"spec": fields, "spec_path": str(spec.path), "ships_code": tree is not None,
+    return {"host": host, "spec": fields, "spec_path": str(spec.path), "ships_code": tree is not None,
             "options": {**vars(options), "supervisor": None}, "environ": environ}
 
 

@@ -1,0 +1,113 @@
+"""Handing a job to a supervisor host (issue 28): bad input is one line, the secrets travel only as
+the workers' environment does, and a supervisor that dies leaves nothing running and says `lost`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+
+SUPERVISOR = 3  # the lab host that supervises; the jobs run on hosts 0 and 1
+
+
+@pytest.fixture
+def supervisor_podrun(tmp_path) -> Path:
+    """This checkout's podrun, on a path every lab host sees."""
+    wrapper = tmp_path / "podrun-on-supervisor"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m podrun "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def supervised(lab, hosts_spec, podrun_path: Path, body: str, env: str = "") -> Path:
+    path_env = f"PATH: '{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin'"
+    return hosts_spec(f"{body}\nenv: {{{path_env}{', ' + env if env else ''}}}\n"
+                      f"supervisor: {{host: root@{lab.hosts[SUPERVISOR].ip}, podrun: {podrun_path}}}\n", hosts=(0, 1))
+
+
+def supervisor_record(lab, job_id: str) -> dict:
+    return json.loads((lab.hosts[SUPERVISOR].home / ".podrun" / "jobs" / job_id / "job.json").read_text())
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("not a host!", "--supervisor 'not a host!': expected host, user@host, host:port or user@host:port"),
+    ("me@host:99999", "--supervisor 'me@host:99999': expected host, user@host"),
+])
+def test_a_bad_supervisor_flag_is_one_line(home, job_file, flag, expected):
+    result = podrun("exec", job_file("run: 'true'\n"), "--supervisor", flag)
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [f"podrun: error: {expected}"] or \
+        expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("supervisor, field, expected", [
+    ("{host: 'a b'}", "supervisor.host", "host, user@host, host:port or user@host:port"),
+    ("{host: vm, podrn: /opt/podrun}", "supervisor.podrn", "did you mean 'podrun'"),
+    ("{host: vm, podrun: [x]}", "supervisor.podrun", "the path of podrun on the supervisor host"),
+    ("vm", "supervisor", "a mapping such as {host: me@supervisor-vm"),
+])
+def test_a_bad_supervisor_in_the_spec_names_the_field(home, job_file, supervisor, field, expected):
+    spec = job_file(f"run: 'true'\nsupervisor: {supervisor}\n")
+    result = podrun("validate", spec)
+    assert result.returncode == 2
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert len(lines) == 1 and f"{spec}: {field}: " in lines[0] and expected in lines[0], result.stderr
+
+
+def test_an_unreachable_supervisor_is_one_line_and_leaves_no_record(home, job_file):
+    with __import__("socket").socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = podrun("exec", job_file("run: 'true'\n"), "--supervisor", f"root@127.0.0.1:{port}")
+    assert result.returncode == 1
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"podrun: error: supervisor root@127.0.0.1:{port}: ") \
+        and "cannot connect" in lines[0], result.stderr
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())
+
+
+@pytest.mark.slow
+def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor(home, lab, hosts_spec,
+                                                                              supervisor_podrun, monkeypatch):
+    exported, written = "exported-" + os.urandom(8).hex(), "written-" + os.urandom(8).hex()
+    monkeypatch.setenv("HF_TOKEN", exported)
+    spec = supervised(lab, hosts_spec, supervisor_podrun,
+                      "secret_env: [HF_TOKEN]\n"
+                      "run: 'echo got $(printf %s \"$HF_TOKEN$WANDB_API_KEY\" | sha256sum | cut -c1-16); exec sleep 600'",
+                      env=f"WANDB_API_KEY: {written}")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    digest = hashlib.sha256((exported + written).encode()).hexdigest()[:16]
+    wait_until(lambda: f"got {digest}" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's line", timeout=30)
+    command_lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
+                     and os.path.exists(f"/proc/{pid}/cmdline")]
+    assert not [line for line in command_lines if exported.encode() in line or written.encode() in line]
+    found = subprocess.run(["grep", "-rlF", "-e", exported, "-e", written, str(lab.hosts[SUPERVISOR].home)],
+                           capture_output=True, text=True)
+    assert found.stdout == "", f"secret values in files on the supervisor: {found.stdout}"
+    assert podrun("stop", job_id).returncode == 0
+    assert processes_of_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_a_supervisor_that_dies_leaves_its_workers_to_stop_on_their_own_and_reads_lost(home, lab, hosts_spec,
+                                                                                       supervisor_podrun):
+    spec = supervised(lab, hosts_spec, supervisor_podrun, "run: 'echo up; exec sleep 600'")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: processes_of_job(job_id), "the job's processes")
+    os.kill(supervisor_record(lab, job_id)["launcher"]["pid"], signal.SIGKILL)  # as a reboot ends it
+    wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop without their launcher", timeout=45)
+    listing = podrun("jobs", "--json")
+    assert listing.returncode == 0, listing.stderr
+    assert next(job for job in json.loads(listing.stdout) if job["id"] == job_id)["state"] == "lost"
