@@ -111,3 +111,32 @@ def test_a_supervisor_that_dies_leaves_its_workers_to_stop_on_their_own_and_read
     listing = podrun("jobs", "--json")
     assert listing.returncode == 0, listing.stderr
     assert next(job for job in json.loads(listing.stdout) if job["id"] == job_id)["state"] == "lost"
+
+
+def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(home, lab, job_file, supervisor_podrun):
+    spec = job_file(f"target: {{hosts: [{lab.hosts[0].ip}, '{lab.hosts[1].ip}:2222']}}\n"
+                    f"ssh: {{user: root, identity_file: {lab.client_key}}}\nrun: 'true'\n"
+                    f"supervisor: {{host: root@{lab.hosts[SUPERVISOR].ip}, podrun: {supervisor_podrun}}}\n")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 1, result.stderr
+    error = [line for line in stderr_lines_without_traceback(result.stderr) if "error" in line]
+    assert error == [f"podrun: error: on the supervisor root@{lab.hosts[SUPERVISOR].ip}: {lab.hosts[1].ip}:2222: "
+                     f"cannot connect: Connection refused"], result.stderr
+    job_id = job_id_in(result.stderr)
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert [(job["id"], job["state"]) for job in listed] == [(job_id, "failed")]  # as the supervisor recorded it
+    assert processes_of_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, lab, tpu_api, job_file, supervisor_podrun):
+    spec = job_file(f"target: {{tpu: {{name: life, accelerator_type: v4-16}}}}\n"
+                    f"ssh: {{user: root, identity_file: {lab.client_key}}}\nrun: 'true'\n"
+                    f"supervisor: {{host: root@{lab.hosts[SUPERVISOR].ip}, podrun: {supervisor_podrun}}}\n")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 1, result.stderr
+    error = [line for line in stderr_lines_without_traceback(result.stderr) if "error" in line]
+    assert len(error) == 1 and error[0].startswith(f"podrun: error: on the supervisor root@{lab.hosts[SUPERVISOR].ip}: ") \
+        and "gcloud auth application-default login" in error[0], result.stderr
+    assert podrun("jobs", "--json").stdout.strip() == "[]"  # nothing began: no pointer left behind
+    assert not tpu_api.nodes

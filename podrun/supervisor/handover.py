@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 
@@ -88,7 +89,10 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs; "
             f"this machine may close once it runs")
         code = await _follow(channel, host, job_id)
-        await remote.refresh_one(record, transport)
+        if code is None:  # the link broke: the job goes on there, as far as anyone here knows
+            return exits.LOST
+        if not await remote.refresh_one(record, transport) and code != 0:
+            shutil.rmtree(record.dir)  # it failed before its job began there (no TPU API, a worker refused it)
         if options.detach and code == 0:
             say_success(f"job {job_id} runs under the supervisor {host}; follow it with `podrun logs -f {job_id}`, "
                         f"stop it with `podrun stop {job_id}`")
@@ -115,8 +119,9 @@ def _pointer(spec: JobSpec, job_id: str, host: str, transport: SshTransport, pod
     return record
 
 
-async def _follow(channel, host: str, job_id: str) -> int:
-    """The job's console until it ends (or runs, detached); Ctrl-C goes to the supervisor as an interrupt."""
+async def _follow(channel, host: str, job_id: str) -> int | None:
+    """The job's console until it ends (or runs, detached): its exit code, None if the link broke.
+    Ctrl-C goes to the supervisor as an interrupt."""
     loop = asyncio.get_running_loop()
 
     def interrupt() -> None:
@@ -133,7 +138,7 @@ async def _follow(channel, host: str, job_id: str) -> int:
     except ChannelLost as lost:
         say(f"the link to the supervisor {host} broke ({lost}); job {job_id} goes on there: `podrun logs -f {job_id}` "
             f"follows it, `podrun stop {job_id}` stops it")
-        return exits.LOST
+        return None
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

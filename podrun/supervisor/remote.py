@@ -88,8 +88,9 @@ async def _refresh_all(transport: Transport, host: str, pointers: list[jobstore.
         await refresh_one(record, transport)
 
 
-async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> None:
-    """The pointer's fields from the record its supervisor keeps (`podrun jobs --json ID` there)."""
+async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
+    """The pointer's fields from the record its supervisor keeps (`podrun jobs --json ID` there); False
+    if it keeps none (yet)."""
     channel = await transport.start(_podrun_command(record, ["jobs", "--json", record.id]))
     channel.stdin.write_eof()
     output, _, _ = await asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait())
@@ -98,10 +99,11 @@ async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> None:
     except (ValueError, TypeError, KeyError):
         raise PodrunError(f"supervisor {_by(record)['host']}: `podrun jobs --json` gave no job list") from None
     if not listed:  # not recorded yet: its TPU is being created, or the handover failed before the job began
-        return
+        return False
     kept = jobstore.from_dict({**listed[0], "supervised_by": record.supervised_by, "detached": record.detached})
     vars(record).update(vars(kept))
     record.save()
+    return True
 
 
 def _by(record: jobstore.JobRecord) -> dict:
