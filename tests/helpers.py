@@ -62,6 +62,30 @@ def bridge_sent_bytes() -> int:
     return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
 
 
+def podrun_on_this_machine(home: Path) -> list[str]:
+    """podrun's processes on this machine itself, outside every lab host's namespaces (what `ps` on the
+    laptop shows): Python processes in this process's network namespace whose environment holds
+    PODRUN_HOME=home, as every podrun the test starts (and anything it forks) does. "pid command" each."""
+    marker = f"PODRUN_HOME={home}".encode()
+    own_network = os.readlink("/proc/self/ns/net")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if (os.readlink(f"/proc/{entry}/ns/net") != own_network
+                    or not os.path.basename(os.readlink(f"/proc/{entry}/exe")).startswith("python")
+                    or marker not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")):
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(f"{entry} {command}")
+    return found
+
+
 # --- shipped code
 
 BLOB_BYTES = 4_000_000
