@@ -133,9 +133,9 @@ def job_id_in(stderr: str) -> str:
     return match.group(1)
 
 
-def processes_of_job(job_id: str) -> list[str]:
-    """Every live process whose environment carries PODRUN_JOB_ID=job_id (what `ps e` shows)."""
-    marker = f"PODRUN_JOB_ID={job_id}".encode()
+def live_processes() -> list[tuple[int, str, list[bytes]]]:
+    """Every live (not zombie) process, the lab hosts' too (they share this machine's pid namespace):
+    (pid, its command line, its environment's entries)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -146,9 +146,15 @@ def processes_of_job(job_id: str) -> list[str]:
             command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in environ and state != "Z":
-            found.append(f"{entry} {command}")
+        if state != "Z":
+            found.append((int(entry), command, environ))
     return found
+
+
+def processes_of_job(job_id: str) -> list[str]:
+    """Every live process whose environment carries PODRUN_JOB_ID=job_id (what `ps e` shows)."""
+    marker = f"PODRUN_JOB_ID={job_id}".encode()
+    return [f"{pid} {command}" for pid, command, environ in live_processes() if marker in environ]
 
 
 def wait_until(condition, what: str, timeout: float = 15) -> float:

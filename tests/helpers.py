@@ -19,7 +19,7 @@ from podrun import jobstore
 from podrun.cli import main
 from podrun.shipping.scan import scan
 
-from conftest import podrun, run_in_terminal
+from conftest import live_processes, podrun, run_in_terminal
 
 # --- the CLI in this process
 
@@ -69,20 +69,16 @@ def podrun_on_this_machine(home: Path) -> list[str]:
     marker = f"PODRUN_HOME={home}".encode()
     own_network = os.readlink("/proc/self/ns/net")
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for pid, command, environ in live_processes():
+        if pid == os.getpid() or marker not in environ:
             continue
         try:
-            if (os.readlink(f"/proc/{entry}/ns/net") != own_network
-                    or not os.path.basename(os.readlink(f"/proc/{entry}/exe")).startswith("python")
-                    or marker not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")):
-                continue
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            here = os.readlink(f"/proc/{pid}/ns/net") == own_network
+            python = os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
         except OSError:
             continue
-        if state != "Z":
-            found.append(f"{entry} {command}")
+        if here and python:
+            found.append(f"{pid} {command}")
     return found
 
 
