@@ -332,10 +332,17 @@ class SupervisorHost:
 
 @pytest.fixture
 def supervisor(lab, tmp_path):
-    """A SupervisorHost; afterwards its sshd is up again, nothing a test started runs there any more, and
-    its home holds neither gcloud settings nor podrun's jobs."""
+    """A SupervisorHost; afterwards its sshd is up again, nothing a test started runs there any more, no
+    worker of a job it kept a record of runs on any host, and its home holds neither gcloud settings nor
+    podrun's jobs."""
     host = SupervisorHost(lab, tmp_path)
     yield host
+    jobs = host.home / ".podrun" / "jobs"
+    markers = {f"PODRUN_JOB_ID={job.name}".encode() for job in jobs.iterdir()} if jobs.is_dir() else set()
+    for pid, _, environ in live_processes():
+        if markers.intersection(environ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     lab_host = lab.hosts[SUPERVISOR_HOST]
     if lab_host.sshd.poll() is not None:
         lab.start_sshd(SUPERVISOR_HOST)
