@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import fcntl
 import functools
+import json
 import os
 import queue
 import re
@@ -131,9 +133,9 @@ def job_id_in(stderr: str) -> str:
     return match.group(1)
 
 
-def processes_of_job(job_id: str) -> list[str]:
-    """Every live process whose environment carries PODRUN_JOB_ID=job_id (what `ps e` shows)."""
-    marker = f"PODRUN_JOB_ID={job_id}".encode()
+def live_processes() -> list[tuple[int, str, list[bytes]]]:
+    """Every live (not zombie) process, the lab hosts' too (they share this machine's pid namespace):
+    (pid, its command line, its environment's entries)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -144,9 +146,15 @@ def processes_of_job(job_id: str) -> list[str]:
             command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in environ and state != "Z":
-            found.append(f"{entry} {command}")
+        if state != "Z":
+            found.append((int(entry), command, environ))
     return found
+
+
+def processes_of_job(job_id: str) -> list[str]:
+    """Every live process whose environment carries PODRUN_JOB_ID=job_id (what `ps e` shows)."""
+    marker = f"PODRUN_JOB_ID={job_id}".encode()
+    return [f"{pid} {command}" for pid, command, environ in live_processes() if marker in environ]
 
 
 def wait_until(condition, what: str, timeout: float = 15) -> float:
@@ -244,11 +252,34 @@ def tpu_api(lab, tmp_path, monkeypatch):
     """The Cloud TPU API stand-in (tests/tpu_stand_in.py) with the lab's hosts as capacity, and gcloud's
     settings pointing at it (as a user's shell would: project, zone, endpoint, token). Like a TPU VM's
     guest agent, it installs a node's `ssh-keys` metadata for root on the node's hosts."""
+    yield from _tpu_api_for_the_user(lab, tmp_path, monkeypatch, "127.0.0.1", range(len(lab.hosts)))
+
+
+# the lab host that plays a supervisor (the `supervisor` fixture); `tpu_api_on_lab` never hands it out
+SUPERVISOR_HOST = 3
+LAPTOP_TOKEN = "stand-in-token"  # what the test process's gcloud settings hold
+SUPERVISOR_TOKEN = "supervisor-token"  # what the supervisor host's own gcloud configuration holds
+
+
+@pytest.fixture
+def tpu_api_on_lab(lab, tmp_path, monkeypatch):
+    """The `tpu_api` stand-in served on the lab's bridge (tests/lab.py BRIDGE_IP), which lab hosts reach
+    too: the URL in the laptop's (this process's) gcloud settings is the one a supervisor host can use.
+    Every lab host but SUPERVISOR_HOST is capacity, also when a preempted node is created again. Each
+    request's sender is kept (`received`, `callers()`: this machine sends from BRIDGE_IP, a lab host from
+    its own address)."""
+    from lab import BRIDGE_IP
+
+    capacity = [host.index for host in lab.hosts if host.index != SUPERVISOR_HOST]
+    yield from _tpu_api_for_the_user(lab, tmp_path, monkeypatch, BRIDGE_IP, capacity)
+
+
+def _tpu_api_for_the_user(lab, tmp_path, monkeypatch, address: str, capacity):
     from tpu_stand_in import TpuStandIn
 
-    stand_in = TpuStandIn.on_lab(lab, operation_delay_s=0.3)
-    url = stand_in.serve()
-    (tmp_path / "token").write_text("stand-in-token\n")
+    stand_in = TpuStandIn.on_lab(lab, operation_delay_s=0.3, capacity=list(capacity))
+    url = stand_in.serve(address)
+    (tmp_path / "token").write_text(LAPTOP_TOKEN + "\n")
     user_home = tmp_path / "user-home"
     user_home.mkdir()
     for name, value in {"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/",
@@ -262,6 +293,65 @@ def tpu_api(lab, tmp_path, monkeypatch):
     stand_in.shutdown()
     for host in lab.hosts:
         lab.authorize(host.index)
+
+
+class SupervisorHost:
+    """Lab host SUPERVISOR_HOST set up as a user sets up a supervisor: its own gcloud configuration in its
+    home (`[auth] access_token_file` with a token of its own, SUPERVISOR_TOKEN, and nothing else: the
+    project, zone and API endpoint are the laptop's to send) and this checkout's podrun at `podrun`, a
+    wrapper on a path the host sees (lab hosts share this machine's files but /root). `spec` is the spec
+    line that hands a job to it; a spec's `ssh:` with the lab's key reaches it. Its podrun keeps its jobs
+    in `home`/.podrun/jobs/ID (`job_dir`), as podrun on any host does."""
+
+    def __init__(self, lab, tmp_path: Path):
+        host = lab.hosts[SUPERVISOR_HOST]
+        self.index, self.ip, self.home = host.index, host.ip, host.home
+        gcloud = self.home / ".config" / "gcloud"
+        (gcloud / "configurations").mkdir(parents=True, exist_ok=True)
+        (gcloud / "token").write_text(SUPERVISOR_TOKEN + "\n")
+        (gcloud / "active_config").write_text("default\n")
+        (gcloud / "configurations" / "config_default").write_text("[auth]\naccess_token_file = /root/.config/gcloud/token\n")
+        self.podrun = tmp_path / "podrun-on-supervisor"
+        self.podrun.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m podrun \"$@\"\n")
+        self.podrun.chmod(0o755)
+
+    @property
+    def address(self) -> str:
+        return f"root@{self.ip}"
+
+    @property
+    def spec(self) -> str:
+        return f"supervisor: {{host: {self.address}, podrun: {self.podrun}}}\n"
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.home / ".podrun" / "jobs" / job_id
+
+    def record(self, job_id: str) -> dict:
+        return json.loads((self.job_dir(job_id) / "job.json").read_text())
+
+
+@pytest.fixture
+def supervisor(lab, tmp_path):
+    """A SupervisorHost; afterwards its sshd is up again, nothing a test started runs there any more, no
+    worker of a job it kept a record of runs on any host, and its home holds neither gcloud settings nor
+    podrun's jobs."""
+    host = SupervisorHost(lab, tmp_path)
+    yield host
+    jobs = host.home / ".podrun" / "jobs"
+    markers = {f"PODRUN_JOB_ID={job.name}".encode() for job in jobs.iterdir()} if jobs.is_dir() else set()
+    for pid, _, environ in live_processes():
+        if markers.intersection(environ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    lab_host = lab.hosts[SUPERVISOR_HOST]
+    if lab_host.sshd.poll() is not None:
+        lab.start_sshd(SUPERVISOR_HOST)
+    pids = subprocess.run(["ip", "netns", "pids", lab_host.namespace], capture_output=True, text=True).stdout.split()
+    for pid in set(map(int, pids)) - {lab_host.sshd.pid}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(host.home / ".podrun", ignore_errors=True)
+    shutil.rmtree(host.home / ".config" / "gcloud", ignore_errors=True)
 
 
 # seconds from an injected fault to what the fault matrix expects (tests/test_fault_matrix.py), by row

@@ -19,7 +19,7 @@ from podrun import jobstore
 from podrun.cli import main
 from podrun.shipping.scan import scan
 
-from conftest import podrun, run_in_terminal
+from conftest import live_processes, podrun, run_in_terminal
 
 # --- the CLI in this process
 
@@ -60,6 +60,26 @@ def bridge_sent_bytes() -> int:
     from lab import BRIDGE
 
     return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
+
+
+def podrun_on_this_machine(home: Path) -> list[str]:
+    """podrun's processes on this machine itself, outside every lab host's namespaces (what `ps` on the
+    laptop shows): Python processes in this process's network namespace whose environment holds
+    PODRUN_HOME=home, as every podrun the test starts (and anything it forks) does. "pid command" each."""
+    marker = f"PODRUN_HOME={home}".encode()
+    own_network = os.readlink("/proc/self/ns/net")
+    found = []
+    for pid, command, environ in live_processes():
+        if pid == os.getpid() or marker not in environ:
+            continue
+        try:
+            here = os.readlink(f"/proc/{pid}/ns/net") == own_network
+            python = os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+        except OSError:
+            continue
+        if here and python:
+            found.append(f"{pid} {command}")
+    return found
 
 
 # --- shipped code

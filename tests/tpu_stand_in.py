@@ -1,4 +1,4 @@
-"""A stand-in for Google's Cloud TPU v2 REST API on 127.0.0.1, whose nodes' workers are lab hosts.
+"""A stand-in for Google's Cloud TPU v2 REST API on 127.0.0.1 (or the lab's bridge), whose nodes' workers are lab hosts.
 
 It speaks the API as Google documents it (https://cloud.google.com/tpu/docs/reference/rest/v2/
 projects.locations.nodes) and as the real clients on these machines were seen to need: paths
@@ -15,7 +15,9 @@ operation fails with RESOURCE_EXHAUSTED, as a zone out of capacity does. Hosts a
 VMs: they come with sshd host keys of their own (`on_new_vm`), which `:getGuestAttributes`
 (namespace `hostkeys`) publishes, as a TPU VM's guest agent does. Like that agent too, the
 `ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
-Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create.
+Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create. Who sent
+each request (its client address and bearer token) is kept too (`received`, `callers()`): served on the
+lab's bridge (`serve(BRIDGE_IP)`), a request from a lab host comes from that host's address.
 
 Queued resources (`/v2/projects/P/locations/Z/queuedResources[/ID]`): create is a
 long-running operation that leaves the request ACCEPTED; then, driven by time like the operations
@@ -118,6 +120,15 @@ class LabEndpoint:
     host_key: str = ""  # its sshd's public key, "ssh-ed25519 AAAA...", as the guest agent publishes it; "": none
 
 
+@dataclass(frozen=True)
+class Received:
+    """One request as it arrived: from which client address, with which bearer token ("" if none)."""
+    method: str
+    path: str
+    client: str
+    token: str
+
+
 @dataclass
 class Operation:
     name: str
@@ -169,6 +180,7 @@ class TpuStandIn:
         self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
         self.bodies: list[tuple[str, str, dict, dict]] = []  # (method, path, query, JSON body) as received
+        self.received: list[Received] = []  # every request, answered or refused, with who sent it
         self.accepted_tokens: set[str] | None = None  # None: any bearer token; else others get 401, as an expired one does
         self.publishes_host_keys = True  # False: guest agents that published nothing (yet)
         self.stall_s = 0.0  # seconds each request waits before it is answered; math.inf: never
@@ -180,9 +192,10 @@ class TpuStandIn:
         self.server: ThreadingHTTPServer | None = None
 
     @classmethod
-    def on_lab(cls, lab, operation_delay_s: float) -> TpuStandIn:
-        """Capacity: the hosts of a tests/lab.py Lab. Like a TPU VM's guest agent, the node's
-        `ssh-keys` metadata ("user:key" lines) for root is installed on its hosts."""
+    def on_lab(cls, lab, operation_delay_s: float, capacity: list[int] | None = None) -> TpuStandIn:
+        """Capacity: the hosts of a tests/lab.py Lab (those of indices `capacity`; None: all of them), the
+        only hosts nodes ever take, also when a node is created again. Like a TPU VM's guest agent, the
+        node's `ssh-keys` metadata ("user:key" lines) for root is installed on its hosts."""
         def install_root_keys(endpoints: list[LabEndpoint], ssh_keys: str) -> None:
             keys = "".join(line.partition(":")[2] + "\n" for line in ssh_keys.splitlines() if line.startswith("root:"))
             for endpoint in endpoints:
@@ -217,11 +230,13 @@ class TpuStandIn:
                 lab.authorize(endpoint.host_index)
             new_vm(endpoints)
 
-        return cls([LabEndpoint(h.ip, h.external_ip, h.index, h.host_key()) for h in lab.hosts], operation_delay_s,
+        hosts = [lab.hosts[i] for i in capacity] if capacity is not None else lab.hosts
+        return cls([LabEndpoint(h.ip, h.external_ip, h.index, h.host_key()) for h in hosts], operation_delay_s,
                    install_root_keys, vanish, revive, new_vm)
 
     # --- serving ---------------------------------------------------------------------------
-    def serve(self, port: int = 0) -> str:
+    def serve(self, address: str = "127.0.0.1", port: int = 0) -> str:
+        """Start answering on `address` (the lab's BRIDGE_IP: lab hosts reach it too); returns its URL."""
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -241,10 +256,13 @@ class TpuStandIn:
                 url = urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                authorization = self.headers.get("Authorization", "")
+                with stand_in.lock:
+                    stand_in.received.append(Received(method, url.path, self.client_address[0],
+                                                      authorization.removeprefix("Bearer ").strip()))
                 if stand_in.stall():
                     return
                 try:
-                    authorization = self.headers.get("Authorization", "")
                     if not authorization.startswith("Bearer "):
                         raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential.")
                     if stand_in.accepted_tokens is not None and authorization[7:] not in stand_in.accepted_tokens:
@@ -263,9 +281,9 @@ class TpuStandIn:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = ThreadingHTTPServer((address, port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://{address}:{self.server.server_address[1]}"
 
     def stall(self) -> bool:
         """Hold the request for stall_s; whether the stand-in is shutting down meanwhile (then the
@@ -331,6 +349,12 @@ class TpuStandIn:
             for queued in self.queued.values():
                 if name in queued.nodes:
                     self._set_state(queued, "SUSPENDED", "SERVICE")
+
+    def callers(self, since: int = 0) -> set[tuple[str, str]]:
+        """Who sent the requests received from the `since`-th on (len(received) at some moment): each
+        (client address, bearer token) pair."""
+        with self.lock:
+            return {(request.client, request.token) for request in self.received[since:]}
 
     def node_requests(self) -> list[tuple[str, dict]]:
         """The Node of every create request received, in order, with the id it was asked under: a
@@ -746,7 +770,7 @@ def main() -> None:
     endpoints = [LabEndpoint(*pair.split(","), host_index=i) for i, pair in enumerate(args.hosts)]
     stand_in = TpuStandIn(endpoints, args.delay)
     stand_in.stall_s = args.stall
-    print(stand_in.serve(args.port), flush=True)
+    print(stand_in.serve(port=args.port), flush=True)
     threading.Event().wait()
 
 
