@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,28 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
-
-SUPERVISOR = 3  # the lab host that supervises; the jobs run on hosts 0 and 1
+from conftest import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
 
-@pytest.fixture
-def supervisor_podrun(tmp_path) -> Path:
-    """This checkout's podrun, on a path every lab host sees."""
-    wrapper = tmp_path / "podrun-on-supervisor"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m podrun "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
-
-
-def supervised(lab, hosts_spec, podrun_path: Path, body: str, env: str = "") -> Path:
+def supervised(hosts_spec, supervisor, body: str, env: str = "") -> Path:
+    """A spec on lab hosts 0 and 1 handed to the supervisor host."""
     path_env = f"PATH: '{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin'"
-    return hosts_spec(f"{body}\nenv: {{{path_env}{', ' + env if env else ''}}}\n"
-                      f"supervisor: {{host: root@{lab.hosts[SUPERVISOR].ip}, podrun: {podrun_path}}}\n", hosts=(0, 1))
-
-
-def supervisor_record(lab, job_id: str) -> dict:
-    return json.loads((lab.hosts[SUPERVISOR].home / ".podrun" / "jobs" / job_id / "job.json").read_text())
+    return hosts_spec(f"{body}\nenv: {{{path_env}{', ' + env if env else ''}}}\n{supervisor.spec}", hosts=(0, 1))
 
 
 @pytest.mark.parametrize("flag, expected", [
@@ -76,10 +62,10 @@ def test_an_unreachable_supervisor_is_one_line_and_leaves_no_record(home, job_fi
 
 @pytest.mark.slow
 def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor(home, lab, hosts_spec,
-                                                                              supervisor_podrun, monkeypatch):
+                                                                              supervisor, monkeypatch):
     exported, written = "exported-" + os.urandom(8).hex(), "written-" + os.urandom(8).hex()
     monkeypatch.setenv("HF_TOKEN", exported)
-    spec = supervised(lab, hosts_spec, supervisor_podrun,
+    spec = supervised(hosts_spec, supervisor,
                       "secret_env: [HF_TOKEN]\n"
                       "run: 'echo got $(printf %s \"$HF_TOKEN$WANDB_API_KEY\" | sha256sum | cut -c1-16); exec sleep 600'",
                       env=f"WANDB_API_KEY: {written}")
@@ -91,7 +77,7 @@ def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor
     command_lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
                      and os.path.exists(f"/proc/{pid}/cmdline")]
     assert not [line for line in command_lines if exported.encode() in line or written.encode() in line]
-    found = subprocess.run(["grep", "-rlF", "-e", exported, "-e", written, str(lab.hosts[SUPERVISOR].home)],
+    found = subprocess.run(["grep", "-rlF", "-e", exported, "-e", written, str(supervisor.home)],
                            capture_output=True, text=True)
     assert found.stdout == "", f"secret values in files on the supervisor: {found.stdout}"
     assert podrun("stop", job_id).returncode == 0
@@ -100,27 +86,27 @@ def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor
 
 @pytest.mark.slow
 def test_a_supervisor_that_dies_leaves_its_workers_to_stop_on_their_own_and_reads_lost(home, lab, hosts_spec,
-                                                                                       supervisor_podrun):
-    spec = supervised(lab, hosts_spec, supervisor_podrun, "run: 'echo up; exec sleep 600'")
+                                                                                       supervisor):
+    spec = supervised(hosts_spec, supervisor, "run: 'echo up; exec sleep 600'")
     started = podrun("exec", spec, "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
     wait_until(lambda: processes_of_job(job_id), "the job's processes")
-    os.kill(supervisor_record(lab, job_id)["launcher"]["pid"], signal.SIGKILL)  # as a reboot ends it
+    os.kill(supervisor.record(job_id)["launcher"]["pid"], signal.SIGKILL)  # as a reboot ends it
     wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop without their launcher", timeout=45)
     listing = podrun("jobs", "--json")
     assert listing.returncode == 0, listing.stderr
     assert next(job for job in json.loads(listing.stdout) if job["id"] == job_id)["state"] == "lost"
 
 
-def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(home, lab, job_file, supervisor_podrun):
+def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(home, lab, job_file, supervisor):
     spec = job_file(f"target: {{hosts: [{lab.hosts[0].ip}, '{lab.hosts[1].ip}:2222']}}\n"
                     f"ssh: {{user: root, identity_file: {lab.client_key}}}\nrun: 'true'\n"
-                    f"supervisor: {{host: root@{lab.hosts[SUPERVISOR].ip}, podrun: {supervisor_podrun}}}\n")
+                    f"{supervisor.spec}")
     result = podrun("exec", spec, "--detach")
     assert result.returncode == 1, result.stderr
     error = [line for line in stderr_lines_without_traceback(result.stderr) if "error" in line]
-    assert error == [f"podrun: error: on the supervisor root@{lab.hosts[SUPERVISOR].ip}: {lab.hosts[1].ip}:2222: "
+    assert error == [f"podrun: error: on the supervisor root@{supervisor.ip}: {lab.hosts[1].ip}:2222: "
                      f"cannot connect: Connection refused"], result.stderr
     job_id = job_id_in(result.stderr)
     listed = json.loads(podrun("jobs", "--json").stdout)
@@ -129,14 +115,15 @@ def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(hom
 
 
 @pytest.mark.slow
-def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, lab, tpu_api, job_file, supervisor_podrun):
+def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, lab, tpu_api, job_file, supervisor):
+    shutil.rmtree(supervisor.home / ".config" / "gcloud")  # as on a VM whose service account has no TPU role
     spec = job_file(f"target: {{tpu: {{name: life, accelerator_type: v4-16}}}}\n"
                     f"ssh: {{user: root, identity_file: {lab.client_key}}}\nrun: 'true'\n"
-                    f"supervisor: {{host: root@{lab.hosts[SUPERVISOR].ip}, podrun: {supervisor_podrun}}}\n")
+                    f"{supervisor.spec}")
     result = podrun("exec", spec, "--detach")
     assert result.returncode == 1, result.stderr
     error = [line for line in stderr_lines_without_traceback(result.stderr) if "error" in line]
-    assert len(error) == 1 and error[0].startswith(f"podrun: error: on the supervisor root@{lab.hosts[SUPERVISOR].ip}: ") \
+    assert len(error) == 1 and error[0].startswith(f"podrun: error: on the supervisor root@{supervisor.ip}: ") \
         and "gcloud auth application-default login" in error[0], result.stderr
     assert podrun("jobs", "--json").stdout.strip() == "[]"  # nothing began: no pointer left behind
     assert not tpu_api.nodes
