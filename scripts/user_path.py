@@ -97,6 +97,16 @@ def commands_and_specs(check: Check, scratch: Path) -> None:
     check.run("exec", "--local", "2", expect=2)
     check.run("stacks", expect=1)  # no job runs: one line
     check.run("exec", str(job_dir / "hello.yaml"), "--stall", "soon", expect=2)
+    # a handover loads the SSH transport and builds this podrun's wheel from the installed package
+    check.run("exec", str(job_dir / "hello.yaml"), "--supervisor", "root@127.0.0.1:1", expect=1)
+    wheel_check = ("import sys, zipfile; from podrun.supervisor.wheel import build_wheel; "
+                   "w = zipfile.ZipFile(build_wheel(sys.argv[1])); "
+                   "m = next(n for n in w.namelist() if n.endswith('/METADATA')); "
+                   "assert 'Requires-Dist: asyncssh' in w.read(m).decode(), m")
+    built = subprocess.run([sys.executable, "-c", wheel_check, str(scratch / "wheels")], capture_output=True,
+                           text=True, cwd=scratch)
+    if built.returncode:
+        check.failures.append(f"the wheel a supervisor host installs: {built.stderr.strip()}")
 
 
 class stand_in:
