@@ -25,6 +25,8 @@ from podrun.supervisor.install import podrun_on_host
 from podrun.supervisor.wheel import build_wheel
 from podrun.transport.ssh import SshTransport
 
+from conftest import podrun
+
 ROOT = Path(__file__).resolve().parents[1]
 HOST = 3  # a lab host the other tests leave alone
 VENV_PODRUN = "/root/.podrun/venv/bin/podrun"  # as the host sees its home
@@ -198,3 +200,15 @@ def test_a_host_whose_python3_makes_no_venv_is_one_line_with_its_words(lab, host
         f"python3.11-venv; give it a python3 with its venv module or install podrun {__version__} there and set "
         f"supervisor.podrun")
     assert not (host_home / ".podrun/venv").exists()
+
+
+@pytest.mark.slow
+def test_exec_through_a_supervisor_without_podrun_installs_it_there_once_and_runs_the_job(lab, host_home, hosts_spec):
+    supervisor_line = f"supervisor: {{host: root@{lab.hosts[HOST].ip}}}\n"
+    spec = hosts_spec(f"run: 'echo ran on $PODRUN_WORKER'\n{supervisor_line}", hosts=(0, 1))
+    first = podrun("exec", spec)
+    assert first.returncode == 0, first.stderr
+    assert f"installing this podrun ({__version__}) into ~/.podrun/venv" in first.stderr
+    assert sorted(line for line in first.stdout.splitlines() if "ran on" in line) == ["[w0] ran on 0", "[w1] ran on 1"]
+    again = podrun("exec", spec)
+    assert again.returncode == 0 and "installing" not in again.stderr, again.stderr
