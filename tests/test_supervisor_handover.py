@@ -127,3 +127,38 @@ def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, la
         and "gcloud auth application-default login" in error[0], result.stderr
     assert podrun("jobs", "--json").stdout.strip() == "[]"  # nothing began: no pointer left behind
     assert not tpu_api.nodes
+
+
+def test_a_key_the_supervisor_lacks_gives_way_to_its_own_and_a_refusal_names_the_supervisor(home, lab, job_file,
+                                                                                         supervisor, tmp_path,
+                                                                                         monkeypatch):
+    laptop_home = tmp_path / "laptop"
+    laptop_home.mkdir()
+    shutil.copy(lab.client_key, laptop_home / "lab-key")  # ~/lab-key here; the supervisor's ~ has none
+    monkeypatch.setenv("HOME", str(laptop_home))
+    spec = job_file(f"target: {{hosts: [{lab.hosts[0].ip}, {lab.hosts[1].ip}]}}\n"
+                    f"ssh: {{user: root, identity_file: ~/lab-key}}\nrun: 'true'\n{supervisor.spec}")
+    result = podrun("exec", spec)
+    assert result.returncode == 1, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert f"podrun: ssh.identity_file: ~/lab-key is not on the supervisor {supervisor.address}; it uses a key of " \
+           f"its own" in result.stderr
+    failure = lines[next(n for n, line in enumerate(lines) if "error" in line):]
+    assert failure == [f"podrun: error: on the supervisor {supervisor.address}: 2 of 2 workers failed to connect:",
+                       *(f"  {lab.hosts[i].ip}: key refused for user root (identity file: ssh defaults)" for i in (0, 1))
+                       ], result.stderr
+
+
+@pytest.mark.slow
+def test_stacks_of_a_supervised_job_come_through_its_supervisor_and_are_kept_there(home, lab, hosts_spec, supervisor):
+    spec = supervised(hosts_spec, supervisor, "run: python3 -c 'import time; print(\"up\", flush=True); time.sleep(600)'")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "up" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line", timeout=30)
+    shown = podrun("stacks", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "── worker 0 (" in shown.stdout and "── worker 1 (" in shown.stdout and "sleep" in shown.stdout, shown.stdout
+    assert (supervisor.job_dir(job_id) / "stacks" / "1" / "w1.txt").is_file()
+    assert podrun("stop", job_id).returncode == 0
+    assert processes_of_job(job_id) == []
