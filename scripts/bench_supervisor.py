@@ -11,15 +11,12 @@ already shipped, host keys already trusted everywhere.
     each job is stopped after with `podrun stop ID`, and every host is then checked to run nothing
     but its sshd. Then a few more supervised rounds with the handover's steps timed inside the
     laptop's podrun (a wrapper around podrun/supervisor/ functions): SSH connection, the version
-    check, the code check, `_supervise` starting, the supervisor's launch, the pointer's refresh;
-    and, alternating with those, the same with the pointer's refresh left out (what it would save).
-  - cost per job: K detached supervised jobs on 4 workers each (spread over the workers), with
-    `restarts: {max: 1, on: [failure]}`, so that a process watches each job on the supervisor; for
-    each K, every process on the supervisor host but its sshd: count, RSS (VmRSS) and PSS
-    (smaps_rollup), and their CPU (utime + stime) over --sample-seconds of idle running; and how many
-    of them the supervisor's job records name (job.json's `supervisor`). Also K jobs
-    without restarts or delete_after, whose launcher on the supervisor exits once run has started,
-    as `exec --detach` does on a laptop.
+    check, the code check, `_supervise` starting, the supervisor's launch to run started.
+  - cost per job: K detached supervised jobs on 4 workers each (spread over the workers); on the
+    supervisor each has its launcher (an attached exec there, for as long as the job runs); for each
+    K, every process on the supervisor host but its sshd: count, RSS (VmRSS) and PSS (smaps_rollup),
+    and their CPU (utime + stime) over --sample-seconds of idle running; and how many of them are the
+    launchers the supervisor's job records name (job.json's `launcher`).
 """
 
 from __future__ import annotations
@@ -38,21 +35,14 @@ from benchlib import Lab, print_table, require_lab_tools, timed, timed_with_cpu,
 
 REPO = Path(__file__).resolve().parents[1]
 PODRUN = [sys.executable, "-P", "-m", "podrun"]  # -P: PYTHONPATH alone picks which podrun runs
-WATCHED = "restarts: {max: 1, on: [failure]}\n"
 CLEAN_TIMEOUT_S = 20
-SETTLE_S = 5  # before sampling the supervisor: the handovers' SSH sessions end, each new watch has connected
+SETTLE_S = 5  # before sampling the supervisor: the handovers' SSH sessions end
 # the laptop's podrun with the handover's steps timed: each wrapped function's start and end, written
 # to $BENCH_STEPS before the process exits
 TIMED_STEPS = """
 import json, os, time
 steps = [("process", time.time(), None)]
 from podrun.supervisor import handover, install, remote
-
-async def no_refresh(record, transport):
-    pass
-
-if os.environ.get("BENCH_NO_REFRESH"):  # what a handover would take without it
-    remote.refresh_one = no_refresh
 
 def wrap(module, name, asynchronous=True):
     inner = getattr(module, name)
@@ -70,7 +60,7 @@ def wrap(module, name, asynchronous=True):
     setattr(module, name, timed)
 
 for module, name in ((remote, "connect"), (install, "podrun_on_host"), (handover, "_ship"),
-                     (handover, "_follow"), (remote, "refresh_one")):
+                     (handover, "_follow")):
     wrap(module, name)
 wrap(handover, "_pointer", asynchronous=False)
 from podrun import cli
@@ -92,11 +82,11 @@ class Bench:
         self.home = work / "home"
         self.env = {**os.environ, "PODRUN_HOME": str(self.home), "PYTHONPATH": str(REPO)}
 
-    def spec(self, name: str, workers: Sequence[int], supervised: bool, extra: str = "") -> Path:
+    def spec(self, name: str, workers: Sequence[int], supervised: bool) -> Path:
         spec = write_lab_spec(self.work / f"{name}.yaml", self.lab, "code", "exec sleep 600",
                               [self.lab.hosts[i] for i in workers])
         supervisor = f"supervisor: {{host: root@{self.lab.hosts[self.supervisor].ip}, podrun: {self.wrapper}}}\n"
-        spec.write_text(spec.read_text() + (supervisor if supervised else "") + extra)
+        spec.write_text(spec.read_text() + (supervisor if supervised else ""))
         return spec
 
     def detach(self, spec: Path, command: list[str] | None = None, env: dict | None = None) -> tuple[str, tuple]:
@@ -171,46 +161,39 @@ def handover_steps(bench: Bench, spec: Path, rounds: int, everyone: list[int]) -
     names = ["laptop's start-up (Python, imports, spec, code scan)", "SSH connection to the supervisor",
              "version check (`sh -lc 'podrun --version'` there)", "code check (`test -d` there)",
              "`podrun _supervise` there: start-up to the job's id", "the supervisor's launch, to run started",
-             "pointer refresh (`podrun jobs --json ID` there)", "laptop's exit", "whole `exec --detach`"]
-    without_refresh = f"{names[-1]}, the pointer refresh left out (what-if)"
-    samples: dict[str, list[float]] = {name: [] for name in [*names, without_refresh]}
+             "laptop's exit", "whole `exec --detach`"]
+    samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
-        for refresh in (True, False):
-            record = bench.work / "steps.json"
-            env = {**bench.env, "BENCH_STEPS": str(record), **({} if refresh else {"BENCH_NO_REFRESH": "1"})}
-            started = time.time()
-            job, _ = bench.detach(spec, [sys.executable, "-P", "-c", TIMED_STEPS], env)
-            ended = time.time()
-            bench.stop(job)
-            bench.wait_clean(everyone)
-            if not refresh:
-                samples[without_refresh].append(ended - started)
-                continue
-            marks = {name: (begin, end) for name, begin, end in json.loads(record.read_text())}
-            points = [started, marks["connect"][0], marks["connect"][1], marks["podrun_on_host"][1],
-                      marks["_ship"][1], marks["_pointer"][0], marks["_follow"][1], marks["refresh_one"][1], ended]
-            for name, begin, end in zip(names, points, points[1:]):
-                samples[name].append(end - begin)
-            samples[names[-1]].append(ended - started)
+        record = bench.work / "steps.json"
+        env = {**bench.env, "BENCH_STEPS": str(record)}
+        started = time.time()
+        job, _ = bench.detach(spec, [sys.executable, "-P", "-c", TIMED_STEPS], env)
+        ended = time.time()
+        bench.stop(job)
+        bench.wait_clean(everyone)
+        marks = {name: (begin, end) for name, begin, end in json.loads(record.read_text())}
+        points = [started, marks["connect"][0], marks["connect"][1], marks["podrun_on_host"][1],
+                  marks["_ship"][1], marks["_pointer"][0], marks["_follow"][1], ended]
+        for name, begin, end in zip(names, points, points[1:]):
+            samples[name].append(end - begin)
+        samples[names[-1]].append(ended - started)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def cost_per_job(bench: Bench, counts: list[int], workers: int, seconds: float) -> dict:
-    """Per (variant, K): what runs on the supervisor while K supervised jobs run, idle."""
+    """Per K: what runs on the supervisor while K supervised jobs run, idle."""
     measured = {}
     worker_count = bench.supervisor
-    for variant, extra in (("restarts", WATCHED), ("plain", "")):
-        jobs: list[str] = []
-        for count in counts:
-            while len(jobs) < count:
-                first = len(jobs) * workers % worker_count
-                hosts = [(first + i) % worker_count for i in range(workers)]
-                spec = bench.spec(f"{variant}-job{len(jobs)}", hosts, True, extra)
-                jobs.append(bench.detach(spec)[0])
-            measured[variant, count] = sample_supervisor(bench, jobs, seconds if variant == "restarts" else 1)
-        for job in jobs:
-            bench.stop(job)
-        bench.wait_clean([*range(worker_count), bench.supervisor])
+    jobs: list[str] = []
+    for count in counts:
+        while len(jobs) < count:
+            first = len(jobs) * workers % worker_count
+            hosts = [(first + i) % worker_count for i in range(workers)]
+            jobs.append(bench.detach(bench.spec(f"job{len(jobs)}", hosts, True))[0])
+        measured[count] = sample_supervisor(bench, jobs, seconds)
+    for job in jobs:
+        bench.stop(job)
+    bench.wait_clean([*range(worker_count), bench.supervisor])
     return measured
 
 
@@ -218,8 +201,7 @@ def sample_supervisor(bench: Bench, jobs: list[str], seconds: float) -> dict:
     """Every process on the supervisor host but sshd's listener, over `seconds` of idle running."""
     time.sleep(SETTLE_S)
     processes = bench.host_processes(bench.supervisor)
-    recorded = {bench.supervisor_job(job)["supervisor"]["pid"] for job in jobs
-                if bench.supervisor_job(job)["supervisor"]}
+    recorded = {bench.supervisor_job(job)["launcher"]["pid"] for job in jobs}
     before, started = {pid: _cpu_seconds(pid) for pid in processes}, time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - started
@@ -288,19 +270,18 @@ def report(args, results: dict, steps: dict, costs: dict) -> None:
                 {name: [f"{steps[n][name]:.3f}" for n in counts] for name in steps[counts[0]]})
     print()
     rows = {}
-    for (variant, count), sample in costs.items():
+    for count, sample in costs.items():
         per_job = max(count, 1)
-        label = "restarts: {max: 1}" if variant == "restarts" else "no restarts, no delete_after"
-        rows[f"{label}, K={count}"] = [
+        rows[f"K={count}"] = [
             str(sample["processes"]), str(sample["recorded"]), f"{sample['rss_kib'] / 1024:.1f}",
             f"{sample['pss_kib'] / 1024:.1f}", f"{sample['pss_kib'] / 1024 / per_job:.1f}",
             f"{sample['cpu_s_per_s'] * 1000 / per_job:.2f}"]
     print_table(f"the supervisor host with K jobs running on {args.job_workers} workers each "
                 f"(CPU over {args.sample_seconds:g} s idle)",
-                ["jobs", "processes", "of them named in their job's record", "RSS, MiB", "PSS, MiB",
+                ["jobs", "processes", "of them the jobs' launchers", "RSS, MiB", "PSS, MiB",
                  "PSS per job, MiB", "CPU per job, ms/s"], rows)
-    for (variant, count), sample in costs.items():
-        print(f"{variant}, K={count}: {sample['commands']}")
+    for count, sample in costs.items():
+        print(f"K={count}: {sample['commands']}")
 
 
 if __name__ == "__main__":

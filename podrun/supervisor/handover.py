@@ -91,11 +91,12 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         code = await _follow(channel, host, job_id)
         if code is None:  # the link broke: the job goes on there, as far as anyone here knows
             return exits.LOST
-        if not await remote.refresh_one(record, transport) and code != 0:
-            shutil.rmtree(record.dir)  # it failed before its job began there (no TPU API, a worker refused it)
-        if options.detach and code == 0:
+        if options.detach and code == 0:  # the next `podrun jobs` reads the record there (a podrun started: 0.15 s)
             say_success(f"job {job_id} runs under the supervisor {host}; follow it with `podrun logs -f {job_id}`, "
                         f"stop it with `podrun stop {job_id}`")
+            return code
+        if not await remote.refresh_one(record, transport) and code != 0:
+            shutil.rmtree(record.dir)  # it failed before its job began there (no TPU API, a worker refused it)
         return code
     finally:
         await transport.close()
