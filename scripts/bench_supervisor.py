@@ -25,13 +25,14 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchlib import Lab, print_table, require_lab_tools, timed, timed_with_cpu, write_lab_spec
+from benchlib import Lab, print_table, require_lab_tools, timed_with_cpu, write_lab_spec
 
 REPO = Path(__file__).resolve().parents[1]
 PODRUN = [sys.executable, "-P", "-m", "podrun"]  # -P: PYTHONPATH alone picks which podrun runs
@@ -101,7 +102,11 @@ class Bench:
         return set(os.listdir(jobs)) if jobs.is_dir() else set()
 
     def stop(self, job: str) -> float:
-        return timed([*PODRUN, "stop", job], self.env)
+        started = time.monotonic()
+        stopped = subprocess.run([*PODRUN, "stop", job], env=self.env, capture_output=True, text=True)
+        if stopped.returncode:
+            raise SystemExit(f"`podrun stop {job}` exited {stopped.returncode}: {stopped.stderr.strip()}")
+        return time.monotonic() - started
 
     def host_processes(self, index: int) -> list[int]:
         """Every process on lab host `index` (in its mount namespace) but its sshd's listener."""

@@ -66,6 +66,16 @@ BAD_SPECS = [
      "{file}: stall: expected a duration above 0 such as 15m, 90 (seconds) or 1h30m, got 'soon'"),
     ("restarts on a cause podrun does not know", "run: echo\nrestarts: {on: [hang]}\n",
      "{file}: restarts.on.0: expected preemption, failure or stall, got 'hang'"),
+    ("supervisor host not a host", "run: echo\nsupervisor: {host: 'a b'}\n",
+     "{file}: supervisor.host: expected host, user@host, host:port or user@host:port, got 'a b'"),
+    ("supervisor field misspelt", "run: echo\nsupervisor: {host: vm, podrn: /opt/podrun}\n",
+     "{file}: supervisor.podrn: unknown field; did you mean 'podrun'?"),
+    ("supervisor podrun not a path", "run: echo\nsupervisor: {host: vm, podrun: [x]}\n",
+     "{file}: supervisor.podrun: expected the path of podrun on the supervisor host, such as /opt/podrun/bin/podrun, "
+     "got a list"),
+    ("supervisor not a mapping", "run: echo\nsupervisor: vm\n",
+     "{file}: supervisor: expected a mapping such as {{host: me@supervisor-vm, podrun: /opt/podrun/bin/podrun}}, "
+     "got 'vm'"),
 ]
 
 
