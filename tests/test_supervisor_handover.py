@@ -147,3 +147,22 @@ def test_stacks_of_a_supervised_job_come_through_its_supervisor_and_are_kept_the
     assert (supervisor.job_dir(job_id) / "stacks" / "1" / "w1.txt").is_file()
     assert podrun("stop", job_id).returncode == 0
     assert processes_of_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_a_detached_handover_keeps_what_podrun_says_there_but_not_a_second_copy_of_the_output(home, lab, hosts_spec,
+                                                                                            supervisor):
+    spec = supervised(hosts_spec, supervisor, "run: 'while true; do echo tick; sleep 0.05; done'")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    said_there = supervisor.home / ".podrun" / "supervised" / job_id / "stderr"
+    assert f"(what podrun says there: /root/.podrun/supervised/{job_id}/stderr)" in started.stderr
+    assert "── run (2 SSH hosts) ──" in said_there.read_text()
+    console = said_there.with_name("stdout")
+    size = console.stat().st_size
+    log = supervisor.job_dir(job_id) / "w1.log"
+    grown_from = log.stat().st_size
+    wait_until(lambda: log.stat().st_size > grown_from + 100, "worker 1's log to grow on the supervisor")
+    assert console.stat().st_size == size  # the workers' lines are in their logs, once
+    assert podrun("stop", job_id).returncode == 0

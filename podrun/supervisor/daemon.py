@@ -54,9 +54,9 @@ def main() -> int:
     launcher = os.fork()
     if launcher == 0:  # returns through the CLI, which says an error in one line and exits with its code
         os.close(running_read)
-        return _launch(spec, payload["ships_code"], options, job_id, console, running_write, payload["host"])
+        return _launch(spec, payload["ships_code"], options, job_id, console, running_write, payload["host"], detach)
     os.close(running_write)
-    _write_line(sys.stdout.buffer, json.dumps({"job": job_id, "launcher": launcher}).encode())
+    _write_line(sys.stdout.buffer, json.dumps({"job": job_id, "launcher": launcher, "console": console}).encode())
     return _relay(launcher, console, running_read, detach, more)
 
 
@@ -83,7 +83,7 @@ def _spec(payload: dict) -> JobSpec:
 
 
 def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, console: str, running: int,
-            host: str) -> int:
+            host: str, detach: bool) -> int:
     """The forked launcher: in a session of its own, printing into the console files."""
     os.setsid()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -98,6 +98,9 @@ def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, 
             os.write(running, RUNNING)
         except OSError:  # the relay is gone (the laptop closed): nobody waits for it
             pass
+        if detach:  # nobody follows the console from now on: the workers' lines are in their logs already
+            sys.stdout.flush()
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
     try:
         return execute(spec, ships_code, options, job_id, on_running)

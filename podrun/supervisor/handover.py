@@ -84,10 +84,11 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         started = await channel.stdout.readline()
         if not started:  # it refused the job before starting it: its one line says why
             return await remote.relay(channel)
-        job_id = json.loads(started)["job"]
+        accepted = json.loads(started)
+        job_id = accepted["job"]
         record = _pointer(spec, job_id, host, transport, podrun, options.detach)
-        say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs; "
-            f"this machine may close once it runs")
+        say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
+            f"there: {os.path.join(accepted['console'], 'stderr')}); this machine may close once it runs")
         code = await _follow(channel, host, job_id)
         if code is None:  # the link broke: the job goes on there, as far as anyone here knows
             return exits.LOST
