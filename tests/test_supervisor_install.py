@@ -144,14 +144,14 @@ def test_a_host_with_other_versions_on_its_login_path_and_in_its_venv_gets_this_
     older_in_venv.chmod(0o755)
     assert podrun_there(lab) == VENV_PODRUN
     assert said(capsys) == [f"podrun: supervisor {lab.hosts[HOST].ip}: no podrun {__version__} on its login PATH "
-                            f"(it has podrun 0.0.9 (/root/.local/bin/podrun)) nor in ~/.podrun/venv (it has podrun "
-                            f"0.0.8 ({VENV_PODRUN})); installing this podrun ({__version__}) into ~/.podrun/venv with "
+                            f"(it has podrun 0.0.9 at /root/.local/bin/podrun) nor in ~/.podrun/venv (it has podrun "
+                            f"0.0.8 at {VENV_PODRUN}); installing this podrun ({__version__}) into ~/.podrun/venv with "
                             f"its python3 and pip"]
     assert lab.run(HOST, f"{VENV_PODRUN} --version").stdout == f"podrun {__version__}\n"
 
     assert podrun_there(lab) == VENV_PODRUN
     assert said(capsys) == [f"podrun: supervisor {lab.hosts[HOST].ip}: its login PATH has podrun 0.0.9 "
-                            f"(/root/.local/bin/podrun); using podrun {__version__} from ~/.podrun/venv"]
+                            f"at /root/.local/bin/podrun; using podrun {__version__} from ~/.podrun/venv"]
 
 
 @pytest.mark.lab
@@ -162,7 +162,7 @@ def test_a_configured_podrun_of_this_version_is_used_and_one_of_another_or_none_
     with pytest.raises(PodrunError) as error:
         podrun_there(lab, "~/.local/bin/podrun")
     assert str(error.value) == (f"supervisor {lab.hosts[HOST].ip}: supervisor.podrun ~/.local/bin/podrun: "
-                                f"podrun 0.0.9 (/root/.local/bin/podrun) there, and this podrun is {__version__}; "
+                                f"podrun 0.0.9 at /root/.local/bin/podrun there, and this podrun is {__version__}; "
                                 f"install podrun {__version__} there, or leave supervisor.podrun out and podrun "
                                 f"installs itself into ~/.podrun/venv on that host")
     with pytest.raises(PodrunError, match=r"supervisor.podrun /opt/nowhere/podrun: not found there, and this podrun"):
