@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,43 @@ def test_the_wheel_holds_this_podrun_with_its_requirements_and_is_built_once(tmp
                                        .rstrip(b"=").decode(), len(data))
     built_at = Path(path).stat().st_mtime_ns
     assert build_wheel(str(tmp_path)) == path and Path(path).stat().st_mtime_ns == built_at
+
+
+# a podrun run elsewhere builds its wheel and prints its METADATA, or its one line
+BUILD_A_WHEEL = """import sys, zipfile
+import podrun
+from podrun.errors import PodrunError
+from podrun.supervisor.wheel import build_wheel
+try:
+    print(zipfile.ZipFile(build_wheel(sys.argv[1])).read(f"podrun-{podrun.__version__}.dist-info/METADATA").decode())
+except PodrunError as error:
+    sys.exit(str(error))
+"""
+
+
+def test_podrun_outside_its_checkout_takes_its_requirements_from_its_installed_metadata_or_says_it_cannot(tmp_path):
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(ROOT / "podrun", copy / "podrun", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"}
+    neither = subprocess.run([sys.executable, "-S", "-c", BUILD_A_WHEEL, str(tmp_path / "w1")], env=env, cwd=tmp_path,
+                             capture_output=True, text=True)  # no site-packages: no installed podrun
+    assert (neither.returncode, neither.stdout) == (1, "")
+    assert neither.stderr == (f"cannot tell the requirements of this podrun ({__version__}, in {copy / 'podrun'}) to "
+                              f"install it on the supervisor host: it is neither a checkout with its pyproject.toml "
+                              f"nor an installed distribution of that version; install it (pip install "
+                              f"PATH_OF_THE_CHECKOUT)\n")
+    try:
+        installed_version = metadata.version("podrun")
+    except metadata.PackageNotFoundError:
+        installed_version = None
+    if installed_version != __version__:
+        pytest.skip(f"the suite's Python has no install of podrun {__version__} to read (pip install -e .)")
+    installed = subprocess.run([sys.executable, "-c", BUILD_A_WHEEL, str(tmp_path / "w2")], env=env, cwd=tmp_path,
+                               capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+    assert [line.removeprefix("Requires-Dist: ") for line in installed.stdout.splitlines()
+            if line.startswith("Requires-Dist: ")] == [
+        requirement for requirement in metadata.requires("podrun") or [] if "extra ==" not in requirement]
 
 
 @pytest.mark.lab
