@@ -98,9 +98,13 @@ def put_on_login_path(home_there: Path, name: str, script: str) -> None:
     (home_there / ".profile").write_text('PATH="$HOME/.local/bin:$PATH"\necho a profile that talks\n')
 
 
-def test_the_wheel_holds_this_podrun_with_its_requirements_and_is_built_once(tmp_path):
+def test_the_wheel_holds_this_podrun_with_its_requirements_and_is_built_once_in_place_of_older_ones(tmp_path):
     tomllib = pytest.importorskip("tomllib")
+    earlier = tmp_path / "podrun-0.0.9-0123456789abcdef/podrun-0.0.9-py3-none-any.whl"  # an older podrun's
+    earlier.parent.mkdir()
+    earlier.write_bytes(b"PK")
     path = build_wheel(str(tmp_path))
+    assert [entry.name for entry in tmp_path.iterdir()] == [Path(path).parent.name]
     wheel = zipfile.ZipFile(path)
     dist_info = f"podrun-{__version__}.dist-info"
     with open(ROOT / "pyproject.toml", "rb") as file:
