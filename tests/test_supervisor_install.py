@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -99,9 +100,13 @@ def put_on_login_path(home_there: Path, name: str, script: str) -> None:
     (home_there / ".profile").write_text('PATH="$HOME/.local/bin:$PATH"\necho a profile that talks\n')
 
 
-def test_the_wheel_holds_this_podrun_with_its_requirements_and_is_built_once(tmp_path):
+def test_the_wheel_holds_this_podrun_with_its_requirements_and_is_built_once_in_place_of_older_ones(tmp_path):
     tomllib = pytest.importorskip("tomllib")
+    earlier = tmp_path / "podrun-0.0.9-0123456789abcdef/podrun-0.0.9-py3-none-any.whl"  # an older podrun's
+    earlier.parent.mkdir()
+    earlier.write_bytes(b"PK")
     path = build_wheel(str(tmp_path))
+    assert [entry.name for entry in tmp_path.iterdir()] == [Path(path).parent.name]
     wheel = zipfile.ZipFile(path)
     dist_info = f"podrun-{__version__}.dist-info"
     with open(ROOT / "pyproject.toml", "rb") as file:
@@ -117,6 +122,43 @@ def test_the_wheel_holds_this_podrun_with_its_requirements_and_is_built_once(tmp
                                        .rstrip(b"=").decode(), len(data))
     built_at = Path(path).stat().st_mtime_ns
     assert build_wheel(str(tmp_path)) == path and Path(path).stat().st_mtime_ns == built_at
+
+
+# a podrun run elsewhere builds its wheel and prints its METADATA, or its one line
+BUILD_A_WHEEL = """import sys, zipfile
+import podrun
+from podrun.errors import PodrunError
+from podrun.supervisor.wheel import build_wheel
+try:
+    print(zipfile.ZipFile(build_wheel(sys.argv[1])).read(f"podrun-{podrun.__version__}.dist-info/METADATA").decode())
+except PodrunError as error:
+    sys.exit(str(error))
+"""
+
+
+def test_podrun_outside_its_checkout_takes_its_requirements_from_its_installed_metadata_or_says_it_cannot(tmp_path):
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(ROOT / "podrun", copy / "podrun", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"}
+    neither = subprocess.run([sys.executable, "-S", "-c", BUILD_A_WHEEL, str(tmp_path / "w1")], env=env, cwd=tmp_path,
+                             capture_output=True, text=True)  # no site-packages: no installed podrun
+    assert (neither.returncode, neither.stdout) == (1, "")
+    assert neither.stderr == (f"cannot tell the requirements of this podrun ({__version__}, in {copy / 'podrun'}) to "
+                              f"install it on the supervisor host: it is neither a checkout with its pyproject.toml "
+                              f"nor an installed distribution of that version; install it (pip install "
+                              f"PATH_OF_THE_CHECKOUT)\n")
+    try:
+        installed_version = metadata.version("podrun")
+    except metadata.PackageNotFoundError:
+        installed_version = None
+    if installed_version != __version__:
+        pytest.skip(f"the suite's Python has no install of podrun {__version__} to read (pip install -e .)")
+    installed = subprocess.run([sys.executable, "-c", BUILD_A_WHEEL, str(tmp_path / "w2")], env=env, cwd=tmp_path,
+                               capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+    assert [line.removeprefix("Requires-Dist: ") for line in installed.stdout.splitlines()
+            if line.startswith("Requires-Dist: ")] == [
+        requirement for requirement in metadata.requires("podrun") or [] if "extra ==" not in requirement]
 
 
 @pytest.mark.lab
@@ -146,14 +188,14 @@ def test_a_host_with_other_versions_on_its_login_path_and_in_its_venv_gets_this_
     older_in_venv.chmod(0o755)
     assert podrun_there(lab) == VENV_PODRUN
     assert said(capsys) == [f"podrun: supervisor {lab.hosts[HOST].ip}: no podrun {__version__} on its login PATH "
-                            f"(it has podrun 0.0.9 (/root/.local/bin/podrun)) nor in ~/.podrun/venv (it has podrun "
-                            f"0.0.8 ({VENV_PODRUN})); installing this podrun ({__version__}) into ~/.podrun/venv with "
+                            f"(it has podrun 0.0.9 at /root/.local/bin/podrun) nor in ~/.podrun/venv (it has podrun "
+                            f"0.0.8 at {VENV_PODRUN}); installing this podrun ({__version__}) into ~/.podrun/venv with "
                             f"its python3 and pip"]
     assert lab.run(HOST, f"{VENV_PODRUN} --version").stdout == f"podrun {__version__}\n"
 
     assert podrun_there(lab) == VENV_PODRUN
     assert said(capsys) == [f"podrun: supervisor {lab.hosts[HOST].ip}: its login PATH has podrun 0.0.9 "
-                            f"(/root/.local/bin/podrun); using podrun {__version__} from ~/.podrun/venv"]
+                            f"at /root/.local/bin/podrun; using podrun {__version__} from ~/.podrun/venv"]
 
 
 @pytest.mark.lab
@@ -164,7 +206,7 @@ def test_a_configured_podrun_of_this_version_is_used_and_one_of_another_or_none_
     with pytest.raises(PodrunError) as error:
         podrun_there(lab, "~/.local/bin/podrun")
     assert str(error.value) == (f"supervisor {lab.hosts[HOST].ip}: supervisor.podrun ~/.local/bin/podrun: "
-                                f"podrun 0.0.9 (/root/.local/bin/podrun) there, and this podrun is {__version__}; "
+                                f"podrun 0.0.9 at /root/.local/bin/podrun there, and this podrun is {__version__}; "
                                 f"install podrun {__version__} there, or leave supervisor.podrun out and podrun "
                                 f"installs itself into ~/.podrun/venv on that host")
     with pytest.raises(PodrunError, match=r"supervisor.podrun /opt/nowhere/podrun: not found there, and this podrun"):

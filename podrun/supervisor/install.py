@@ -135,11 +135,11 @@ async def _run_script(transport: Transport, host: str, script: str, stdin: bytes
 
 
 def _what_it_is(path: str, version: str) -> str:
-    """A podrun found, in words: `none`, `podrun 0.0.9 (/usr/local/bin/podrun)`, or what else it printed."""
+    """A podrun found, in words: `none`, `podrun 0.0.9 at /usr/local/bin/podrun`, or what else it printed."""
     if not path:
         return "none"
     if re.fullmatch(r"podrun \S+", version):
-        return f"{version} ({path})"
+        return f"{version} at {path}"
     return f"{path}, whose --version printed {version!r}" if version else f"{path}, whose --version printed nothing"
 
 

@@ -18,7 +18,7 @@ import shutil
 import zipfile
 
 import podrun
-from podrun import __version__
+from podrun import __version__, paths
 from podrun.errors import PodrunError
 
 NAME = "podrun"
@@ -32,27 +32,31 @@ def wheel_name() -> str:
 
 
 def build_wheel(directory: str) -> str:
-    """The path of this podrun's wheel under `directory`, in a folder named by its version and the hash of
-    what it holds, built there unless an earlier call built it; the wheels of other contents are removed."""
+    """The path of this podrun's wheel under `directory` (in PODRUN_HOME), in a folder named by its version and
+    the hash of what it holds, built there unless an earlier call built it; those of other versions or contents
+    that it built before are removed."""
     files = _wheel_files()
     digest = hashlib.sha256()
     for name, data in files:
         digest.update(b"%s\0%d\0" % (name.encode(), len(data)) + data)
-    key = f"{__version__}-{digest.hexdigest()[:16]}"
+    key = f"{NAME}-{__version__}-{digest.hexdigest()[:16]}"
     path = os.path.join(directory, key, wheel_name())
     if os.path.exists(path):
         return path
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    paths.make_private_dir(os.path.dirname(path))
     partial = f"{path}.{os.getpid()}"
-    with zipfile.ZipFile(partial, "w") as wheel:
-        for name, data in files:
-            entry = zipfile.ZipInfo(name, ZIP_TIME)
-            entry.compress_type = zipfile.ZIP_DEFLATED
-            entry.external_attr = 0o644 << 16
-            wheel.writestr(entry, data)
-    os.replace(partial, path)
+    try:
+        with zipfile.ZipFile(partial, "w") as wheel:
+            for name, data in files:
+                entry = zipfile.ZipInfo(name, ZIP_TIME)
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                entry.external_attr = 0o644 << 16
+                wheel.writestr(entry, data)
+        os.replace(partial, path)
+    except OSError as error:  # a full disk
+        raise paths.unusable_home(error) from None
     for other in os.listdir(directory):
-        if other != key and other.startswith(f"{__version__}-"):
+        if other != key and other.startswith(f"{NAME}-"):
             shutil.rmtree(os.path.join(directory, other), ignore_errors=True)
     return path
 
