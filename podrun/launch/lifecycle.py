@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, interrupts, jobstore, paths
+from podrun import exits, file_limit, interrupts, jobstore, paths
 from podrun.cloud.settings import seconds
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
@@ -32,6 +32,9 @@ from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 
 SUPERVISOR_LOG = "supervisor.log"
+# what a launch runs on each worker at once, at most: a step's agent, and while it waits for go, what
+# ships the code or checks the worker (a stall's stacks, later); its log is open all along
+STEP_PROCESSES = 2
 
 
 class Lifecycle:
@@ -77,6 +80,9 @@ class Lifecycle:
             self.selected = select(len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
+            file_limit.make_room(file_limit.needed([plan.worker.transport.endpoint()["kind"] for plan in plans],
+                                                   processes=STEP_PROCESSES, files=1),
+                                 counted(len(plans), self.target.worker_noun))
             record = self._new_record(job_id, stop_grace_s)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
