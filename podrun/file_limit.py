@@ -5,8 +5,8 @@ runs there (a local worker's commands are processes here), its log. A laptop's d
 256 (macOS; often 1024 on Linux) would end `podrun exec` on a few dozen local workers with "Too many
 open files". So, as servers do, podrun raises its own soft limit to the hard one, and first works out
 what the job needs: if even the hard limit is too low, it stops before connecting to any worker, with
-one line saying how many it needs and how to raise the limit. The processes it starts here get the
-soft limit podrun was given back (local_command).
+one line saying how many it needs and how to raise the limit. A local worker's processes get back the
+soft limit podrun was given (local_command).
 
 The counts below were measured: the peak of /proc/PID/fd during `podrun exec` (docs/benchmarks.md,
 "Open files").

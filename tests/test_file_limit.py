@@ -57,6 +57,20 @@ def test_a_hard_limit_too_low_is_one_line_before_anything_starts(home):
     assert not (home / "local").exists()  # no worker's directory made, nothing started
 
 
+def test_a_tpu_is_not_created_for_a_job_the_hard_limit_cannot_run(home, job_file):
+    # a v4-4096 has 512 workers; podrun would create it (accelerator_type), but stops before asking Google
+    spec = job_file("""
+        target: {tpu: {name: big, zone: us-central2-b, project: a-project, accelerator_type: v4-4096}}
+        run: python3 train.py
+    """, files={"train.py": "print('training')\n"})
+    need = file_limit.needed(["ssh"] * 512, processes=2, files=1)
+    result = podrun_under("ulimit -n 256", "exec", spec)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith(f"podrun: error: 512 TPU workers need about {need:,} open files at once, "
+                                    f"but podrun may open only 256 (hard limit: 256); ")
+    assert len(result.stderr.splitlines()) == 1  # no word from Google: nothing was asked of it
+
+
 @pytest.mark.slow  # shipping to 100 local workers: ~10 s here
 def test_what_podrun_counts_for_a_job_is_enough_for_its_peak(home, job_file):
     """The hard limit set to exactly what podrun says a job needs: the heaviest moment of a launch
@@ -99,3 +113,13 @@ def test_ssh_connections_raise_the_limit_and_a_low_hard_limit_is_refused(home, h
     assert refused.stderr.startswith(f"podrun: error: 4 SSH hosts need about {need} open files at once, "
                                      f"but podrun may open only 12 (hard limit: 12)")
     assert len(refused.stderr.splitlines()) == 1
+
+
+def test_the_local_target_takes_up_to_1024_workers(home, job_file):
+    spec = job_file("target: {local: {workers: 1024}}\nrun: 'true'\n")
+    assert podrun_under("true", "validate", spec).returncode == 0
+    spec.write_text(spec.read_text().replace("1024", "1025"))
+    refused = podrun_under("true", "validate", spec)
+    assert refused.returncode == 2
+    assert refused.stderr == (f"podrun: error: {spec}: target.local.workers: expected a number of workers from 1 to "
+                              f"1024, got 1025\n")
