@@ -59,12 +59,13 @@ def test_a_hard_limit_too_low_is_one_line_before_anything_starts(home):
 
 def test_a_tpu_is_not_created_for_a_job_the_hard_limit_cannot_run(home, job_file):
     # a v4-4096 has 512 workers; podrun would create it (accelerator_type), but stops before asking Google
+    # anything
     spec = job_file("""
         target: {tpu: {name: big, zone: us-central2-b, project: a-project, accelerator_type: v4-4096}}
         run: python3 train.py
     """, files={"train.py": "print('training')\n"})
     need = file_limit.needed(["ssh"] * 512, processes=2, files=1)
-    result = podrun_under("ulimit -n 256", "exec", spec)
+    result = podrun_under("ulimit -n 256", "exec", spec, "--down")  # --down: nor is one deleted
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.startswith(f"podrun: error: 512 TPU workers need about {need:,} open files at once, "
                                     f"but podrun may open only 256 (hard limit: 256); ")

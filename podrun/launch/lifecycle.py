@@ -75,10 +75,9 @@ class Lifecycle:
 
     def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
+        if (tpu := self.spec.target.tpu) and tpu.accelerator_type:  # no TPU made (or deleted) for a job that cannot run
+            self._make_room(["ssh"] * len(select(accelerators.parse(tpu.accelerator_type).hosts * len(tpu.node_names))))
         try:
-            if (tpu := self.spec.target.tpu) and tpu.accelerator_type:  # not a TPU made for a job that cannot run
-                self._make_room(["ssh"] * len(select(accelerators.parse(tpu.accelerator_type).hosts
-                                                     * len(tpu.node_names))))
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
             self.selected = select(len(self.workers))
