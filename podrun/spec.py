@@ -164,7 +164,7 @@ class TpuTarget(_Model):
 
 
 class LocalTarget(_Model):
-    workers: int = Field(DEFAULT_LOCAL_WORKERS, ge=1, le=256)
+    workers: int = Field(DEFAULT_LOCAL_WORKERS, ge=1, le=1024)
 
 
 class Target(_Model):
@@ -428,7 +428,7 @@ EXPECTED = {
     "target.hosts": "a list of hosts such as [10.0.0.2, gpu-node-1, user@10.0.0.4:2222]",
     "target.hosts.*": HOST_FORMS,
     "target.local": "a mapping such as {workers: 2}",
-    "target.local.workers": "a number of workers from 1 to 256",
+    "target.local.workers": "a number of workers from 1 to 1024",
     "ssh": "a mapping such as {user: root, port: 22, identity_file: ~/.ssh/id_ed25519}",
     "ssh.user": "a user name such as root",
     "ssh.port": PORT,

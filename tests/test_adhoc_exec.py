@@ -121,7 +121,7 @@ def test_dry_run_shows_the_command_in_the_login_directory(home):
      "--hosts: expected host, user@host, host:port or user@host:port, got 'user@'"),
     (["--hosts", "a:99999", "--", "true"], "--hosts: expected host, user@host, host:port or user@host:port, "
                                             "got 'a:99999'"),
-    (["--local", "0", "--", "true"], "--local: expected a number of workers from 1 to 256, got 0"),
+    (["--local", "0", "--", "true"], "--local: expected a number of workers from 1 to 1024, got 0"),
     (["--tpu", "My_Pod", "--", "true"], "--tpu: expected a TPU VM name (lowercase letters, digits and dashes, "
                                         "starting with a letter, at most 63 characters), got 'My_Pod'"),
     (["--local", "2", "--zone", "z", "--", "true"], "--zone: goes with --tpu"),

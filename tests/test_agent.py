@@ -16,11 +16,11 @@ STEP_LIMIT_S = 20
 
 
 def run_agent(tmp_path, command: str, cwd: str, control: bytes = b"",
-              probe: dict | None = None) -> tuple[bytes, list[dict], int]:
+              probe: dict | None = None, heartbeat: float = 60) -> tuple[bytes, list[dict], int]:
     """Run the agent as the launcher does; `control` follows the step description in the same write."""
     step = {"job_id": "agent-test", "job_dir": ".podrun/jobs/agent-test", "worker": 0, "step": "run", "cwd": cwd,
             "command": command,
-            "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 60, "heartbeat": 60,
+            "env": {"PODRUN_JOB_ID": "agent-test", "PODRUN_WORKER": "0"}, "grace": 60, "heartbeat": heartbeat,
             "detach": False, **({"probe": probe} if probe else {})}
     blob = marshal.dumps(step, 4)
     agent = subprocess.Popen(["/bin/sh", "-c", agent_command(sys.executable)], cwd=tmp_path,
@@ -90,5 +90,13 @@ def test_a_probing_agent_reports_the_code_dir_and_starts_only_on_go(tmp_path):
 
     output, events, code = run_agent(tmp_path, "echo ran", "code", control=b"stop\n", probe={"code_dir": "absent"})
     # told to stop before go: nothing ran
+    assert events == [{"event": "hello"}, {"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""}]
+    assert (output, code) == (b"", 0)
+
+
+def test_a_probing_agent_that_hears_nothing_before_go_starts_nothing(tmp_path):
+    # the launcher went silent (gone, or still starting 1,024 other agents) while the code was not
+    # here yet: after its heartbeat timeout the agent ends, without checking out code that never came
+    output, events, code = run_agent(tmp_path, "echo ran", "code", probe={"code_dir": "absent"}, heartbeat=0.5)
     assert events == [{"event": "hello"}, {"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""}]
     assert (output, code) == (b"", 0)

@@ -49,7 +49,7 @@ def test_a_key_given_twice_is_listed_with_every_other_problem(job_file):
     assert result.returncode == 2
     assert stderr_lines_without_traceback(result.stderr) == [
         f"podrun: error: {spec}: run: given twice, on line 1 and line 2; keep one",
-        f"{spec}: target.local.workers: expected a number of workers from 1 to 256, got 0",
+        f"{spec}: target.local.workers: expected a number of workers from 1 to 1024, got 0",
         f"{spec}: wrokdir: unknown field; did you mean 'workdir'?"]
 
 

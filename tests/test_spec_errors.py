@@ -15,7 +15,7 @@ BAD_SPECS = [
     ("unknown nested field", "run: echo\ntarget: {local: {wrokers: 2}}\n",
      "{file}: target.local.wrokers: unknown field; did you mean 'workers'?"),
     ("wrong type", "run: echo\ntarget: {local: {workers: two}}\n",
-     "{file}: target.local.workers: expected a number of workers from 1 to 256, got 'two'"),
+     "{file}: target.local.workers: expected a number of workers from 1 to 1024, got 'two'"),
     ("out of range", "run: echo\ntorchrun: {port: 70000}\n",
      "{file}: torchrun.port: expected a port number from 1 to 65535, got 70000"),
     ("no run", "setup: echo\n", "{file}: run: required field is missing; expected the command to run, such as "

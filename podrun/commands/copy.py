@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from podrun import file_limit
 from podrun.adhoc import TargetFlags, target_spec
 from podrun.commands.exec import parse_worker_selection
 from podrun.errors import PodrunError, UsageError
@@ -66,14 +67,18 @@ def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, 
         say(f"copied {counted(len(sources), 'path')} to {counted(len(workers), 'worker')}: {size_text(sent)} sent")
     else:
         remote = [source.removeprefix(REMOTE) for source in sources]
-        received = asyncio.run(_connected(workers, lambda: _download(remote, recurse, dest, workers)))
+        # each worker's tar has one here that unpacks what it sends
+        received = asyncio.run(_connected(workers, lambda: _download(remote, recurse, dest, workers), here=1))
         say(f"copied {counted(len(sources), 'path')} from {counted(len(workers), 'worker')}: "
             f"{size_text(received)} received")
     return 0
 
 
-async def _connected(workers: list[Worker], work: Callable[[], Awaitable[int]]) -> int:
-    """What `work` makes, with every worker's connection open (all at once) until it is done."""
+async def _connected(workers: list[Worker], work: Callable[[], Awaitable[int]], here: int = 0) -> int:
+    """What `work` makes, with every worker's connection open (all at once) until it is done; `work`
+    runs one command at a time on each worker, and `here` processes on this machine for each."""
+    file_limit.make_room(file_limit.needed([worker.transport.endpoint()["kind"] for worker in workers], 1, here=here),
+                         counted(len(workers), "worker"))
     try:
         await asyncio.gather(*(worker.transport.connect() for worker in workers))
         return await work()

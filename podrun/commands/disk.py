@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from podrun import paths
+from podrun import file_limit, paths
 from podrun.errors import PodrunError
 from podrun.launch.steps import wait_for_workers
 from podrun.output import counted, print_table, size_text
@@ -33,6 +33,8 @@ def disk(spec_path: str, free: bool) -> int:
 
 
 async def _on_every_worker(workers: list[Worker], name: str, free: bool) -> list[dict]:
+    file_limit.make_room(file_limit.needed([worker.transport.endpoint()["kind"] for worker in workers], processes=1),
+                         counted(len(workers), "worker"))
     usage: dict[asyncio.Future, Worker] = {asyncio.ensure_future(_usage(worker, name, free)): worker for worker in workers}
     await wait_for_workers(usage, "report podrun's disk use", DISK_TIMEOUT_S)
     return [task.result() for task in usage]

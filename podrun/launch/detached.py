@@ -15,11 +15,11 @@ import os
 import sys
 from collections.abc import Callable
 
-from podrun import exits, jobstore, paths
+from podrun import exits, file_limit, jobstore, paths
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
 from podrun.launch.steps import StepResult, count_down
-from podrun.output import Terminal, WorkerOutput, grace_announcement, say
+from podrun.output import Terminal, WorkerOutput, counted, grace_announcement, say
 from podrun.remote import vm_notice
 from podrun.transport import transport_for
 from podrun.transport.base import ChannelLost, Transport
@@ -255,6 +255,9 @@ async def stop_all(record: jobstore.JobRecord, first_stopping: Callable[[], None
 
 async def on_every_worker(workers, action) -> list:
     """Run action(worker, transport) on every worker at once, over one connection each."""
+    # one command on each, and its log (`podrun logs`) or stacks open here
+    file_limit.make_room(file_limit.needed([worker.endpoint["kind"] for worker in workers], processes=1, files=1),
+                         counted(len(workers), "worker"))
 
     async def one(worker):
         transport = transport_for(worker.endpoint)

@@ -145,14 +145,17 @@ class Launch:
             watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.departs,
             on_notice=self._on_notice)
             for plan in self.plans]
-        started = await asyncio.gather(*(ws.start(self._probe(ws.plan) if first else None) for ws in worker_steps),
-                                       return_exceptions=True)
-        if any(isinstance(outcome, BaseException) for outcome in started):
-            await stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
-            _raise_first_error(started, self.plans, "start")
+        # from the first agent's start: one started early waits for go for at most HEARTBEAT_TIMEOUT_S without a
+        # word, and starting 1,024 local agents on a loaded machine took longer than that
         beating = asyncio.ensure_future(heartbeats(worker_steps))
-        watching = asyncio.ensure_future(self._watch_capacity()) if step == "run" and not detach else None
+        watching = None
         try:
+            started = await asyncio.gather(*(ws.start(self._probe(ws.plan) if first else None) for ws in worker_steps),
+                                           return_exceptions=True)
+            if any(isinstance(outcome, BaseException) for outcome in started):
+                await stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
+                _raise_first_error(started, self.plans, "start")
+            watching = asyncio.ensure_future(self._watch_capacity()) if step == "run" and not detach else None
             return await self._supervise_step(step, worker_steps, first)
         finally:
             beating.cancel()

@@ -20,7 +20,8 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, interrupts, jobstore, paths
+from podrun import exits, file_limit, interrupts, jobstore, paths
+from podrun.cloud import accelerators
 from podrun.cloud.settings import seconds
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
@@ -32,6 +33,9 @@ from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 
 SUPERVISOR_LOG = "supervisor.log"
+# what a launch runs on each worker at once, at most: a step's agent, and while it waits for go, what
+# ships the code or checks the worker (a stall's stacks, later); its log is open all along
+STEP_PROCESSES = 2
 
 
 class Lifecycle:
@@ -71,12 +75,15 @@ class Lifecycle:
 
     def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
+        if (tpu := self.spec.target.tpu) and tpu.accelerator_type:  # no TPU made (or deleted) for a job that cannot run
+            self._make_room(["ssh"] * len(select(accelerators.parse(tpu.accelerator_type).hosts * len(tpu.node_names))))
         try:
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
             self.selected = select(len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
+            self._make_room([plan.worker.transport.endpoint()["kind"] for plan in plans])
             record = self._new_record(job_id, stop_grace_s)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
@@ -93,6 +100,11 @@ class Lifecycle:
         finally:
             if not (self.detach and record and record.state == jobstore.RUNNING):
                 self._release_after(sys.exc_info()[1], record)
+
+    def _make_room(self, kinds: list[str]) -> None:
+        """Open files for a launch on workers of these transport kinds, before it connects (file_limit.py)."""
+        file_limit.make_room(file_limit.needed(kinds, processes=STEP_PROCESSES, files=1),
+                             counted(len(kinds), self.target.worker_noun))
 
     def _new_record(self, job_id: str, stop_grace_s: float) -> jobstore.JobRecord:
         spec, workers = self.spec, self.workers

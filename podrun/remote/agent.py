@@ -254,10 +254,10 @@ class ControlInput:
                 if command in ("go", "stop"):
                     return argument if command == "go" else None
             if not select.select([0], [], [], timeout)[0]:
-                return False
+                return None
             chunk = os.read(0, 4096)
             if not chunk:
-                return False
+                return None
             self.pending += chunk
 
     def read_commands(self):

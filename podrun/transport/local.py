@@ -8,7 +8,7 @@ import os
 import sys
 from typing import cast
 
-from podrun import paths
+from podrun import file_limit, paths
 from podrun.transport.base import Channel, Transport
 
 # which of the variables a local worker inherits --dry-run shows: those that pick its python and torchrun
@@ -40,7 +40,7 @@ class LocalTransport(Transport):
 
     async def start(self, command: str) -> Channel:
         process = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, cwd=self.root,
+            "/bin/sh", "-c", file_limit.local_command(command), cwd=self.root,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
         return cast(Channel, process)  # all three pipes were asked for: none of its streams is None
