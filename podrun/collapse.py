@@ -102,10 +102,11 @@ class Collapse:
         return shown
 
     def due_in(self) -> float | None:
-        """How long until the oldest group held whose window goes on is due; None if none is held."""
+        """How long until the oldest group held that waits for no other is due (0: it is due now, its
+        window having ended since due() looked); None if none is held. A group held that waits for
+        another goes out with it, or after it."""
         ended = self.clock() - self.window
-        # a group whose window ended and is still held waits for one of these
-        return next((group.opened - ended for group in self.held if group.opened > ended), None)
+        return next((max(group.opened - ended, 0.0) for group in self.held if not group.waiting), None)
 
     def _take_out(self, group: Group, shown: list[Group], ready: Callable[[Group], bool]) -> None:
         """Take the group out, then the groups after it that waited only for it, and are ready."""

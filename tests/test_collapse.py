@@ -35,18 +35,18 @@ def per_worker(stdout: str) -> dict[int, list[str]]:
     return lines
 
 
+def local_job(job_file, workers: int, *commands: str):
+    """A spec whose `workers` local workers each run the shell commands."""
+    return job_file(f"target: {{local: {{workers: {workers}}}}}\nrun: |\n" + "".join(f"  {line}\n" for line in commands))
+
+
 def logged(home, job_id: str, worker: int) -> bytes:
     return (home / "jobs" / job_id / f"w{worker}.log").read_bytes()
 
 
 def test_a_line_common_to_all_workers_shows_once_while_every_log_keeps_it(home, job_file):
-    spec = job_file("""
-        target: {local: {workers: 8}}
-        run: |
-          echo "Epoch 3 loss 1.23"
-          echo "worker $PODRUN_WORKER"
-          printf '10%%\\r50%%\\r100%%\\n'
-    """)
+    spec = local_job(job_file, 8, 'echo "Epoch 3 loss 1.23"', 'echo "worker $PODRUN_WORKER"',
+                     "printf '10%%\\r50%%\\r100%%\\n'")
     result = podrun("exec", spec)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -130,14 +130,8 @@ def test_ranks_under_torchrun_collapse(home, job_file):
 
 
 def test_logs_collapses_every_worker_and_shows_one_worker_unchanged(home, job_file):
-    spec = job_file("""
-        target: {local: {workers: 3}}
-        run: |
-          echo "Epoch 3"
-          echo "worker $PODRUN_WORKER"
-          printf 'bar 1\\rbar 2\\n'
-          echo done
-    """)
+    spec = local_job(job_file, 3, 'echo "Epoch 3"', 'echo "worker $PODRUN_WORKER"', "printf 'bar 1\\rbar 2\\n'",
+                     "echo done")
     ran = podrun("exec", "--no-collapse", spec)
     assert ran.returncode == 0, ran.stderr
     job_id = job_id_in(ran.stderr)
@@ -204,3 +198,21 @@ def test_a_terminal_shows_the_collapsed_line(home):
     screen = ESCAPES.sub("", written.decode(errors="replace")).replace("\r", "")
     assert "[w0-3] Epoch 3\n" in screen
     assert "[w2] worker 2\n" in screen
+
+
+def test_a_line_whose_window_ended_since_the_last_look_is_due_at_once():
+    """The timer that sends a pipe's lines is set from due_in(): a window that ended between due() and
+    due_in() must not leave the line waiting for the next output (it waited for the job's end)."""
+    from podrun.collapse import Collapse
+
+    now = [0.0]
+    collapse = Collapse([0, 1], clock=lambda: now[0])
+    collapse.add((0, None), b"before 0")
+    now[0] = 0.01
+    collapse.add((1, None), b"before 1")
+    now[0] = 1.0
+    assert [group.text for group in collapse.due()] == [b"before 0"]
+    now[0] = 1.02
+    assert collapse.due_in() == 0.0
+    assert [group.text for group in collapse.due()] == [b"before 1"]
+    assert collapse.due_in() is None

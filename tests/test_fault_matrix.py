@@ -215,13 +215,13 @@ def test_two_jobs_at_once_keep_their_code_logs_and_processes_apart(home, lab, ho
     for job in (first, second):
         for index in range(3):
             job.wait_for(rf"^\[w{index}\] group ")
-    code_dirs = {job_id: {line.split("] ", 1)[1] for line in job.lines if re.match(r"^\[w\d\] /", line)}
+    code_dirs = {job_id: {line.split("] ", 1)[1] for line in job.lines if re.match(r"^\[w[\d,-]+\] /", line)}
                  for job_id, job in ((first_id, first), (second_id, second))}
     assert len(code_dirs[first_id]) == len(code_dirs[second_id]) == 1 and code_dirs[first_id] != code_dirs[second_id]
     groups = {job_id: {line for line in job.lines if " group " in line} for job_id, job in
               ((first_id, first), (second_id, second))}
     assert not groups[first_id] & groups[second_id]
-    assert "[w0] second" in second.lines and "[w0] second" not in first.lines
+    assert "[w0-2] second" in second.lines and "[w0-2] second" not in first.lines
 
     stopped = podrun("stop", first_id)
     assert stopped.returncode == 0, stopped.stderr

@@ -125,6 +125,9 @@ def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int 
     terminal = _replay_terminal(record, chosen, worker, collapse)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     _replay({index: record.log_path(index, attempt) for index in chosen}, tail, outputs, terminal)
+    for output in outputs.values():
+        output.close()
+    terminal.release()
     ended = record.attempts[attempt]
     say(f"attempt {attempt} of job {record.id} {ended['state']}" + (f": {ended['summary']}" if ended["summary"] else ""))
     return 0
