@@ -6,7 +6,11 @@ stdout: a pseudo-terminal (where the line shows at once as a row of the live reg
 (where it goes out when its window ends, unless every worker joined it). Each case runs with the
 collapse on (the default) and with --no-collapse: the difference is what the collapse adds.
 
-    python scripts/bench_collapse.py [--workers 1,64] [--lines 10]
+    python scripts/bench_collapse.py [--workers 1,64] [--lines 10] [--cost 64,1024,4096]
+
+--cost: the collapse's own CPU per line (podrun/collapse.py alone, a clock that steps 0.5 s a
+round), with N workers that each print a line of their own and a line all print, 20 rounds, and one
+worker a warning more each round.
 """
 
 from __future__ import annotations
@@ -78,11 +82,40 @@ def latencies(workers: int, lines: int, terminal: bool, collapse: bool, printer:
     return [arrived[number] - printed[number] for number in sorted(arrived)]
 
 
+def cost_per_line(workers: int, rounds: int = 20) -> float:
+    """Seconds of CPU per line that Collapse.add and due() take."""
+    sys.path.insert(0, str(REPO))
+    from podrun.collapse import Collapse
+
+    now = [0.0]
+    collapse = Collapse(list(range(workers)), clock=lambda: now[0])
+    lines = 0
+    started = time.process_time()
+    for round_number in range(rounds):
+        for worker in range(workers):
+            collapse.add((worker, None), b"step %d loss %d" % (round_number, worker))
+            collapse.add((worker, None), b"Epoch %d" % round_number)
+            lines += 2
+            if worker == 5:
+                collapse.add((worker, None), b"warning")
+                lines += 1
+        now[0] += 0.5
+        collapse.due()
+    collapse.due(everything=True)
+    return (time.process_time() - started) / lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,64", help="worker counts, comma-separated")
     parser.add_argument("--lines", type=int, default=10, help="lines the printing worker prints, 0.3 s apart")
+    parser.add_argument("--cost", help="worker counts for the collapse's own CPU per line (instead of latency)")
     args = parser.parse_args()
+    if args.cost:
+        print("| workers | CPU per line |\n|---|---|")
+        for workers in map(int, args.cost.split(",")):
+            print(f"| {workers} | {cost_per_line(workers) * 1e6:.1f} µs |")
+        return
     with tempfile.TemporaryDirectory() as work:
         printer = Path(work) / "printer.py"
         printer.write_text(PRINTER)
