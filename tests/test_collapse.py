@@ -83,6 +83,14 @@ def test_each_worker_keeps_its_order_when_one_prints_more(home, job_file):
     assert result.stdout.splitlines() == ["[w0-3] A", "[w2] warning", "[w0-3] B", "[w3] C"]
 
 
+def test_worker_5_printing_a_then_b_while_the_others_print_only_a(home, job_file):
+    """B waits for A's window: worker 5's B never shows before its A, which all eight share."""
+    spec = local_job(job_file, 8, "echo A", 'if [ "$PODRUN_WORKER" = 5 ]; then echo B; fi')
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[w0-7] A", "[w5] B"]
+
+
 def test_the_pipe_gets_a_collapsed_line_within_about_a_second_while_the_job_runs(home):
     job = Background("exec", "--local", "4", "--", "echo ready; sleep 60")
     started = time.monotonic()
