@@ -383,7 +383,7 @@ class Terminal:
         else:
             label, line = self.label(*key), self.live_lines[key]
         text = re.sub(CONTROL, "", line.decode(errors="replace").expandtabs())
-        label_columns = self.label_width + 1 if label else 0
+        label_columns = len(re.sub(CONTROL, "", label.decode()))  # a range may be wider than label_width
         return label + _fit(text, columns - 1 - label_columns).encode()
 
     def _size(self) -> tuple[int, int]:
