@@ -31,7 +31,7 @@ def _exec(args: argparse.Namespace) -> int:
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
         options = ExecOptions(args.dry_run, args.worker, tuple(args.env), args.detach, args.kill_stale,
                               args.allow_large_workdir, args.grace, args.down, args.restarts, args.stall,
-                              args.supervisor)
+                              args.supervisor, args.collapse)
         return execute(spec, args.spec is not None or args.workdir is not None, options)
     finally:
         gc.enable()
@@ -68,7 +68,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import show_logs
 
-    return show_logs(args.job, args.worker, args.follow, args.tail, args.attempt)
+    return show_logs(args.job, args.worker, args.follow, args.tail, args.attempt, args.collapse)
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -231,6 +231,9 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--allow-large-workdir", action="store_true",
                      help="ship a workdir over 1 GiB or 50,000 files without asking (otherwise podrun names what "
                           "weighs most, and asks on a terminal or stops)")
+    sub.add_argument("--no-collapse", dest="collapse", action="store_false",
+                     help="show each worker's lines apart, even where several print the same line (by default "
+                          "such a line shows once, with the workers' range: [w0-511,513-1023])")
 
 
 def _ssh_arguments(sub: argparse.ArgumentParser) -> None:
@@ -304,6 +307,8 @@ def _logs_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--tail", type=_count, metavar="N",
                      help="start with the last N lines of each worker (a line redrawn with \\r counts once; "
                           "0: none, with -f only what comes next)")
+    sub.add_argument("--no-collapse", dest="collapse", action="store_false",
+                     help="show each worker's lines apart, even where several printed the same line")
 
 
 def _cloud_arguments(sub: argparse.ArgumentParser) -> None:

@@ -18,15 +18,19 @@ of its rank.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 import sys
 import time
 from collections import deque
 
+from podrun.collapse import Collapse, Group
+
 # mypy reads the import below; Python skips it: collections.abc would cost `podrun logs` 0.2 ms
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Callable
     from typing import BinaryIO
 
@@ -49,6 +53,8 @@ COLOURS = (36, 33, 35, 32, 34, 31)
 SUCCESS, FAILURE, PHASE = "1;32", "1;31", "2"  # bold green, bold red, dim
 MORE_ROWS = (-1, None)  # the region's last row when more lines are live than fit the screen
 STATUS = (-2, None)  # podrun's own live line (a stop's countdown), below the workers' live lines
+MIN_TIMER_S = 0.005  # a timer for a group due now waits this little: one set for 0 s could fire early, again and again
+Row = tuple[int, int | None] | Group  # a live region's row: a worker's (or rank's) live line, or a group held
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
@@ -72,15 +78,15 @@ def duration_text(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-def worker_ranges(indexes: list[int]) -> str:
-    """`w0-3,7`: sorted worker indexes, runs of consecutive ones as ranges."""
+def worker_ranges(indexes: list[int], letter: str = "w") -> str:
+    """`w0-3,7`: sorted worker indexes (or, with letter `r`, ranks), runs of consecutive ones as ranges."""
     runs: list[list[int]] = []
     for index in sorted(indexes):
         if runs and index == runs[-1][1] + 1:
             runs[-1][1] = index
         else:
             runs.append([index, index])
-    return "w" + ",".join(f"{low}-{high}" if high > low else f"{low}" for low, high in runs)
+    return letter + ",".join(f"{low}-{high}" if high > low else f"{low}" for low, high in runs)
 
 
 def size_text(count: float) -> str:
@@ -141,7 +147,7 @@ def _say(message: str, style: str = "") -> None:
         text = f"\x1b[{style}m{text}\x1b[0m"
     terminal = Terminal.showing
     if terminal:  # stderr shares the screen: lift the live region off it, print, draw it again below
-        terminal.lift_now()
+        terminal.lift_now()  # and show the lines held (collapse.py) first: they came before this one
     print(text, file=sys.stderr, flush=True)
     if terminal:
         terminal.flush()
@@ -150,12 +156,17 @@ def _say(message: str, style: str = "") -> None:
 class Terminal:
     """Where workers' lines are shown: whole lines, and on a tty the live region below them. If its
     reader goes away (`podrun exec job.yaml | head`), it shows nothing more and calls on_closed;
-    without one, the BrokenPipeError goes to the caller. worker_count pads every prefix to the widest."""
+    without one, the BrokenPipeError goes to the caller. worker_count pads every prefix to the widest.
 
-    showing: Terminal | None = None  # the terminal whose live region is on the screen now
+    With `collapse` (collapse.py), finished lines are held in groups and each group shows once, with
+    its workers' range, when it is due. On a live terminal a group held shows at once as a row of the
+    live region, its range growing in place as workers join it; in a pipe it goes out when it is due,
+    which a timer sees to while an event loop runs (podrun logs flushes as it polls)."""
+
+    showing: Terminal | None = None  # the terminal whose live region is on the screen, or which holds lines, now
 
     def __init__(self, stream: io.BufferedIOBase | BinaryIO | None = None, prefixed: bool = True,
-                 worker_count: int = 1):
+                 worker_count: int = 1, collapse: Collapse | None = None):
         self.stream = stream or sys.stdout.buffer
         self.prefixed = prefixed
         self.colour = colour_wanted(self.stream)
@@ -165,11 +176,15 @@ class Terminal:
         self.on_closed: Callable[[], None] | None = None
         self.pending: list[bytes] = []  # what the next flush writes
         self.live_lines: dict[tuple[int, int | None], bytes] = {}  # (worker, rank): its live line's text
-        self.rows: list[tuple[int, int | None]] = []  # the live region's rows on the screen, top to bottom
-        self.drawn_at: dict[tuple[int, int | None], float] = {}
-        self.stale: set[tuple[int, int | None]] = set()  # rows whose new text waits for its turn to be drawn
+        self.rows: list[Row] = []  # the live region's rows on the screen, top to bottom
+        self.drawn_at: dict[Row, float] = {}
+        self.stale: set[Row] = set()  # rows whose new text waits for its turn to be drawn
         self.lifted = False  # the region was erased to print lines above it; the next flush draws it again
         self.status: str | None = None  # podrun's own live line (show_status)
+        self.collapse = collapse
+        self.unshown: list[Group] = []  # groups held that have no row in the live region yet
+        # (event loop, its timer) that flushes when the oldest group held is due
+        self.timer: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
 
     def label(self, index: int, rank: int | None) -> bytes:
         """`[w1] `, `[w1 r3] `, padded to the widest label so far, so the lines' text starts in one column."""
@@ -178,20 +193,46 @@ class Terminal:
         names = [f"w{index}"] * self.prefixed + [f"r{rank}"] * (rank is not None)
         text = f"[{' '.join(names)}]"
         self.label_width = max(self.label_width, len(text))
-        padding = " " * (self.label_width - len(text) + 1)
+        return self._coloured(text, index)
+
+    def group_label(self, group: Group) -> bytes:
+        """A collapsed line's label, `[w0-511,513-1023] `, `[w0-3 r0-31] `; one source's, as label() has it.
+        A range wider than the widest single label does not widen the column for the lines after it."""
+        if len(group.sources) == 1:
+            return self.label(*group.sources[0])
+        workers = {index for index, _ in group.sources}
+        names = [worker_ranges(list(workers))]
+        if group.ranked:
+            names.append(worker_ranges([rank for _, rank in group.sources if rank is not None], "r"))
+        return self._coloured(f"[{' '.join(names)}]", min(workers))
+
+    def _coloured(self, text: str, index: int) -> bytes:
+        padding = " " * (max(self.label_width - len(text), 0) + 1)
         if self.colour:
             text = f"\x1b[{COLOURS[index % len(COLOURS)]}m{text}\x1b[0m"
         return (text + padding).encode()
 
     def print_line(self, index: int, rank: int | None, text: bytes | None) -> None:
         """A line of worker `index` (rank `rank`) is finished: it leaves the live region; `text`, if
-        given, prints above it."""
-        if self.live_lines.pop((index, rank), None) is not None or text is not None:
+        given, prints above it (or, collapsing, is held: collapse.py)."""
+        if self.live_lines.pop((index, rank), None) is not None or (text is not None and not self.collapse):
             self._lift()
         self.drawn_at.pop((index, rank), None)  # a rank's row is gone for good: its line ended
         self.stale.discard((index, rank))
-        if text is not None:
+        if text is None:
+            return
+        if not self.collapse:
             self.pending.append(self.label(index, rank) + text + b"\n")
+            return
+        if rank is not None or self.prefixed:
+            self.label(index, rank)  # the column is as wide as without collapsing
+        group, new = self.collapse.add((index, rank), text)
+        if not self.live:
+            return
+        if new:
+            self.unshown.append(group)
+        elif group in self.rows:
+            self.stale.add(group)
 
     def show_live(self, index: int, rank: int | None, text: bytes) -> None:
         """The unfinished line of worker `index` (rank `rank`) now shows `text`; on a live terminal only."""
@@ -219,23 +260,81 @@ class Terminal:
         self.flush()
 
     def flush(self) -> None:
-        """Write what is pending, the live region drawn again if it was lifted, and rows that waited
-        for their turn to be redrawn."""
+        """Write what is pending, the groups held that are due, the live region drawn again if it was
+        lifted, and rows that waited for their turn to be redrawn."""
+        if self.collapse:
+            self._show_groups(self.collapse.due())
+            self._show_held()
         if self.lifted:
             self._draw_region()
         now = time.monotonic()
         for key in [key for key in self.stale if now - self.drawn_at[key] >= MIN_REDRAW_S]:
             self._redraw_row(key)
         self._write()
-        if self.rows:
+        if self.rows or (self.collapse and self.collapse.held):
             Terminal.showing = self
+            self._arm_timer()
         elif Terminal.showing is self:
             Terminal.showing = None
 
     def lift_now(self) -> None:
-        """Erase the live region from the screen now, so that something else can print; flush draws it again."""
+        """Show every line held now, and erase the live region from the screen, so that something else
+        can print after them; flush draws it again."""
+        if self.collapse:
+            self._show_groups(self.collapse.due(everything=True))
         self._lift()
         self._write()
+
+    def release(self) -> None:
+        """Show every line held now (the job's output ended)."""
+        if self.collapse:
+            self._show_groups(self.collapse.due(everything=True))
+        if self.timer:
+            self.timer[1].cancel()
+            self.timer = None
+        self.flush()
+
+    def _show_groups(self, groups: list[Group]) -> None:
+        """Print groups that are due above the live region, each as one line."""
+        if not groups:
+            return
+        self._lift()
+        for group in groups:
+            self.pending.append(self.group_label(group) + group.text + b"\n")
+            self.drawn_at.pop(group, None)
+
+    def _show_held(self) -> None:
+        """Rows for the groups held that have none yet: at the region's bottom, if they fit there below
+        the rows drawn, else the region drawn again (only its last row's count, if it is full)."""
+        unshown, self.unshown = self.unshown, []
+        if not unshown or self.lifted:
+            return  # the region is drawn again, with every group held
+        if MORE_ROWS in self.rows:
+            self.stale.add(MORE_ROWS)
+        elif self.live_lines or self.status is not None or len(self.rows) + len(unshown) > self._room(0):
+            self._lift()
+        else:  # the region holds only groups, which stay in order: the new ones go below
+            columns = self._size()[0]
+            for group in unshown:
+                self.pending.append(self._row(group, columns) + b"\n")
+            self.rows += unshown
+
+    def _arm_timer(self) -> None:
+        """While an event loop runs, flush when the oldest group held is due (no other line may come)."""
+        asyncio = sys.modules.get("asyncio")  # not imported: no loop runs (and `podrun logs` starts faster)
+        due_in = self.collapse.due_in() if self.collapse else None
+        if asyncio is None or due_in is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self.timer is None or self.timer[0] is not loop:
+            self.timer = (loop, loop.call_later(max(due_in, MIN_TIMER_S), self._on_timer))
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.flush()
 
     def _lift(self) -> None:
         if not self.live:
@@ -248,34 +347,43 @@ class Terminal:
 
     def _draw_region(self) -> None:
         self.lifted = False
-        keys = list(self.live_lines)
-        status: list[tuple[int, int | None]] = [STATUS] if self.status is not None else []
+        self.unshown = []
+        status: list[Row] = [STATUS] if self.status is not None else []
+        room = self._room(len(status))
+        held = self.collapse.held if self.collapse else ()
+        keys: list[Row] = [*itertools.islice(held, room + 1), *itertools.islice(self.live_lines, room + 1)]
         if not keys and not status:
             self.rows = []
             return
-        columns, lines = self._size()
-        room = max(1, lines - 2 - len(status))  # a region taller than the screen could not be erased
         self.rows = (keys if len(keys) <= room else keys[:room - 1] + [MORE_ROWS]) + status
+        columns = self._size()[0]
         for key in self.rows:
             self.pending.append(self._row(key, columns) + b"\n")
 
-    def _redraw_row(self, key: tuple[int, int | None]) -> None:
+    def _room(self, status_rows: int) -> int:
+        """The rows the region may take: a region taller than the screen could not be erased."""
+        return max(1, self._size()[1] - 2 - status_rows)
+
+    def _redraw_row(self, key: Row) -> None:
         up = len(self.rows) - self.rows.index(key)
         row = self._row(key, self._size()[0])
         self.pending.append(b"\x1b[%dA\r\x1b[2K%s\r\x1b[%dB" % (up, row, up))
         self.stale.discard(key)
 
-    def _row(self, key: tuple[int, int | None], columns: int) -> bytes:
+    def _row(self, key: Row, columns: int) -> bytes:
         """A live row, cut to the screen's width: a row that wrapped could not be erased."""
         self.drawn_at[key] = time.monotonic()
-        if key in (MORE_ROWS, STATUS):
-            text = (f"podrun: {self.status}" if key == STATUS else
-                    f"... and {len(self.live_lines) - len(self.rows) + 1 + (self.status is not None)} more live lines")
-            text = _fit(text, columns - 1)
+        if isinstance(key, Group):
+            label, line = self.group_label(key), key.text
+        elif key in (MORE_ROWS, STATUS):
+            held = len(self.collapse.held) if self.collapse else 0
+            more = held + len(self.live_lines) - len(self.rows) + 1 + (self.status is not None)
+            text = _fit(f"podrun: {self.status}" if key == STATUS else f"... and {more} more live lines", columns - 1)
             return (f"\x1b[2m{text}\x1b[0m" if self.colour else text).encode()
-        label = self.label(*key)
-        text = re.sub(CONTROL, "", self.live_lines[key].decode(errors="replace").expandtabs())
-        label_columns = self.label_width + 1 if label else 0
+        else:
+            label, line = self.label(*key), self.live_lines[key]
+        text = re.sub(CONTROL, "", line.decode(errors="replace").expandtabs())
+        label_columns = len(re.sub(CONTROL, "", label.decode()))  # a range may be wider than label_width
         return label + _fit(text, columns - 1 - label_columns).encode()
 
     def _size(self) -> tuple[int, int]:

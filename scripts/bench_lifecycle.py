@@ -57,7 +57,7 @@ class Job:
     def __init__(self, spec: Path, env: dict, workers: int):
         self.workers = workers
         self.started = time.monotonic()
-        self.process = subprocess.Popen([*PODRUN, "exec", str(spec)], stdout=subprocess.PIPE,
+        self.process = subprocess.Popen([*PODRUN, "exec", "--no-collapse", str(spec)], stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=env)
         self.seen: dict[str, dict[int, float]] = {}
         self.changed = threading.Condition()

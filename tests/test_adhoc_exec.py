@@ -88,7 +88,7 @@ def test_a_detached_command_goes_on_and_stop_ends_it_everywhere(home, lab):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_an_ad_hoc_command_on_every_host(home, lab):
-    job = Background("exec", *lab_flags(lab), "--", "echo started; exec sleep 600")
+    job = Background("exec", *lab_flags(lab), "--no-collapse", "--", "echo started; exec sleep 600")
     for index in range(3):
         job.wait_for(rf"\[w{index}\] started")
     job.process.send_signal(signal.SIGINT)

@@ -137,7 +137,7 @@ def test_values_that_look_like_shell_reach_the_worker_byte_for_byte(home, lab, h
         env: {{NASTY: {yaml.safe_dump(NASTY, default_style='"', width=10**9).strip()}, PATH: /usr/bin:/bin}}
     """, hosts=(0, 1))
     flag_value = "$(touch pwned-flag); `touch pwned-flag2` \"x\" 'y'"
-    result = podrun("exec", spec, "--env", f"FROM_FLAG={flag_value}")
+    result = podrun("exec", "--no-collapse", spec, "--env", f"FROM_FLAG={flag_value}")
     assert result.returncode == 0, result.stderr
     for index in (0, 1):
         assert f"[w{index}] {(NASTY + chr(10)).encode().hex()}" in result.stdout.splitlines()

@@ -35,7 +35,7 @@ def local_snapshot(workdir: Path, epoch: int) -> str:
 
 def run_ok(spec: Path) -> str:
     """The job's output, then podrun's own lines (on stderr)."""
-    result = podrun("exec", spec, timeout=180)
+    result = podrun("exec", "--no-collapse", spec, timeout=180)  # each worker's lines apart, those they share too
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
 

@@ -34,7 +34,7 @@ def started_job(hosts_spec, run: str, files: dict[str, str] | None = None,
                 name: str = "job") -> tuple[Background, str]:
     """podrun exec on hosts 0-2 in the background, once every worker printed `up <index>`."""
     body = "".join(f"  {line}\n" for line in ['echo "up $PODRUN_WORKER"', *run.splitlines()])
-    job = Background("exec", hosts_spec(f"name: {name}\nrun: |\n{body}", files=files))
+    job = Background("exec", "--no-collapse", hosts_spec(f"name: {name}\nrun: |\n{body}", files=files))
     for index in range(3):
         job.wait_for(rf"^\[w{index}\] up {index}$")
     return job, job_id_in(job.text)
@@ -347,7 +347,7 @@ def placement(request, home, job_file) -> Placement:
 
 
 def started_checkpointing_job(placement: Placement) -> tuple[Background, str]:
-    job = Background("exec", placement.spec)
+    job = Background("exec", "--no-collapse", placement.spec)
     for index in range(placement.workers):
         job.wait_for(rf"^\[w{index}\] up$")
     return job, job_id_in(job.text)
@@ -410,7 +410,7 @@ def preemptible_job(job_file, tmp_path: Path, restarts: int) -> tuple[Background
                     f"env: {{CHECKPOINT_DIR: '{bucket}', STEP_SECONDS: '0.1',"
                     f" PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n"
                     f"run: python3 train.py 40\nrestarts: {{max: {restarts}}}\ndelete_after: always\n")
-    job = Background("exec", spec)
+    job = Background("exec", "--no-collapse", spec)
     for index in range(2):
         job.wait_for(rf"^\[w{index}\] step 2$")
     return job, bucket

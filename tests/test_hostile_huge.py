@@ -59,7 +59,7 @@ def test_every_worker_reads_the_workers_ips_from_a_file_in_its_job_directory(job
           echo "file=$PODRUN_WORKER_IPS_FILE"; tr "\\n" " " < "$PODRUN_WORKER_IPS_FILE"; echo
           echo "var=$PODRUN_WORKER_IPS"
     """)
-    result = podrun("exec", spec)
+    result = podrun("exec", "--no-collapse", spec)
     assert result.returncode == 0, result.stderr
     for index in range(2):
         lines = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith(f"[w{index}] ")]

@@ -107,7 +107,7 @@ def test_failure_restarts_run_again_with_the_attempt_number_until_one_succeeds(h
     assert result.returncode == 0, result.stderr
     assert "restart 1 of 2" in result.stderr and "restart 2 of 2" in result.stderr
     for attempt in range(3):
-        assert f"[w1] attempt {attempt}" in result.stdout
+        assert f"[w0-1] attempt {attempt}" in result.stdout
     job_id = job_id_in(result.stderr)
     assert "attempt 1" in podrun("logs", job_id, "--attempt", "1", "--worker", "1").stdout
     assert podrun("logs", job_id, "--attempt", "3").returncode == 2
@@ -172,7 +172,7 @@ def test_ctrl_c_while_queued_deletes_the_request_even_with_a_second_ctrl_c(home,
 @pytest.mark.slow
 def test_down_deletes_the_tpu_after_ctrl_c_mid_run(home, tpu_api, lab, job_file):
     job = Background("exec", lifecycle_spec(job_file, "echo started; exec sleep 600"), "--down")
-    job.wait_for(r"\[w1\] started")
+    job.wait_for(r"\[w0-1\] started")
     job.process.send_signal(signal.SIGINT)
     assert job.finish() == 130, job.text
     assert left_in_api(tpu_api) == ([], [])

@@ -117,7 +117,7 @@ def test_a_damaged_job_record_does_not_break_jobs_or_logs(home, job_file):
     (home / "jobs" / "half-written" / "job.json").write_text('{"id": "half-wr')
     listed = jobs()
     assert listed.returncode == 0 and job_id_in(ok.stderr) in listed.stdout and "half-written" not in listed.stdout
-    assert podrun("logs").stdout.splitlines() == ["[w0] ok", "[w1] ok"]
+    assert podrun("logs").stdout.splitlines() == ["[w0-1] ok"]
     broken = podrun("logs", "half-written")
     assert broken.returncode == 1 and not crashed(broken.stderr)
     assert broken.stderr.startswith("podrun: error: job 'half-written': its record") and broken.stderr.count("\n") == 1
@@ -272,7 +272,7 @@ def test_logs_and_stop_default_to_the_newest_running_job(home, job_file, tmp_pat
     none_left = podrun("stop")
     assert none_left.returncode == 1
     assert none_left.stderr == "podrun: error: no job is running; `podrun jobs` lists them, `podrun stop JOB_ID` names one\n"
-    assert podrun("logs").stdout.splitlines() == ["[w0] done", "[w1] done"]  # none running: the newest
+    assert podrun("logs").stdout.splitlines() == ["[w0-1] done"]  # none running: the newest
     assert job_id_in(finished.stderr) in jobs("-n", "1").stdout
 
 

@@ -15,7 +15,7 @@ def test_the_launcher_sends_the_code_once_and_every_worker_gets_an_identical_tre
     spec = hosts_spec("run: ./tool.sh && sha256sum weights.bin", hosts=(0, 1, 2, 3))
     code = workdir_with_blob(spec)
     sent_before = bridge_sent_bytes()
-    result = podrun("exec", spec)
+    result = podrun("exec", "--no-collapse", spec)
     sent = bridge_sent_bytes() - sent_before
     assert result.returncode == 0, result.stderr
     assert "shipped code (4 files) to 4 workers" in result.stderr

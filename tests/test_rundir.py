@@ -33,7 +33,7 @@ def listing(directory: Path) -> list[str]:
 
 
 def run_ok(spec: Path) -> list[str]:
-    result = podrun("exec", spec)
+    result = podrun("exec", "--no-collapse", spec)  # each worker's lines apart, those they share too
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
@@ -91,7 +91,7 @@ def test_versions_beyond_the_newest_three_are_pruned(home, job_file):
 
 def test_a_job_with_other_code_and_the_same_name_is_refused_while_one_runs(home, job_file):
     spec = job_file("run: echo started; cat version.txt; exec sleep 300\n", files={"version.txt": "first\n"})
-    first = Background("exec", spec)
+    first = Background("exec", "--no-collapse", spec)
     try:
         first.wait_for(r"^\[w1\] first$")
         first_id = job_id_in(first.text)

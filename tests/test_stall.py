@@ -120,7 +120,7 @@ def test_jobs_shows_how_long_ago_a_running_jobs_last_line_came(home, job_file, t
     spec = job_file(f"run: |\n  echo up\n  while [ ! -e {release} ]; do sleep 0.05; done\n")
     job = Background("exec", spec)
     try:
-        job.wait_for(r"\[w1\] up")
+        job.wait_for(r"\[w0-1\] up")
         wait_until(lambda: re.search(r"running \(idle [1-9]\d*s\)", podrun("jobs").stdout), "an idle time of 1s")
         (listed,) = json.loads(podrun("jobs", "--json").stdout)
         assert all(listed["started_at"] < worker["output_at"] <= listed["started_at"] + 60

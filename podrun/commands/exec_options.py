@@ -20,3 +20,4 @@ class ExecOptions:
     restarts: int | None = None
     stall: str | None = None
     supervisor: str | None = None  # --supervisor HOST
+    collapse: bool = True  # --no-collapse: False

@@ -10,6 +10,7 @@ import sys
 import time
 
 from podrun import exits, jobstore, paths
+from podrun.collapse import Collapse
 from podrun.errors import PodrunError, UsageError
 from podrun.output import (
     RANK_HEADER,
@@ -40,30 +41,41 @@ FAILURES_SHOWN = 3  # then `+N`
 FOLLOW_POLL_S = 0.1
 LAUNCHER_STOP_MARGIN_S = 15  # the launcher needs the job's grace period, the KILL, and a little
 READ_SIZE = 1 << 16
+# a collapsing replay reads this much of the logs a round, a piece of each (at least MIN_PIECE), and a
+# line read joins the same line read in its round or the next (_replay)
+ROUND_BYTES = 1 << 22
+MIN_PIECE = 1 << 12
+REPLAY_WINDOW_ROUNDS = 2
 # the worker's own lines after its ranks' last (torchrun's report of a stop) are looked for this far
 # back from a log's end: a stop's tracebacks take a few KB, and a log without ranks is not read whole
 RANK_SCAN_BYTES = 1 << 20
 RANK_HEADER_IN_LOG = re.compile(RANK_HEADER.encode())
+TYPE_CHECKING = False  # mypy reads the import below; Python skips it (collections.abc would slow `podrun logs`)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
-def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None) -> int:
+def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None,
+              collapse: bool = True) -> int:
     """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job.
-    `attempt`: an earlier attempt's output (kept locally), else the current attempt's."""
+    `attempt`: an earlier attempt's output (kept locally), else the current attempt's. `collapse`: the
+    same line of several workers shown once (collapse.py), unless one worker is shown."""
     record = jobstore.find(job) if job else newest_running_or_newest()
     if record.supervised_by:
         from podrun.supervisor import remote
 
         flags = {"--worker": worker, "--tail": tail, "--attempt": attempt}
         return remote.forward(record, ["logs", record.id, *(["--follow"] if follow else []),
+                                       *([] if collapse else ["--no-collapse"]),
                                        *(word for flag, value in flags.items() if value is not None
                                          for word in (flag, str(value)))])
     if attempt is not None and attempt != record.attempt:
-        return _show_earlier_attempt(record, attempt, worker, tail)
+        return _show_earlier_attempt(record, attempt, worker, tail, collapse)
     indexes = [w.index for w in record.workers]
     if worker is not None and worker not in indexes:
         raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
     chosen = [worker] if worker is not None else indexes
-    terminal = Terminal(prefixed=worker is None, worker_count=len(record.workers))
+    terminal = _replay_terminal(record, chosen, worker, collapse)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     # a detached job's workers have what is new, unless its supervisor (lifecycle.py) fetches it already
     supervised = record.supervised()
@@ -72,7 +84,9 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
         from podrun.launch import detached
 
         detached.fetch(record, chosen, outputs=None, follow=False)
-    offsets = {index: _show_tail(record.log_path(index), tail, outputs[index]) for index in chosen}
+    offsets = _replay({index: record.log_path(index) for index in chosen}, tail, outputs, terminal)
+    if terminal.collapse:  # what comes next, as it comes: lines of the same moment meet within WINDOW_S
+        terminal.collapse = Collapse(chosen)
     if follow and on_workers and record.state == jobstore.RUNNING:  # the fetch may have seen it end
         for index in chosen:
             _copy_new(record.log_path(index), offsets[index], outputs[index])
@@ -86,6 +100,7 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
             offsets[index] = _copy_new(record.log_path(index, attempt), offsets[index], outputs[index])
         if not follow or finished:
             break
+        terminal.flush()  # lines held whose window ended while nothing new came
         time.sleep(FOLLOW_POLL_S)
         record = jobstore.load(record.id)
         if record.attempt != attempt:  # the job restarted: the rest of this attempt's output, then the next's
@@ -95,21 +110,24 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
             say_phase(f"attempt {attempt}")
     for output in outputs.values():
         output.close()
+    terminal.release()
     return _ended(record) if follow else 0
 
 
-def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int | None, tail: int | None) -> int:
+def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int | None, tail: int | None,
+                          collapse: bool) -> int:
     if attempt > record.attempt:
         raise UsageError(f"--attempt {attempt}: job {record.id} has attempts 0 to {record.attempt}")
     indexes = [w.index for w in record.workers]
     if worker is not None and worker not in indexes:
         raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
-    terminal = Terminal(prefixed=worker is None, worker_count=len(record.workers))
-    for index in [worker] if worker is not None else indexes:
-        path = record.log_path(index, attempt)
-        output = WorkerOutput(index, terminal, log=None)
-        _show_tail(path, tail, output)
+    chosen = [worker] if worker is not None else indexes
+    terminal = _replay_terminal(record, chosen, worker, collapse)
+    outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
+    _replay({index: record.log_path(index, attempt) for index in chosen}, tail, outputs, terminal)
+    for output in outputs.values():
         output.close()
+    terminal.release()
     ended = record.attempts[attempt]
     say(f"attempt {attempt} of job {record.id} {ended['state']}" + (f": {ended['summary']}" if ended["summary"] else ""))
     return 0
@@ -371,17 +389,75 @@ def _cut_middle(text: str, width: int) -> str:
     return f"{text[:width - 1 - end]}…{text[len(text) - end:]}"
 
 
-def _show_tail(path: str, tail: int | None, output: WorkerOutput) -> int:
-    """Show the log's last `tail` lines (all of it with None); returns the offset at its end. Under torchrun,
-    where the ranks' lines are marked, the lines of the worker's own after the ranks' last (torchrun's
-    report of a stop or a failure: a traceback per agent) do not push the ranks' last lines out: the
-    `tail` lines before them show first, then the last `tail` of them."""
+class _Rounds:
+    """The clock of a replay's collapse: how many rounds of reading every worker's log are done (_replay)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def __call__(self) -> float:
+        return self.done
+
+
+def _replay_terminal(record: jobstore.JobRecord, chosen: list[int], worker: int | None, collapse: bool) -> Terminal:
+    """The terminal a replay of the `chosen` workers' logs shows on: prefixed unless one `worker` was
+    asked for, collapsing (with a clock that counts rounds of reading) unless one was or `collapse` is off."""
+    return Terminal(prefixed=worker is None, worker_count=len(record.workers),
+                    collapse=Collapse(chosen, REPLAY_WINDOW_ROUNDS, _Rounds()) if collapse and worker is None else None)
+
+
+def _replay(paths: dict[int, str], tail: int | None, outputs: dict[int, WorkerOutput], terminal: Terminal) -> dict[int, int]:
+    """Show each worker's log (its last `tail` lines: _tail_segments); returns the offsets of their ends.
+    One worker's log after another's; collapsing, all at once, a piece of each in turn (ROUND_BYTES in
+    all a round): the same line of several workers, at about the same offset in each log, is read within
+    the same round or the next, and meets in one group, whatever the logs' size (a replay is faster than
+    any window of time)."""
+    rounds = terminal.collapse.clock if terminal.collapse else None
+    piece = max(MIN_PIECE, ROUND_BYTES // len(paths)) if isinstance(rounds, _Rounds) else READ_SIZE
+    feeds = {index: _pieces(path, _tail_segments(path, tail, index), outputs[index], piece)
+             for index, path in paths.items()}
+    offsets: dict[int, int] = {}
+    for reading in [list(feeds)] if isinstance(rounds, _Rounds) else [[index] for index in feeds]:
+        while reading:
+            for index in list(reading):
+                if (offset := next(feeds[index], None)) is None:
+                    reading.remove(index)
+                else:
+                    offsets[index] = offset
+            if isinstance(rounds, _Rounds):
+                rounds.done += 1
+                terminal.flush()
+    terminal.release()
+    return offsets
+
+
+def _pieces(path: str, segments: list[tuple[int, int | None, str | None]], output: WorkerOutput,
+            piece: int) -> Iterator[int]:
+    """Feed the segments of the log to the output a piece at a time (opening the log for each: a replay
+    of many workers holds no file open), yielding the offset reached after each."""
+    for start, end, note in segments:
+        if note:
+            say(note)
+        offset = start
+        yield offset
+        while (reached := _copy_new(path, offset, output, offset + piece if end is None else min(end, offset + piece))) \
+                != offset:
+            offset = reached
+            yield offset
+
+
+def _tail_segments(path: str, tail: int | None, index: int) -> list[tuple[int, int | None, str | None]]:
+    """What a replay shows of a log: the last `tail` lines (all of it with None), as (from, to (None: the
+    end), what podrun says first). Under torchrun, where the ranks' lines are marked, the lines of the
+    worker's own after the ranks' last (torchrun's report of a stop or a failure: a traceback per agent)
+    do not push the ranks' last lines out: the `tail` lines before them show first, then the last `tail`
+    of them."""
     start = _start_offset(path, tail)
     if tail and (own_from := _own_lines_from(path)) is not None and start > own_from:
-        _copy_new(path, _start_offset(path, tail, end=own_from), output, end=own_from)
-        say(f"w{output.index}: {counted(_lines_between(path, own_from, start), 'line')} after its ranks' last lines "
-            f"not shown; the last {tail}:")
-    return _copy_new(path, start, output)
+        return [(_start_offset(path, tail, end=own_from), own_from, None),
+                (start, None, f"w{index}: {counted(_lines_between(path, own_from, start), 'line')} after its ranks' "
+                              f"last lines not shown; the last {tail}:")]
+    return [(start, None, None)]
 
 
 def _own_lines_from(path: str) -> int | None:

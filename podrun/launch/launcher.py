@@ -127,6 +127,7 @@ class Launch:
         finally:
             for signum in HANDLED_SIGNALS:
                 loop.remove_signal_handler(signum)
+            self.terminal.release()  # the lines still held (collapse.py), before what the CLI says of an error
             await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
             for log in self.logs.values():
                 log.close()

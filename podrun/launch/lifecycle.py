@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from podrun import exits, file_limit, interrupts, jobstore, paths
 from podrun.cloud import accelerators
 from podrun.cloud.settings import seconds
+from podrun.collapse import Collapse
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
@@ -40,8 +41,9 @@ STEP_PROCESSES = 2
 
 class Lifecycle:
     def __init__(self, spec: JobSpec, target: Target, tree: scan.Tree | None, extra_env: Mapping[str, str],
-                 kill_stale: bool, detach: bool, restarts: int, down: bool):
+                 kill_stale: bool, detach: bool, restarts: int, down: bool, collapse: bool = True):
         self.spec, self.target, self.tree = spec, target, tree
+        self.collapse = collapse  # identical lines of several workers shown once (collapse.py)
         self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
         self.max_restarts = restarts
         self.restart_on = spec.restart_on
@@ -131,9 +133,10 @@ class Lifecycle:
 
     def _launch(self, record: jobstore.JobRecord, plans: list[WorkerPlan]) -> int:
         try:
+            collapse = Collapse([p.worker.index for p in plans]) if self.collapse else None
             return asyncio.run(Launch(self.spec, self.target, plans, self.tree, record,
-                                      Terminal(worker_count=len(self.workers)), self.detach, self.kill_stale,
-                                      self._running_once).run())
+                                      Terminal(worker_count=len(self.workers), collapse=collapse), self.detach,
+                                      self.kill_stale, self._running_once).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)
 

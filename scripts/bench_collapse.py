@@ -1,0 +1,135 @@
+"""The latency the collapse of identical lines (podrun/collapse.py) adds to a single worker's line.
+
+One worker prints a line now and then, stamped with the time it printed it; the others (if any)
+print nothing. The latency of a line is the time from its print to its text reaching podrun's
+stdout: a pseudo-terminal (where the line shows at once as a row of the live region) or a pipe
+(where it goes out when its window ends, unless every worker joined it). Each case runs with the
+collapse on (the default) and with --no-collapse: the difference is what the collapse adds.
+
+    python scripts/bench_collapse.py [--workers 1,64] [--lines 10] [--cost 64,1024,4096]
+
+--cost: the collapse's own CPU per line (podrun/collapse.py alone, a clock that steps 0.5 s a
+round), with N workers that each print a line of their own and a line all print, 20 rounds, and one
+worker a warning more each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import select
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MARK = re.compile(rb"mark (\d+) (\d+\.\d+)")
+PRINTER = """import os, sys, time
+lines, gap = int(sys.argv[1]), float(sys.argv[2])
+if os.environ["PODRUN_WORKER"] == "0":
+    time.sleep(1)
+    for number in range(lines):
+        print("mark", number, repr(time.time()), flush=True)
+        time.sleep(gap)
+else:
+    time.sleep(1 + lines * gap)
+"""
+
+
+def latencies(workers: int, lines: int, terminal: bool, collapse: bool, printer: Path) -> list[float]:
+    """Seconds from each line's print to its text on podrun's stdout."""
+    command = [sys.executable, "-m", "podrun", "exec", "--local", str(workers), *([] if collapse else ["--no-collapse"]),
+               "--", sys.executable, str(printer), str(lines), "0.3"]
+    if terminal:
+        import fcntl
+        import termios
+
+        reader, writer = os.openpty()
+        fcntl.ioctl(writer, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    else:
+        reader, writer = os.pipe()
+    process = subprocess.Popen(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=writer,
+                               stderr=subprocess.DEVNULL)
+    os.close(writer)
+    arrived: dict[int, float] = {}
+    printed: dict[int, float] = {}
+    seen = b""
+    while True:
+        if not select.select([reader], [], [], 1)[0]:
+            if process.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(reader, 65536)
+        except OSError:  # EIO: the terminal's last writer is gone
+            break
+        if not chunk:
+            break
+        now = time.time()
+        seen = seen[-200:] + chunk
+        for match in MARK.finditer(seen):
+            number = int(match[1])
+            if number not in arrived:
+                arrived[number], printed[number] = now, float(match[2])
+    os.close(reader)
+    if process.wait() != 0 or len(arrived) != lines:
+        raise SystemExit(f"{command}: exit code {process.returncode}, {len(arrived)} of {lines} lines seen")
+    return [arrived[number] - printed[number] for number in sorted(arrived)]
+
+
+def cost_per_line(workers: int, rounds: int = 20) -> float:
+    """Seconds of CPU per line that Collapse.add and due() take."""
+    sys.path.insert(0, str(REPO))
+    from podrun.collapse import Collapse
+
+    now = [0.0]
+    collapse = Collapse(list(range(workers)), clock=lambda: now[0])
+    lines = 0
+    started = time.process_time()
+    for round_number in range(rounds):
+        for worker in range(workers):
+            collapse.add((worker, None), b"step %d loss %d" % (round_number, worker))
+            collapse.add((worker, None), b"Epoch %d" % round_number)
+            lines += 2
+            if worker == 5:
+                collapse.add((worker, None), b"warning")
+                lines += 1
+        now[0] += 0.5
+        collapse.due()
+    collapse.due(everything=True)
+    return (time.process_time() - started) / lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,64", help="worker counts, comma-separated")
+    parser.add_argument("--lines", type=int, default=10, help="lines the printing worker prints, 0.3 s apart")
+    parser.add_argument("--cost", help="worker counts for the collapse's own CPU per line (instead of latency)")
+    args = parser.parse_args()
+    if args.cost:
+        print("| workers | CPU per line |\n|---|---|")
+        for workers in map(int, args.cost.split(",")):
+            print(f"| {workers} | {cost_per_line(workers) * 1e6:.1f} µs |")
+        return
+    with tempfile.TemporaryDirectory() as work:
+        printer = Path(work) / "printer.py"
+        printer.write_text(PRINTER)
+        os.environ.setdefault("PODRUN_HOME", str(Path(work) / "home"))
+        print("| workers | stdout | collapse | median | max | --no-collapse median | added (median) |")
+        print("|---|---|---|---|---|---|---|")
+        for workers in map(int, args.workers.split(",")):
+            for terminal in (True, False):
+                on = latencies(workers, args.lines, terminal, True, printer)
+                off = latencies(workers, args.lines, terminal, False, printer)
+                print(f"| {workers} | {'terminal' if terminal else 'pipe'} | on | {statistics.median(on) * 1000:.1f} ms "
+                      f"| {max(on) * 1000:.1f} ms | {statistics.median(off) * 1000:.1f} ms "
+                      f"| {(statistics.median(on) - statistics.median(off)) * 1000:.1f} ms |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
