@@ -45,10 +45,11 @@ _given_soft: int | None = None  # the soft limit podrun started with, once it ra
 
 def needed(kinds: Iterable[str], processes: int, files: int = 0, here: int = 0) -> int:
     """The open files a command needs that runs `processes` commands at once on each worker (of these
-    transport kinds, "local" or "ssh", as Transport.endpoint() says), `here` processes of its own on
+    transport kinds, as Transport.endpoint() says), `here` processes of its own on
     this machine for each, and keeps `files` open for each."""
-    per_kind = {"local": processes * LOCAL_PROCESS, "ssh": SSH_CONNECTION}
-    return BASE + sum(per_kind[kind] + here * LOCAL_PROCESS + files for kind in kinds)
+    # over SSH a worker is one connection, its channels included; a local worker's processes hold pipes here
+    return BASE + sum((SSH_CONNECTION if kind == "ssh" else processes * LOCAL_PROCESS) + here * LOCAL_PROCESS + files
+                      for kind in kinds)
 
 
 def make_room(need: int, what: str) -> None:

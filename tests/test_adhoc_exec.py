@@ -49,7 +49,7 @@ def test_workdir_ships_a_directory_and_names_the_job_after_it(home, tmp_path):
     code = tmp_path / "my-project"
     code.mkdir()
     (code / "hello.py").write_text("print('hello from the workdir')\n")
-    result = podrun("exec", "--local", "2", "--workdir", code, "--", "python3 hello.py")
+    result = podrun("exec", "--local", "2", "--workdir", code, "--no-collapse", "--", "python3 hello.py")
     assert result.returncode == 0, result.stderr
     assert by_worker(result.stdout) == {0: ["hello from the workdir"], 1: ["hello from the workdir"]}
     assert job_id_in(result.stderr).startswith("my-project-")

@@ -124,7 +124,7 @@ def latin_1_workdir(job_file) -> Path:
 
 def test_a_file_name_that_is_not_utf8_ships_as_its_bytes_to_local_workers(job_file, home):
     spec = latin_1_workdir(job_file)
-    result = podrun("exec", spec, text=False)
+    result = podrun("exec", spec, "--no-collapse", text=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(b"[b'caf\\xe9.txt']") == 2
     # a job that writes into it: the next run names it (the agent's report of it crashed the launcher)

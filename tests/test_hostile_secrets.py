@@ -74,7 +74,7 @@ def test_a_secret_written_in_the_spec_reaches_no_file_on_any_worker(tmp_path, ho
     (workdir / "train.py").write_text("print('training')\n")
     spec = workdir / "leaky.yaml"
     spec.write_text(SPEC_WITH_A_WRITTEN_SECRET)
-    result = podrun("exec", spec)
+    result = podrun("exec", spec, "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("key set: True") == 2
     assert files_holding(home, SECRET) == []
