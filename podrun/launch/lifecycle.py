@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, interrupts, jobstore, paths
+from podrun import exits, interrupts, jobstore, paths, timeline
 from podrun.cloud.settings import seconds
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
@@ -72,12 +72,16 @@ class Lifecycle:
     def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
         try:
+            provision_started = time.time()
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
+            provisioned = time.time()
             self.selected = select(len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             record = self._new_record(job_id, stop_grace_s)
+            if getattr(self.target, "just_created", False):
+                timeline.add(record, "create", provision_started, provisioned)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._launch(record, plans)
@@ -154,13 +158,16 @@ class Lifecycle:
         record.restart()
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
+            recreating = timeline.begin(record, "recreate", why=why)
             self.target.recreate()
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
+            timeline.end(recreating)
         else:
             delay = restart_policy.backoff_s(record, self.backoff_s)
             say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again on the same workers "
                 f"({why})")
+            timeline.add(record, "restart", time.time(), time.time() + delay, why=why)
             time.sleep(delay)
         record.workers = self._worker_records()
         record.save()
