@@ -189,7 +189,7 @@ class Launch:
                 ws.go(hub)
         say_phase(step, counted(len(worker_steps), self.target.worker_noun))
         phase = timeline.begin(self.record, step, [ws.plan.worker.index for ws in worker_steps])
-        if step == "run":
+        if step == "run" and not self.detach:  # a detached run's output goes to its workers' logs only
             for ws in worker_steps:
                 ws.line_counter = timeline.line_counter(phase, ws.plan.worker.index)
         stop: dict | None = None
