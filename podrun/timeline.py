@@ -8,14 +8,15 @@ other fields (never a write of its own: recording costs a few dict updates per p
      "lines": {"0": {"start": T, "every_s": 1, "counts": [3, 0, 12]}, ...},  # run: lines received
      ...details: "bytes" (ship), "why" (stall, preempted, restart)}
 
-T is epoch seconds. A job-wide phase (create, recreate, judge, restart, stall) has no "workers"; an
+T is epoch seconds. A job-wide phase (queue, create, recreate, judge, restart, stall) has no "workers"; an
 instant (preempted) has end == start. An end still None is open: the phase runs, or its worker's end
 was never seen (the report ends it with the attempt).
 
-Phases: create (the TPU made before the job), connect (connection and podrun's agent started, up to its
-probe report), ship, setup, run, stop (from the stop sent to the worker's exit), judge (a lost worker
-judged against the API), recreate (a preempted TPU deleted and made again), restart (the wait before a
-restart on the same workers), stall (from the last line of any worker to the stop), preempted.
+Phases: queue (a queued TPU request waiting for capacity, as polled), create (the TPU made before the
+job), connect (the connection and podrun's agent started, up to its probe report), ship, setup, run,
+stop (from the stop sent to the worker's exit), judge (a lost worker judged against the API), recreate
+(a preempted TPU deleted and made again), restart (the wait before a restart on the same workers),
+stall (from the last line of any worker to the stop), preempted.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import job_id_in, podrun
+from conftest import Background, job_id_in, podrun
+from helpers import WAIT_FOR_PREEMPTION, lifecycle_spec
 
 FAILS_FIRST = ("target: {local: {workers: 2}}\n"
                "setup: echo setting up\n"
@@ -154,3 +155,41 @@ def test_at_1024_workers_the_page_stays_small_with_bands_and_outliers_keep_their
     labels = re.findall(r'<text x="4" y="[\d.]+">([^<]+)<title>', timeline)
     assert labels[0] == "w0-16,18-899,901-1023 (1022)", labels
     assert set(labels) == {labels[0], "w17", "w900"}
+
+
+@pytest.mark.slow
+def test_report_of_a_supervised_job_is_written_on_the_laptop_from_the_supervisors_record(home, hosts_spec, supervisor):
+    spec = hosts_spec(supervisor.spec + "run: echo \"hello from $PODRUN_WORKER\"\n", hosts=(0, 1))
+    ran = podrun("exec", spec)
+    assert ran.returncode == 0, ran.stderr
+    job_id = job_id_in(ran.stderr)
+    result = podrun("report", job_id)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^wall time \S+; goodput \d+\.\d%", result.stdout, re.MULTILINE), result.stdout
+    assert "attempt 0: succeeded" in result.stdout
+    page = page_of(result.stdout)
+    assert str(home) in re.search(r"^timeline: (\S+)$", result.stdout, re.MULTILINE)[1]  # on the laptop
+    titles = TITLE.findall(page)
+    assert all(any(t.startswith(f"w{worker}: run, attempt 0: ") for t in titles) for worker in (0, 1)), titles
+
+
+@pytest.mark.slow
+def test_a_queued_tpu_preempted_once_reports_its_queue_wait_creation_and_recovery(home, tpu_api, lab, job_file):
+    tpu_api.withhold_capacity(3)
+    spec = lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, "queued: true, spot: true", restarts="{max: 1}",
+                          delete_after="always")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w1\] attempt 0 on worker 1", timeout=90)
+    tpu_api.preempt("life")
+    assert job.finish(timeout=120) == 0, job.text
+    result = podrun("report", job_id_in(job.text))
+    assert result.returncode == 0, result.stderr
+    rest = re.search(r"^the rest: (.*)$", result.stdout, re.MULTILINE)
+    assert rest, result.stdout
+    took = {cause: float(seconds) for cause, seconds in re.findall(r"(\w+) (\d+\.\d+)s", rest[1])}
+    assert took["queue"] >= 2.5 and took["create"] > 0 and took["recovery"] > 0, result.stdout
+    assert re.search(r"^preempted in attempt 0: ", result.stdout, re.MULTILINE), result.stdout
+    assert "attempt 0: preempted" in result.stdout and "attempt 1: succeeded" in result.stdout
+    titles = TITLE.findall(page_of(result.stdout))
+    assert any(t.startswith("job: recreate, attempt 1: ") for t in titles)
+    assert any(t.startswith("preempted: ") for t in titles)

@@ -81,7 +81,7 @@ class Lifecycle:
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             record = self._new_record(job_id, stop_grace_s)
             if getattr(self.target, "just_created", False):
-                timeline.add(record, "create", provision_started, provisioned)
+                self._record_creation(record, provision_started, provisioned)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._launch(record, plans)
@@ -106,6 +106,13 @@ class Lifecycle:
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
         return record
+
+    def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
+        """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
+        if queued_until := getattr(self.target, "queued_until", None):
+            timeline.add(record, "queue", started, queued_until)
+            started = queued_until
+        timeline.add(record, "create", started, ended)
 
     def _worker_records(self) -> list[jobstore.WorkerRecord]:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())

@@ -15,12 +15,12 @@ import time
 from podrun import jobstore
 
 # what an instant counts as, when several phases are under way at once (a stall lies within run)
-PRECEDENCE = ("stall", "run", "stop", "judge", "recreate", "restart", "setup", "ship", "connect", "create")
-SHOWN_ORDER = ("create", "connect", "ship", "setup", "run", "stop", "stall", "judge", "recreate", "restart")
+PRECEDENCE = ("stall", "run", "stop", "judge", "recreate", "restart", "setup", "ship", "connect", "create", "queue")
+SHOWN_ORDER = ("queue", "create", "connect", "ship", "setup", "run", "stop", "stall", "judge", "recreate", "restart")
 # the causes the rest of the wall time is split by; judge, recreate and restart are the recovery
-CAUSE = {"create": "create", "connect": "connect", "ship": "ship", "setup": "setup", "stop": "stop",
+CAUSE = {"queue": "queue", "create": "create", "connect": "connect", "ship": "ship", "setup": "setup", "stop": "stop",
          "stall": "stall", "judge": "recovery", "recreate": "recovery", "restart": "recovery"}
-CAUSES = ("create", "connect", "ship", "setup", "stop", "recovery", "stall", "other")
+CAUSES = ("queue", "create", "connect", "ship", "setup", "stop", "recovery", "stall", "other")
 MAX_ROWS = 48  # the page's rows of workers, however many workers: the rest are bands
 
 

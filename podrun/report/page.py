@@ -11,8 +11,9 @@ import statistics
 from podrun.output import worker_ranges
 from podrun.report.analysis import Analysis, Span
 
-COLOURS = {"create": "#8c6d31", "connect": "#9e9ac8", "ship": "#6baed6", "setup": "#fdae6b", "run": "#31a354",
-           "stop": "#969696", "judge": "#e377c2", "recreate": "#d62728", "restart": "#bcbd22", "stall": "#e6550d"}
+COLOURS = {"queue": "#c7c7c7", "create": "#8c6d31", "connect": "#9e9ac8", "ship": "#6baed6", "setup": "#fdae6b",
+           "run": "#31a354", "stop": "#969696", "judge": "#e377c2", "recreate": "#d62728", "restart": "#bcbd22",
+           "stall": "#e6550d"}
 WIDTH = 1100
 LABEL_W = 190
 ROW_H = 18
