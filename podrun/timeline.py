@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-MAX_SLOTS = 240  # lines counted per worker per run: past that, two slots become one of twice the time
+MAX_SLOTS = 120  # lines counted per worker per run: past that, two slots become one of twice the time
 
 
 def now() -> float:

@@ -193,3 +193,13 @@ def test_a_queued_tpu_preempted_once_reports_its_queue_wait_creation_and_recover
     titles = TITLE.findall(page_of(result.stdout))
     assert any(t.startswith("job: recreate, attempt 1: ") for t in titles)
     assert any(t.startswith("preempted: ") for t in titles)
+
+
+def test_a_long_runs_line_counts_stay_bounded_and_keep_every_line():
+    from podrun import timeline
+
+    counter = {"start": 1000.0, "every_s": 1, "counts": []}
+    for second in range(100_000):  # a line a second for 28 hours
+        timeline.count_lines(counter, 1, 1000.0 + second + 0.5)
+    assert len(counter["counts"]) <= timeline.MAX_SLOTS and sum(counter["counts"]) == 100_000
+    assert counter["every_s"] == 1024 and counter["counts"][0] == 1024
