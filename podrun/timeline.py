@@ -5,7 +5,7 @@ other fields (never a write of its own: recording costs a few dict updates per p
 
     {"phase": "run", "attempt": 0, "start": T, "end": T | None,
      "workers": {"0": [T, T | None], ...},          # a phase of each worker: when each began and ended
-     "lines": {"0": {"start": T, "every_s": 1, "counts": [3, 0, 12]}, ...},  # run: lines received
+     "lines": {"0": {"start": T, "every_s": 1, "counts": "3 0 12"}, ...},  # run: lines received per slot
      ...details: "bytes" (ship), "why" (stall, preempted, restart)}
 
 T is epoch seconds. A job-wide phase (queue, create, recreate, judge, restart, stall) has no "workers"; an
@@ -70,11 +70,21 @@ def current(record, phase: str) -> dict | None:
                  if entry["phase"] == phase and entry["attempt"] == record.attempt), None)
 
 
-def line_counter(entry: dict, worker: int) -> dict:
-    """Worker's count of lines received over time in a run entry, for count_lines."""
-    counter = {"start": now(), "every_s": 1, "counts": []}
-    entry.setdefault("lines", {})[str(worker)] = counter
-    return counter
+def line_counter() -> dict:
+    """A count of lines received over time, from now (count_lines), kept by its worker's step until
+    keep_lines puts it in the run's entry."""
+    return {"start": now(), "every_s": 1, "counts": []}
+
+
+def keep_lines(entry: dict, worker: int, counter: dict) -> None:
+    """The worker's counts in the run's entry, once its run ended, as one string: 1,024 workers' lists
+    of numbers would make each save of the record ~10 times slower (indented JSON)."""
+    entry.setdefault("lines", {})[str(worker)] = {**counter, "counts": " ".join(map(str, counter["counts"]))}
+
+
+def line_counts(kept: dict) -> list[int]:
+    """The counts keep_lines kept."""
+    return [int(count) for count in kept["counts"].split()]
 
 
 def count_lines(counter: dict, lines: int, at: float) -> None:

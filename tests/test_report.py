@@ -75,7 +75,8 @@ def test_jobs_json_carries_each_workers_phase_times(home, job_file, monkeypatch)
         assert set(entry["workers"]) == {"0", "1"}
         for start, end in entry["workers"].values():
             assert job["started_at"] <= start < end <= job["ended_at"]
-        assert sum(entry["lines"]["1"]["counts"]) == 3  # "step 1" to "step 3", as the launcher received them
+        # "step 1" to "step 3", as the launcher received them, per slot
+        assert sum(map(int, entry["lines"]["1"]["counts"].split())) == 3
     restart = next(entry for entry in job["phases"] if entry["phase"] == "restart")
     assert restart["end"] - restart["start"] == pytest.approx(0.2, abs=0.01)
 
@@ -124,7 +125,7 @@ def synthetic_record(home: Path, workers: int) -> str:
         phases.append({"phase": "run", "attempt": attempt, "start": at + 400, "end": run_end,
                        "workers": {str(w): [setup_end[17] + 0.01, run_end] for w in range(workers)},
                        "lines": {str(w): {"start": setup_end[17] + 0.01, "every_s": 8,
-                                          "counts": [0 if w == 900 else 40] * 160} for w in range(workers)}})
+                                          "counts": " ".join([str(0 if w == 900 else 40)] * 100)} for w in range(workers)}})
         if attempt == 0:
             phases.append({"phase": "preempted", "attempt": 0, "start": run_end, "end": run_end,
                            "why": "worker 3: the VM was preempted"})

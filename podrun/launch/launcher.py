@@ -191,7 +191,7 @@ class Launch:
         phase = timeline.begin(self.record, step, [ws.plan.worker.index for ws in worker_steps])
         if step == "run" and not self.detach:  # a detached run's output goes to its workers' logs only
             for ws in worker_steps:
-                ws.line_counter = timeline.line_counter(phase, ws.plan.worker.index)
+                ws.line_counter = timeline.line_counter()
         stop: dict | None = None
         if step == "run" and self.on_running:
             self.on_running()
@@ -212,11 +212,14 @@ class Launch:
                 await self._on_stall(silence.result(), worker_steps)
                 silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
-                worker = finishing.pop(task).plan.worker
+                ended = finishing.pop(task)
+                worker = ended.plan.worker
                 result = task.result()
                 self._record_exit(result)
                 if not result.detached:
                     timeline.end(stop or phase, result.index)
+                if ended.line_counter is not None:
+                    timeline.keep_lines(phase, worker.index, ended.line_counter)
                 if result.killed:
                     say(f"worker {result.index} ({worker.address}) was killed after the grace "
                         f"period ({self.record.stop_grace_s:g}s): it had not ended on SIGTERM")

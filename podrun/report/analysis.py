@@ -12,7 +12,7 @@ import math
 import statistics
 import time
 
-from podrun import jobstore
+from podrun import jobstore, timeline
 
 # what an instant counts as, when several phases are under way at once (a stall lies within run)
 PRECEDENCE = ("stall", "run", "stop", "judge", "recreate", "restart", "setup", "ship", "connect", "create", "queue")
@@ -102,10 +102,11 @@ class Analysis:
             every = counter["every_s"]
             part = entry["workers"].get(str(worker)) or [counter["start"], None]
             run_end = part[1] or self.end
-            for slot, count in enumerate(counter["counts"]):
+            counts = timeline.line_counts(counter)
+            for slot, count in enumerate(counts):
                 start = counter["start"] + slot * every
                 rates.append((start, min(start + every, run_end), count / every))
-            slots_end = counter["start"] + len(counter["counts"]) * every
+            slots_end = counter["start"] + len(counts) * every
             if slots_end < run_end:  # silent from its last line to the run's end
                 rates.append((slots_end, run_end, 0.0))
         return rates
