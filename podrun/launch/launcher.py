@@ -235,7 +235,8 @@ class Launch:
                 for ws in finishing.values():
                     ws.stop()
                     timeline.end(phase, ws.plan.worker.index)
-                stop = timeline.begin(self.record, "stop", [ws.plan.worker.index for ws in finishing.values()])
+                if finishing:
+                    stop = timeline.begin(self.record, "stop", [ws.plan.worker.index for ws in finishing.values()])
                 if stall_entry := timeline.current(self.record, "stall"):
                     timeline.end(stall_entry)
                 if finishing:
