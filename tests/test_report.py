@@ -103,6 +103,21 @@ def test_a_detached_jobs_run_ends_when_its_workers_say(home, job_file):
     assert "attempt 0: succeeded" in result.stdout and "No lines counted" in page_of(result.stdout)
 
 
+def test_a_running_job_is_reported_up_to_now(home, job_file, tmp_path):
+    release = tmp_path / "release"
+    job = Background("exec", job_file(f"target: {{local: {{workers: 2}}}}\n"
+                                      f"run: echo started; until [ -e {release} ]; do sleep 0.05; done\n"))
+    job.wait_for(r"^\[w1\] started$")
+    result = podrun("report")  # the newest running job
+    release.touch()
+    assert job.finish() == 0, job.text
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^job \S+ is running$", result.stdout, re.MULTILINE), result.stdout
+    assert "attempt 0: running after" in result.stdout
+    titles = TITLE.findall(page_of(result.stdout))
+    assert any(t.startswith("w1: run, attempt 0: ") for t in titles), titles
+
+
 def test_report_of_an_unknown_job_says_so_in_one_line(home, job_file):
     assert podrun("exec", job_file("target: {local: {workers: 1}}\nrun: 'true'\n")).returncode == 0
     result = podrun("report", "no-such-job")

@@ -189,6 +189,7 @@ class Launch:
                 ws.go(hub)
         say_phase(step, counted(len(worker_steps), self.target.worker_noun))
         phase = timeline.begin(self.record, step, [ws.plan.worker.index for ws in worker_steps])
+        self.record.save()  # one save per step: `podrun report` on a running job sees its phases so far
         if step == "run" and not self.detach:  # a detached run's output goes to its workers' logs only
             for ws in worker_steps:
                 ws.line_counter = timeline.line_counter()

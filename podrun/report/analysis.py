@@ -117,7 +117,9 @@ class Analysis:
     def bands(self, max_rows: int = MAX_ROWS) -> list[list[int]]:
         """The workers in groups that behaved alike (phases that begin and end within the same step of
         time, the same order of magnitude of output): as fine a step as keeps the groups within
-        max_rows; the largest groups then, and the rest in one."""
+        max_rows; the largest groups then, and the rest in one. No more workers than rows: a row each."""
+        if len(self.workers) <= max_rows:
+            return [[worker] for worker in self.workers]
         step = self.wall_s / 200
         while True:
             groups: dict[tuple, list[int]] = {}
