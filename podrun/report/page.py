@@ -10,6 +10,7 @@ import statistics
 
 from podrun.output import worker_ranges
 from podrun.report.analysis import Analysis, Span
+from podrun.report.summary import summary
 
 COLOURS = {"queue": "#c7c7c7", "create": "#8c6d31", "connect": "#9e9ac8", "ship": "#6baed6", "setup": "#fdae6b",
            "run": "#31a354", "stop": "#969696", "judge": "#e377c2", "recreate": "#d62728", "restart": "#bcbd22",
@@ -39,8 +40,6 @@ window.addEventListener('load', function () {
 
 
 def page(analysis: Analysis) -> str:
-    from podrun.commands.report import summary
-
     record = analysis.record
     rows = [_row(analysis, band) for band in analysis.bands()]
     legend = "".join(f'<span><i style="background:{colour}"></i>{phase}</span>' for phase, colour in COLOURS.items()
