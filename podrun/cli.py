@@ -89,6 +89,12 @@ def _stacks(args: argparse.Namespace) -> int:
     return show_stacks(args.job, args.worker)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from podrun.commands.report import report
+
+    return report(args.job)
+
+
 def _disk(args: argparse.Namespace) -> int:
     from podrun.commands.disk import disk
 
@@ -291,9 +297,14 @@ def _stop_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def _stacks_arguments(sub: argparse.ArgumentParser) -> None:
+    _report_arguments(sub)
+    sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
+
+
+def _report_arguments(sub: argparse.ArgumentParser) -> None:
+    """A job, by default the newest running one, else the newest (as `logs` takes it)."""
     sub.add_argument("job", nargs="?", metavar="JOB_ID",
                      help=f"{JOB_HELP}; default: the newest running job, else the newest job")
-    sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
 
 
 def _logs_arguments(sub: argparse.ArgumentParser) -> None:
@@ -340,6 +351,8 @@ COMMANDS = {
     "stop": ("stop a running job on every worker", _stop, _stop_arguments, False),
     "stacks": ("show every worker's Python stacks of a running job, now (saved in the job's stacks/)", _stacks,
                _stacks_arguments, False),
+    "report": ("where a job's time went: each phase per worker per attempt, goodput; writes report.html, a "
+               "timeline", _report, _report_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, _disk_arguments, False),
 }

@@ -48,7 +48,7 @@ class JobRecord:
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
-                 supervised_by: dict | None = None):
+                 supervised_by: dict | None = None, phases: list[dict] | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -71,6 +71,7 @@ class JobRecord:
         # a job handed to a supervisor host (supervisor/): this record points at the one kept there, and
         # holds what was last read of it; {host, endpoint: Transport.endpoint(), podrun: its command there}
         self.supervised_by = supervised_by
+        self.phases = phases or []  # where its time went: timeline.py
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}

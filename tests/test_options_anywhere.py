@@ -28,6 +28,7 @@ LINES = {
     "jobs": (["job"], [["--state", "failed"], ["-n", "3"], ["--json"]]),
     "stop": (["job-1"], []),
     "stacks": (["job-1"], [["--worker", "0,2"]]),
+    "report": (["job-1"], []),
     "disk": (["job.yaml"], [["--free"]]),
 }
 

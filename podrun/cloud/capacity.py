@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from podrun import interrupts
@@ -37,17 +38,20 @@ POLL_MAX_S = 10.0
 QUEUE_EXPIRY_MARGIN_S = 60  # past valid_for, Google takes a moment to fail the request
 PREEMPTED_NODE_STATES = ("PREEMPTED", "TERMINATED")
 PREEMPTED_QUEUED_STATES = ("SUSPENDING", "SUSPENDED")
+IN_QUEUE_STATES = ("ACCEPTED", "WAITING_FOR_RESOURCES")  # a queued request without capacity yet
 
 
 class RequestFailed(PodrunError):
     """Google gave up on a queued request (FAILED, or SUSPENDED before it was ACTIVE)."""
 
 
-def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]:
+def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
+           on_capacity: Callable[[], None] | None = None) -> list[TpuNode]:
     """Create the TPU VM (or the slices) and (wait) wait until it is READY, saying so on one line;
     [] without wait, once Google accepted the request. An interrupt, or a queued request that Google
     gave up on, deletes what was asked for before it is raised; an API that fails to answer leaves
-    it (podrun cannot delete through it either) and says so."""
+    it (podrun cannot delete through it either) and says so. `on_capacity`: called once a queued request
+    is seen out of the queue (its capacity found), as polled."""
     where = api.location
     what = "multislice" if request.slices > 1 else "TPU VM"
     say(f"creating {what} {request.name} ({request.summary()}) in {where.project}/{where.zone}")
@@ -61,7 +65,7 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True) -> list[TpuNode]
                         return []
                     limit_s, limit = _queue_limit(api, request)
                     waiting.start(limit, interrupt="deletes the request")
-                    _wait_in_queue(api, request, waiting, limit_s)
+                    _wait_in_queue(api, request, waiting, limit_s, on_capacity)
                 else:
                     pending = api.create(request)
                     if not wait:
@@ -100,7 +104,8 @@ def _queue_limit(api: TpuApi, request: TpuRequest) -> tuple[float, str]:
     return request.valid_for_s + QUEUE_EXPIRY_MARGIN_S, f"as long as the request is valid ({valid_for})"
 
 
-def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: float) -> None:
+def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: float,
+                   on_capacity: Callable[[], None] | None) -> None:
     """Poll the queued resource until every node it makes is READY; its failure as a PodrunError, and
     running past `limit_s` as WaitTimedOut."""
     name, interval = request.name, POLL_FIRST_S
@@ -116,6 +121,9 @@ def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: 
         if queued.state in PREEMPTED_QUEUED_STATES:
             raise RequestFailed(f"queued resource {name} went {queued.state} before its TPU VM was READY; podrun "
                               f"deleted it")
+        if on_capacity and queued.state not in IN_QUEUE_STATES:
+            on_capacity()
+            on_capacity = None
         if queued.state == "ACTIVE" and all(api.state(node) == "READY" for node in request.node_names):
             return
         waiting.show(queued.state if queued.state != "ACTIVE" else "ACTIVE, the TPU VM starting", waiting.elapsed())

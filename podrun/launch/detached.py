@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from podrun import exits, file_limit, jobstore, paths
+from podrun import exits, file_limit, jobstore, paths, timeline
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
 from podrun.launch.steps import StepResult, count_down
@@ -105,6 +105,7 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     # (worker, code) of the failures that stopped other workers (agent.Hub), as each worker in turn
     # names it: the first worker's agent, the hub that sees every other, first
     causes: list[tuple[int, int]] = []
+    running = timeline.current(record, "run")
     for worker, report in zip(workers, reports):
         worker.output_at = report.output_at or worker.output_at
         if exit_record := report.exit:
@@ -112,6 +113,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
             worker.killed = bool(exit_record.get("killed"))
             ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
+            if running and exit_record.get("ended_at"):  # the launcher saw the run start, not its end
+                timeline.end(running, worker.index, exit_record["ended_at"])
             if exit_record.get("cause_worker") is not None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it

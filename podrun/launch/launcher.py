@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from podrun import exits, jobstore
+from podrun import exits, jobstore, timeline
 from podrun.errors import PodrunError
 from podrun.launch import preflight, stacks, stall
 from podrun.launch.steps import (
@@ -89,6 +89,7 @@ class Launch:
             loop.add_signal_handler(signum, self._on_signal, signum)
         self.terminal.on_closed = self._on_stdout_closed
         transports = [plan.worker.transport for plan in self.plans]
+        self.connecting = timeline.begin(self.record, "connect", [plan.worker.index for plan in self.plans])
         try:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
@@ -125,6 +126,7 @@ class Launch:
             self.record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"internal error: {type(error).__name__}: {error}")
             raise
         finally:
+            timeline.end(self.connecting)  # the workers that never reported
             for signum in HANDLED_SIGNALS:
                 loop.remove_signal_handler(signum)
             self.terminal.release()  # the lines still held (collapse.py), before what the CLI says of an error
@@ -190,6 +192,12 @@ class Launch:
             for ws in worker_steps:
                 ws.go(hub)
         say_phase(step, counted(len(worker_steps), self.target.worker_noun))
+        phase = timeline.begin(self.record, step, [ws.plan.worker.index for ws in worker_steps])
+        self.record.save()  # one save per step: `podrun report` on a running job sees its phases so far
+        if step == "run" and not self.detach:  # a detached run's output goes to its workers' logs only
+            for ws in worker_steps:
+                ws.line_counter = timeline.line_counter()
+        stop: dict | None = None
         if step == "run" and self.on_running:
             self.on_running()
         finishing: dict[asyncio.Future[StepResult], WorkerStep] = {
@@ -209,9 +217,14 @@ class Launch:
                 await self._on_stall(silence.result(), worker_steps)
                 silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
-                worker = finishing.pop(task).plan.worker
+                ended = finishing.pop(task)
+                worker = ended.plan.worker
                 result = task.result()
                 self._record_exit(result)
+                if not result.detached:
+                    timeline.end(stop or phase, result.index)
+                if ended.line_counter is not None:
+                    timeline.keep_lines(phase, worker.index, ended.line_counter)
                 if result.killed:
                     say(f"worker {result.index} ({worker.address}) was killed after the grace "
                         f"period ({self.record.stop_grace_s:g}s): it had not ended on SIGTERM")
@@ -226,6 +239,11 @@ class Launch:
                 stopping = True
                 for ws in finishing.values():
                     ws.stop()
+                    timeline.end(phase, ws.plan.worker.index)
+                if finishing:
+                    stop = timeline.begin(self.record, "stop", [ws.plan.worker.index for ws in finishing.values()])
+                if stall_entry := timeline.current(self.record, "stall"):
+                    timeline.end(stall_entry)
                 if finishing:
                     say(grace_announcement(self.record.stop_grace_s))
                     countdown = asyncio.ensure_future(count_down(self.terminal, self.record.stop_grace_s))
@@ -251,6 +269,7 @@ class Launch:
     async def _on_stall(self, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> None:
         """Say which workers were silent for how long, and save every worker's stacks, before the stop."""
         self.stalled = stall.summary(silent_s)
+        timeline.begin(self.record, "stall", at=time.time() - min(silent_s.values()), why=self.stalled)
         say(f"job {self.record.id} stalled: {self.stalled}; saving every worker's stacks, then stopping it")
         texts = await stacks.collect(self.record.id, [(ws.plan.worker.index, ws.plan.worker.transport)
                                                       for ws in worker_steps])
@@ -273,7 +292,7 @@ class Launch:
         if await self._until_interrupted(first_contact(worker_steps)) is None and self.interrupted.is_set():
             return None
         reports = await self._until_interrupted(
-            asyncio.gather(*(ws.probed() for ws in worker_steps), return_exceptions=True))
+            asyncio.gather(*(self._probed(ws) for ws in worker_steps), return_exceptions=True))
         if reports is None:
             return None
         for ws, report in zip(worker_steps, reports):
@@ -297,6 +316,11 @@ class Launch:
             await self._check_before_run()
         return None
 
+    async def _probed(self, ws: WorkerStep) -> dict | None:
+        report = await ws.probed()
+        timeline.end(self.connecting, ws.plan.worker.index)
+        return report
+
     async def _check_before_run(self) -> None:
         if self.spec.torchrun and not self.spec.docker and not self.interrupted.is_set():
             await self._until_interrupted(preflight.check_torchrun(self.plans))
@@ -306,7 +330,11 @@ class Launch:
         if missing:
             say_phase("ship", counted(len(missing), self.target.worker_noun))
         shipping_started = time.monotonic()
+        shipping = timeline.begin(self.record, "ship", [worker.index for worker in missing]) if missing else None
         sent = await self._until_interrupted(archive.ship(tree, self.spec.name, missing))
+        if shipping:
+            timeline.end(shipping)
+            shipping["bytes"] = sent or 0
         if self.interrupted.is_set():
             return
         say(f"shipped code ({counted(len(tree.files), 'file')}) to {counted(len(missing), 'worker')}: "
@@ -386,6 +414,7 @@ class Launch:
         """The capacity goes away under a running job: it stops everywhere, to end preempted."""
         if not self.preempted:
             self.preempted = reason
+            timeline.end(timeline.begin(self.record, "preempted", why=reason))
             say(f"{reason}: stopping the job on every worker")
             self.departed.set()
 
@@ -398,7 +427,11 @@ class Launch:
         from podrun.launch import judgment
 
         lost = {index: worker.endpoint for index, worker in self.worker_records.items() if worker.exit_code == exits.LOST}
+        judging = timeline.begin(self.record, "judge", lost=sorted(lost))
         self.preempted = await self._until_interrupted(judgment.judge(self.target, lost, self.record.id))
+        timeline.end(judging)
+        if self.preempted:
+            timeline.end(timeline.begin(self.record, "preempted", why=self.preempted))
 
     def _finish_preempted(self, reason: str) -> int:
         self.record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, file_limit, interrupts, jobstore, paths
+from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
 from podrun.cloud import accelerators
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
@@ -80,13 +80,17 @@ class Lifecycle:
         if (tpu := self.spec.target.tpu) and tpu.accelerator_type:  # no TPU made (or deleted) for a job that cannot run
             self._make_room(["ssh"] * len(select(accelerators.parse(tpu.accelerator_type).hosts * len(tpu.node_names))))
         try:
+            provision_started = time.time()
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
+            provisioned = time.time()
             self.selected = select(len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             self._make_room([plan.worker.transport.endpoint()["kind"] for plan in plans])
             record = self._new_record(job_id, stop_grace_s)
+            if getattr(self.target, "just_created", False):
+                self._record_creation(record, provision_started, provisioned)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._launch(record, plans)
@@ -116,6 +120,13 @@ class Lifecycle:
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
         return record
+
+    def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
+        """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
+        if queued_until := getattr(self.target, "queued_until", None):
+            timeline.add(record, "queue", started, queued_until)
+            started = queued_until
+        timeline.add(record, "create", started, ended)
 
     def _worker_records(self) -> list[jobstore.WorkerRecord]:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
@@ -169,13 +180,16 @@ class Lifecycle:
         record.restart()
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
+            recreating = timeline.begin(record, "recreate", why=why)
             self.target.recreate()
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
+            timeline.end(recreating)
         else:
             delay = restart_policy.backoff_s(record, self.backoff_s)
             say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again on the same workers "
                 f"({why})")
+            timeline.add(record, "restart", time.time(), time.time() + delay, why=why)
             time.sleep(delay)
         record.workers = self._worker_records()
         record.save()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from podrun import exits
+from podrun import exits, timeline
 from podrun.errors import PodrunError
 from podrun.output import RANK_HEADER, Terminal, WorkerOutput, counted, grace_left, say, worker_ranges
 from podrun.plan import FILE_VARIABLES, WorkerPlan, job_files
@@ -98,6 +98,7 @@ class WorkerStep:
         self.diagnostics: list[str] = []  # stderr lines that are not agent events
         self.output_at = 0.0  # when output last came (time.monotonic()): the stall watch's clock
         self.probing = False  # its agent says hello first (first_contact)
+        self.line_counter: dict | None = None  # run's lines counted over time (timeline.count_lines)
 
     async def start(self, probe: dict | None = None) -> None:
         """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
@@ -174,6 +175,8 @@ class WorkerStep:
         while chunk := await self._started().stdout.read(65536):
             self.output_at = time.monotonic()
             self.output.feed(chunk)
+            if self.line_counter is not None:
+                timeline.count_lines(self.line_counter, chunk.count(b"\n"), time.time())
 
     async def _read_events(self) -> None:
         while line := await self._started().stderr.readline():

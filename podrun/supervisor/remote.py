@@ -58,6 +58,21 @@ async def relay(channel: Channel) -> int:
     return await channel.wait()
 
 
+def reread(record: jobstore.JobRecord) -> None:
+    """The pointer's fields as its supervisor keeps them now, whatever the job's state (`podrun report`)."""
+    async def run() -> None:
+        transport = transport_for(_by(record)["endpoint"])
+        try:
+            await connect(transport, _by(record)["host"])
+            await refresh_one(record, transport)
+        except ChannelLost as lost:
+            raise PodrunError(f"supervisor {_by(record)['host']}: the link broke ({lost})") from None
+        finally:
+            await transport.close()
+
+    asyncio.run(run())
+
+
 def refresh(records: list[jobstore.JobRecord]) -> None:
     """Bring running supervised jobs' pointers up to date from their supervisors, one connection each."""
     by_host: dict[str, list[jobstore.JobRecord]] = {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,6 +71,7 @@ class TpuVm(Target):
         self.nodes: list[TpuNode] = []  # empty while a TPU the spec declares does not exist (--dry-run)
         self._api: TpuApi | None = None
         self.just_created = False  # its workers may refuse the key in its metadata for a few seconds
+        self.queued_until: float | None = None  # when its queued request found capacity (epoch seconds)
 
     @property
     def api(self) -> TpuApi:
@@ -181,8 +183,12 @@ class TpuVm(Target):
         ssh-keys=...` does: its workers take it as they boot, with no metadata update after."""
         from podrun.cloud import capacity
 
-        capacity.obtain(self.api, self._request(ssh_keys=ssh_key_line(self.spec)))
+        capacity.obtain(self.api, self._request(ssh_keys=ssh_key_line(self.spec)), on_capacity=self._capacity_found)
         self.just_created = True
+
+    def _capacity_found(self) -> None:
+        """A queued request left the queue: the wait for capacity ends, the creation goes on (`podrun report`)."""
+        self.queued_until = time.time()
 
     def _request(self, ssh_keys: str = "") -> TpuRequest:
         from podrun.cloud.request import TpuRequest

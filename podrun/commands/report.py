@@ -1,0 +1,36 @@
+"""`podrun report`: where a job's time went, in a terminal summary and a page (report.html) in its directory."""
+
+from __future__ import annotations
+
+import os
+
+from podrun import jobstore
+from podrun.commands.jobs import newest_running_or_newest
+from podrun.report.analysis import Analysis
+from podrun.report.summary import summary
+
+PAGE = "report.html"
+
+
+def report(job: str | None) -> int:
+    """`job`: as for `podrun logs` (default: the newest running job, else the newest job)."""
+    record = jobstore.find(job) if job else newest_running_or_newest()
+    if record.supervised_by:  # its phases are in the record its supervisor keeps
+        from podrun.supervisor import remote
+
+        remote.reread(record)
+    elif record.detached and record.state == jobstore.RUNNING and not record.supervised():
+        from podrun.launch import detached  # the workers that ended meanwhile: their run's end
+
+        detached.refresh([record])
+    analysis = Analysis(record)
+    print("\n".join(summary(analysis)))
+    from podrun.report.page import page
+
+    path = os.path.join(record.dir, PAGE)
+    temporary = f"{path}.{os.getpid()}"
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(page(analysis))
+    os.replace(temporary, path)
+    print(f"timeline: {path}")
+    return 0

@@ -1,0 +1,182 @@
+"""report.html: one self-contained page (inline CSS, SVG and a few lines of script; nothing from the
+network) with the job's summary, its timeline (a row per worker, or per band of workers that behaved
+alike, coloured bars per phase, the attempts one after another, preemptions and stalls marked, each
+bar's times on hover) and each row's lines per second over the run."""
+
+from __future__ import annotations
+
+import html
+import statistics
+
+from podrun.output import worker_ranges
+from podrun.report.analysis import Analysis, Span
+from podrun.report.summary import summary
+
+COLOURS = {"queue": "#c7c7c7", "create": "#8c6d31", "connect": "#9e9ac8", "ship": "#6baed6", "setup": "#fdae6b",
+           "run": "#31a354", "stop": "#969696", "judge": "#e377c2", "recreate": "#d62728", "restart": "#bcbd22",
+           "stall": "#e6550d"}
+WIDTH = 1100
+LABEL_W = 190
+ROW_H = 18
+TOP = 34  # room for the attempts' labels and the time axis
+RATE_LEVELS = 8  # a row's lines per second, drawn in this many shades
+
+STYLE = """
+body{font:13px system-ui,sans-serif;margin:16px;color:#222}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto}
+.legend span{display:inline-block;margin-right:12px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
+svg text{font:11px system-ui,sans-serif}
+rect.bar:hover,rect.rate:hover{stroke:#000;stroke-width:1}
+"""
+# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size
+SCRIPT = """
+window.addEventListener('load', function () {
+  var svg = document.getElementById('timeline');
+  var bars = svg.querySelectorAll('rect.bar').length;
+  document.body.setAttribute('data-drawn', bars > 0 && svg.getBBox().width > 0 ? String(bars) : 'no');
+});
+"""
+
+
+def page(analysis: Analysis) -> str:
+    record = analysis.record
+    rows = [_row(analysis, band) for band in analysis.bands()]
+    legend = "".join(f'<span><i style="background:{colour}"></i>{phase}</span>' for phase, colour in COLOURS.items()
+                     if phase in analysis.phases_shown())
+    if any(span.phase == "preempted" for span in analysis.spans):
+        legend += "<span>▲ preempted</span>"
+    rates_note = ("Lines per second of each row's output while run ran, as the launcher received them (counted "
+                  "per chunk, in slots that widen as the run grows); red: no line in that slot."
+                  if analysis.counted_lines() else
+                  "No lines counted: the run went on without podrun receiving its output (a detached job).")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>podrun report: {html.escape(record.id)}"
+            f"</title><style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
+            f"<h1>{html.escape(record.id)}</h1><pre>{html.escape(chr(10).join(summary(analysis)))}</pre>"
+            f"<h2>Timeline</h2><div class=\"legend\">{legend}</div>"
+            f"{_timeline(analysis, rows)}"
+            f"<h2>Output</h2><p>{rates_note}</p>{_rates(analysis, rows)}</body></html>\n")
+
+
+class Row:
+    def __init__(self, label: str, title: str, workers: list[int], spans: list[Span]):
+        self.label, self.title, self.workers, self.spans = label, title, workers, spans
+
+
+def _row(analysis: Analysis, band: list[int]) -> Row:
+    """A worker's row, or a band's: drawn as its first worker, its title giving the band's spread."""
+    first = band[0]
+    spans = [span for span in analysis.spans if span.worker == first]
+    if len(band) == 1:
+        return Row(f"w{first}", _address(analysis, first), band, spans)
+    label = f"{worker_ranges(band)} ({len(band)})"
+    spread = []
+    for phase in analysis.phases_shown():
+        seconds = [s for w, s in analysis.worker_seconds(phase).items() if w in set(band)]
+        if seconds:
+            spread.append(f"{phase}: {min(seconds):.2f}s to {max(seconds):.2f}s, median {statistics.median(seconds):.2f}s")
+    return Row(label, f"{len(band)} workers alike: {worker_ranges(band)}\n" + "\n".join(spread), band, spans)
+
+
+def _address(analysis: Analysis, index: int) -> str:
+    return next((f"worker {index} ({w.address})" for w in analysis.record.workers if w.index == index),
+                f"worker {index}")
+
+
+def _x(analysis: Analysis, at: float) -> float:
+    return round(LABEL_W + (at - analysis.start) / analysis.wall_s * (WIDTH - LABEL_W - 10), 1)
+
+
+def _title(text: str) -> str:
+    return f"<title>{html.escape(text)}</title>"
+
+
+def _bar(analysis: Analysis, span: Span, y: float, height: float, who: str) -> str:
+    x0, x1 = _x(analysis, span.start), _x(analysis, span.end)
+    extra = "".join(f", {key} {value}" for key, value in span.details.items())
+    text = (f"{who}: {span.phase}, attempt {span.attempt}: {span.start - analysis.start:.2f}s to "
+            f"{span.end - analysis.start:.2f}s ({span.seconds:.2f}s){extra}")
+    return (f'<rect class="bar" x="{x0}" y="{y}" width="{max(x1 - x0, 1)}" height="{height}" '
+            f'fill="{COLOURS.get(span.phase, "#444")}">{_title(text)}</rect>')
+
+
+def _frame(analysis: Analysis, height: float) -> list[str]:
+    """The time axis, and each attempt's start as a dashed line with its label."""
+    parts = [f'<text x="{LABEL_W}" y="{TOP - 6}">0s</text>',
+             f'<text x="{WIDTH - 10}" y="{TOP - 6}" text-anchor="end">{analysis.wall_s:.1f}s</text>']
+    for attempt in analysis.attempts:
+        x = _x(analysis, attempt["started_at"])
+        parts.append(f'<line x1="{x}" y1="4" x2="{x}" y2="{height}" stroke="#555" stroke-dasharray="3,3"/>'
+                     f'<text x="{x + 3}" y="12">attempt {attempt["attempt"]}: {html.escape(attempt["state"])}</text>')
+    return parts
+
+
+def _timeline(analysis: Analysis, rows: list[Row]) -> str:
+    height = TOP + ROW_H * (len(rows) + 1) + 4
+    parts = _frame(analysis, height)
+    job_spans = [span for span in analysis.spans if span.worker is None]
+    parts.append(f'<text x="4" y="{TOP + 13}">job</text>')
+    for span in job_spans:
+        if span.phase == "preempted":
+            continue
+        if span.phase == "stall":  # over every row: no worker printed anything then
+            x0, x1 = _x(analysis, span.start), _x(analysis, span.end)
+            parts.append(f'<rect x="{x0}" y="{TOP}" width="{max(x1 - x0, 1)}" height="{height - TOP}" '
+                         f'fill="{COLOURS["stall"]}" opacity="0.18"/>')
+        parts.append(_bar(analysis, span, TOP + 2, ROW_H - 4, "job"))
+    for number, row in enumerate(rows, start=1):
+        y = TOP + number * ROW_H
+        parts.append(f'<text x="4" y="{y + 13}">{html.escape(row.label)}{_title(row.title)}</text>')
+        parts += [_bar(analysis, span, y + 2, ROW_H - 4, row.label) for span in row.spans]
+    for span in job_spans:
+        if span.phase == "preempted":
+            x, why = _x(analysis, span.start), _title(f"preempted: {span.details.get('why')}")
+            parts.append(f'<line x1="{x}" y1="{TOP}" x2="{x}" y2="{height}" stroke="#d62728" stroke-width="2"/>'
+                         f'<text x="{x}" y="{TOP + 2}" fill="#d62728" text-anchor="middle">▲{why}</text>')
+    return (f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+            f'viewBox="0 0 {WIDTH} {height}">{"".join(parts)}</svg>')
+
+
+def _rates(analysis: Analysis, rows: list[Row]) -> str:
+    """Each row's lines per second as shades of one colour (a band's: the mean of its workers), red where none came."""
+    per_row = [_band_rates(analysis, row.workers) for row in rows]
+    peak = max((rate for rates in per_row for _, _, rate in rates), default=0.0) or 1.0
+    height = TOP + ROW_H * len(rows) + 4
+    parts = _frame(analysis, height)
+    for number, (row, rates) in enumerate(zip(rows, per_row)):
+        y = TOP + number * ROW_H
+        parts.append(f'<text x="4" y="{y + 13}">{html.escape(row.label)}</text>')
+        for start, end, rate in _merged(rates, peak):
+            x0, x1 = _x(analysis, start), _x(analysis, end)
+            fill = "#e6550d" if rate == 0 else "#08519c"
+            opacity = 0.5 if rate == 0 else round(0.15 + 0.85 * rate / peak, 2)
+            when = f"{start - analysis.start:.1f}s to {end - analysis.start:.1f}s"
+            parts.append(f'<rect class="rate" x="{x0}" y="{y + 2}" width="{max(x1 - x0, 0.5)}" height="{ROW_H - 4}" '
+                         f'fill="{fill}" opacity="{opacity}">{_title(f"{row.label}: {rate:.1f} lines/s, {when}")}</rect>')
+    return (f'<svg id="rates" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+            f'viewBox="0 0 {WIDTH} {height}">{"".join(parts)}</svg>')
+
+
+def _band_rates(analysis: Analysis, workers: list[int]) -> list[tuple[float, float, float]]:
+    """The first worker's slots, each with the band's mean rate over the same slot."""
+    each = [analysis.line_rates(worker) for worker in workers]
+    first = each[0]
+    return [(start, end, statistics.fmean(rates[slot][2] if slot < len(rates) else 0.0 for rates in each))
+            for slot, (start, end, _) in enumerate(first)]
+
+
+def _merged(rates: list[tuple[float, float, float]], peak: float) -> list[tuple[float, float, float]]:
+    """Neighbouring slots drawn in the same shade, as one (mean rate): a long run stays a few rectangles."""
+    merged: list[tuple[float, float, float]] = []
+    level = None
+    for start, end, rate in rates:
+        this = -1 if rate == 0 else round(rate / peak * RATE_LEVELS)
+        if merged and this == level and abs(merged[-1][1] - start) < 1e-6:
+            previous = merged[-1]
+            seconds = (previous[1] - previous[0]) + (end - start)
+            mean = (previous[2] * (previous[1] - previous[0]) + rate * (end - start)) / seconds if seconds else rate
+            merged[-1] = (previous[0], end, mean)
+        else:
+            merged.append((start, end, rate))
+        level = this
+    return merged

@@ -1,0 +1,49 @@
+"""`podrun report`'s terminal summary: wall time, goodput and the rest by cause, each phase with its
+slowest worker, the attempts and why each ended; report.html shows it too."""
+
+from __future__ import annotations
+
+from podrun import jobstore
+from podrun.output import duration_text, worker_ranges
+from podrun.report.analysis import Analysis
+
+
+def summary(analysis: Analysis) -> list[str]:
+    record = analysis.record
+    lines = [record.outcome() if record.current_state() != jobstore.RUNNING else f"job {record.id} is running",
+             f"wall time {seconds_text(analysis.wall_s)}; goodput {analysis.goodput:.1%} "
+             f"({seconds_text(analysis.by_phase.get('run', 0.0))} in run)"]
+    rest = [f"{cause} {seconds_text(seconds)}" for cause, seconds in analysis.by_cause().items() if seconds > 0]
+    lines.append(f"the rest: {', '.join(rest) if rest else 'nothing'}")
+    shown = analysis.phases_shown()
+    if shown:
+        lines.append(f"{'phase':<10} {'time':>8}  slowest worker (summed over attempts)")
+    for phase in shown:
+        slowest = analysis.slowest(phase)
+        detail = ""
+        if slowest and len(analysis.worker_seconds(phase)) > 1:
+            worker, seconds, median = slowest
+            detail = f"w{worker} {seconds_text(seconds)}, +{seconds_text(seconds - median)} over the median worker"
+        elif slowest:
+            detail = f"w{slowest[0]} {seconds_text(slowest[1])}"
+        lines.append(f"{phase:<10} {seconds_text(analysis.by_phase.get(phase, 0.0)):>8}  {detail}".rstrip())
+    for attempt in analysis.attempts:
+        took = (attempt["ended_at"] or analysis.now) - attempt["started_at"]
+        why = f": {attempt['summary']}" if attempt["summary"] and attempt["state"] != jobstore.SUCCEEDED else ""
+        lines.append(f"attempt {attempt['attempt']}: {attempt['state']} after {seconds_text(took)}{why}")
+    for entry in record.phases:
+        if entry["phase"] == "preempted":
+            lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
+    silent = [worker for worker in analysis.workers if _silent(analysis, worker)]
+    if silent and analysis.counted_lines():
+        lines.append(f"printed nothing in run: {worker_ranges(silent)}")
+    return lines
+
+
+def _silent(analysis: Analysis, worker: int) -> bool:
+    rates = analysis.line_rates(worker)
+    return bool(rates) and not any(rate for _, _, rate in rates)
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.2f}s" if seconds < 10 else duration_text(seconds)
