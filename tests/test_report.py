@@ -106,7 +106,8 @@ def test_a_detached_jobs_run_ends_when_its_workers_say(home, job_file):
 def test_a_running_job_is_reported_up_to_now(home, job_file, tmp_path):
     release = tmp_path / "release"
     job = Background("exec", job_file(f"target: {{local: {{workers: 2}}}}\n"
-                                      f"run: echo started; until [ -e {release} ]; do sleep 0.05; done\n"))
+                                      f"run: echo started; until [ -e {release} ]; do sleep 0.05; done\n"),
+                     "--no-collapse")
     job.wait_for(r"^\[w1\] started$")
     result = podrun("report")  # the newest running job
     release.touch()
