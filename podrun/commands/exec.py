@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -12,7 +13,7 @@ from podrun.adhoc import COMMAND_LINE
 from podrun.commands.exec_options import ExecOptions
 from podrun.errors import SpecError, UsageError
 from podrun.output import ask, counted, say
-from podrun.plan import render
+from podrun.plan import render, secrets_from_launcher
 from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
 from podrun.targets import target_for
@@ -47,6 +48,7 @@ def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str |
     `job_id` and `on_running` (called once run has started everywhere) are a supervisor's (supervisor/daemon.py)."""
     if ships_code:
         check_run_script(spec)
+    secrets_from_launcher(spec, os.environ)  # a secret_env not exported is an error, said before any warning
     warn_of_written_secrets(spec)
     extra_env = parse_env_overrides(options.env)
     grace_s = parse_grace(options.grace)
