@@ -269,7 +269,7 @@ def test_100_mb_binary_and_unterminated_output_reach_the_log_and_never_mix_lines
               "for i in range(1_000_000):\n    out.write(line % i)\n"
               "out.write(b'binary \\xff\\xfe\\x00\\x1b[31m bytes\\n')\nout.write(b'no newline at the end')\n")
     spec = hosts_spec('run: python3 flood.py "$PODRUN_WORKER"', hosts=(0, 1), files={"flood.py": script})
-    result = podrun("exec", spec, text=False, timeout=300)
+    result = podrun("exec", spec, "--no-collapse", text=False, timeout=300)  # each worker's own lines, counted
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     job_id = job_id_in(result.stderr.decode())
     for index in (0, 1):
