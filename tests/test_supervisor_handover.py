@@ -34,6 +34,18 @@ def test_a_bad_supervisor_flag_is_one_line(home, job_file, flag, expected):
         expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def detached(spec: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """`exec SPEC --detach`, which succeeded: its result and the job's id."""
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    return started, job_id_in(started.stderr)
+
+
+def stop_leaves_nothing(job_id: str) -> None:
+    assert podrun("stop", job_id).returncode == 0
+    assert processes_of_job(job_id) == []
+
+
 def failed_handover(job_file, lab, supervisor, target: str):
     """`exec --detach` of a job on `target` handed to the supervisor, which fails: the result and its error lines."""
     spec = job_file(f"target: {target}\nssh: {{user: root, identity_file: {lab.client_key}}}\nrun: 'true'\n"
@@ -64,9 +76,7 @@ def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor
                       "secret_env: [HF_TOKEN]\n"
                       "run: 'echo got $(printf %s \"$HF_TOKEN$WANDB_API_KEY\" | sha256sum | cut -c1-16); exec sleep 600'",
                       env=f"WANDB_API_KEY: {written}")
-    started = podrun("exec", spec, "--detach")
-    assert started.returncode == 0, started.stderr
-    job_id = job_id_in(started.stderr)
+    _, job_id = detached(spec)
     digest = hashlib.sha256((exported + written).encode()).hexdigest()[:16]
     wait_until(lambda: f"got {digest}" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's line", timeout=30)
     command_lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
@@ -75,17 +85,14 @@ def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor
     found = subprocess.run(["grep", "-rlF", "-e", exported, "-e", written, str(supervisor.home)],
                            capture_output=True, text=True)
     assert found.stdout == "", f"secret values in files on the supervisor: {found.stdout}"
-    assert podrun("stop", job_id).returncode == 0
-    assert processes_of_job(job_id) == []
+    stop_leaves_nothing(job_id)
 
 
 @pytest.mark.slow
 def test_a_supervisor_that_dies_leaves_its_workers_to_stop_on_their_own_and_reads_lost(home, lab, hosts_spec,
                                                                                        supervisor):
     spec = supervised(hosts_spec, supervisor, "run: 'echo up; exec sleep 600'")
-    started = podrun("exec", spec, "--detach")
-    assert started.returncode == 0, started.stderr
-    job_id = job_id_in(started.stderr)
+    _, job_id = detached(spec)
     wait_until(lambda: processes_of_job(job_id), "the job's processes")
     os.kill(supervisor.record(job_id)["launcher"]["pid"], signal.SIGKILL)  # as a reboot ends it
     wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop without their launcher", timeout=45)
@@ -137,25 +144,20 @@ def test_a_key_the_supervisor_lacks_gives_way_to_its_own_and_a_refusal_names_the
 @pytest.mark.slow
 def test_stacks_of_a_supervised_job_come_through_its_supervisor_and_are_kept_there(home, lab, hosts_spec, supervisor):
     spec = supervised(hosts_spec, supervisor, "run: python3 -c 'import time; print(\"up\", flush=True); time.sleep(600)'")
-    started = podrun("exec", spec, "--detach")
-    assert started.returncode == 0, started.stderr
-    job_id = job_id_in(started.stderr)
+    _, job_id = detached(spec)
     wait_until(lambda: "up" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line", timeout=30)
     shown = podrun("stacks", job_id)
     assert shown.returncode == 0, shown.stderr
     assert "── worker 0 (" in shown.stdout and "── worker 1 (" in shown.stdout and "sleep" in shown.stdout, shown.stdout
     assert (supervisor.job_dir(job_id) / "stacks" / "1" / "w1.txt").is_file()
-    assert podrun("stop", job_id).returncode == 0
-    assert processes_of_job(job_id) == []
+    stop_leaves_nothing(job_id)
 
 
 @pytest.mark.slow
 def test_a_detached_handover_keeps_what_podrun_says_there_but_not_a_second_copy_of_the_output(home, lab, hosts_spec,
                                                                                             supervisor):
     spec = supervised(hosts_spec, supervisor, "run: 'while true; do echo tick; sleep 0.05; done'")
-    started = podrun("exec", spec, "--detach")
-    assert started.returncode == 0, started.stderr
-    job_id = job_id_in(started.stderr)
+    started, job_id = detached(spec)
     said_there = supervisor.home / ".podrun" / "supervised" / job_id / "stderr"
     assert f"(what podrun says there: /root/.podrun/supervised/{job_id}/stderr)" in started.stderr
     assert "── run (2 SSH hosts) ──" in said_there.read_text()
