@@ -139,7 +139,7 @@ def test_a_file_name_that_is_not_utf8_ships_as_its_bytes_to_local_workers(job_fi
 
 def test_a_file_name_that_is_not_utf8_ships_as_its_bytes_over_ssh_and_the_relay(job_file, home, lab):
     spec = latin_1_workdir(job_file)
-    result = podrun("exec", *lab_flags(lab), "--workdir", spec.parent / "code",
+    result = podrun("exec", *lab_flags(lab), "--workdir", spec.parent / "code", "--no-collapse",
                     "--", LIST_NAMES, text=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(b"[b'caf\\xe9.txt']") == 3

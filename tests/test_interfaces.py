@@ -28,7 +28,7 @@ def shown(stdout: str, step: str) -> dict[int, str]:
 @pytest.mark.slow
 def test_hostnames_resolving_to_loopback_get_the_interface_to_master_addr_in_setup_and_run(home, lab, hosts_spec):
     spec = hosts_spec(f"setup: sh -c '{SHOW_VARIABLES}' setup\nrun: sh -c '{SHOW_VARIABLES}' run")
-    result = podrun("exec", spec)
+    result = podrun("exec", spec, "--no-collapse")
     assert result.returncode == 0, result.stderr
     for step in ("setup", "run"):
         assert shown(result.stdout, step) == {index: "gloo=eth0 nccl=eth0" for index in range(3)}
@@ -42,7 +42,7 @@ def test_hostnames_resolving_to_loopback_get_the_interface_to_master_addr_in_set
 @pytest.mark.slow
 def test_a_host_whose_name_resolves_to_its_address_is_left_alone(home, lab, hosts_spec):
     with lab.names_resolving_to_addresses([2]):
-        result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}' run"))
+        result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}' run"), "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert shown(result.stdout, "run") == {0: "gloo=eth0 nccl=eth0", 1: "gloo=eth0 nccl=eth0", 2: "gloo= nccl="}
     assert f"on workers 0, 1 ({lab.hosts[0].ip}, {lab.hosts[1].ip})" in result.stderr
@@ -51,7 +51,7 @@ def test_a_host_whose_name_resolves_to_its_address_is_left_alone(home, lab, host
 @pytest.mark.slow
 def test_a_job_that_sets_either_variable_chooses_for_itself(home, lab, hosts_spec):
     result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}' run\n"
-                                       f"env: {{NCCL_SOCKET_IFNAME: '=eth0', PATH: /usr/bin:/bin}}"))
+                                       f"env: {{NCCL_SOCKET_IFNAME: '=eth0', PATH: /usr/bin:/bin}}"), "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert shown(result.stdout, "run") == {index: "gloo= nccl==eth0" for index in range(3)}
     assert "SOCKET_IFNAME to" not in result.stderr

@@ -51,7 +51,7 @@ def test_a_detached_job_fails_fast_on_its_workers_with_no_launcher_left(home, jo
     record = next(job for job in listed if job["id"] == job_id)
     assert (record["state"], record["exit_code"], record["summary"]) == ("failed", 3, "worker 1 exited with code 3")
     assert record["ended_at"] - record["started_at"] < 10
-    followed = podrun("logs", "-f", job_id)
+    followed = podrun("logs", "-f", job_id, "--no-collapse")
     assert followed.returncode == 3
     assert "[w0] worker 0 got SIGTERM" in followed.stdout
     assert followed.stdout.count("got SIGTERM") == 2  # once each: the job's processes got SIGTERM once
@@ -126,8 +126,9 @@ print("training", flush=True)
 while True:
     time.sleep(1)
 """})
-    job = Background("exec", "--grace", "10", spec)
-    job.wait_for(r"^\[w0-1\] training$")
+    job = Background("exec", "--grace", "10", "--no-collapse", spec)
+    for index in (0, 1):
+        job.wait_for(rf"^\[w{index}\] training$")
     job.process.send_signal(signal.SIGINT)
     assert job.finish() == 130
     assert job.text.count("got SIGTERM") == 2

@@ -102,7 +102,7 @@ def test_a_variable_the_user_sets_wins_over_podruns_megascale_value(home, tpu_ap
     for name in ("pod-a", "pod-b"):
         assert podrun("create", "v4-16", "--name", name).returncode == 0
     spec = multislice_spec(job_file, 'echo "port $MEGASCALE_PORT"', "names: [pod-a, pod-b]")
-    result = podrun("exec", spec, "--env", "MEGASCALE_PORT=9999")
+    result = podrun("exec", spec, "--env", "MEGASCALE_PORT=9999", "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("port 9999") == 4
 

@@ -146,7 +146,7 @@ LOOPBACK_LINE = ("podrun: set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to eth0 
 def test_the_loopback_line_says_what_podrun_set_where_for_a_torchrun_job(home, lab, hosts_spec):
     spec = hosts_spec("run: show.py\ndevice: CPU\ntorchrun: {nproc_per_node: 1, port: 29631}\n", hosts=(0, 1),
                       files={"show.py": f"import os\nos.system({SHOW_VARIABLES!r})\n"})
-    result = podrun("exec", spec)
+    result = podrun("exec", spec, "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("gloo=eth0 nccl=eth0") == 2
     ips = f"{lab.hosts[0].ip}, {lab.hosts[1].ip}"
@@ -155,7 +155,7 @@ def test_the_loopback_line_says_what_podrun_set_where_for_a_torchrun_job(home, l
 
 @pytest.mark.slow
 def test_a_cpu_job_without_torch_gets_the_variables_without_the_line(home, lab, hosts_spec):
-    result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}'\ndevice: CPU\n", hosts=(0, 1)))
+    result = podrun("exec", hosts_spec(f"run: sh -c '{SHOW_VARIABLES}'\ndevice: CPU\n", hosts=(0, 1)), "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("gloo=eth0 nccl=eth0") == 2  # set all the same: harmless where nothing reads them
     assert "SOCKET_IFNAME" not in result.stderr

@@ -71,7 +71,7 @@ def test_workers_with_different_torch_versions_are_named(home, lab, hosts_spec, 
 @pytest.mark.slow
 def test_torchrun_is_checked_after_setup_which_may_install_it(home, lab, hosts_spec, clean_bins):
     result = podrun("exec", spec_on(lab, hosts_spec, setup=f"setup: mkdir -p ~/bin && ln -sf {VENV_TORCHRUN} ~/bin/"),
-                    timeout=300)
+                    "--no-collapse", timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("trained") == 3
     assert job_id_in(result.stderr)

@@ -427,7 +427,7 @@ def test_processes_holding_the_tpu_are_named_and_killed_only_when_asked(home, tp
         assert "[w0] ran" not in refused.stdout
         assert holder.poll() is None
 
-        killed = podrun("exec", spec, "--kill-stale")
+        killed = podrun("exec", spec, "--kill-stale", "--no-collapse")
         assert killed.returncode == 0, killed.stderr
         assert "killed 1 process(es) that held the TPU" in killed.stderr
         assert holder.wait(timeout=10) != 0

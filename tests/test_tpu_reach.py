@@ -86,7 +86,7 @@ def test_a_node_without_external_ips_is_named_in_one_line_before_podrun_connects
     assert [endpoint.get("accessConfig") for endpoint in node["networkEndpoints"]] == [None, None]
     assert "enableExternalIps" not in node["networkConfig"]
 
-    result = podrun("exec", spec_on(job_file, "name: inside", "echo reached"))
+    result = podrun("exec", spec_on(job_file, "name: inside", "echo reached"), "--no-collapse")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("] reached") == 2
     lines = result.stderr.splitlines()

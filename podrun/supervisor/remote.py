@@ -28,8 +28,8 @@ async def connect(transport: Transport, host: str) -> None:
 
 
 def forward(record: jobstore.JobRecord, argv: list[str]) -> int:
-    """Run `podrun ARGV` on the record's supervisor, showing its output; its exit code. The record is
-    read again afterwards (a stop changed it)."""
+    """Run `podrun ARGV` on the record's supervisor, showing its output; its exit code. A running job's
+    record is read again afterwards (a stop or the end that `logs -f` saw changed it)."""
     async def run() -> int:
         transport = transport_for(_by(record)["endpoint"])
         try:
@@ -37,7 +37,8 @@ def forward(record: jobstore.JobRecord, argv: list[str]) -> int:
             channel = await transport.start(_podrun_command(record, argv))
             channel.stdin.write_eof()
             code = await relay(channel)
-            await refresh_one(record, transport)
+            if record.state == jobstore.RUNNING:
+                await refresh_one(record, transport)
             return code
         except ChannelLost as lost:
             raise PodrunError(f"supervisor {_by(record)['host']}: the link broke ({lost})") from None
