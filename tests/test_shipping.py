@@ -56,7 +56,7 @@ def test_a_workdir_whose_mtimes_are_in_the_workers_future_ships_despite_tars_war
         path = package / f"module_{index:04d}.py"
         path.write_text(f"NUMBER = {index}\n")
         os.utime(path, (future, future))
-    result = podrun("exec", spec, timeout=60)  # the old receivers hung here for good
+    result = podrun("exec", spec, "--no-collapse", timeout=60)  # the old receivers hung here for good
     assert result.returncode == 0, result.stderr
     for index in range(2):
         assert [line for line in result.stdout.splitlines() if line.startswith(f"[w{index}] ")] == [
@@ -147,7 +147,8 @@ def test_a_workdir_of_gigabytes_streams_to_the_workers_in_flat_memory(home, job_
     """)
     try:
         result = subprocess.run([sys.executable, "-c", PEAK_RSS, sys.executable, "-m", "podrun", "exec", str(spec),
-                                 "--allow-large-workdir"], capture_output=True, text=True, timeout=240, cwd=REPO)
+                                 "--allow-large-workdir", "--no-collapse"], capture_output=True, text=True, timeout=240,
+                                cwd=REPO)
         assert result.returncode == 0, result.stderr
         for worker in range(2):
             assert [line for line in result.stdout.splitlines() if line.startswith(f"[w{worker}] ")] == [

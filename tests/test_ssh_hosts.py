@@ -46,7 +46,7 @@ def test_each_host_gets_its_rank_the_rendezvous_address_and_its_own_code_copy(ho
           touch ~/mark-$PODRUN_WORKER
           cat data.txt
     """, hosts=(0, 1, 2, 3), files={"data.txt": "shipped\n"})
-    result = podrun("exec", spec)
+    result = podrun("exec", spec, "--no-collapse")
     assert result.returncode == 0, result.stderr
     ips = ",".join(h.ip for h in lab.hosts)
     for index, host in enumerate(lab.hosts):
