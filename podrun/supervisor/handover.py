@@ -24,7 +24,7 @@ import sys
 from podrun import exits, jobstore
 from podrun.cloud.settings import PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.commands.exec_options import ExecOptions
-from podrun.errors import UsageError
+from podrun.errors import PodrunError, UsageError
 from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
@@ -99,6 +99,8 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         if not await remote.refresh_one(record, transport) and code != 0:
             shutil.rmtree(record.dir)  # it failed before its job began there (no TPU API, a worker refused it)
         return code
+    except ChannelLost as lost:  # before the job's console began (its check, its code, its start)
+        raise PodrunError(f"supervisor {host}: the link broke ({lost})") from None
     finally:
         await transport.close()
 
