@@ -52,6 +52,8 @@ def remote_jobs_dir() -> str:
     return ".podrun/jobs"
 
 
-def remote_job_dir(job_id: str, attempt: int = 0) -> str:
-    """A job's files on a worker; each restart of the job (`restarts`) has its own: its log, its exit."""
-    return f"{remote_jobs_dir()}/{job_id}" + (f".attempt-{attempt}" if attempt else "")
+def remote_job_dir(job_id: str, attempt: int = 0, worker: int | None = None) -> str:
+    """A job's files on a worker; each restart of the job (`restarts`) has its own: its log, its exit.
+    Where every worker's root is one directory (Target.shares_root), each `worker` has one inside it."""
+    return f"{remote_jobs_dir()}/{job_id}" + (f".attempt-{attempt}" if attempt else "") + \
+        (f"/w{worker}" if worker is not None else "")

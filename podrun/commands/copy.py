@@ -32,8 +32,7 @@ from podrun.output import counted, say, size_text
 from podrun.remote import placement
 from podrun.shipping import archive, relay
 from podrun.shipping.scan import Tree
-from podrun.targets import target_for
-from podrun.targets.base import Worker
+from podrun.targets.base import Worker, target_for
 from podrun.transport.base import ChannelLost
 
 REMOTE = ":"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from podrun import exits
 from podrun.cloud import accelerators, capacity
-from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest
+from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest, through_queue
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
@@ -32,7 +32,7 @@ def create(positional: str | None, name: str | None, zone: str | None, project: 
     if not 1 <= slices <= accelerators.MAX_SLICES:
         raise UsageError(f"--slices {slices}: expected a number of slices from 2 to {accelerators.MAX_SLICES} "
                          f"(1: a single TPU VM)")
-    if valid_for is not None and not (queued or reservation or slices > 1):
+    if valid_for is not None and not through_queue(queued, reservation, slices):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
     request = TpuRequest(name, accelerator.name, version or accelerator.default_runtime, queued, spot, reservation,
                          _valid_for_s(valid_for), slices=slices, external_ips=not internal_ips)
@@ -83,7 +83,7 @@ def _accelerator(accelerator_type: str, gcloud_order: bool) -> accelerators.Acce
 def _valid_for_s(valid_for: str | None) -> float | None:
     if valid_for is None:
         return None
-    from podrun.spec import parse_valid_for  # pydantic loads only with --valid-for
+    from podrun.targets.tpu_options import parse_valid_for  # pydantic loads only with --valid-for
 
     try:
         return parse_valid_for(valid_for)

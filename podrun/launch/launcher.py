@@ -305,9 +305,13 @@ class Launch:
             for worker, report in zip(workers, reports):
                 if report.get("changed_count"):
                     say(changed_code_line(worker.index, report["changed"].split("\n"), report["changed_count"]))
-            await self._ship(self.tree, [worker for worker, report in zip(workers, reports) if not report["code"]])
+            missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
+            shipped_to = missing[:1] if self.target.shares_root else missing  # one home: the others see it there
+            await self._ship(self.tree, shipped_to)
             if self.interrupted.is_set():
                 return None
+            if seeing := [plan for plan in self.plans if plan.worker in missing[1:] and self.target.shares_root]:
+                await self._until_interrupted(preflight.check_shared_code(seeing, missing[0]))
         if self.spec.docker:  # run is wrapped in `docker run`
             await self._until_interrupted(preflight.check_docker(self.plans))
         if self.spec.setup:  # which may install torch: torchrun is checked once it has run

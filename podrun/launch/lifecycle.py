@@ -21,7 +21,6 @@ import traceback
 from collections.abc import Callable, Mapping
 
 from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
-from podrun.cloud import accelerators
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError
@@ -77,8 +76,9 @@ class Lifecycle:
 
     def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
-        if (tpu := self.spec.target.tpu) and tpu.accelerator_type:  # no TPU made (or deleted) for a job that cannot run
-            self._make_room(["ssh"] * len(select(accelerators.parse(tpu.accelerator_type).hosts * len(tpu.node_names))))
+        declared = self.spec.target.declared
+        if count := declared.worker_count(self.spec.target.options):  # nothing is made for a job that cannot run
+            self._make_room([declared.transport] * len(select(count)))
         try:
             provision_started = time.time()
             self.target.provision()
@@ -89,7 +89,7 @@ class Lifecycle:
             plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             self._make_room([plan.worker.transport.endpoint()["kind"] for plan in plans])
             record = self._new_record(job_id, stop_grace_s)
-            if getattr(self.target, "just_created", False):
+            if self.target.just_created:
                 self._record_creation(record, provision_started, provisioned)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
@@ -115,15 +115,16 @@ class Lifecycle:
     def _new_record(self, job_id: str, stop_grace_s: float) -> jobstore.JobRecord:
         spec, workers = self.spec, self.workers
         record = jobstore.JobRecord(
-            id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}",
-            spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s)
+            id=job_id, name=spec.name, target=self.target.record_label(workers),
+            spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s,
+            shared_root=self.target.shares_root)
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
         return record
 
     def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
         """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
-        if queued_until := getattr(self.target, "queued_until", None):
+        if queued_until := self.target.queued_until:
             timeline.add(record, "queue", started, queued_until)
             started = queued_until
         timeline.add(record, "create", started, ended)
@@ -207,23 +208,22 @@ class Lifecycle:
             raise both from None
 
     def _release_if_asked(self, record: jobstore.JobRecord | None) -> None:
-        """Delete the TPU when delete_after says so; a preempted one too when podrun can create it again
-        (it is of no use, and holds its name and quota until deleted), else say how."""
-        tpu = self.spec.target.tpu
+        """Give back what the target holds for this job alone (a Slurm allocation), and delete the TPU
+        when delete_after says so; a preempted one too when podrun can create it again (it is of no use,
+        and holds its name and quota until deleted), else say how."""
         state = record.state if record else jobstore.FAILED  # no record: it failed before the job started
         preempted = state == jobstore.PREEMPTED or self.recreating
-        if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
-            self.target.release()
-        elif preempted and tpu and tpu.accelerator_type:
-            say(f"deleting the preempted TPU VM {tpu.label}; the next `podrun exec` creates it again")
-            self.target.release()
-        elif preempted and tpu:
-            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: "
-                f"`{self.target.release_command()}`")
+        try:
+            if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
+                self.target.release()
+            elif preempted:
+                self.target.release_preempted()
+        finally:
+            self.target.free()
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:
-        return bool(self.max_restarts) or self.delete_after != "never"
+        return bool(self.max_restarts) or self.delete_after != "never" or self.target.holds
 
     def _fork_supervisor(self, record: jobstore.JobRecord) -> None:
         sys.stdout.flush()
@@ -231,7 +231,8 @@ class Lifecycle:
         pid = os.fork()
         if pid:
             record.supervisor = jobstore.process_identity(pid)
-            record.cleanup = self.target.release_command() if self.delete_after != "never" else None
+            record.cleanup = (self.target.release_command() if self.delete_after != "never" else
+                              self.target.free_command() if self.target.holds else None)
             record.save()
             say(f"a supervisor (pid {pid}) watches it and {self._duties()}; its log: "
                 f"{os.path.join(record.dir, SUPERVISOR_LOG)}")
@@ -244,6 +245,8 @@ class Lifecycle:
             duties.append(f"restarts it (at most {self.max_restarts} times, on {' or '.join(self.restart_on)})")
         if self.delete_after != "never":
             duties.append(f"deletes the TPU when it ends ({'always' if self.delete_after == 'always' else 'on success'})")
+        if self.target.holds:
+            duties.append(f"gives back {self.target.held} when it ends")
         return " and ".join(duties)
 
     def _supervise(self, record: jobstore.JobRecord) -> int:

@@ -29,7 +29,8 @@ from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
-from podrun.spec import HOST_FORMS, JobSpec, parse_host
+from podrun.spec import JobSpec
+from podrun.spec_fields import HOST_FORMS, parse_host
 from podrun.supervisor import install, remote
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
