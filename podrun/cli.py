@@ -103,14 +103,14 @@ def _disk(args: argparse.Namespace) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     from podrun.cloud.gcloud_flags import refusal
-    from podrun.commands.tpu import create
+    from podrun.commands.tpu import CreateOptions, create
     from podrun.errors import UsageError
 
     if args.gcloud_only:
         raise UsageError(refusal(args.gcloud_only[0]))
-    return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait,
-                  args.queued, args.reservation, args.valid_for, args.replace, args.slices, args.internal_ips,
-                  args.accelerator_flag)
+    return create(CreateOptions(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot,
+                                args.wait, args.queued, args.reservation, args.valid_for, args.replace, args.slices,
+                                args.internal_ips, args.accelerator_flag))
 
 
 def _list(args: argparse.Namespace) -> int:

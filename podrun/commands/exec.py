@@ -55,9 +55,9 @@ def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str |
                           options.collapse)
     if options.dry_run:
         workers = target.workers(dry_run=True)
-        plans = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
-                                job_id or jobstore.new_job_id(spec.name), attempt=0)
-        sys.stdout.write(render(plans, f"target: {target.describe(workers)}"))
+        job = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
+                              job_id or jobstore.new_job_id(spec.name), attempt=0)
+        sys.stdout.write(render(job.workers, f"target: {target.describe(workers)}", job))
         return 0
     return lifecycle.run(functools.partial(parse_worker_selection, options.worker),
                          spec.stop_grace_s if grace_s is None else grace_s, job_id, on_running)

@@ -27,7 +27,7 @@ from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.output import Terminal, counted, say, say_failure
-from podrun.plan import WorkerPlan, plan
+from podrun.plan import JobPlan, job_plan
 from podrun.shipping import scan
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
@@ -58,10 +58,9 @@ class Lifecycle:
         if target.departs:
             judgment.settings()
 
-    def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> list[WorkerPlan]:
-        return [worker_plan for worker_plan in plan(self.spec, self.target, workers, job_id, self.code_dir,
-                                                    self.extra_env, os.environ, attempt)
-                if worker_plan.worker.index in selected]
+    def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> JobPlan:
+        return job_plan(self.spec, self.target, workers, job_id, self.code_dir, self.extra_env, os.environ, attempt,
+                        selected)
 
     def run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None = None,
             on_running: Callable[[], None] | None = None) -> int:
@@ -86,14 +85,14 @@ class Lifecycle:
             provisioned = time.time()
             self.selected = select(len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
-            plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
-            self._make_room([plan.worker.transport.endpoint()["kind"] for plan in plans])
+            job = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
+            self._make_room([plan.worker.transport.endpoint()["kind"] for plan in job.workers])
             record = self._new_record(job_id, stop_grace_s)
             if self.target.just_created:
                 self._record_creation(record, provision_started, provisioned)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
-            code = self._launch(record, plans)
+            code = self._launch(record, job)
             if self.detach and record.state == jobstore.RUNNING:
                 if self._needs_supervisor():
                     self._fork_supervisor(record)
@@ -143,10 +142,10 @@ class Lifecycle:
                 say(hint)
         return code
 
-    def _launch(self, record: jobstore.JobRecord, plans: list[WorkerPlan]) -> int:
+    def _launch(self, record: jobstore.JobRecord, job: JobPlan) -> int:
         try:
-            collapse = Collapse([p.worker.index for p in plans]) if self.collapse else None
-            return asyncio.run(Launch(self.spec, self.target, plans, self.tree, record,
+            collapse = Collapse([p.worker.index for p in job.workers]) if self.collapse else None
+            return asyncio.run(Launch(self.target, job, self.tree, record,
                                       Terminal(worker_count=len(self.workers), collapse=collapse), self.detach,
                                       self.kill_stale, self._running_once).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers

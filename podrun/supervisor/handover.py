@@ -112,7 +112,7 @@ async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) 
     check = await transport.start(f"test -d {shlex.quote(directory)}")
     check.stdin.write_eof()
     if await check.wait() != 0:
-        await archive.ship(tree, name, [Worker(0, host, "", transport)])
+        await archive.ship(tree, remote_code_dir(name, tree.digest), [Worker(0, host, "", transport)])
 
 
 def _pointer(spec: JobSpec, job_id: str, host: str, transport: SshTransport, podrun: str,
