@@ -79,8 +79,10 @@ def _flags(declared: TargetKind) -> tuple[AdhocFlag, ...]:
 def _flag_of_field(field: str | None) -> str | None:
     """The flag that set an ad-hoc spec's field, for its errors: `target.hosts.1` -> --hosts."""
     parts = (field or "").split(".")
-    if parts[0] == "target" and len(parts) > 1:
-        return registry.kind(parts[1]).flag.name
+    if parts[0] == "target" and len(parts) > 1:  # the kind's flag, or the extra flag that set the field (--time)
+        declared = registry.kind(parts[1])
+        extra = next((flag for flag in declared.extra_flags if parts[2:3] == [flag.dest]), None)
+        return (extra or declared.flag).name
     if parts[0] == "ssh" and len(parts) > 1 and parts[1] in SSH_FLAGS:
         return SSH_FLAGS[parts[1]]
     return field

@@ -58,9 +58,12 @@ def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, 
                          f"local and DEST remote")
     tree = _local_tree(sources, recurse) if upload else None  # a missing source is named before connecting
     spec = target_spec(spec_path, flags)
-    workers = target_for(spec).workers(dry_run=False)
+    target = target_for(spec)
+    workers = target.workers(dry_run=False)
     workers = [workers[index] for index in sorted(parse_worker_selection(worker_selection, len(workers)))]
     if tree is not None:
+        if target.shares_root:  # one directory for every worker (a cluster's shared home): copied there once
+            workers = workers[:1]
         into = dest.removeprefix(REMOTE) or "."  # `:` alone is the login directory, as in scp
         sent = asyncio.run(_connected(workers, lambda: _upload(tree, sources, into, workers)))
         say(f"copied {counted(len(sources), 'path')} to {counted(len(workers), 'worker')}: {size_text(sent)} sent")
