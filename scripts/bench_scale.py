@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchlib import Lab, all_at_once, print_table, require_lab_tools, timed, write_lab_spec
+from benchlib import BRIDGE, Lab, all_at_once, print_table, require_lab_tools, timed, write_lab_spec
 
 PRINTER = ("import sys\nw = sys.argv[1]\nout = sys.stdout\n"
            "for i in range(int(sys.argv[2])):\n    out.write('w%s line %06d of the stream\\n' % (w, i))\n")
@@ -52,13 +52,16 @@ class Sample:
     cpu_s: float  # the launcher's own, from /proc/PID/stat at the last read (local workers' agents are its children)
     rss: int  # bytes, the peak
     fds: int  # the most open at once
-    written: int  # bytes (wchar), at the last read
+    written: int  # bytes: wchar at the last read (pipes and files), or sent over the lab's bridge (--hosts)
     phases: dict[str, float] = field(default_factory=dict)  # connect, ship, run: seconds, first start to last end
 
 
-def run_measured(command: list[str], env: dict) -> Sample:
-    """One podrun process's costs, read while it runs and from wait4; it must succeed."""
+def run_measured(command: list[str], env: dict, bridge: str | None = None) -> Sample:
+    """One podrun process's costs, read while it runs and from wait4; it must succeed. With `bridge`,
+    the bytes written are those this machine sent to the lab hosts (the bridge's tx_bytes: socket
+    sends are not in wchar; traffic between lab hosts, such as the relay's, is not on it)."""
     env = {**env, "PYTHONPATH": str(REPO)}  # this checkout's podrun, not an installed one
+    sent_before = _bridge_sent(bridge)
     started = time.perf_counter()
     with tempfile.TemporaryFile() as errors:  # a pipe left unread would stop podrun once full
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
@@ -81,6 +84,8 @@ def run_measured(command: list[str], env: dict) -> Sample:
         text = errors.read().decode()
     if process.returncode != 0:
         raise SystemExit(f"{command!r} failed: {text[-2000:]}")
+    if bridge:
+        written = _bridge_sent(bridge) - sent_before
     sample = Sample(time.perf_counter() - started, ticks / os.sysconf("SC_CLK_TCK"), usage.ru_maxrss * 1024, fds,
                     written)
     if found := re.search(r"job (\S+) succeeded", text):
@@ -88,6 +93,10 @@ def run_measured(command: list[str], env: dict) -> Sample:
         for phase in record["phases"]:
             sample.phases[phase["phase"]] = phase["end"] - phase["start"]
     return sample
+
+
+def _bridge_sent(bridge: str | None) -> int:
+    return int(Path(f"/sys/class/net/{bridge}/statistics/tx_bytes").read_text()) if bridge else 0
 
 
 def spawned_at_once(count: int) -> float:
@@ -116,7 +125,7 @@ def cost_table(title: str, samples: dict[int, tuple[Sample, float]], baseline: s
             *(f"{sample.phases[phase]:.2f}" if phase in sample.phases else "-" for phase in ("connect", "ship", "run"))]
     print_table(title, ["workers", "wall s", f"{baseline} s", "ratio", "CPU s", "CPU ms/worker",
                         "CPU ms/further worker", "max RSS MB", "KB/further worker", "peak fds", "fds/further worker",
-                        "written MB", "KB/worker", "connect s", "ship s", "run s"], table)
+                        "sent MB", "KB/worker", "connect s", "ship s", "run s"], table)
 
 
 MODEL_AT = (1024, 4096, 12_000)
@@ -130,7 +139,7 @@ def fit_table(title: str, samples: dict[int, tuple[Sample, float]]) -> None:
         "launcher CPU s": [sample.cpu_s for sample, _ in samples.values()],
         "max RSS MB": [sample.rss / 1e6 for sample, _ in samples.values()],
         "peak fds": [float(sample.fds) for sample, _ in samples.values()],
-        "written MB": [sample.written / 1e6 for sample, _ in samples.values()],
+        "sent MB": [sample.written / 1e6 for sample, _ in samples.values()],
         **{f"{phase} s": [sample.phases.get(phase, 0.0) for sample, _ in samples.values()]
            for phase in ("connect", "ship", "run")},
         "wall s": [sample.wall_s for sample, _ in samples.values()],
@@ -138,6 +147,8 @@ def fit_table(title: str, samples: dict[int, tuple[Sample, float]]) -> None:
     table = {}
     mean_n = statistics.fmean(counts)
     for name, values in quantities.items():
+        if not any(values):  # a phase that did not happen (ship, with the code already there)
+            continue
         mean_v = statistics.fmean(values)
         slope = (sum((n - mean_n) * (v - mean_v) for n, v in zip(counts, values))
                  / sum((n - mean_n) ** 2 for n in counts))
@@ -194,7 +205,7 @@ def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env:
                            for i in range(count)])
         samples, raws = [], []
         for _ in range(rounds):
-            samples.append(run_measured(command, env))
+            samples.append(run_measured(command, env, BRIDGE))
             raws.append(timed(ssh))
         rows[count] = (medians(samples), statistics.median(raws))
         print(f"  {count} hosts: {rows[count][0]}", file=sys.stderr, flush=True)
