@@ -123,7 +123,7 @@ def test_handshakes_in_flight_stay_within_the_setting_and_a_host_that_keeps_drop
         assert line.startswith(f"  127.0.0.1:{port}: the connection was closed before authentication, "), line
         assert "(sshd's MaxStartups drops handshakes beyond its limit: raise it there, or lower " \
                "PODRUN_SSH_HANDSHAKES (now 4); PODRUN_SSH_CONNECT_RETRY sets the seconds to keep trying)" in line
-    assert server.most_open == 4  # bounded, and not one at a time
+    assert 1 < server.most_open <= 4  # bounded, and not one at a time
     assert server.accepted > 12  # each was tried again
     assert took_s < 2 + 5 + 10  # the retry time, one last pause at most, start-up on a loaded machine
 
