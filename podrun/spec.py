@@ -31,6 +31,8 @@ from pydantic import (
 from podrun.cloud import accelerators
 from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, multislice_node_names
 from podrun.errors import PodrunError, SpecError
+from podrun.targets.slurm_options import EXPECTED as SLURM_EXPECTED
+from podrun.targets.slurm_options import SlurmOptions
 
 DEFAULT_LOCAL_WORKERS = 2
 DEFAULT_RDZV_PORT = 29500
@@ -173,6 +175,7 @@ class Target(_Model):
     tpu: TpuTarget | None = None
     hosts: list[HostEntry] | None = Field(None, min_length=1, description="host, user@host, host:port or user@host:port")
     local: LocalTarget | None = None
+    slurm: SlurmOptions | None = None  # temporary wiring, until targets/ is a registry (issue 29 part 1)
 
     @field_validator("tpu", "hosts", mode="before")
     @classmethod
@@ -185,17 +188,17 @@ class Target(_Model):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
-        given = [kind for kind in ("tpu", "hosts", "local") if kind in self.model_fields_set]
+        given = [kind for kind in ("tpu", "hosts", "local", "slurm") if kind in self.model_fields_set]
         if len(given) != 1:
             got = " and ".join(given) if given else "none"
-            raise ValueError(f"expected exactly one of tpu, hosts, local (got {got})")
+            raise ValueError(f"expected exactly one of tpu, hosts, local, slurm (got {got})")
         if self.local is None and given == ["local"]:  # `local:` with no value: the defaults
             self.local = LocalTarget()
         return self
 
     @property
     def kind(self) -> str:
-        return "tpu" if self.tpu else "hosts" if self.hosts else "local"
+        return "tpu" if self.tpu else "hosts" if self.hosts else "slurm" if self.slurm else "local"
 
 
 class SshOptions(_Model):
@@ -411,6 +414,7 @@ PORT = "a port number from 1 to 65535"
 # what every other field takes, as an error message says it: "expected ..."
 EXPECTED = {
     "target": "a mapping with one of tpu, hosts or local, such as {local: {workers: 2}}",
+    **SLURM_EXPECTED,
     "target.tpu": "a mapping such as {name: my-pod, zone: us-central2-b}",
     "target.tpu.name": "the TPU VM's name, such as my-pod",
     "target.tpu.names": "a list of two or more TPU VM names, such as [pod-a, pod-b]",

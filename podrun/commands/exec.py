@@ -38,6 +38,10 @@ def _where(spec: JobSpec) -> str:
         if tpu.names or tpu.slices:
             return f"the multislice {tpu.label} ({counted(len(tpu.node_names), 'slice')}{shape})"
         return f"the TPU VM {tpu.label}" + (f" ({tpu.accelerator_type}, created if missing)" if shape else "")
+    if target.slurm:  # temporary wiring, until targets/ is a registry (issue 29 part 1)
+        from podrun.targets.slurm_options import summary
+
+        return summary(target.slurm)
     assert target.local is not None, "a target is exactly one of tpu, hosts, local"
     return counted(target.local.workers, "local worker")
 

@@ -115,7 +115,8 @@ class Lifecycle:
     def _new_record(self, job_id: str, stop_grace_s: float) -> jobstore.JobRecord:
         spec, workers = self.spec, self.workers
         record = jobstore.JobRecord(
-            id=job_id, name=spec.name, target=f"{spec.target.kind}:{len(workers)}",
+            id=job_id, name=spec.name, target=(self.target.record_label(workers) if hasattr(self.target, "record_label")
+                                               else f"{spec.target.kind}:{len(workers)}"),
             spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s)
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
@@ -198,6 +199,8 @@ class Lifecycle:
         """_release_if_asked, after the run ended, or failed with `failure`: when the deletion fails too,
         the failure is said first (a creation that timed out, not only the deletion that then did too)."""
         try:
+            if getattr(self.target, "holds", False):  # temporary wiring: the registry's lifecycle calls free()
+                self.target.free()  # type: ignore[attr-defined]
             self._release_if_asked(record)
         except PodrunError as error:
             if not isinstance(failure, PodrunError):

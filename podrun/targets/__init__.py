@@ -3,8 +3,11 @@ each is imported only when a spec names it, so a local job never loads SSH or Go
 
 from __future__ import annotations
 
-from podrun.spec import JobSpec
-from podrun.targets.base import Target
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # temporary wiring: spec.py imports targets/slurm_options.py, which loads this package
+    from podrun.spec import JobSpec
+    from podrun.targets.base import Target
 
 
 def target_for(spec: JobSpec) -> Target:
@@ -12,6 +15,10 @@ def target_for(spec: JobSpec) -> Target:
         from podrun.targets.tpu import TpuVm
 
         return TpuVm(spec)
+    if spec.target.slurm is not None:  # temporary wiring, until targets/ is a registry (issue 29 part 1)
+        from podrun.targets.slurm import SlurmCluster
+
+        return SlurmCluster(spec)
     if spec.target.hosts is not None:
         from podrun.targets.hosts import SshHosts
 

@@ -14,6 +14,10 @@ def transport_for(endpoint: dict) -> Transport:
         from podrun.transport.local import LocalTransport
 
         return LocalTransport(endpoint["root"])
+    if endpoint["kind"] == "slurm":  # temporary wiring, until transports register by kind (issue 29 part 1)
+        from podrun.transport.slurm import from_endpoint
+
+        return from_endpoint(endpoint)
     from podrun.transport.ssh import SshTransport
 
     # records of jobs started before TPU workers had host key aliases have neither field, nor known_hosts_file
