@@ -98,7 +98,8 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
         check_command_size(spec.path, "run", run)
         cwd = paths.remote_run_dir(spec.name) if code_dir else "."
-        plans.append(WorkerPlan(worker, cwd, code_dir, paths.remote_job_dir(job_id, attempt),
+        job_dir = paths.remote_job_dir(job_id, attempt, worker.index if worker.transport.shared_root else None)
+        plans.append(WorkerPlan(worker, cwd, code_dir, job_dir,
                                 env, spec.setup, run, secret_keys, ips_file, container,
                                 term_leader_only=bool(spec.torchrun)))
     return plans

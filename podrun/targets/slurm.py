@@ -47,7 +47,9 @@ class SlurmCluster(Target):
         self.job_id: str | None = None
         self.nodes: list[tuple[str, str]] = []  # (node name, its address) in SLURM_JOB_NODELIST order
         self.login_ssh = self._login_transport()
-        self.shell = LoginShell(self.login_ssh)
+        # two connections to the login node: Slurm's commands (a thread of their own, for the synchronous
+        # steps of the lifecycle) and the workers' steps (in the launch's event loop)
+        self.shell = LoginShell(self._login_transport())
         self.link = LoginLink(self.login_ssh)
 
     @property
@@ -87,7 +89,7 @@ class SlurmCluster(Target):
         self.check_options(self._partitions())
         submitted = self._run(shlex.join(self.sbatch_argv()))
         if submitted.code != 0:
-            raise PodrunError(f"{self.spec.path}: target.slurm: sbatch refused the allocation: {submitted.error_line()}")
+            raise SpecError(self.spec.path, "target.slurm", f"sbatch refused the allocation: {submitted.error_line()}")
         self.job_id = submitted.stdout.strip().split(";")[0].splitlines()[-1].strip()
         if not self.job_id.isdigit():
             raise PodrunError(f"sbatch answered {submitted.stdout.strip()!r}, not a job id")
@@ -206,7 +208,7 @@ class SlurmCluster(Target):
         if self.job_id is None:  # `podrun ssh` / `cp`: the running job of this spec
             self._find_running()
         assert self.job_id is not None
-        return [Worker(index, f"{name} (job {self.job_id})", address,
+        return [Worker(index, name, address,
                        SlurmTransport(self.link, self._login_endpoint(), self.job_id, name))
                 for index, (name, address) in enumerate(self.nodes)]
 

@@ -54,6 +54,7 @@ class Channel(Protocol):
 class Transport(ABC):
     python: str  # the interpreter that runs the agent on the worker
     root: str  # the directory commands start in, as shown to the user
+    shared_root = False  # every worker's root is the same directory (a cluster's shared home): job files kept apart
 
     async def connect(self) -> None:
         """Open what start() needs (one connection per worker per job)."""

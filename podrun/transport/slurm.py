@@ -87,6 +87,7 @@ class SlurmTransport(Transport):
 
     python = "python3"
     root = "~"  # the (shared) home: srun starts where it was started, the login user's home
+    shared_root = True
 
     def __init__(self, link: LoginLink, login_endpoint: dict | None, job_id: str, node: str):
         self.link, self.login_endpoint = link, login_endpoint
