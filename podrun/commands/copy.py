@@ -62,6 +62,8 @@ def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, 
     workers = target_for(spec).workers(dry_run=False)
     workers = [workers[index] for index in sorted(parse_worker_selection(worker_selection, len(workers)))]
     if tree is not None:
+        if workers and workers[0].transport.shared_root:  # one directory for all (a cluster's shared home): once
+            workers = workers[:1]
         into = dest.removeprefix(REMOTE) or "."  # `:` alone is the login directory, as in scp
         sent = asyncio.run(_connected(workers, lambda: _upload(tree, sources, into, workers)))
         say(f"copied {counted(len(sources), 'path')} to {counted(len(workers), 'worker')}: {size_text(sent)} sent")

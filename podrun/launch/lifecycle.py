@@ -226,7 +226,8 @@ class Lifecycle:
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:
-        return bool(self.max_restarts) or self.delete_after != "never"
+        # temporary wiring: a target that holds capacity for the job alone frees it when the job ends
+        return bool(self.max_restarts) or self.delete_after != "never" or getattr(self.target, "holds", False)
 
     def _fork_supervisor(self, record: jobstore.JobRecord) -> None:
         sys.stdout.flush()
@@ -245,6 +246,8 @@ class Lifecycle:
         duties = []
         if self.max_restarts:
             duties.append(f"restarts it (at most {self.max_restarts} times, on {' or '.join(self.restart_on)})")
+        if getattr(self.target, "holds", False):  # temporary wiring
+            duties.append("releases the Slurm allocation when it ends")
         if self.delete_after != "never":
             duties.append(f"deletes the TPU when it ends ({'always' if self.delete_after == 'always' else 'on success'})")
         return " and ".join(duties)
@@ -276,6 +279,8 @@ class Lifecycle:
                 record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
                 return exits.INTERNAL_ERROR
             finally:
+                if getattr(self.target, "holds", False):  # temporary wiring
+                    self.target.free()  # type: ignore[attr-defined]
                 self._release_if_asked(record)
                 sys.stdout.flush()
 
