@@ -65,10 +65,13 @@ def _word(value: str) -> str:
     return value
 
 
-def _login(value: str) -> str:
-    from podrun.spec import parse_host  # here: spec.py imports this module
+# user@host[:port] (IPv6 in brackets); podrun.spec_fields.parse_host reads it (this module may not import spec.py)
+LOGIN = re.compile(r"^(?:[^@\s]+@)?(?:\[[0-9A-Fa-f:.]+\]|[^@:\s\[\]]+)(?::\d{1,5})?\Z")
 
-    parse_host(value)
+
+def _login(value: str) -> str:
+    if not LOGIN.match(value):
+        raise ValueError(f"expected host, user@host, host:port or user@host:port, got {value!r}")
     return value
 
 

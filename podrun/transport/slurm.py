@@ -132,9 +132,10 @@ def from_endpoint(endpoint: dict) -> Transport:
 
 
 def _ssh_from(login: dict) -> Transport:
-    from podrun.transport import transport_for
+    from podrun.transport.ssh import SshTransport  # asyncssh loads only with a login node
 
-    return transport_for(login)
+    return SshTransport(login["host"], login["port"], login["user"], login["identity_file"], login["check_host_keys"],
+                        known_hosts_file=login.get("known_hosts_file"))
 
 
 @dataclass(frozen=True)
