@@ -1,5 +1,6 @@
-"""Targets: where a job runs. One module per kind (local.py, hosts.py, tpu.py) behind base.Target;
-each is imported only when a spec names it, so a local job never loads SSH or Google's libraries."""
+"""Targets: where a job runs. One module per kind (local.py, hosts.py, tpu.py, slurm.py) behind base.Target;
+each is imported only when a spec names it, so a local job never loads SSH or Google's libraries.
+slurm_options.py: the slurm target's options, loaded with every spec."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Transports: how a command reaches one worker (base.py: the interface, the worker-side script
-bootstrap), over SSH (ssh.py) or as a local process tree (local.py); known_hosts.py: the host keys on
-record, podrun's and the user's."""
+bootstrap), over SSH (ssh.py), as a local process tree (local.py) or as a Slurm job step through the
+login node (slurm.py); known_hosts.py: the host keys on record, podrun's and the user's."""
 
 from __future__ import annotations
 
