@@ -166,6 +166,12 @@ class SlurmCluster(Target):
                         shown, shown_at = line, waited
                 time.sleep(POLL_S[min(polls, len(POLL_S) - 1)])
                 polls += 1
+        except KeyboardInterrupt:
+            if drawn:
+                sys.stderr.write("\n")
+                drawn = False
+            say(f"interrupted: cancelling Slurm job {self.job_id}, which had not started")
+            raise
         finally:
             if drawn:
                 sys.stderr.write("\n")
@@ -266,7 +272,13 @@ class SlurmCluster(Target):
             polls += 1
         say(f"Slurm job {job_id} cancelled; squeue still shows it after {GONE_TIMEOUT_S}s")
 
-    def release_command(self) -> str | None:
+    @property
+    def held(self) -> str:
+        """What it holds, for messages."""
+        return f"its Slurm allocation {self.job_id}" if self.job_id else "no Slurm allocation"
+
+    def free_command(self) -> str | None:
+        """What free() does, for a user to run when podrun could not."""
         if self.job_id is None:
             return None
         scancel = f"scancel {self.job_id}"
