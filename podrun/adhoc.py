@@ -1,6 +1,7 @@
-"""Targets named on the command line: `exec`, `ssh` and `cp` with --tpu, --hosts or --local instead
-of a spec file. They become a JobSpec like a file's, so an ad-hoc job gets what a spec's job gets
-(prefixes, logs, a job record, fail-fast, a clean stop); what is wrong is named by its flag.
+"""Targets named on the command line: `exec`, `ssh` and `cp` with a kind's flag (--tpu, --hosts,
+--local: targets/<kind>_options.py declares it) instead of a spec file. They become a JobSpec like a
+file's, so an ad-hoc job gets what a spec's job gets (prefixes, logs, a job record, fail-fast, a
+clean stop); what is wrong is named by its flag.
 """
 
 from __future__ import annotations
@@ -8,57 +9,83 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from podrun.errors import UsageError
 from podrun.spec import NAME_PATTERN, FieldProblems, JobSpec, load_spec, validate_fields
+from podrun.targets import registry
+from podrun.targets.kind import AdhocFlag, TargetKind
 
 ADHOC_NAME = "exec"  # an ad-hoc job's name, unless its --workdir names it
 COMMAND_LINE = Path("command line")  # what an ad-hoc spec's messages name as its file
-# the flag that sets each field of an ad-hoc spec, for its errors
-FLAG_OF_FIELD = {"target.tpu": "--tpu", "target.hosts": "--hosts", "target.local": "--local",
-                 "ssh.user": "--user", "ssh.identity_file": "--identity-file"}
+SSH_FLAGS = {"user": "--user", "identity_file": "--identity-file"}  # the spec's `ssh:` fields, for kinds that use SSH
 
 
 @dataclass(frozen=True)
 class TargetFlags:
-    tpu: str | None = None  # a name, or names joined by commas (slices created separately)
-    hosts: str | None = None  # comma-separated entries as target.hosts takes them
-    local: int | None = None
-    zone: str | None = None
-    project: str | None = None
-    user: str | None = None
-    identity_file: str | None = None
+    """The command line's target: each kind's flags (targets/<kind>_options.py), by dest, None where not given."""
+
+    values: Mapping[str, Any]
+
+    @classmethod
+    def from_args(cls, args: Any) -> TargetFlags:
+        dests = [flag.dest for declared in registry.kinds() for flag in _flags(declared)] + list(SSH_FLAGS)
+        return cls({dest: getattr(args, dest) for dest in dests})
 
     @property
     def given(self) -> bool:
-        return self.tpu is not None or self.hosts is not None or self.local is not None
+        return any(self.values[declared.flag.dest] is not None for declared in registry.kinds())
 
     def refuse_with_a_spec(self, spec_path: str) -> None:
-        named = [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]
+        named = [f"--{dest.replace('_', '-')}" for dest, value in self.values.items() if value is not None]
         if named:
             raise UsageError(f"{spec_path}: a spec names its own target; drop {', '.join(named)} or the spec")
 
     def target(self) -> dict:
         """The spec's `target` and `ssh` fields."""
-        named = [flag for flag, value in (("--tpu", self.tpu), ("--hosts", self.hosts), ("--local", self.local))
-                 if value is not None]
-        if len(named) > 1:
-            raise UsageError(f"{' and '.join(named)}: expected one target")
-        if (self.zone or self.project) and self.tpu is None:
-            raise UsageError(f"{'--zone' if self.zone else '--project'}: goes with --tpu")
-        if (self.user or self.identity_file) and self.local is not None:
-            raise UsageError(f"{'--user' if self.user else '--identity-file'}: goes with --tpu or --hosts")
-        ssh = {key: value for key, value in (("user", self.user), ("identity_file", self.identity_file)) if value}
-        if self.tpu is not None:
-            names = self.tpu.split(",")
-            where = {"zone": self.zone, "project": self.project}
-            tpu = {"names": names} if len(names) > 1 else {"name": self.tpu}
-            return {"target": {"tpu": {**tpu, **{key: value for key, value in where.items() if value}}}, "ssh": ssh}
-        if self.hosts is not None:
-            return {"target": {"hosts": [host.strip() for host in self.hosts.split(",")]}, "ssh": ssh}
-        return {"target": {"local": {"workers": self.local}}}
+        chosen = [declared for declared in registry.kinds() if self.values[declared.flag.dest] is not None]
+        if len(chosen) > 1:
+            raise UsageError(f"{' and '.join(declared.flag.name for declared in chosen)}: expected one target")
+        declared = chosen[0]
+        for other in registry.kinds():
+            for flag in other.extra_flags:
+                if other is not declared and self.values[flag.dest] is not None and flag not in declared.extra_flags:
+                    raise UsageError(f"{flag.name}: goes with {other.flag.name}")
+        ssh = {key: self.values[key] for key in SSH_FLAGS if self.values[key]}
+        if ssh and not declared.uses_ssh:
+            raise UsageError(f"{SSH_FLAGS[next(iter(ssh))]}: goes with "
+                             f"{either([kind.flag.name for kind in registry.kinds() if kind.uses_ssh])}")
+        extras = {flag.dest: self.values[flag.dest] for flag in declared.extra_flags}
+        options = declared.to_options(self.values[declared.flag.dest], extras)
+        return {"target": {declared.name: options}, **({"ssh": ssh} if declared.uses_ssh else {})}
+
+
+def target_flags_text() -> str:
+    """Every kind's flag, for messages: `--tpu, --hosts or --local`."""
+    return either([declared.flag.name for declared in registry.kinds()])
+
+
+def either(choices: list[str]) -> str:
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+
+
+def _flags(declared: TargetKind) -> tuple[AdhocFlag, ...]:
+    return (declared.flag, *declared.extra_flags)
+
+
+def _flag_of_field(field: str | None) -> str | None:
+    """The flag that set an ad-hoc spec's field, for its errors: `target.hosts.1` -> --hosts."""
+    parts = (field or "").split(".")
+    if parts[0] == "target" and len(parts) > 1:  # the kind's flag, or the extra flag that set the field (--time)
+        declared = registry.kind(parts[1])
+        extra = next((flag for flag in declared.extra_flags if parts[2:3] == [flag.dest]), None)
+        return (extra or declared.flag).name
+    if parts[0] == "ssh" and len(parts) > 1 and parts[1] in SSH_FLAGS:
+        return SSH_FLAGS[parts[1]]
+    return field
 
 
 def job_spec(spec_path: str | None, flags: TargetFlags, command: list[str], workdir: str | None = None) -> JobSpec:
@@ -66,12 +93,12 @@ def job_spec(spec_path: str | None, flags: TargetFlags, command: list[str], work
     if spec_path is not None:
         flags.refuse_with_a_spec(spec_path)
         if command:
-            raise UsageError(f"{spec_path}: the spec says what runs; `-- CMD` goes with --tpu, --hosts or --local")
+            raise UsageError(f"{spec_path}: the spec says what runs; `-- CMD` goes with {target_flags_text()}")
         if workdir is not None:
-            raise UsageError("--workdir: goes with --tpu, --hosts or --local (a spec has workdir:)")
+            raise UsageError(f"--workdir: goes with {target_flags_text()} (a spec has workdir:)")
         return load_spec(spec_path)
     if not flags.given:
-        raise UsageError("expected a job spec (JOB.yaml), or a target (--tpu, --hosts or --local) and -- CMD")
+        raise UsageError(f"expected a job spec (JOB.yaml), or a target ({target_flags_text()}) and -- CMD")
     if not command:
         raise UsageError("expected -- CMD after the target: the command to run on every worker")
     fields = {"name": _name(workdir), "run": command_line(command), **flags.target()}
@@ -86,7 +113,7 @@ def target_spec(spec_path: str | None, flags: TargetFlags) -> JobSpec:
         flags.refuse_with_a_spec(spec_path)
         return load_spec(spec_path)
     if not flags.given:
-        raise UsageError("expected a job spec (JOB.yaml) or a target: --tpu, --hosts or --local")
+        raise UsageError(f"expected a job spec (JOB.yaml) or a target: {target_flags_text()}")
     return _validated({"name": ADHOC_NAME, "run": "true", **flags.target()})
 
 
@@ -114,7 +141,6 @@ def _validated(fields: dict) -> JobSpec:
         spec = validate_fields(fields)
     except FieldProblems as error:
         field, expected = error.problems[0]
-        flag = next((flag for prefix, flag in FLAG_OF_FIELD.items() if (field or "").startswith(prefix)), field)
-        raise UsageError(f"{flag}: {expected}") from None
+        raise UsageError(f"{_flag_of_field(field)}: {expected}") from None
     spec._path = COMMAND_LINE
     return spec

@@ -103,14 +103,14 @@ def _disk(args: argparse.Namespace) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     from podrun.cloud.gcloud_flags import refusal
-    from podrun.commands.tpu import create
+    from podrun.commands.tpu import CreateOptions, create
     from podrun.errors import UsageError
 
     if args.gcloud_only:
         raise UsageError(refusal(args.gcloud_only[0]))
-    return create(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot, args.wait,
-                  args.queued, args.reservation, args.valid_for, args.replace, args.slices, args.internal_ips,
-                  args.accelerator_flag)
+    return create(CreateOptions(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot,
+                                args.wait, args.queued, args.reservation, args.valid_for, args.replace, args.slices,
+                                args.internal_ips, args.accelerator_flag))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -182,7 +182,14 @@ def _delete_arguments(sub: argparse.ArgumentParser) -> None:
 def _target_flags(args: argparse.Namespace):
     from podrun.adhoc import TargetFlags
 
-    return TargetFlags(args.tpu, args.hosts, args.local, args.zone, args.project, args.user, args.identity_file)
+    return TargetFlags.from_args(args)
+
+
+def _target_usage() -> str:
+    """`(--tpu NAME | --hosts H1,H2,... | --local N)`: each kind's flag (targets/registry.py)."""
+    from podrun.targets import registry
+
+    return "(" + " | ".join(f"{declared.flag.name} {declared.flag.metavar}" for declared in registry.kinds()) + ")"
 
 
 def _target_arguments(sub: argparse.ArgumentParser, spec_help: str | None) -> None:
@@ -192,20 +199,22 @@ def _target_arguments(sub: argparse.ArgumentParser, spec_help: str | None) -> No
         sub.add_argument("spec", nargs="?", metavar="JOB.yaml", help=spec_help)
     else:
         sub.set_defaults(spec=None)
+    from podrun.targets import registry
+
     where = sub.add_argument_group("a target instead of a spec")
-    where.add_argument("--tpu", metavar="NAME", help="a TPU VM (slices created separately: NAME,NAME,...)")
-    where.add_argument("--hosts", metavar="H1,H2,...", help="SSH hosts, each host, user@host, host:port or "
-                                                           "user@host:port")
-    where.add_argument("--local", type=_count, metavar="N", help="N local CPU workers")
-    where.add_argument("--zone", metavar="Z", help="the TPU's zone (default: gcloud's)")
-    where.add_argument("--project", metavar="P", help="the TPU's project (default: gcloud's)")
+    added: set[str] = set()
+    for declared in registry.kinds():
+        for flag in (declared.flag, *declared.extra_flags):
+            if flag.name not in added:  # an extra flag two kinds share (--partition) is one option
+                flag.add_to(where)
+                added.add(flag.name)
     where.add_argument("--user", metavar="U", help="SSH user (default: ~/.ssh/config's, else yours)")
     where.add_argument("--identity-file", metavar="F", help="SSH private key (default: ssh's)")
 
 
 def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     sub.usage = ("%(prog)s [options] JOB.yaml\n"
-                 "       %(prog)s [options] (--tpu NAME | --hosts H1,H2,... | --local N) -- CMD [ARG ...]")
+                 f"       %(prog)s [options] {_target_usage()} -- CMD [ARG ...]")
     _target_arguments(sub, "the job spec")
     sub.add_argument("--workdir", metavar="DIR",
                      help="with -- CMD: ship DIR and run CMD in it (default: nothing ships, CMD runs in the login "
@@ -244,14 +253,14 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
 
 def _ssh_arguments(sub: argparse.ArgumentParser) -> None:
     sub.usage = ("%(prog)s [options] [JOB.yaml] [--worker I] [-- CMD [ARG ...]]\n"
-                 "       %(prog)s [options] (--tpu NAME | --hosts H1,H2,... | --local N) [--worker I] [-- CMD ...]")
+                 f"       %(prog)s [options] {_target_usage()} [--worker I] [-- CMD ...]")
     _target_arguments(sub, "a job spec: its target and ssh settings")
     sub.add_argument("--worker", type=_count, default=0, metavar="I", help="which worker (default: 0)")
 
 
 def _cp_arguments(sub: argparse.ArgumentParser) -> None:
     sub.usage = ("%(prog)s [options] JOB.yaml SRC... DEST\n"
-                 "       %(prog)s [options] (--tpu NAME | --hosts H1,H2,... | --local N) SRC... DEST")
+                 f"       %(prog)s [options] {_target_usage()} SRC... DEST")
     _target_arguments(sub, None)
     sub.add_argument("paths", nargs="+", metavar="SRC... DEST",
                      help="a remote path is written :PATH (relative to the login directory, ~ the remote home); "
@@ -409,8 +418,9 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
 
 
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, dict[str, _Parser]]:
-    """The parser for argv and its commands' parsers: with a command named first, only that command's
-    (each costs argparse about a millisecond to build, and `podrun jobs` should start as fast as Python)."""
+    """The parser for argv and its commands' parsers: with a command named first, only that command's,
+    with its options; else every command's, without (each costs argparse about a millisecond to build,
+    `podrun jobs` should start as fast as Python, and exec's options load the spec's target kinds)."""
     parser = _Parser(
         prog="podrun", formatter_class=_help_formatter,
         description="Launch ML training on TPU VM pods, SSH GPU clusters and local CPU workers "
@@ -418,13 +428,14 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, dict[str, _P
     parser.add_argument("--version", action="version", version=f"podrun {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     command_parsers = {}
-    for name in [argv[0]] if argv and argv[0] in COMMANDS else COMMANDS:
+    named = argv[0] if argv and argv[0] in COMMANDS else None
+    for name in [named] if named else COMMANDS:
         summary, handler, add_arguments, cloud = COMMANDS[name]
         sub = commands.add_parser(name, help=summary, description=summary, formatter_class=_help_formatter)
         sub.set_defaults(handler=handler)
-        if cloud:
+        if named and cloud:  # podrun's own help lists the commands: their options are for their own
             _cloud_arguments(sub)
-        if add_arguments:
+        if named and add_arguments:
             add_arguments(sub)
         command_parsers[name] = sub
     return parser, command_parsers

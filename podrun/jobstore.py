@@ -48,7 +48,7 @@ class JobRecord:
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
-                 supervised_by: dict | None = None, phases: list[dict] | None = None):
+                 supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -72,9 +72,14 @@ class JobRecord:
         # holds what was last read of it; {host, endpoint: Transport.endpoint(), podrun: its command there}
         self.supervised_by = supervised_by
         self.phases = phases or []  # where its time went: timeline.py
+        self.shared_root = shared_root  # its workers share one home (Target.shares_root): a job directory each in it
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
+
+    def remote_job_dir(self, worker: WorkerRecord) -> str:
+        """The current attempt's directory on the worker (paths.remote_job_dir)."""
+        return paths.remote_job_dir(self.id, self.attempt, worker.index if self.shared_root else None)
 
     @property
     def dir(self) -> str:

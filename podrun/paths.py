@@ -54,7 +54,6 @@ def remote_jobs_dir() -> str:
 
 def remote_job_dir(job_id: str, attempt: int = 0, worker: int | None = None) -> str:
     """A job's files on a worker; each restart of the job (`restarts`) has its own: its log, its exit.
-    `worker`: where every worker's root is the same directory (Transport.shared_root: a cluster's shared
-    home), each worker's files are kept apart, in a directory of its own."""
-    return (f"{remote_jobs_dir()}/{job_id}" + (f".attempt-{attempt}" if attempt else "")
-            + (f".w{worker}" if worker is not None else ""))
+    Where every worker's root is one directory (Target.shares_root), each `worker` has one inside it."""
+    return f"{remote_jobs_dir()}/{job_id}" + (f".attempt-{attempt}" if attempt else "") + \
+        (f"/w{worker}" if worker is not None else "")

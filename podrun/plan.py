@@ -59,6 +59,42 @@ class WorkerPlan:
         return {key: SECRET_SHOWN_AS if key in self.secret_keys else value for key, value in self.env.items()}
 
 
+@dataclass(frozen=True)
+class JobPlan:
+    """What runs, for the whole job, decided once from the spec: launch/ executes it as it is, and
+    `--dry-run` prints it (render)."""
+
+    workers: list[WorkerPlan]  # the selected workers' plans, in worker order
+    code_dir: str  # the code version shipped to the workers that lack it; "": nothing ships
+    steps: tuple[str, ...]  # ("setup", "run") or ("run",)
+    checks: dict[str, tuple[str, ...]]  # what is checked on every worker before each step (CHECKS), in order
+    rendezvous_port: int | None  # torchrun's, on worker 0
+    stall_s: float | None  # the spec's `stall`: the launcher watches run's output for silence this long
+
+
+# what each check proves before a step (launch/preflight.py does them)
+CHECKS = {"docker": "every worker has docker",
+          "torchrun": "every worker finds torchrun, of one torch version",
+          "rendezvous": "worker 0's rendezvous port is free and every worker reaches it"}
+
+
+def job_plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,
+             extra_env: Mapping[str, str], launcher_env: Mapping[str, str], attempt: int = 0,
+             selected: set[int] | None = None) -> JobPlan:
+    """The job's plan, on the `selected` workers (default: all): plan()'s per worker, and the steps
+    with the checks before each. torchrun is checked once setup (which may install it) has run, except
+    in a container, which brings its own; the rendezvous before the first step and again before run."""
+    plans = [worker_plan for worker_plan in plan(spec, target, workers, job_id, code_dir, extra_env, launcher_env,
+                                                 attempt) if selected is None or worker_plan.worker.index in selected]
+    steps = ("setup", "run") if spec.setup else ("run",)
+    torchrun = ("torchrun",) if spec.torchrun and not spec.docker else ()
+    rendezvous = ("rendezvous",) if spec.torchrun else ()
+    checks = {steps[0]: ("docker",) * bool(spec.docker) + (rendezvous if spec.setup else torchrun + rendezvous)}
+    if spec.setup:
+        checks["run"] = torchrun + rendezvous
+    return JobPlan(plans, code_dir, steps, checks, spec.torchrun.port if spec.torchrun else None, spec.stall_s)
+
+
 def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,
          extra_env: Mapping[str, str], launcher_env: Mapping[str, str], attempt: int = 0) -> list[WorkerPlan]:
     """One WorkerPlan per worker, in worker order. `extra_env` is `--env K=V` from the command line;
@@ -98,9 +134,8 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
         check_command_size(spec.path, "run", run)
         cwd = paths.remote_run_dir(spec.name) if code_dir else "."
-        job_dir = paths.remote_job_dir(job_id, attempt, worker.index if worker.transport.shared_root else None)
-        plans.append(WorkerPlan(worker, cwd, code_dir, job_dir,
-                                env, spec.setup, run, secret_keys, ips_file, container,
+        job_dir = paths.remote_job_dir(job_id, attempt, worker.index if target.shares_root else None)
+        plans.append(WorkerPlan(worker, cwd, code_dir, job_dir, env, spec.setup, run, secret_keys, ips_file, container,
                                 term_leader_only=bool(spec.torchrun)))
     return plans
 
@@ -124,12 +159,14 @@ def job_files(worker_plan: WorkerPlan, step: str = "run") -> dict[str, str]:
     return files
 
 
-def render(plans: list[WorkerPlan], title: str | None = None) -> str:
+def render(plans: list[WorkerPlan], title: str | None = None, job: JobPlan | None = None) -> str:
     """The plan as the shell script each worker runs, secrets hidden: run as it is, in the worker's
-    starting environment, it does what the agent does; `title` (what the job runs on) as a comment first.
-    Past WORKERS_SHOWN_IN_FULL workers, each after worker 0 shows only its lines that differ from worker
-    0's, so that the script grows with the workers, not with their square."""
+    starting environment, it does what the agent does; `title` (what the job runs on) as a comment first,
+    then the `job`'s steps and checks. Past WORKERS_SHOWN_IN_FULL workers, each after worker 0 shows only
+    its lines that differ from worker 0's, so that the script grows with the workers, not with their square."""
     blocks = [f"# {title}"] if title else []
+    if job:
+        blocks[-1:] = ["\n".join([*blocks[-1:], *_steps_and_checks(job)])]
     interfaces_checked = checks_interfaces(plans)
     first: list[str] = []
     for worker_plan in plans:
@@ -141,6 +178,18 @@ def render(plans: list[WorkerPlan], title: str | None = None) -> str:
             lines = [lines[0] + ": as worker 0, except:", *differing]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def _steps_and_checks(job: JobPlan) -> list[str]:
+    lines = [f"# steps: {', '.join(job.steps)}" + (f", once the code is in ~/{job.code_dir} on every worker (shipped "
+                                                    f"where it is not)" if job.code_dir else "")]
+    for step in job.steps:
+        for check in job.checks.get(step, ()):
+            port = f" (port {job.rendezvous_port})" if check == "rendezvous" else ""
+            lines.append(f"# checked before {step}: {CHECKS[check]}{port}")
+    if job.stall_s:
+        lines.append(f"# run stops if no worker prints a line for {job.stall_s:g}s (stall); stacks are saved first")
+    return lines
 
 
 def _worker_script(worker_plan: WorkerPlan, interfaces_checked: bool) -> list[str]:

@@ -18,23 +18,30 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 
-from podrun.cloud import accelerators
-from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, multislice_node_names
 from podrun.errors import PodrunError, SpecError
-from podrun.targets.slurm_options import EXPECTED as SLURM_EXPECTED
-from podrun.targets.slurm_options import SlurmOptions
+from podrun.spec_fields import (
+    DURATION,
+    DURATION_SCHEMA,
+    HOST_FORMS,
+    HostEntry,
+    Model,
+    duration_s,
+    got,
+    yaml_kind,
+)
+from podrun.targets import registry
+from podrun.targets.kind import TargetKind
 
-DEFAULT_LOCAL_WORKERS = 2
 DEFAULT_RDZV_PORT = 29500
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -49,9 +56,6 @@ INT_TAG, FLOAT_TAG, MERGE_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:floa
 DEFAULT_STOP_GRACE_S = 30.0
 MAX_STOP_GRACE_S = 3600.0
 DURATION_EXAMPLES = "30s, 2m, 90 (seconds) or 1m30s"
-_NUMBER = r"\d+(?:\.\d+)?"
-# seconds, or hours, minutes and seconds; no named groups, for editors' (JavaScript) regular expressions too
-DURATION = re.compile(rf"(?=\d)(?:({_NUMBER})|(?:({_NUMBER})h)?(?:({_NUMBER})m)?(?:({_NUMBER})s)?)")
 # what `run` holds is guessed at only when it is one plain command
 SHELL_SYNTAX = re.compile(r"[;&|$`\n()<>]")
 # one word of a plain command, as the shell (and shlex.split, quadratic on a long word) reads it
@@ -68,140 +72,49 @@ PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?\Z")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Target(Model):
+    """Where the job runs: exactly one of the kinds targets/registry.py lists. Each kind's options are its
+    own (targets/<kind>_options.py); outside targets/, code asks the kind (`declared`), not its options."""
 
-
-def _accelerator_type(value: Any) -> Any:
-    if not isinstance(value, str):
-        raise ValueError(f"expected {EXPECTED['target.tpu.accelerator_type']}, got {_got(value)}")
-    try:
-        return accelerators.parse(value).name
-    except PodrunError as error:
-        raise ValueError(str(error)) from None
-
-
-def _valid_for(value: Any) -> float:
-    seconds = _duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
-    if seconds is None or not seconds > 0:
-        raise ValueError(f"expected {EXPECTED['target.tpu.valid_for']}, got {_got(value)}")
-    return float(seconds)
-
-
-def parse_valid_for(value: Any) -> float:
-    """`target.tpu.valid_for` (and `create --valid-for`): a duration above 0 -> seconds."""
-    return _valid_for(value)
-
-
-DURATION_SCHEMA = {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
-                             {"type": "string", "pattern": f"^{DURATION.pattern}$"}]}
-
-
-def _node_name(value: str) -> str:
-    if not NODE_NAME.match(value):
-        raise ValueError(f"expected a TPU VM name ({NODE_NAME_RULE}), got {value!r}")
-    return value
-
-
-TpuName = Annotated[str, AfterValidator(_node_name),
-                    WithJsonSchema({"type": "string", "pattern": NODE_NAME.pattern.replace("\\Z", "$")})]
-# what says how podrun creates the TPU; each needs accelerator_type, without which podrun creates nothing
-CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s")
-
-
-class TpuTarget(_Model):
-    name: TpuName | None = Field(None, description="TPU VM name; with slices, its queued resource's, and the prefix "
-                                                   "of its slices' names (NAME-0, NAME-1, ...)")
-    names: list[TpuName] | None = Field(
-        None, min_length=2, description="Multislice: TPU VMs created separately, joined as slices in this order")
-    slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
-                               description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
-    zone: str | None = None
-    project: str | None = None
-    internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
-    accelerator_type: Annotated[str, BeforeValidator(_accelerator_type)] | None = Field(
-        None, description="e.g. v4-32, v5litepod-16: `podrun exec` creates the TPU VM when it does not exist")
-    runtime_version: str | None = Field(None, min_length=1, description="default: the generation's runtime")
-    queued: bool = Field(False, description="create it through a queued resource, waiting for capacity")
-    spot: bool = Field(False, description="a Spot TPU: cheaper, may be preempted")
-    reservation: str | None = Field(None, min_length=1, description="create it in this reservation (queued)")
-    valid_for_s: Annotated[float, BeforeValidator(_valid_for), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
-        None, alias="valid_for", description="how long a queued request may wait for capacity, e.g. 6h")
-
-    @model_validator(mode="after")
-    def _creation_needs_a_type(self) -> TpuTarget:
-        if (self.name is None) == (self.names is None):
-            raise ValueError("expected exactly one of name and names: name for a TPU VM (with slices, a multislice), "
-                             "names for TPU VMs created separately, joined as slices" + ("; got both" if self.name else ""))
-        if self.names is not None:
-            said = [name for name in ("slices", "accelerator_type", *CREATION_FIELDS) if name in self.model_fields_set]
-            if said:
-                shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in said)
-                raise ValueError(f"names joins TPU VMs created separately, which podrun does not create: remove {shown} "
-                                 f"(or use name with slices: N to have podrun create the slices)")
-            if len(set(self.names)) < len(self.names):
-                raise ValueError(f"names lists a TPU VM twice: {', '.join(self.names)}")
-        given = [name for name in CREATION_FIELDS if name in self.model_fields_set]
-        if given and not self.accelerator_type:
-            shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in given)
-            raise ValueError(f"{shown} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
-        if self.spot and self.reservation:
-            raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
-        if self.valid_for_s is not None and not (self.queued or self.slices):
-            raise ValueError("valid_for is how long a queued request waits: set queued: true too")
-        return self
-
-    @property
-    def node_names(self) -> list[str]:
-        """The TPU VMs the job runs on, slice by slice."""
-        if self.names:
-            return list(self.names)
-        assert self.name is not None, "a TpuTarget has a name or names"
-        return multislice_node_names(self.name, self.slices) if self.slices else [self.name]
-
-    @property
-    def label(self) -> str:
-        """What to call it in messages and commands: the name, or the joined names."""
-        return self.name or "+".join(self.names or [])
-
-
-class LocalTarget(_Model):
-    workers: int = Field(DEFAULT_LOCAL_WORKERS, ge=1, le=1024)
-
-
-class Target(_Model):
-    """Where the job runs: exactly one of tpu, hosts, local."""
-
-    tpu: TpuTarget | None = None
-    hosts: list[HostEntry] | None = Field(None, min_length=1, description="host, user@host, host:port or user@host:port")
-    local: LocalTarget | None = None
-    slurm: SlurmOptions | None = None  # temporary wiring, until targets/ is a registry (issue 29 part 1)
-
-    @field_validator("tpu", "hosts", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
     def _not_empty(cls, value: Any, info: ValidationInfo) -> Any:
         # absent and empty differ: `hosts:` with nothing after it names the kind but no machine
-        if value is None:
-            wanted = "the TPU VM's fields (at least name)" if info.field_name == "tpu" else f"a list of hosts ({HOST_FORMS})"
-            raise ValueError(f"expected {wanted}, got nothing")
+        nothing = registry.kind(str(info.field_name)).nothing
+        if value is None and nothing:
+            raise ValueError(f"expected {nothing}, got nothing")
         return value
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> Target:
-        given = [kind for kind in ("tpu", "hosts", "local", "slurm") if kind in self.model_fields_set]
+    def _exactly_one(self) -> _Target:
+        given = [name for name in registry.names() if name in self.model_fields_set]
         if len(given) != 1:
-            got = " and ".join(given) if given else "none"
-            raise ValueError(f"expected exactly one of tpu, hosts, local, slurm (got {got})")
-        if self.local is None and given == ["local"]:  # `local:` with no value: the defaults
-            self.local = LocalTarget()
+            raise ValueError(f"expected exactly one of {', '.join(registry.names())} (got {' and '.join(given) or 'none'})")
+        if getattr(self, given[0]) is None:  # `local:` with no value: its defaults
+            setattr(self, given[0], registry.kind(given[0]).annotation())
         return self
 
     @property
     def kind(self) -> str:
-        return "tpu" if self.tpu else "hosts" if self.hosts else "slurm" if self.slurm else "local"
+        return next(name for name in registry.names() if getattr(self, name) is not None)
+
+    @property
+    def declared(self) -> TargetKind:
+        return registry.kind(self.kind)
+
+    @property
+    def options(self) -> Any:
+        """The kind's options, for its own modules (targets/)."""
+        return getattr(self, self.kind)
 
 
-class SshOptions(_Model):
+Target = create_model(  # type: ignore[call-overload]
+    "Target", __base__=_Target, __doc__=f"Where the job runs: exactly one of {', '.join(registry.names())}.",
+    **{declared.name: (declared.annotation | None, Field(None, description=declared.description, **declared.field_args))
+       for declared in registry.kinds()})
+
+
+class SshOptions(Model):
     """Defaults for every host; a host entry's own user@ and :port win. Unset: ~/.ssh/config, then ssh's defaults."""
 
     user: str | None = None
@@ -212,43 +125,22 @@ class SshOptions(_Model):
                                                       "it knows must present a key it holds for it")
 
 
-HOST_FORMS = "host, user@host, host:port or user@host:port"
-HOST_ENTRY = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^@:\s\[\]]+))"
-                        r"(?::(?P<port>\d{1,5}))?\Z")
-
-
-def parse_host(entry: str) -> tuple[str | None, str, int | None]:
-    """`host`, `user@host`, `host:port`, `user@host:port` (IPv6 in brackets) -> (user, host, port)."""
-    match = HOST_ENTRY.match(entry)
-    if not match or (match["port"] and not 1 <= int(match["port"]) <= 65535):
-        raise ValueError(f"expected {HOST_FORMS}, got {entry!r}")
-    return match["user"], match["ipv6"] or match["host"], int(match["port"]) if match["port"] else None
-
-
-def _host_entry(entry: str) -> str:
-    parse_host(entry)
-    return entry
-
-
-HostEntry = Annotated[str, AfterValidator(_host_entry)]
-
-
 def _nproc_per_node(value: Any) -> Any:
     # one message for the whole union, instead of one per member under pydantic's member tags
     if isinstance(value, str) and value.lower() in ("auto", "gpu", "cpu"):
         return value.lower()
     if type(value) is int and value >= 1:
         return value
-    raise ValueError(f"expected {EXPECTED['torchrun.nproc_per_node']}, got {_got(value)}")
+    raise ValueError(f"expected {EXPECTED['torchrun.nproc_per_node']}, got {got(value)}")
 
 
-class Torchrun(_Model):
+class Torchrun(Model):
     nproc_per_node: Annotated[Annotated[int, Field(ge=1)] | Literal["auto", "gpu", "cpu"],
                               BeforeValidator(_nproc_per_node)] = 1
     port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="rendezvous port on worker 0")
 
 
-class Docker(_Model):
+class Docker(Model):
     image: str = Field(min_length=1)
     args: list[str] = Field(default_factory=list, description="extra `docker run` arguments")
 
@@ -256,7 +148,7 @@ class Docker(_Model):
 def _env_value(value: Any) -> str:
     # bool is an int in Python, and YAML reads `yes`/`on` as booleans: make the user say which
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        got = "a boolean (quote it)" if isinstance(value, bool) else _yaml_kind(value)
+        got = "a boolean (quote it)" if isinstance(value, bool) else yaml_kind(value)
         raise ValueError(f"expected a string or number, got {got}")
     return str(value)
 
@@ -277,35 +169,26 @@ DEVICES: tuple[str, ...] = typing.get_args(DeviceName)
 def _device(value: Any) -> Any:
     if isinstance(value, str) and value.upper() in DEVICES:
         return value.upper()
-    raise ValueError(f"expected {EXPECTED['device']}, got {_got(value)}")
+    raise ValueError(f"expected {EXPECTED['device']}, got {got(value)}")
 
 
 Device = Annotated[DeviceName, BeforeValidator(_device),
                    WithJsonSchema({"enum": [*DEVICES, *(device.lower() for device in DEVICES)], "type": "string"})]
 
 
-def _duration_s(text: str) -> float | None:
-    """`30s`, `2m`, `1h`, `1m30s` or a plain number of seconds (`90`, `2.5`) -> seconds; None if none of those."""
-    match = DURATION.fullmatch(text.strip())
-    if not match:
-        return None
-    plain, hours, minutes, seconds = (float(part or 0) for part in match.groups())
-    return plain + hours * 3600 + minutes * 60 + seconds
-
-
 def parse_stop_grace(value: Any) -> float:
     """`stop_grace` (and `exec --grace`): a duration from 0s to 1h, a number being seconds -> seconds."""
-    seconds = _duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
     if seconds is None or not 0 <= seconds <= MAX_STOP_GRACE_S:  # NaN fails the comparison too
-        raise ValueError(f"expected {EXPECTED['stop_grace']}, got {_got(value)}")
+        raise ValueError(f"expected {EXPECTED['stop_grace']}, got {got(value)}")
     return float(seconds)
 
 
 def parse_stall(value: Any) -> float:
     """`stall` (and `exec --stall`): a duration above 0, a number being seconds -> seconds."""
-    seconds = _duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
     if seconds is None or not 0 < seconds < float("inf"):  # NaN fails the comparison too
-        raise ValueError(f"expected {EXPECTED['stall']}, got {_got(value)}")
+        raise ValueError(f"expected {EXPECTED['stall']}, got {got(value)}")
     return float(seconds)
 
 
@@ -318,11 +201,11 @@ def _lower_choice(field: str, choices: tuple[str, ...]):
     def parse(value: Any) -> Any:
         if isinstance(value, str) and value.lower() in choices:
             return value.lower()
-        raise ValueError(f"expected {EXPECTED[field]}, got {_got(value)}")
+        raise ValueError(f"expected {EXPECTED[field]}, got {got(value)}")
     return parse
 
 
-class Restarts(_Model):
+class Restarts(Model):
     max: int = Field(1, ge=0, le=100, description="how many times the job may restart (default 1)")
     on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
         Field(None, min_length=1,
@@ -345,7 +228,7 @@ StopGrace = Annotated[float, BeforeValidator(parse_stop_grace), WithJsonSchema({
     {"type": "string", "pattern": f"^{DURATION.pattern}$"}]})]
 
 
-class Supervisor(_Model):
+class Supervisor(Model):
     """A host that runs the job's whole life in place of the machine that started it."""
 
     host: HostEntry = Field(description="host, user@host, host:port or user@host:port; the spec's ssh: applies")
@@ -353,12 +236,12 @@ class Supervisor(_Model):
                                                  "podrun installs into ~/.podrun/venv")
 
 
-class JobSpec(_Model):
+class JobSpec(Model):
     """A podrun job: where it runs and what runs on every worker."""
 
     # optional in the file (json_schema() says so); load_spec fills in the file's stem
     name: str = Field(pattern=NAME_PATTERN, description="default: the file's stem")
-    target: Target = Field(default_factory=lambda: Target(local=LocalTarget()))
+    target: Target = Field(default_factory=lambda: Target.model_validate({registry.DEFAULT_KIND: None}))
     ssh: SshOptions = Field(default_factory=SshOptions)
     workdir: str = Field(".", description="shipped to every worker; relative to the spec file")
     setup: str | None = Field(None, description="runs on every worker before run")
@@ -393,7 +276,7 @@ class JobSpec(_Model):
         a preemption on a TPU, which podrun creates again, and a failure where nothing is preempted."""
         if self.restarts and self.restarts.on:
             return list(self.restarts.on)
-        return ["preemption"] if self.target.tpu else ["failure"]
+        return list(self.target.declared.default_restart_on)
 
     def is_secret(self, key: str) -> bool:
         return key in self.secret_env or bool(SECRET_KEY_PATTERN.search(key))
@@ -413,26 +296,8 @@ NAME_RULES = {
 PORT = "a port number from 1 to 65535"
 # what every other field takes, as an error message says it: "expected ..."
 EXPECTED = {
-    "target": "a mapping with one of tpu, hosts or local, such as {local: {workers: 2}}",
-    **SLURM_EXPECTED,
-    "target.tpu": "a mapping such as {name: my-pod, zone: us-central2-b}",
-    "target.tpu.name": "the TPU VM's name, such as my-pod",
-    "target.tpu.names": "a list of two or more TPU VM names, such as [pod-a, pod-b]",
-    "target.tpu.names.*": "a TPU VM's name, such as pod-a",
-    "target.tpu.slices": f"a number of slices from 2 to {accelerators.MAX_SLICES}",
-    "target.tpu.zone": "a zone such as us-central2-b",
-    "target.tpu.project": "a project id such as my-project",
-    "target.tpu.internal_ip": "true or false",
-    "target.tpu.accelerator_type": "an accelerator type such as v4-8, v5p-8, v5litepod-16 or v6e-8",
-    "target.tpu.runtime_version": "a runtime version such as tpu-ubuntu2204-base",
-    "target.tpu.queued": "true or false",
-    "target.tpu.spot": "true or false",
-    "target.tpu.reservation": "a reservation's name",
-    "target.tpu.valid_for": "a duration above 0 such as 30m, 6h or 1h30m",
-    "target.hosts": "a list of hosts such as [10.0.0.2, gpu-node-1, user@10.0.0.4:2222]",
-    "target.hosts.*": HOST_FORMS,
-    "target.local": "a mapping such as {workers: 2}",
-    "target.local.workers": "a number of workers from 1 to 1024",
+    "target": f"a mapping with one of {', '.join(registry.names())}, such as {{local: {{workers: 2}}}}",
+    **{key: text for declared in registry.kinds() for key, text in declared.expected_at().items()},
     "ssh": "a mapping such as {user: root, port: 22, identity_file: ~/.ssh/id_ed25519}",
     "ssh.user": "a user name such as root",
     "ssh.port": PORT,
@@ -516,7 +381,7 @@ def load_spec(path: str | Path) -> JobSpec:
     except RecursionError:  # YAML's reader and the checks recurse: thousands of nested [ or {
         raise SpecError(path, None, "nested too deeply to be a job spec") from None
     if not isinstance(data, dict):
-        raise SpecError(path, None, f"expected a mapping of job fields (run, target, ...), got {_yaml_kind(data)}")
+        raise SpecError(path, None, f"expected a mapping of job fields (run, target, ...), got {yaml_kind(data)}")
     if data.get("name") is None:
         if not re.match(NAME_PATTERN, path.stem):
             raise SpecError(path, "name", f"the file's stem {path.stem!r} is not a valid job name; "
@@ -601,22 +466,22 @@ def _refuse_python_under_torchrun(path: Path, run: str) -> None:
 
 
 def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
-    tpu = spec.target.tpu
-    if spec.delete_after != "never" and tpu is None:
+    declared = spec.target.declared
+    if spec.delete_after != "never" and not declared.deletes:
         raise SpecError(path, "delete_after", f"{spec.delete_after} deletes the TPU VM the job ran on, but the "
                                               f"target is {spec.target.kind}: remove it")
     if spec.restarts and spec.restarts.exit_codes and "failure" not in spec.restart_on:
         raise SpecError(path, "restarts.exit_codes", "limits failure restarts, but restarts.on does not hold "
                                                      "failure: add it, or remove exit_codes")
-    if spec.restarts and "preemption" in spec.restart_on and not (tpu and tpu.accelerator_type):
+    if spec.restarts and "preemption" in spec.restart_on and not declared.recreates(spec.target.options):
         raise SpecError(path, "restarts.on", f"{_preemption_restarts(spec)}; `on: [failure]` restarts failures")
 
 
 def _preemption_restarts(spec: JobSpec) -> str:
-    """Why a TPU without accelerator_type cannot restart on preemption (restarts.on, given or not)."""
+    """Why a target that cannot be made again cannot restart on preemption (restarts.on, given or not)."""
     given = spec.restarts is not None and spec.restarts.on is not None
-    return (f"{'' if given else 'on a tpu target, restarts default to '}preemption restarts, which create the "
-            f"TPU VM again, so they need target.tpu.accelerator_type")
+    return (f"{'' if given else f'on a {spec.target.kind} target, restarts default to '}preemption restarts, which "
+            f"create the TPU VM again, so they need target.tpu.accelerator_type")
 
 
 def check_command_size(path: Path, field: str, command: str) -> None:
@@ -744,12 +609,6 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{where}not valid YAML: {problem}"
 
 
-def _yaml_kind(value: Any) -> str:
-    kinds = {type(None): "nothing", bool: "a boolean", int: "a number", float: "a number",
-             str: "a string", list: "a list", dict: "a mapping"}
-    return kinds.get(type(value), f"a {type(value).__name__}")
-
-
 def _problems(error: ValidationError) -> list[tuple[str | None, str]]:
     """(field path, what is expected) for each of pydantic's errors, in podrun's words, without repeats."""
     problems: list[tuple[str | None, str]] = []
@@ -768,7 +627,7 @@ def _in_plain_words(detail: Any, loc: list[str]) -> str:
     if kind == "value_error":  # raised by podrun's own validators: already in its words
         return detail["msg"].removeprefix("Value error, ").replace("\n", "\\n")
     if kind == "invalid_key":
-        return f"every key must be a field name, got {_got(value)} as a key"
+        return f"every key must be a field name, got {got(value)} as a key"
     if kind == "extra_forbidden":
         known = _field_names(loc[:-1])
         nearest = difflib.get_close_matches(loc[-1], known, n=1)
@@ -776,19 +635,11 @@ def _in_plain_words(detail: Any, loc: list[str]) -> str:
     shape = _shape(loc)
     if kind == "string_pattern_mismatch":
         noun, rule = NAME_RULES[shape]
-        return f"{_got(value)} is not {noun}: {rule}"
+        return f"{got(value)} is not {noun}: {rule}"
     expected = EXPECTED.get(shape) or "{} ({})".format(*NAME_RULES[shape])
     if kind == "missing":
         return f"required field is missing; expected {expected}"
-    return f"expected {expected}, got {_got(value)}"
-
-
-def _got(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
-    if type(value) in (int, float):
-        return str(value)
-    return ("an empty " + _yaml_kind(value).removeprefix("a ")) if value in ([], {}) else _yaml_kind(value)
+    return f"expected {expected}, got {got(value)}"
 
 
 def _shape(loc: list[str]) -> str:

@@ -206,7 +206,8 @@ def test_numbers_in_env_reach_the_worker_as_written(home, job_file):
 def test_dry_run_says_which_environment_each_worker_starts_from(home, job_file):
     spec = job_file("run: echo")
     result = podrun("exec", spec, "--dry-run", env={"PATH": "/usr/bin:/bin", "PODRUN_HOME": str(home)})
-    assert result.stdout.startswith("# target: 2 local workers\n\n# worker 0: ")
+    assert result.stdout.startswith("# target: 2 local workers\n# steps: run, once the code is in ~/podrun/job/")
+    assert "\n\n# worker 0: " in result.stdout
     for index in (0, 1):
         assert (f"# worker {index}: local/w{index} (internal IP 127.0.0.1)\n"
                 f"# environment: podrun's own environment, inherited: PATH=/usr/bin:/bin and ") in result.stdout

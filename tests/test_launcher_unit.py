@@ -18,7 +18,7 @@ from podrun.errors import PodrunError
 from podrun.launch import steps
 from podrun.launch.launcher import Launch
 from podrun.output import Terminal
-from podrun.plan import plan
+from podrun.plan import job_plan
 from podrun.shipping import scan
 from podrun.spec import load_spec
 from podrun.targets.base import Target, Worker
@@ -85,12 +85,12 @@ def make_job(tmp_path, scripts: list[Script], spec: str = "run: python3 train.py
     target = FakeTarget(job_spec, workers, refusal)
     tree = scan.Tree(tmp_path, [], "0" * 16)  # the fake probes say the code is there: nothing ships
     job_id = jobstore.new_job_id(job_spec.name)
-    plans = plan(job_spec, target, workers, job_id, paths.remote_code_dir(job_spec.name, tree.digest), {}, {})
+    job = job_plan(job_spec, target, workers, job_id, paths.remote_code_dir(job_spec.name, tree.digest), {}, {})
     record = jobstore.JobRecord(id=job_id, name=job_spec.name, target=f"fake:{len(workers)}", spec_path=str(tmp_path),
                                 workers=[jobstore.WorkerRecord(w.index, w.address) for w in workers])
     record.create()
     screen = screen or io.BytesIO()
-    launch = Launch(job_spec, target, plans, tree, record, Terminal(stream=screen, prefixed=True), detach)
+    launch = Launch(target, job, tree, record, Terminal(stream=screen, prefixed=True), detach)
     return Job(launch, transports, changes, screen)
 
 

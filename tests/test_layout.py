@@ -6,13 +6,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from podrun.targets import registry
+
 PACKAGE = Path(__file__).resolve().parents[1] / "podrun"
-TARGET_KINDS = {"tpu", "hosts", "local"}
-# where a target's kind may be named: the targets themselves, the spec's schema, the CLI and the
-# spec it builds from its target flags (adhoc.py); the Cloud TPU API's own code (gcloud's
-# `api_endpoint_overrides/tpu`); the local transport's endpoint kind (transport/local.py, read back by
-# transport_for), which names a transport, not a target
-ALLOWED = {"targets", "spec.py", "cli.py", "adhoc.py", "cloud", "transport/local.py", "transport/__init__.py"}
+TARGET_KINDS = set(registry.names())
+# where a target's kind may be named: the targets themselves; the Cloud TPU API's own code (gcloud's
+# `api_endpoint_overrides/tpu`); the transports' endpoint kinds (transport/, read back by transport_for),
+# which name a transport, not a target
+ALLOWED = {"targets", "cloud", "transport"}
 
 
 def module_name(path: Path) -> str:
@@ -76,6 +77,26 @@ def test_target_kinds_are_named_only_by_the_targets_the_spec_and_the_cli():
             if isinstance(node, ast.Constant) and node.value in TARGET_KINDS:
                 named.append(f"{relative}:{node.lineno}: {node.value!r}")
     assert named == []
+
+
+def options_read_outside_targets(tree: ast.AST) -> list[int]:
+    """The lines that read a kind's options (`spec.target.tpu`, `target.options.name`) in a module."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and ((node.value.attr == "target" and node.attr in TARGET_KINDS) or node.value.attr == "options")]
+
+
+def test_only_the_targets_read_a_kinds_options():
+    """Outside targets/, code asks the kind's declaration (`spec.target.declared.deletes`), never its options."""
+    read = [f"{path.relative_to(PACKAGE)}:{line}" for path in PACKAGE.rglob("*.py")
+            if path.relative_to(PACKAGE).parts[0] != "targets"
+            for line in options_read_outside_targets(ast.parse(path.read_text()))]
+    assert read == []
+
+
+def test_the_options_check_sees_a_read():
+    assert options_read_outside_targets(ast.parse("if spec.target.tpu and x.target.options.name: pass")) == [1, 1]
+    assert options_read_outside_targets(ast.parse("declared.summary(spec.target.options)")) == []
 
 
 REMOTE = sorted(name for name in MODULES if name.startswith("podrun.remote."))

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from podrun.errors import SpecError
-from podrun.plan import SECRET_SHOWN_AS, plan, render
+from podrun.plan import CHECKS, SECRET_SHOWN_AS, job_plan, plan, render
 from podrun.spec import load_spec
 from podrun.targets.base import Target, Worker
 from podrun.transport.base import Transport
@@ -207,3 +207,25 @@ def test_plan_is_a_pure_function_of_its_inputs(spec):
     first = plan(job, target, fleet, JOB_ID, CODE_DIR, {"B": "2"}, launcher_env)
     assert first == plan(job, target, fleet, JOB_ID, CODE_DIR, {"B": "2"}, launcher_env)
     assert job.env == {"A": "1"} and launcher_env == {"API_KEY": "k"}
+
+
+@pytest.mark.parametrize("text, steps, checks", [
+    ("run: python3 train.py\n", ("run",), {"run": ()}),
+    ("run: train.py\ntorchrun: {port: 29600}\n", ("run",), {"run": ("torchrun", "rendezvous")}),
+    # setup may install torch: torchrun is checked after it, the port before each step
+    ("setup: pip install torch\nrun: train.py\ntorchrun: {}\n", ("setup", "run"),
+     {"setup": ("rendezvous",), "run": ("torchrun", "rendezvous")}),
+    # a container brings its own torchrun; docker itself is checked before the first step
+    ("setup: make\nrun: train.py\ntorchrun: {}\ndocker: {image: img}\n", ("setup", "run"),
+     {"setup": ("docker", "rendezvous"), "run": ("rendezvous",)}),
+])
+def test_the_job_plan_holds_the_steps_and_the_checks_before_each(spec, text, steps, checks):
+    job = job_plan(spec(text), GpuNodes(spec(text)), workers(), JOB_ID, CODE_DIR, {}, {}, selected={0, 2})
+    assert (job.steps, job.checks) == (steps, checks)
+    assert [worker_plan.worker.index for worker_plan in job.workers] == [0, 2]
+    shown = render(job.workers, "target: 3 SSH hosts", job).split("\n\n")[0].splitlines()
+    assert shown[:2] == ["# target: 3 SSH hosts", f"# steps: {', '.join(steps)}, once the code is in ~/{CODE_DIR} "
+                                                  f"on every worker (shipped where it is not)"]
+    assert shown[2:] == [f"# checked before {step}: {CHECKS[check]}" + (f" (port {job.rendezvous_port})"
+                                                                         if check == "rendezvous" else "")
+                         for step in steps for check in checks[step]]

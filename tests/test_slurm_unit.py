@@ -7,7 +7,7 @@ import pytest
 
 from podrun.errors import SpecError
 from podrun.spec import load_spec
-from podrun.targets import target_for
+from podrun.targets.base import target_for
 from podrun.targets.slurm import SlurmCluster, parse_records
 from podrun.targets.slurm_options import slurm_time_s
 from podrun.transport.slurm import srun_command
@@ -114,3 +114,25 @@ def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_fil
     assert "# worker 0: node 0 of the allocation" in out and "# worker 1: node 1 of the allocation" in out
     assert out.count("echo hi") == 2
     assert not (home / "jobs").exists()  # touched nothing
+
+
+def test_exec_slurm_names_an_adhoc_cluster(home):
+    result = podrun("exec", "--slurm", "me@login1", "--nodes", "3", "--partition", "gpu", "--time", "30",
+                    "--gpus-per-node", "8", "--dry-run", "--", "hostname")
+    assert result.returncode == 0, result.stderr
+    assert ("allocate: sbatch --parsable --job-name=podrun-exec --nodes=3 --ntasks-per-node=1 --output=/dev/null "
+            "--error=/dev/null --partition=gpu --time=30 --gpus-per-node=8 '--wrap=exec sleep 2147483647'") in result.stdout
+    here = podrun("exec", "--slurm", ".", "--dry-run", "--", "hostname")
+    assert "Slurm's commands run on this machine (the login node)" in here.stdout, here.stderr
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--slurm", ".", "--time", "4h"], "--time: expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, "
+                                       "such as 4:00:00, got '4h'"),
+    (["--slurm", "a b"], "--slurm: expected host, user@host, host:port or user@host:port, got 'a b'"),
+    (["--hosts", "a", "--nodes", "2"], "--nodes: goes with --slurm"),
+])
+def test_bad_adhoc_flags_are_named(home, flags, line):
+    result = podrun("exec", *flags, "--dry-run", "--", "hostname")
+    assert result.returncode == 2
+    assert result.stderr == f"podrun: error: {line}\n"

@@ -34,7 +34,7 @@ class TpuRequest:
 
     @property
     def through_queue(self) -> bool:
-        return self.queued or self.reservation is not None or self.slices > 1
+        return through_queue(self.queued, self.reservation, self.slices)
 
     @property
     def node_names(self) -> list[str]:
@@ -53,6 +53,12 @@ class TpuRequest:
         if self.through_queue:
             parts.append(f"queued for at most {duration_text(self.valid_for_s)}" if self.valid_for_s else "queued")
         return ", ".join(parts)
+
+
+def through_queue(queued: bool, reservation: str | None, slices: int | None) -> bool:
+    """Whether a TPU is asked for through a queued resource, where `valid_for` has a meaning: when asked
+    to, and always for a reservation or several slices (create's flags and a spec's fields alike)."""
+    return queued or reservation is not None or (slices or 1) > 1
 
 
 def multislice_node_names(name: str, slices: int) -> list[str]:

@@ -32,8 +32,7 @@ from podrun.output import counted, say, size_text
 from podrun.remote import placement
 from podrun.shipping import archive, relay
 from podrun.shipping.scan import Tree
-from podrun.targets import target_for
-from podrun.targets.base import Worker
+from podrun.targets.base import Worker, target_for
 from podrun.transport.base import ChannelLost
 
 REMOTE = ":"
@@ -59,10 +58,11 @@ def cp(spec_path: str | None, flags: TargetFlags, worker_selection: str | None, 
                          f"local and DEST remote")
     tree = _local_tree(sources, recurse) if upload else None  # a missing source is named before connecting
     spec = target_spec(spec_path, flags)
-    workers = target_for(spec).workers(dry_run=False)
+    target = target_for(spec)
+    workers = target.workers(dry_run=False)
     workers = [workers[index] for index in sorted(parse_worker_selection(worker_selection, len(workers)))]
     if tree is not None:
-        if workers and workers[0].transport.shared_root:  # one directory for all (a cluster's shared home): once
+        if target.shares_root:  # one directory for every worker (a cluster's shared home): copied there once
             workers = workers[:1]
         into = dest.removeprefix(REMOTE) or "."  # `:` alone is the login directory, as in scp
         sent = asyncio.run(_connected(workers, lambda: _upload(tree, sources, into, workers)))

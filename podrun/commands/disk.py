@@ -15,8 +15,7 @@ from podrun.errors import PodrunError
 from podrun.launch.steps import wait_for_workers
 from podrun.output import counted, print_table, size_text
 from podrun.spec import load_spec
-from podrun.targets import target_for
-from podrun.targets.base import Worker
+from podrun.targets.base import Worker, target_for
 from podrun.transport.base import ChannelLost
 
 DISK_TIMEOUT_S = 120  # measuring (and freeing) a worker's files: a big tree takes seconds, a login that hangs forever

@@ -12,38 +12,19 @@ from podrun import jobstore
 from podrun.adhoc import COMMAND_LINE
 from podrun.commands.exec_options import ExecOptions
 from podrun.errors import SpecError, UsageError
-from podrun.output import ask, counted, say
+from podrun.output import ask, say
 from podrun.plan import render, secrets_from_launcher
 from podrun.shipping import scan
 from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
-from podrun.targets import target_for
+from podrun.targets.base import target_for
 
 
 def validate(spec_path: str) -> JobSpec:
     spec = load_spec(spec_path)
     check_run_script(spec)
     warn_of_written_secrets(spec)
-    say(f"{spec_path}: valid; job {spec.name!r} on {_where(spec)}")
+    say(f"{spec_path}: valid; job {spec.name!r} on {spec.target.declared.summary(spec.target.options)}")
     return spec
-
-
-def _where(spec: JobSpec) -> str:
-    """What the spec runs on, as far as the spec alone says (validate asks no API and no host)."""
-    target = spec.target
-    if target.hosts:
-        return f"{counted(len(target.hosts), 'SSH host')}: {', '.join(target.hosts)}"
-    if target.tpu:
-        tpu = target.tpu
-        shape = f", {tpu.accelerator_type}" if tpu.accelerator_type else ""
-        if tpu.names or tpu.slices:
-            return f"the multislice {tpu.label} ({counted(len(tpu.node_names), 'slice')}{shape})"
-        return f"the TPU VM {tpu.label}" + (f" ({tpu.accelerator_type}, created if missing)" if shape else "")
-    if target.slurm:  # temporary wiring, until targets/ is a registry (issue 29 part 1)
-        from podrun.targets.slurm_options import summary
-
-        return summary(target.slurm)
-    assert target.local is not None, "a target is exactly one of tpu, hosts, local"
-    return counted(target.local.workers, "local worker")
 
 
 def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str | None = None,
@@ -59,7 +40,7 @@ def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str |
     if options.stall is not None:
         spec = spec.model_copy(update={"stall_s": parse_stall_flag(options.stall)})
     max_restarts = parse_restarts(spec, options.restarts)
-    if options.down and spec.target.tpu is None:
+    if options.down and not spec.target.declared.deletes:
         raise UsageError(f"--down: deletes the TPU the job ran on, but {spec.path} runs on {spec.target.kind} workers")
     if supervisor := options.supervisor or (spec.supervisor and spec.supervisor.host):
         from podrun.supervisor import handover
@@ -74,9 +55,9 @@ def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str |
                           options.collapse)
     if options.dry_run:
         workers = target.workers(dry_run=True)
-        plans = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
-                                job_id or jobstore.new_job_id(spec.name), attempt=0)
-        sys.stdout.write(render(plans, f"target: {target.describe(workers)}"))
+        job = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
+                              job_id or jobstore.new_job_id(spec.name), attempt=0)
+        sys.stdout.write(render(job.workers, f"target: {target.describe(workers)}", job))
         return 0
     return lifecycle.run(functools.partial(parse_worker_selection, options.worker),
                          spec.stop_grace_s if grace_s is None else grace_s, job_id, on_running)
@@ -123,8 +104,7 @@ def parse_restarts(spec: JobSpec, restarts: int | None) -> int:
     """restarts.max, or --restarts N; restarts on preemption need a TPU podrun can create again."""
     if restarts is None:
         return spec.restarts.max if spec.restarts else 0
-    tpu = spec.target.tpu
-    if restarts and "preemption" in spec.restart_on and not (tpu and tpu.accelerator_type):
+    if restarts and "preemption" in spec.restart_on and not spec.target.declared.recreates(spec.target.options):
         raise UsageError(f"--restarts {restarts}: restarts on preemption need a tpu target with accelerator_type "
                          f"(podrun creates it again); {spec.path} has none. To restart failures, set "
                          f"`restarts: {{on: [failure]}}` in the spec")

@@ -7,7 +7,7 @@ import sys
 
 from podrun.adhoc import TargetFlags, command_line, target_spec
 from podrun.errors import PodrunError, UsageError
-from podrun.targets import target_for
+from podrun.targets.base import target_for
 
 
 def ssh(spec_path: str | None, flags: TargetFlags, worker_index: int, command: list[str]) -> int:

@@ -7,11 +7,12 @@ import getpass
 import re
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from podrun import exits
 from podrun.cloud import accelerators, capacity
-from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest
+from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest, through_queue
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
@@ -19,30 +20,48 @@ from podrun.output import print_table, say
 if TYPE_CHECKING:
     from podrun.cloud.tpu_api import QueuedResource, TpuApi
 
-def create(positional: str | None, name: str | None, zone: str | None, project: str | None,
-           version: str | None, spot: bool, wait: bool, queued: bool = False, reservation: str | None = None,
-           valid_for: str | None = None, replace: bool = False, slices: int = 1, internal_ips: bool = False,
-           accelerator_flag: str | None = None) -> int:
-    """`positional`: the accelerator type (podrun's order), or with `accelerator_flag` the name (gcloud's)."""
-    accelerator_type, name = _type_and_name(positional, accelerator_flag, name)
-    accelerator = _accelerator(accelerator_type, gcloud_order=accelerator_flag is not None)  # before any API call
+@dataclass(frozen=True)
+class CreateOptions:
+    """`podrun create`'s arguments, as the CLI parsed them."""
+
+    positional: str | None  # the accelerator type (podrun's order), or with accelerator_flag the name (gcloud's)
+    name: str | None = None
+    zone: str | None = None
+    project: str | None = None
+    version: str | None = None
+    spot: bool = False
+    wait: bool = True
+    queued: bool = False
+    reservation: str | None = None
+    valid_for: str | None = None
+    replace: bool = False
+    slices: int = 1
+    internal_ips: bool = False
+    accelerator_flag: str | None = None
+
+
+def create(options: CreateOptions) -> int:
+    accelerator_type, name = _type_and_name(options.positional, options.accelerator_flag, options.name)
+    accelerator = _accelerator(accelerator_type, gcloud_order=options.accelerator_flag is not None)  # before any API call
     name = name or default_node_name(accelerator.name)
     if not NODE_NAME.match(name):
         raise UsageError(f"--name {name!r}: expected {NODE_NAME_RULE}")
+    slices = options.slices
     if not 1 <= slices <= accelerators.MAX_SLICES:
         raise UsageError(f"--slices {slices}: expected a number of slices from 2 to {accelerators.MAX_SLICES} "
                          f"(1: a single TPU VM)")
-    if valid_for is not None and not (queued or reservation or slices > 1):
+    if options.valid_for is not None and not through_queue(options.queued, options.reservation, slices):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
-    request = TpuRequest(name, accelerator.name, version or accelerator.default_runtime, queued, spot, reservation,
-                         _valid_for_s(valid_for), slices=slices, external_ips=not internal_ips)
-    api = _api(location(project, zone))
+    request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, options.queued,
+                         options.spot, options.reservation, _valid_for_s(options.valid_for), slices=slices,
+                         external_ips=not options.internal_ips)
+    api = _api(location(options.project, options.zone))
     if problem := capacity.blocked(api, request.node_names, name):
-        if not replace:
+        if not options.replace:
             raise PodrunError(problem)
         capacity.release(api, name)
     try:
-        nodes = capacity.obtain(api, request, wait)
+        nodes = capacity.obtain(api, request, options.wait)
     except KeyboardInterrupt:
         return exits.INTERRUPTED
     if not nodes:
@@ -83,7 +102,7 @@ def _accelerator(accelerator_type: str, gcloud_order: bool) -> accelerators.Acce
 def _valid_for_s(valid_for: str | None) -> float | None:
     if valid_for is None:
         return None
-    from podrun.spec import parse_valid_for  # pydantic loads only with --valid-for
+    from podrun.targets.tpu_options import parse_valid_for  # pydantic loads only with --valid-for
 
     try:
         return parse_valid_for(valid_for)

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from podrun import exits, file_limit, jobstore, paths, timeline
+from podrun import exits, file_limit, jobstore, timeline
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
 from podrun.launch.steps import StepResult, count_down
@@ -196,15 +196,10 @@ def _report_fields(line: str) -> dict | None:
     return fields
 
 
-def _job_dir(record: jobstore.JobRecord, index: int, transport: Transport) -> str:
-    """The worker's directory of the job's attempt (paths.remote_job_dir)."""
-    return paths.remote_job_dir(record.id, record.attempt, index if transport.shared_root else None)
-
-
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> WorkerReport:
     log_path = record.log_path(worker.index)
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    channel = await transport.start_python("log_follower", _job_dir(record, worker.index, transport),
+    channel = await transport.start_python("log_follower", record.remote_job_dir(worker),
                                            str(offset), "1" if follow else "0")
     channel.stdin.write_eof()
     with jobstore.open_log(log_path) as log:
@@ -249,7 +244,7 @@ async def stop_all(record: jobstore.JobRecord, first_stopping: Callable[[], None
             if first_stopping:
                 first_stopping()
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
-        channel = await transport.start_python("detached_stopper", _job_dir(record, worker.index, transport),
+        channel = await transport.start_python("detached_stopper", record.remote_job_dir(worker),
                                                str(wait_s), record.id, str(worker.index))
         channel.stdin.write_eof()
         notes, code = await asyncio.gather(channel.stderr.read(), channel.wait())

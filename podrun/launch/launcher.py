@@ -43,9 +43,8 @@ from podrun.output import (
     size_text,
     worker_ranges,
 )
-from podrun.plan import WorkerPlan
+from podrun.plan import JobPlan, WorkerPlan
 from podrun.shipping import archive, scan
-from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 from podrun.transport.base import ChannelLost
 
@@ -61,12 +60,13 @@ MIN_ERROR_ROWS = 5  # a failure names at least this many workers, however small 
 class Launch:
     """One `podrun exec`: owns the job record, the terminal and the interrupt handling."""
 
-    def __init__(self, spec: JobSpec, target: Target, plans: list[WorkerPlan], tree: scan.Tree | None,
-                 record: jobstore.JobRecord, terminal: Terminal, detach: bool, kill_stale: bool = False,
+    def __init__(self, target: Target, job: JobPlan, tree: scan.Tree | None, record: jobstore.JobRecord,
+                 terminal: Terminal, detach: bool, kill_stale: bool = False,
                  on_running: Callable[[], None] | None = None):
-        self.spec = spec
         self.target = target
-        self.plans = plans
+        self.job = job  # what runs: the steps, the checks before each, each worker's plan (plan.py)
+        self.plans = job.workers  # each worker's, with the interfaces its probe found (preflight.py)
+        plans = job.workers
         self.detach = detach
         self.kill_stale = kill_stale
         self.on_running = on_running  # called once run has started on every worker
@@ -94,10 +94,10 @@ class Launch:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
             _raise_first_error(connected, self.plans, "connect")  # before anything started anywhere
-            steps = ("setup", "run") if self.spec.setup else ("run",)
+            steps = self.job.steps
             for step in steps:
                 if step != steps[0]:
-                    await self._check_before_run()
+                    await self._check(step)
                 if self.interrupted.is_set():
                     break
                 failure = await self._run_step(step, first=step == steps[0])
@@ -137,7 +137,7 @@ class Launch:
     async def _run_step(self, step: str, first: bool) -> StepResult | None:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         detach = self.detach and step == "run"
-        stall_s = self.spec.stall_s
+        stall_s = self.job.stall_s
         watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
                  "bind": self.plans[0].worker.internal_ip, "stall": stall_s,
                  "alive_every": stall.alive_every(stall_s) if stall_s else None,
@@ -204,7 +204,7 @@ class Launch:
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         departure = asyncio.ensure_future(self.departed.wait())
-        watches_stall = step == "run" and self.spec.stall_s and not self.detach  # detached: agent.Hub watches
+        watches_stall = step == "run" and self.job.stall_s and not self.detach  # detached: agent.Hub watches
         silence: asyncio.Future = asyncio.ensure_future(
             self._silence(worker_steps) if watches_stall else asyncio.Event().wait())
         failure = None
@@ -258,9 +258,9 @@ class Launch:
     async def _silence(self, worker_steps: list[WorkerStep]) -> dict[int, float]:
         """Returns once no worker has printed anything for the spec's `stall` (the clock starts now):
         how long each worker has been silent."""
-        assert self.spec.stall_s
+        assert self.job.stall_s
         started = time.monotonic()
-        while (left := max(started, *(ws.output_at for ws in worker_steps)) + self.spec.stall_s
+        while (left := max(started, *(ws.output_at for ws in worker_steps)) + self.job.stall_s
                - time.monotonic()) > 0:
             await asyncio.sleep(left)
         now = time.monotonic()
@@ -305,15 +305,14 @@ class Launch:
             for worker, report in zip(workers, reports):
                 if report.get("changed_count"):
                     say(changed_code_line(worker.index, report["changed"].split("\n"), report["changed_count"]))
-            await self._ship(self.tree, [worker for worker, report in zip(workers, reports) if not report["code"]])
+            missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
+            shipped_to = missing[:1] if self.target.shares_root else missing  # one home: the others see it there
+            await self._ship(self.tree, shipped_to)
             if self.interrupted.is_set():
                 return None
-        if self.spec.docker:  # run is wrapped in `docker run`
-            await self._until_interrupted(preflight.check_docker(self.plans))
-        if self.spec.setup:  # which may install torch: torchrun is checked once it has run
-            await self._check_rendezvous()
-        else:
-            await self._check_before_run()
+            if seeing := [plan for plan in self.plans if plan.worker in missing[1:] and self.target.shares_root]:
+                await self._until_interrupted(preflight.check_shared_code(seeing, missing[0]))
+        await self._check(step)
         return None
 
     async def _probed(self, ws: WorkerStep) -> dict | None:
@@ -321,19 +320,26 @@ class Launch:
         timeline.end(self.connecting, ws.plan.worker.index)
         return report
 
-    async def _check_before_run(self) -> None:
-        if self.spec.torchrun and not self.spec.docker and not self.interrupted.is_set():
-            await self._until_interrupted(preflight.check_torchrun(self.plans))
-        await self._check_rendezvous()
+    async def _check(self, step: str) -> None:
+        """The checks the plan holds before `step`, in order (plan.CHECKS)."""
+        for check in self.job.checks.get(step, ()):
+            if self.interrupted.is_set():
+                return
+            if check == "docker":
+                await self._until_interrupted(preflight.check_docker(self.plans))
+            elif check == "torchrun":
+                await self._until_interrupted(preflight.check_torchrun(self.plans))
+            elif check == "rendezvous":
+                assert self.job.rendezvous_port is not None, "a rendezvous check comes with torchrun's port"
+                await self._until_interrupted(
+                    preflight.check_rendezvous([p.worker for p in self.plans], self.job.rendezvous_port))
 
     async def _ship(self, tree: scan.Tree, missing: list[Worker]) -> None:
         if missing:
             say_phase("ship", counted(len(missing), self.target.worker_noun))
         shipping_started = time.monotonic()
         shipping = timeline.begin(self.record, "ship", [worker.index for worker in missing]) if missing else None
-        if getattr(self.target, "shares_root", False):  # temporary wiring: one shared home gets the code once
-            missing = missing[:1]
-        sent = await self._until_interrupted(archive.ship(tree, self.spec.name, missing))
+        sent = await self._until_interrupted(archive.ship(tree, self.job.code_dir, missing))
         if shipping:
             timeline.end(shipping)
             shipping["bytes"] = sent or 0
@@ -342,12 +348,6 @@ class Launch:
         say(f"shipped code ({counted(len(tree.files), 'file')}) to {counted(len(missing), 'worker')}: "
             f"{size_text(sent or 0)} sent "
             f"in {time.monotonic() - shipping_started:.1f}s" if missing else "code unchanged on every worker")
-
-    async def _check_rendezvous(self) -> None:
-        """Before anything starts, and again right before run: a port taken meanwhile is named too."""
-        if self.spec.torchrun and not self.interrupted.is_set():
-            await self._until_interrupted(
-                preflight.check_rendezvous([p.worker for p in self.plans], self.spec.torchrun.port))
 
     async def _until_interrupted(self, work):
         """Await `work`, abandoning it (None) if the user interrupts first."""

@@ -21,14 +21,13 @@ import traceback
 from collections.abc import Callable, Mapping
 
 from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
-from podrun.cloud import accelerators
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.output import Terminal, counted, say, say_failure
-from podrun.plan import WorkerPlan, plan
+from podrun.plan import JobPlan, job_plan
 from podrun.shipping import scan
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
@@ -59,10 +58,9 @@ class Lifecycle:
         if target.departs:
             judgment.settings()
 
-    def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> list[WorkerPlan]:
-        return [worker_plan for worker_plan in plan(self.spec, self.target, workers, job_id, self.code_dir,
-                                                    self.extra_env, os.environ, attempt)
-                if worker_plan.worker.index in selected]
+    def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> JobPlan:
+        return job_plan(self.spec, self.target, workers, job_id, self.code_dir, self.extra_env, os.environ, attempt,
+                        selected)
 
     def run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None = None,
             on_running: Callable[[], None] | None = None) -> int:
@@ -77,8 +75,9 @@ class Lifecycle:
 
     def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
-        if (tpu := self.spec.target.tpu) and tpu.accelerator_type:  # no TPU made (or deleted) for a job that cannot run
-            self._make_room(["ssh"] * len(select(accelerators.parse(tpu.accelerator_type).hosts * len(tpu.node_names))))
+        declared = self.spec.target.declared
+        if count := declared.worker_count(self.spec.target.options):  # nothing is made for a job that cannot run
+            self._make_room([declared.transport] * len(select(count)))
         try:
             provision_started = time.time()
             self.target.provision()
@@ -86,14 +85,14 @@ class Lifecycle:
             provisioned = time.time()
             self.selected = select(len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
-            plans = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
-            self._make_room([plan.worker.transport.endpoint()["kind"] for plan in plans])
+            job = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
+            self._make_room([plan.worker.transport.endpoint()["kind"] for plan in job.workers])
             record = self._new_record(job_id, stop_grace_s)
-            if getattr(self.target, "just_created", False):
+            if self.target.just_created:
                 self._record_creation(record, provision_started, provisioned)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
-            code = self._launch(record, plans)
+            code = self._launch(record, job)
             if self.detach and record.state == jobstore.RUNNING:
                 if self._needs_supervisor():
                     self._fork_supervisor(record)
@@ -115,16 +114,16 @@ class Lifecycle:
     def _new_record(self, job_id: str, stop_grace_s: float) -> jobstore.JobRecord:
         spec, workers = self.spec, self.workers
         record = jobstore.JobRecord(
-            id=job_id, name=spec.name, target=(self.target.record_label(workers) if hasattr(self.target, "record_label")
-                                               else f"{spec.target.kind}:{len(workers)}"),
-            spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s)
+            id=job_id, name=spec.name, target=self.target.record_label(workers),
+            spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s,
+            shared_root=self.target.shares_root)
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
         return record
 
     def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
         """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
-        if queued_until := getattr(self.target, "queued_until", None):
+        if queued_until := self.target.queued_until:
             timeline.add(record, "queue", started, queued_until)
             started = queued_until
         timeline.add(record, "create", started, ended)
@@ -143,10 +142,10 @@ class Lifecycle:
                 say(hint)
         return code
 
-    def _launch(self, record: jobstore.JobRecord, plans: list[WorkerPlan]) -> int:
+    def _launch(self, record: jobstore.JobRecord, job: JobPlan) -> int:
         try:
-            collapse = Collapse([p.worker.index for p in plans]) if self.collapse else None
-            return asyncio.run(Launch(self.spec, self.target, plans, self.tree, record,
+            collapse = Collapse([p.worker.index for p in job.workers]) if self.collapse else None
+            return asyncio.run(Launch(self.target, job, self.tree, record,
                                       Terminal(worker_count=len(self.workers), collapse=collapse), self.detach,
                                       self.kill_stale, self._running_once).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
@@ -199,8 +198,6 @@ class Lifecycle:
         """_release_if_asked, after the run ended, or failed with `failure`: when the deletion fails too,
         the failure is said first (a creation that timed out, not only the deletion that then did too)."""
         try:
-            if getattr(self.target, "holds", False):  # temporary wiring: the registry's lifecycle calls free()
-                self.target.free()  # type: ignore[attr-defined]
             self._release_if_asked(record)
         except PodrunError as error:
             if not isinstance(failure, PodrunError):
@@ -210,24 +207,22 @@ class Lifecycle:
             raise both from None
 
     def _release_if_asked(self, record: jobstore.JobRecord | None) -> None:
-        """Delete the TPU when delete_after says so; a preempted one too when podrun can create it again
-        (it is of no use, and holds its name and quota until deleted), else say how."""
-        tpu = self.spec.target.tpu
+        """Give back what the target holds for this job alone (a Slurm allocation), and delete the TPU
+        when delete_after says so; a preempted one too when podrun can create it again (it is of no use,
+        and holds its name and quota until deleted), else say how."""
         state = record.state if record else jobstore.FAILED  # no record: it failed before the job started
         preempted = state == jobstore.PREEMPTED or self.recreating
-        if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
-            self.target.release()
-        elif preempted and tpu and tpu.accelerator_type:
-            say(f"deleting the preempted TPU VM {tpu.label}; the next `podrun exec` creates it again")
-            self.target.release()
-        elif preempted and tpu:
-            say(f"the preempted TPU VM {tpu.label} keeps its name and quota until deleted: "
-                f"`{self.target.release_command()}`")
+        try:
+            if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
+                self.target.release()
+            elif preempted:
+                self.target.release_preempted()
+        finally:
+            self.target.free()
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:
-        # temporary wiring: a target that holds capacity for the job alone frees it when the job ends
-        return bool(self.max_restarts) or self.delete_after != "never" or getattr(self.target, "holds", False)
+        return bool(self.max_restarts) or self.delete_after != "never" or self.target.holds
 
     def _fork_supervisor(self, record: jobstore.JobRecord) -> None:
         sys.stdout.flush()
@@ -235,7 +230,8 @@ class Lifecycle:
         pid = os.fork()
         if pid:
             record.supervisor = jobstore.process_identity(pid)
-            record.cleanup = self.target.release_command() if self.delete_after != "never" else None
+            record.cleanup = (self.target.release_command() if self.delete_after != "never" else
+                              self.target.free_command() if self.target.holds else None)
             record.save()
             say(f"a supervisor (pid {pid}) watches it and {self._duties()}; its log: "
                 f"{os.path.join(record.dir, SUPERVISOR_LOG)}")
@@ -246,10 +242,10 @@ class Lifecycle:
         duties = []
         if self.max_restarts:
             duties.append(f"restarts it (at most {self.max_restarts} times, on {' or '.join(self.restart_on)})")
-        if getattr(self.target, "holds", False):  # temporary wiring
-            duties.append("releases the Slurm allocation when it ends")
         if self.delete_after != "never":
             duties.append(f"deletes the TPU when it ends ({'always' if self.delete_after == 'always' else 'on success'})")
+        if self.target.holds:
+            duties.append(f"gives back {self.target.held} when it ends")
         return " and ".join(duties)
 
     def _supervise(self, record: jobstore.JobRecord) -> int:
@@ -279,8 +275,6 @@ class Lifecycle:
                 record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
                 return exits.INTERNAL_ERROR
             finally:
-                if getattr(self.target, "holds", False):  # temporary wiring
-                    self.target.free()  # type: ignore[attr-defined]
                 self._release_if_asked(record)
                 sys.stdout.flush()
 

@@ -14,6 +14,9 @@ other workers; its first step's agent sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IF
 that reaches MASTER_ADDR unless the job sets either (remote/interfaces.py); the launcher keeps them
 for the job's later steps, and says so where the job reads them (reads_interface_variables).
 
+Shared home: where every worker's root is one directory (Target.shares_root: a cluster's shared
+home), the code ships to one worker; every other must see it there, or the job would not find it.
+
 Rendezvous: prove torchrun's rendezvous can work, in seconds.
 
 Worker 0 listens briefly on the rendezvous port (failing if it is taken), and every worker opens a
@@ -30,9 +33,9 @@ import shlex
 from dataclasses import replace
 
 from podrun.errors import PodrunError
-from podrun.output import say
+from podrun.output import counted, say
 from podrun.plan import WorkerPlan, checks_interfaces
-from podrun.remote import interfaces
+from podrun.remote import code_record, interfaces
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
 
@@ -179,3 +182,19 @@ async def _can_reach(worker: Worker, ip: str, port: int) -> str | None:
         output, code = await asyncio.gather(channel.stdout.read(), channel.wait())
     return None if code == 0 else output.decode().strip() or f"exit code {code}"
 
+
+
+async def check_shared_code(plans: list[WorkerPlan], shipped_to: Worker) -> None:
+    """The workers of `plans` see the code just shipped to `shipped_to`, in the home they all share."""
+    async def sees(plan: WorkerPlan) -> bool:
+        channel = await plan.worker.transport.start(f"test -e {shlex.quote(plan.code_dir + code_record.SUFFIX)}")
+        channel.stdin.write_eof()
+        return await channel.wait() == 0
+
+    seen = await asyncio.gather(*(sees(plan) for plan in plans))
+    blind = [plan.worker.address for plan, sees_it in zip(plans, seen) if not sees_it]
+    if blind:
+        shown = ", ".join(blind[:3]) + (f" and {counted(len(blind) - 3, 'more')}" if len(blind) > 3 else "")
+        raise PodrunError(f"{shown} do(es) not see the code shipped to {shipped_to.address} ({plans[0].code_dir} in "
+                          f"{shipped_to.transport.root}): its workers must share one home directory, where podrun "
+                          f"ships the code once, and they do not")

@@ -63,7 +63,7 @@ import select
 import sys
 import time
 
-try:  # on a worker, each was sent ahead of this file (transport/base.py, SCRIPT_MODULES)
+try:  # on a worker, each was sent ahead of this file (transport/base.py, script_modules)
     framing, checkout, interfaces, stacks, vm_notice = (
         sys.modules["podrun_remote_" + name] for name in ("framing", "checkout", "interfaces", "stacks", "vm_notice"))
 except KeyError:  # imported on the launcher, by tests and type checks

@@ -50,7 +50,7 @@ import os
 import stat
 import sys
 
-try:  # on a worker, sent ahead of this file (transport/base.py, SCRIPT_MODULES)
+try:  # on a worker, sent ahead of this file (transport/base.py, script_modules)
     code_record = sys.modules["podrun_remote_code_record"]
 except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import code_record

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-try:  # on a worker, sent ahead of this file (transport/base.py, SCRIPT_MODULES)
+try:  # on a worker, sent ahead of this file (transport/base.py, script_modules)
     stacks = sys.modules["podrun_remote_stacks"]
 except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import stacks

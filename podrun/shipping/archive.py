@@ -18,7 +18,6 @@ import zlib
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from podrun import paths
 from podrun.errors import PodrunError
 from podrun.remote import framing
 from podrun.shipping import relay
@@ -38,12 +37,12 @@ FRAMES_AHEAD = 2 * (os.cpu_count() or 1)
 STOP_CHECK_S = 0.1  # how often a packer waiting for the sender looks whether it should stop
 
 
-async def ship(tree: Tree, name: str, missing: list[Worker]) -> int:
-    """Send the tree to the workers that lack it (their agents' probes said so: launch/launcher.py); returns
-    the bytes sent."""
+async def ship(tree: Tree, code_dir: str, missing: list[Worker]) -> int:
+    """Send the tree into `code_dir` (paths.remote_code_dir) on the workers that lack it (their agents'
+    probes said so: launch/launcher.py); returns the bytes sent."""
     if not missing:
         return 0
-    return await relay.deliver(shipment(tree, paths.remote_code_dir(name, tree.digest)), missing)
+    return await relay.deliver(shipment(tree, code_dir), missing)
 
 
 def shipment(tree: Tree, directory: str, what: str = "code") -> relay.Shipment:

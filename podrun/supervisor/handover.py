@@ -29,7 +29,8 @@ from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
-from podrun.spec import HOST_FORMS, JobSpec, parse_host
+from podrun.spec import JobSpec
+from podrun.spec_fields import HOST_FORMS, parse_host
 from podrun.supervisor import install, remote
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
@@ -111,7 +112,7 @@ async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) 
     check = await transport.start(f"test -d {shlex.quote(directory)}")
     check.stdin.write_eof()
     if await check.wait() != 0:
-        await archive.ship(tree, name, [Worker(0, host, "", transport)])
+        await archive.ship(tree, remote_code_dir(name, tree.digest), [Worker(0, host, "", transport)])
 
 
 def _pointer(spec: JobSpec, job_id: str, host: str, transport: SshTransport, podrun: str,

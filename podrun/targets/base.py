@@ -7,11 +7,14 @@ know what a TPU VM, an SSH host or a local worker is.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from podrun.output import counted
 from podrun.spec import JobSpec
+from podrun.targets import registry
 from podrun.transport.base import Transport
 
 JAX_COORDINATOR_PORT = 8476  # the port JAX's own Cloud TPU detection gives its coordinator
@@ -33,13 +36,27 @@ class Target(ABC):
     default_device: str  # PJRT_DEVICE when the spec sets no `device`
     container_flags: tuple[str, ...] = ()  # what `docker run` needs here beyond podrun's usual flags
     departs = False  # whether its capacity can go away under a job (then departure() is asked)
+    holds = False  # whether it holds capacity made for this job alone, which free() gives back when the job ends
+    held = ""  # what it holds, for messages ("its Slurm allocation 1234")
+    shares_root = False  # whether every worker's root is one directory (a cluster's shared home): code ships once
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
+        self.just_created = False  # made by provision(): its workers may refuse a key for a few seconds
+        self.queued_until: float | None = None  # when provision()'s queued request found capacity (epoch seconds)
+
+    @property
+    def options(self) -> Any:
+        """The spec's options for this kind of target (targets/<kind>_options.py's model)."""
+        return self.spec.target.options
 
     @abstractmethod
     def workers(self, dry_run: bool) -> list[Worker]:
         """The workers in rank order, ready to connect to. With dry_run nothing changes anywhere."""
+
+    def record_label(self, workers: list[Worker]) -> str:
+        """What `podrun jobs` shows it as: its kind and worker count, and what the kind adds (a Slurm job id)."""
+        return f"{self.spec.target.kind}:{len(workers)}"
 
     def describe(self, workers: list[Worker]) -> str:
         """One line saying what the job runs on, for --dry-run."""
@@ -77,6 +94,23 @@ class Target(ABC):
     def release(self) -> None:
         """Delete what the job ran on (`delete_after`, `exec --down`)."""
 
+    def release_preempted(self) -> None:
+        """After a preemption that ended the job: delete what is of no use now, or say how to."""
+
+    def free(self) -> None:
+        """Give back what was made for this job alone (`holds`): when it ends, fails, is stopped or interrupted."""
+
+    def free_command(self) -> str | None:
+        """The command that does what free() does, for a user to run when podrun could not."""
+        return None
+
     def release_command(self) -> str | None:
         """The command that does what release() does, for a user to run; None if there is nothing to delete."""
         return None
+
+
+def target_for(spec: JobSpec) -> Target:
+    """The target the spec names, its module imported now."""
+    module, _, name = registry.kind(spec.target.kind).implementation.partition(":")
+    target: type[Target] = getattr(importlib.import_module(module), name)
+    return target(spec)

@@ -7,7 +7,7 @@ import socket
 
 from podrun.errors import SpecError
 from podrun.output import counted
-from podrun.spec import parse_host
+from podrun.spec_fields import parse_host
 from podrun.targets.base import Target, Worker
 
 
@@ -20,7 +20,7 @@ class SshHosts(Target):
 
         ssh = self.spec.ssh
         workers = []
-        for index, entry in enumerate(self.spec.target.hosts or ()):
+        for index, entry in enumerate(self.options):
             user, host, port = parse_host(entry)
             transport = SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
                                      known_hosts_file=ssh.known_hosts)

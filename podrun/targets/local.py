@@ -17,10 +17,8 @@ class LocalWorkers(Target):
     default_device = "CPU"
 
     def workers(self, dry_run: bool) -> list[Worker]:
-        local = self.spec.target.local
-        assert local is not None, "target_for picks this target for local specs only"
         return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(worker_root(index)))
-                for index in range(local.workers)]
+                for index in range(self.options.workers)]
 
 
 def worker_root(index: int) -> str:

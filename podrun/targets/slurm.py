@@ -54,15 +54,13 @@ class SlurmCluster(Target):
 
     @property
     def options(self) -> SlurmOptions:
-        options = self.spec.target.slurm
-        assert options is not None, "target_for picks this target for slurm specs only"
-        return options
+        return self.spec.target.options
 
     def _login_transport(self):
         login = self.options.login
         if not login:
             return None
-        from podrun.spec import parse_host
+        from podrun.spec_fields import parse_host
         from podrun.transport.ssh import SshTransport  # asyncssh loads only with a login node
 
         ssh = self.spec.ssh
@@ -93,6 +91,7 @@ class SlurmCluster(Target):
         self.job_id = submitted.stdout.strip().split(";")[0].splitlines()[-1].strip()
         if not self.job_id.isdigit():
             raise PodrunError(f"sbatch answered {submitted.stdout.strip()!r}, not a job id")
+        self.held = f"its Slurm allocation (job {self.job_id})"
         self._wait_running()
 
     def _partitions(self) -> list[dict[str, str]]:
@@ -229,6 +228,7 @@ class SlurmCluster(Target):
                               + "; start it with `podrun exec --detach`")
         job_id, _, nodelist = lines[-1].partition("|")
         self.job_id = job_id.strip()
+        self.held = f"its Slurm allocation (job {self.job_id})"
         self.nodes = self._node_addresses(nodelist.strip())
 
     def _login_endpoint(self) -> dict | None:
@@ -271,11 +271,6 @@ class SlurmCluster(Target):
             time.sleep(POLL_S[min(polls, len(POLL_S) - 1)])
             polls += 1
         say(f"Slurm job {job_id} cancelled; squeue still shows it after {GONE_TIMEOUT_S}s")
-
-    @property
-    def held(self) -> str:
-        """What it holds, for messages."""
-        return f"its Slurm allocation {self.job_id}" if self.job_id else "no Slurm allocation"
 
     def free_command(self) -> str | None:
         """What free() does, for a user to run when podrun could not."""

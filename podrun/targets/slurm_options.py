@@ -6,9 +6,13 @@ the implementation (targets/slurm.py) is imported only when a job runs there.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, Field, WithJsonSchema
+
+from podrun.spec_fields import HOST_FORMS, HostEntry, Model
+from podrun.targets.kind import AdhocFlag, TargetKind, whole_number
 
 SLURM_TIME_FORMS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, such as 4:00:00"
 # Slurm's own time forms (sbatch --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
@@ -19,18 +23,18 @@ UNLIMITED = ("UNLIMITED", "INFINITE")
 # a Slurm name: a partition, account, QOS, constraint expression; no blanks or shell syntax
 SLURM_WORD = re.compile(r"^[A-Za-z0-9_.:@%+=,&|!\[\]*()-]+\Z")
 
-EXPECTED = {
-    "target.slurm": "a mapping such as {login: user@login-node, nodes: 2, partition: gpu}",
-    "target.slurm.login": "the login node: host, user@host, host:port or user@host:port (omit it on the login node)",
-    "target.slurm.nodes": "a number of nodes from 1, such as 2",
-    "target.slurm.partition": "a partition's name, such as gpu",
-    "target.slurm.time": f"a time limit in Slurm's forms ({SLURM_TIME_FORMS})",
-    "target.slurm.account": "an account's name, such as proj",
-    "target.slurm.gpus_per_node": "a number of GPUs per node, such as 8",
-    "target.slurm.constraint": "node features, such as a100",
-    "target.slurm.qos": "a quality of service's name, such as high",
-    "target.slurm.sbatch_args": "a list of sbatch options, such as [--exclusive]",
-    "target.slurm.sbatch_args.*": "an sbatch option, such as --exclusive",
+EXPECTED = {  # by field, for "expected ..." errors (TargetKind.expected)
+    "": "a mapping such as {login: user@login-node, nodes: 2, partition: gpu}",
+    "login": f"the login node: {HOST_FORMS} (omit it on the login node)",
+    "nodes": "a number of nodes from 1, such as 2",
+    "partition": "a partition's name, such as gpu",
+    "time": f"a time limit in Slurm's forms ({SLURM_TIME_FORMS})",
+    "account": "an account's name, such as proj",
+    "gpus_per_node": "a number of GPUs per node, such as 8",
+    "constraint": "node features, such as a100",
+    "qos": "a quality of service's name, such as high",
+    "sbatch_args": "a list of sbatch options, such as [--exclusive]",
+    "sbatch_args.*": "an sbatch option, such as --exclusive",
 }
 
 
@@ -65,16 +69,6 @@ def _word(value: str) -> str:
     return value
 
 
-# user@host[:port] (IPv6 in brackets); podrun.spec_fields.parse_host reads it (this module may not import spec.py)
-LOGIN = re.compile(r"^(?:[^@\s]+@)?(?:\[[0-9A-Fa-f:.]+\]|[^@:\s\[\]]+)(?::\d{1,5})?\Z")
-
-
-def _login(value: str) -> str:
-    if not LOGIN.match(value):
-        raise ValueError(f"expected host, user@host, host:port or user@host:port, got {value!r}")
-    return value
-
-
 def _sbatch_arg(value: str) -> str:
     if not value.startswith("-"):
         raise ValueError(f"expected an sbatch option starting with - (such as --exclusive), got {value!r}")
@@ -84,12 +78,10 @@ def _sbatch_arg(value: str) -> str:
 SlurmWord = Annotated[str, AfterValidator(_word), WithJsonSchema({"type": "string", "pattern": SLURM_WORD.pattern})]
 
 
-class SlurmOptions(BaseModel):
+class SlurmOptions(Model):
     """A Slurm cluster: the job gets an allocation of `nodes` nodes and runs one worker on each."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    login: Annotated[str, AfterValidator(_login)] | None = Field(
+    login: HostEntry | None = Field(
         None, description="the login node (user@host[:port]), reached over SSH; omit it to run the Slurm commands here")
     nodes: int = Field(1, ge=1, le=100_000, description="how many nodes: one worker on each")
     partition: SlurmWord | None = Field(None, description="default: the cluster's default partition")
@@ -107,18 +99,26 @@ class SlurmOptions(BaseModel):
         return slurm_time_s(self.time) if self.time else None
 
 
-def summary(options: SlurmOptions) -> str:
+def _summary(options: SlurmOptions) -> str:
     """`podrun validate`'s "job X on <summary>"."""
     where = f"partition {options.partition}" if options.partition else "the default partition"
     via = f" via {options.login}" if options.login else ""
     return f"{options.nodes} Slurm node{'s' if options.nodes != 1 else ''} of {where}{via}"
 
 
-def to_options(flag_value: str, extras: dict[str, Any]) -> dict:
-    """`exec --slurm [LOGIN]` with --nodes, --partition, --time ... as the spec's `target.slurm`.
-    --slurm takes the login node, or `.` (or nothing) for this machine."""
-    options: dict[str, Any] = {} if flag_value in ("", ".", "local") else {"login": flag_value}
-    for key, value in extras.items():
-        if value is not None:
-            options[key] = value
-    return options
+def _from_flags(value: str, extras: Mapping[str, Any]) -> dict:
+    """`exec --slurm LOGIN` (`.`: this machine is the login node) with --nodes, --partition, --time and
+    --gpus-per-node, as the spec's `target.slurm`."""
+    options: dict[str, Any] = {} if value == "." else {"login": value}
+    return {**options, **{key: given for key, given in extras.items() if given is not None}}
+
+
+KIND = TargetKind(
+    name="slurm", annotation=SlurmOptions, description="a Slurm cluster's nodes, allocated for the job",
+    implementation="podrun.targets.slurm:SlurmCluster", expected=EXPECTED, transport="slurm",
+    flag=AdhocFlag("--slurm", "LOGIN", "a Slurm cluster through its login node, user@host (`.`: this machine is it)"),
+    extra_flags=(AdhocFlag("--nodes", "N", "how many Slurm nodes (default 1)", type=whole_number),
+                 AdhocFlag("--partition", "P", "the Slurm partition (default: the cluster's)"),
+                 AdhocFlag("--time", "T", "the allocation's time limit, such as 4:00:00"),
+                 AdhocFlag("--gpus-per-node", "G", "GPUs on each Slurm node", type=whole_number)),
+    to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=lambda options: options.nodes)

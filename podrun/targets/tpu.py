@@ -38,6 +38,7 @@ from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
+from podrun.targets.tpu_options import TpuOptions
 
 if TYPE_CHECKING:
     from podrun.cloud.request import TpuRequest
@@ -64,14 +65,11 @@ class TpuVm(Target):
 
     def __init__(self, spec: JobSpec):
         super().__init__(spec)
-        tpu = spec.target.tpu
-        assert tpu is not None, "TpuVm is made for tpu targets only"
+        tpu: TpuOptions = self.options
         self.tpu = tpu
         self.node_names = tpu.node_names  # one, or the slices in slice order
         self.nodes: list[TpuNode] = []  # empty while a TPU the spec declares does not exist (--dry-run)
         self._api: TpuApi | None = None
-        self.just_created = False  # its workers may refuse the key in its metadata for a few seconds
-        self.queued_until: float | None = None  # when its queued request found capacity (epoch seconds)
 
     @property
     def api(self) -> TpuApi:
@@ -165,6 +163,14 @@ class TpuVm(Target):
         for name in self._deleted_names():
             capacity.release(self.api, name)
 
+    def release_preempted(self) -> None:
+        if self.tpu.accelerator_type:
+            say(f"deleting the preempted TPU VM {self.tpu.label}; the next `podrun exec` creates it again")
+            self.release()
+        else:
+            say(f"the preempted TPU VM {self.tpu.label} keeps its name and quota until deleted: "
+                f"`{self.release_command()}`")
+
     def release_command(self) -> str:
         return " && ".join(f"podrun delete {name} {self.api.location.flags} --yes"
                            for name in self._deleted_names())
@@ -246,8 +252,7 @@ def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool 
     published host keys are read too, except for --dry-run, which connects nowhere."""
     from podrun.transport.ssh import SshTransport
 
-    tpu = spec.target.tpu
-    assert tpu is not None, "tpu_workers is called for tpu targets only"
+    tpu: TpuOptions = spec.target.options
     names = tpu.node_names
     key_line = ssh_key_line(spec) if authorize else None
     # the slices' reads, key updates and host keys at once

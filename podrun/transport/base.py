@@ -54,7 +54,6 @@ class Channel(Protocol):
 class Transport(ABC):
     python: str  # the interpreter that runs the agent on the worker
     root: str  # the directory commands start in, as shown to the user
-    shared_root = False  # every worker's root is the same directory (a cluster's shared home): job files kept apart
 
     async def connect(self) -> None:
         """Open what start() needs (one connection per worker per job)."""
@@ -68,7 +67,7 @@ class Transport(ABC):
 
     async def start_python(self, name: str, *args: str) -> Channel:
         """Run the small worker-side script podrun/remote/`name`.py with the worker's Python."""
-        script = (UNCACHED_COMPILE if name in SCRIPT_MODULES else "") + script_source(name).decode()
+        script = (UNCACHED_COMPILE if script_modules(name) else "") + script_source(name).decode()
         return await self.start(" ".join([shlex.quote(self.python), "-I", "-S", "-c", shlex.quote(script),
                                           *map(shlex.quote, args)]))
 
@@ -114,13 +113,27 @@ while len(b)<{size}:
 exec(c('{name}',b),{{'__name__':'__main__','_podrun_compiled':c}})"""
 
 
-# the modules of podrun/remote/ a worker-side script imports: a worker, which has no podrun package, gets
+# The modules of podrun/remote/ a worker-side script imports: a worker, which has no podrun package, gets
 # them ahead of the script, each as a module of its own, "podrun_remote_<name>" (`type(sys)` is the module
 # type), compiled once per worker and interpreter by BOOTSTRAP's cache (compiling checkout.py afresh would
-# cost every agent 1.3 ms)
-SCRIPT_MODULES = {"agent": ("framing", "code_record", "checkout", "interfaces", "stacks", "vm_notice"),
-                  "relay_node": ("framing", "code_record"), "checkout": ("code_record",),
-                  "detached_stopper": ("stacks",)}
+# cost every agent 1.3 ms). They are read from the script's own `from podrun.remote import ...` line (what
+# the launcher, tests and type checks import), so the list is written once, in the script.
+REMOTE_IMPORT = "from podrun.remote import "
+
+
+@cache
+def script_modules(name: str) -> tuple[str, ...]:
+    """The modules the script `name` imports, each after the ones it imports itself."""
+    found: list[str] = []
+    for line in remote_source(name).decode().splitlines():
+        if line.strip().startswith(REMOTE_IMPORT):
+            for module in line.strip().removeprefix(REMOTE_IMPORT).split(","):
+                for needed in (*script_modules(module.strip()), module.strip()):
+                    if needed not in found:
+                        found.append(needed)
+    return tuple(found)
+
+
 # what BOOTSTRAP's cache is to a script started with its source on the command line (start_python)
 UNCACHED_COMPILE = "_podrun_compiled = lambda name, source: compile(source, name, 'exec')\n"
 MODULE_LOADER = """import sys
@@ -140,7 +153,7 @@ def remote_source(name: str) -> bytes:
 @cache
 def script_source(name: str) -> bytes:
     """A worker-side script run through BOOTSTRAP (agent, relay_node), as sent over stdin."""
-    modules = SCRIPT_MODULES.get(name, ())
+    modules = script_modules(name)
     prelude = MODULE_LOADER + "".join(map(_module_load, modules)) if modules else ""
     return prelude.encode() + remote_source(name)
 

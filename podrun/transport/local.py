@@ -44,3 +44,7 @@ class LocalTransport(Transport):
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
         return cast(Channel, process)  # all three pipes were asked for: none of its streams is None
+
+
+def from_endpoint(endpoint: dict) -> LocalTransport:
+    return LocalTransport(endpoint["root"])

@@ -87,7 +87,6 @@ class SlurmTransport(Transport):
 
     python = "python3"
     root = "~"  # the (shared) home: srun starts where it was started, the login user's home
-    shared_root = True
 
     def __init__(self, link: LoginLink, login_endpoint: dict | None, job_id: str, node: str):
         self.link, self.login_endpoint = link, login_endpoint
@@ -132,10 +131,9 @@ def from_endpoint(endpoint: dict) -> Transport:
 
 
 def _ssh_from(login: dict) -> Transport:
-    from podrun.transport.ssh import SshTransport  # asyncssh loads only with a login node
+    from podrun.transport import ssh  # asyncssh loads only with a login node
 
-    return SshTransport(login["host"], login["port"], login["user"], login["identity_file"], login["check_host_keys"],
-                        known_hosts_file=login.get("known_hosts_file"))
+    return ssh.from_endpoint(login)
 
 
 @dataclass(frozen=True)

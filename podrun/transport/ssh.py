@@ -295,3 +295,10 @@ def _reason(error: BaseException) -> str:
         return os.strerror(error.errno)
     text = getattr(error, "reason", None) or str(error) or type(error).__name__
     return text.rstrip(".")
+
+
+def from_endpoint(endpoint: dict) -> SshTransport:
+    # records of jobs started before TPU workers had host key aliases have neither field, nor known_hosts_file
+    return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
+                        endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
+                        host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"))

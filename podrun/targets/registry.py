@@ -1,0 +1,27 @@
+"""The kinds of target podrun knows, by name, as torchx knows its schedulers: each declared by its
+options module (KIND_MODULES, in the order the spec, the schema and the CLI list them). A new kind is
+a new <kind>_options.py and its target module, and a line here."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from podrun.targets.kind import TargetKind
+
+KIND_MODULES = ("podrun.targets.tpu_options", "podrun.targets.hosts_options", "podrun.targets.local_options",
+                "podrun.targets.slurm_options")
+DEFAULT_KIND = "local"  # a spec without `target:` runs on local CPU workers
+
+
+@cache
+def kinds() -> tuple[TargetKind, ...]:
+    return tuple(importlib.import_module(module).KIND for module in KIND_MODULES)
+
+
+def kind(name: str) -> TargetKind:
+    return next(declared for declared in kinds() if declared.name == name)
+
+
+def names() -> list[str]:
+    return [declared.name for declared in kinds()]

@@ -1,0 +1,147 @@
+"""A TPU VM target's options (`target: {tpu: {...}}`, `exec --tpu NAME`): an existing TPU VM, one podrun
+creates from its accelerator type, or the slices of a multislice. The target itself is tpu.py's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, model_validator
+
+from podrun.cloud import accelerators
+from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, multislice_node_names, through_queue
+from podrun.errors import PodrunError
+from podrun.output import counted
+from podrun.spec_fields import DURATION_SCHEMA, Model, duration_s, got
+from podrun.targets.kind import AdhocFlag, TargetKind
+
+EXPECTED = {
+    "": "a mapping such as {name: my-pod, zone: us-central2-b}",
+    "name": "the TPU VM's name, such as my-pod",
+    "names": "a list of two or more TPU VM names, such as [pod-a, pod-b]",
+    "names.*": "a TPU VM's name, such as pod-a",
+    "slices": f"a number of slices from 2 to {accelerators.MAX_SLICES}",
+    "zone": "a zone such as us-central2-b",
+    "project": "a project id such as my-project",
+    "internal_ip": "true or false",
+    "accelerator_type": "an accelerator type such as v4-8, v5p-8, v5litepod-16 or v6e-8",
+    "runtime_version": "a runtime version such as tpu-ubuntu2204-base",
+    "queued": "true or false",
+    "spot": "true or false",
+    "reservation": "a reservation's name",
+    "valid_for": "a duration above 0 such as 30m, 6h or 1h30m",
+}
+# what says how podrun creates the TPU; each needs accelerator_type, without which podrun creates nothing
+CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s")
+
+
+def _accelerator_type(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError(f"expected {EXPECTED['accelerator_type']}, got {got(value)}")
+    try:
+        return accelerators.parse(value).name
+    except PodrunError as error:
+        raise ValueError(str(error)) from None
+
+
+def parse_valid_for(value: Any) -> float:
+    """`target.tpu.valid_for` (and `create --valid-for`): a duration above 0 -> seconds."""
+    seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    if seconds is None or not seconds > 0:
+        raise ValueError(f"expected {EXPECTED['valid_for']}, got {got(value)}")
+    return float(seconds)
+
+
+def _node_name(value: str) -> str:
+    if not NODE_NAME.match(value):
+        raise ValueError(f"expected a TPU VM name ({NODE_NAME_RULE}), got {value!r}")
+    return value
+
+
+TpuName = Annotated[str, AfterValidator(_node_name),
+                    WithJsonSchema({"type": "string", "pattern": NODE_NAME.pattern.replace("\\Z", "$")})]
+
+
+class TpuOptions(Model):
+    name: TpuName | None = Field(None, description="TPU VM name; with slices, its queued resource's, and the prefix "
+                                                   "of its slices' names (NAME-0, NAME-1, ...)")
+    names: list[TpuName] | None = Field(
+        None, min_length=2, description="Multislice: TPU VMs created separately, joined as slices in this order")
+    slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
+                               description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
+    zone: str | None = None
+    project: str | None = None
+    internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
+    accelerator_type: Annotated[str, BeforeValidator(_accelerator_type)] | None = Field(
+        None, description="e.g. v4-32, v5litepod-16: `podrun exec` creates the TPU VM when it does not exist")
+    runtime_version: str | None = Field(None, min_length=1, description="default: the generation's runtime")
+    queued: bool = Field(False, description="create it through a queued resource, waiting for capacity")
+    spot: bool = Field(False, description="a Spot TPU: cheaper, may be preempted")
+    reservation: str | None = Field(None, min_length=1, description="create it in this reservation (queued)")
+    valid_for_s: Annotated[float, BeforeValidator(parse_valid_for), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+        None, alias="valid_for", description="how long a queued request may wait for capacity, e.g. 6h")
+
+    @model_validator(mode="after")
+    def _creation_needs_a_type(self) -> TpuOptions:
+        if (self.name is None) == (self.names is None):
+            raise ValueError("expected exactly one of name and names: name for a TPU VM (with slices, a multislice), "
+                             "names for TPU VMs created separately, joined as slices" + ("; got both" if self.name else ""))
+        if self.names is not None:
+            said = [name for name in ("slices", "accelerator_type", *CREATION_FIELDS) if name in self.model_fields_set]
+            if said:
+                shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in said)
+                raise ValueError(f"names joins TPU VMs created separately, which podrun does not create: remove {shown} "
+                                 f"(or use name with slices: N to have podrun create the slices)")
+            if len(set(self.names)) < len(self.names):
+                raise ValueError(f"names lists a TPU VM twice: {', '.join(self.names)}")
+        given = [name for name in CREATION_FIELDS if name in self.model_fields_set]
+        if given and not self.accelerator_type:
+            shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in given)
+            raise ValueError(f"{shown} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
+        if self.spot and self.reservation:
+            raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
+        if self.valid_for_s is not None and not through_queue(self.queued, self.reservation, self.slices):
+            raise ValueError("valid_for is how long a queued request waits: set queued: true too")
+        return self
+
+    @property
+    def node_names(self) -> list[str]:
+        """The TPU VMs the job runs on, slice by slice."""
+        if self.names:
+            return list(self.names)
+        assert self.name is not None, "a TpuOptions has a name or names"
+        return multislice_node_names(self.name, self.slices) if self.slices else [self.name]
+
+    @property
+    def label(self) -> str:
+        """What to call it in messages and commands: the name, or the joined names."""
+        return self.name or "+".join(self.names or [])
+
+
+def _summary(tpu: TpuOptions) -> str:
+    shape = f", {tpu.accelerator_type}" if tpu.accelerator_type else ""
+    if tpu.names or tpu.slices:
+        return f"the multislice {tpu.label} ({counted(len(tpu.node_names), 'slice')}{shape})"
+    return f"the TPU VM {tpu.label}" + (f" ({tpu.accelerator_type}, created if missing)" if shape else "")
+
+
+def _worker_count(tpu: TpuOptions) -> int | None:
+    """Known before the API is asked only for a TPU podrun creates: its type says."""
+    if not tpu.accelerator_type:
+        return None
+    return accelerators.parse(tpu.accelerator_type).hosts * len(tpu.node_names)
+
+
+def _from_flags(value: str, extras: Any) -> dict:
+    names = value.split(",")
+    where = {key: extras[key] for key in ("zone", "project") if extras.get(key)}
+    return {**({"names": names} if len(names) > 1 else {"name": value}), **where}
+
+
+KIND = TargetKind(
+    name="tpu", annotation=TpuOptions, description="a TPU VM or pod slice, or the slices of a multislice",
+    implementation="podrun.targets.tpu:TpuVm", expected=EXPECTED, nothing="the TPU VM's fields (at least name)",
+    flag=AdhocFlag("--tpu", "NAME", "a TPU VM (slices created separately: NAME,NAME,...)"),
+    extra_flags=(AdhocFlag("--zone", "Z", "the TPU's zone (default: gcloud's)"),
+                 AdhocFlag("--project", "P", "the TPU's project (default: gcloud's)")),
+    to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=_worker_count,
+    recreates=lambda tpu: bool(tpu.accelerator_type), deletes=True, default_restart_on=("preemption",))
