@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import textwrap
 import subprocess
 import sys
 import time
@@ -37,14 +38,17 @@ def slurm_spec(cluster, job_file):
         header = (f"target: {{slurm: {{login: {cluster.login_address}, nodes: {nodes}{options}}}}}\n"
                   f"ssh: {{identity_file: {cluster.client_key}}}\n"
                   f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n")
-        return job_file(header + body, files=files)
+        return job_file(header + textwrap.dedent(body), files=files)
 
     return write
 
 
 def slurm_jobs(cluster) -> list[tuple[int, str, str]]:
-    """(job id, name, state) of every job squeue shows."""
-    return [(job["job_id"], job["name"], job["job_state"]) for job in cluster.squeue()]
+    """(job id, name, state) of every job `squeue` shows (`squeue --json` also lists ended ones for a while)."""
+    shown = cluster.slurm("squeue --noheader --format='%i|%j|%T'")
+    assert shown.returncode == 0, shown.stderr
+    return [(int(job_id), name, state) for job_id, name, state in
+            (line.split("|") for line in shown.stdout.splitlines() if line.strip())]
 
 
 def left_on_nodes(marker: str) -> list[str]:
@@ -185,16 +189,16 @@ def test_a_pending_allocation_says_why_and_ctrl_c_cancels_it(home, cluster, slur
     assert [name for _, name, _ in slurm_jobs(cluster)] == ["holder"]
 
 
-@pytest.mark.parametrize(("options", "line"), [
-    (", partition: gpu", "target.slurm.partition: no partition 'gpu' on the cluster; it has debug, short"),
-    (", partition: short, time: '10:00'", "target.slurm.time: 10:00 is over partition short's limit, "
-                                          "MaxTime=00:02:00"),
-    (", partition: short", "target.slurm.nodes: 2 nodes, but partition short has 1; partition debug has enough"),
-    (", sbatch_args: [--no-such-option]", "target.slurm: sbatch refused the allocation: sbatch: unrecognized option "
-                                          "'--no-such-option'"),
+@pytest.mark.parametrize(("nodes", "options", "line"), [
+    (2, ", partition: gpu", "target.slurm.partition: no partition 'gpu' on the cluster; it has debug, short"),
+    (1, ", partition: short, time: '10:00'", "target.slurm.time: 10:00 is over partition short's limit, "
+                                             "MaxTime=00:02:00"),
+    (2, ", partition: short", "target.slurm.nodes: 2 nodes, but partition short has 1; partition debug has enough"),
+    (2, ", sbatch_args: [--no-such-option]", "target.slurm: sbatch refused the allocation: sbatch: unrecognized "
+                                             "option '--no-such-option'"),
 ])
-def test_what_the_cluster_cannot_give_is_one_line_before_anything_runs(home, cluster, slurm_spec, options, line):
-    spec = slurm_spec("run: echo never", options=options)
+def test_what_the_cluster_cannot_give_is_one_line_before_anything_runs(home, cluster, slurm_spec, nodes, options, line):
+    spec = slurm_spec("run: echo never", nodes=nodes, options=options)
     result = podrun("exec", spec)
     assert result.returncode == 2, result.stderr
     (said,) = result.stderr.splitlines()

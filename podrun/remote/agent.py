@@ -90,7 +90,10 @@ def main():
     control = ControlInput()
     config = framing.read_message(control)
     job_dir = os.path.abspath(config["job_dir"])  # .podrun/jobs/<job_id>, one per attempt (paths.remote_job_dir)
-    for directory in (".podrun", os.path.join(".podrun", "jobs"), job_dir):  # each private, not just the last
+    jobs_dir = os.path.abspath(os.path.join(".podrun", "jobs"))
+    # each private, not just the last; in a shared home, .podrun/jobs/<job_id>/w<i>: the job's own directory first
+    job_parent = [] if os.path.dirname(job_dir) == jobs_dir else [os.path.dirname(job_dir)]
+    for directory in [".podrun", jobs_dir] + job_parent + [job_dir]:
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
