@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 import signal
-import textwrap
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
