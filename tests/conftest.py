@@ -387,7 +387,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # TPU API stand-in). A fixture that needs one gives its marker to every test that uses it; tests that need
 # one otherwise carry the marker themselves. Where the facility is missing they skip, in one line per
 # facility; CI sets PODRUN_TESTS_REQUIRE_ALL=1, so that there a missing facility fails instead.
-FACILITY_OF_FIXTURE = {"lab": "lab", "docker_engine": "docker"}
+FACILITY_OF_FIXTURE = {"lab": "lab", "slurm_lab": "lab", "docker_engine": "docker"}
 
 
 @functools.cache
@@ -419,5 +419,7 @@ def pytest_runtest_setup(item):
             pytest.skip(f"{facility}: {problem}")
 
 
-# the docker engine (tests/docker_lab.py): its fixtures, registered for every test module
+# the docker engine (tests/docker_lab.py) and the Slurm lab (tests/slurm_lab.py): their fixtures, registered
+# for every test module
 from docker_lab import docker, docker_engine  # noqa: E402, F401
+from slurm_lab import slurm_lab  # noqa: E402, F401

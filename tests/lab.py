@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 NETWORK = "10.99.0.0/20"  # room for 3,200 hosts (a v5p-12288 has 1,536)
 BRIDGE_IP = "10.99.0.1"
@@ -35,9 +36,8 @@ EXTERNAL_BRIDGE_IP = "10.99.16.1"
 FIRST_HOST = 10
 HOSTS_PER_OCTET = 200
 BRIDGE = "podrunlab0"
-SSHD_CONFIG = """\
-ListenAddress {ip}
-ListenAddress {external_ip}
+# an sshd's settings after its ListenAddress lines (`sshd_config`)
+SSHD_SETTINGS = """\
 Port 22
 HostKey {dir}/ssh_host_ed25519_key
 PidFile {dir}/sshd.pid
@@ -89,15 +89,19 @@ class LabHost:
         return (self.dir / "ssh_host_ed25519_key.pub").read_text().strip()
 
 
-class Lab:
-    def __init__(self, count: int, workdir: Path):
-        self.workdir = Path(workdir)
-        self.client_key = self.workdir / "client_ed25519"
-        self.hosts = [LabHost(i, _address(NETWORK, i), _address(EXTERNAL_NETWORK, i), f"podrunlab{i}",
-                              self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
-                      for i in range(count)]
+StartStopT = TypeVar("StartStopT", bound="StartStop")
 
-    def __enter__(self) -> Lab:
+
+class StartStop:
+    """A lab as a context manager: start() on entering (stop() too when start() fails), stop() on leaving."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: StartStopT) -> StartStopT:
         try:
             self.start()
         except BaseException:
@@ -108,12 +112,20 @@ class Lab:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+
+class Lab(StartStop):
+    def __init__(self, count: int, workdir: Path):
+        self.workdir = Path(workdir)
+        self.client_key = self.workdir / "client_ed25519"
+        self.hosts = [LabHost(i, _address(NETWORK, i), _address(EXTERNAL_NETWORK, i), f"podrunlab{i}",
+                              self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
+                      for i in range(count)]
+
     def start(self) -> None:
         self.stop()  # leftovers of a lab that was killed before it could clean up
         self.workdir.mkdir(parents=True, exist_ok=True)
         _sh(f"ssh-keygen -q -t ed25519 -N '' -C podrun-lab -f {self.client_key}")
-        _sh(f"ip link add {BRIDGE} type bridge && ip addr add {BRIDGE_IP}/20 dev {BRIDGE} && "
-            f"ip addr add {EXTERNAL_BRIDGE_IP}/20 dev {BRIDGE} && ip link set {BRIDGE} up")
+        add_bridge(BRIDGE, [f"{BRIDGE_IP}/20", f"{EXTERNAL_BRIDGE_IP}/20"])
         Path("/run/sshd").mkdir(exist_ok=True)
         for host in self.hosts:
             self._add_host(host)
@@ -125,16 +137,11 @@ class Lab:
         (ssh_dir / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text() + extra_keys)
 
     def _add_host(self, host: LabHost) -> None:
-        ns, veth = host.namespace, f"plv{host.index}"
-        _sh(f"ip netns add {ns} && ip link add {veth} type veth peer name {veth}p && "
-            f"ip link set {veth}p netns {ns} && ip link set {veth} master {BRIDGE} up && "
-            f"ip -n {ns} link set {veth}p name eth0 && ip -n {ns} addr add {host.ip}/20 dev eth0 && "
-            f"ip -n {ns} addr add {host.external_ip}/20 dev eth0 && ip -n {ns} link set eth0 up && "
-            f"ip -n {ns} link set lo up")
+        add_namespace(host.namespace, f"plv{host.index}", BRIDGE, [f"{host.ip}/20", f"{host.external_ip}/20"])
         self.authorize(host.index)
         host.hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=host.hostname))
         _make_host_key(host)
-        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(ip=host.ip, external_ip=host.external_ip, dir=host.dir))
+        (host.dir / "sshd_config").write_text(sshd_config([host.ip, host.external_ip], host.dir))
         self.start_sshd(host.index)
 
     def renew_host_key(self, index: int) -> None:
@@ -148,12 +155,8 @@ class Lab:
     def start_sshd(self, index: int) -> None:
         host = self.hosts[index]
         # this Python lives under /root (pyenv): keep it visible under the host's own /root
-        mounts = [f"echo {host.hostname} > /proc/sys/kernel/hostname", f"mount --bind {host.hosts_file} /etc/hosts",
-                  f"mount --rbind {host.home} /root"]
-        if sys.base_prefix.startswith("/root/"):
-            inside = host.home / sys.base_prefix.removeprefix("/root/")
-            inside.mkdir(parents=True, exist_ok=True)
-            mounts.insert(0, f"mount --bind {sys.base_prefix} {inside}")
+        mounts = [*python_under_root(host.home), f"echo {host.hostname} > /proc/sys/kernel/hostname",
+                  f"mount --bind {host.hosts_file} /etc/hosts", f"mount --rbind {host.home} /root"]
         script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {host.dir}/sshd_config"])
         host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "-m", "-u", "sh", "-c", script],
                                      stdin=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))
@@ -161,15 +164,7 @@ class Lab:
 
     def stop(self) -> None:
         for host in self.hosts:
-            if Path(f"/run/netns/{host.namespace}").exists():
-                pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
-                                      text=True).stdout.split()
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), 9)
-                    except ProcessLookupError:
-                        pass
-                subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+            remove_namespace(host.namespace)
             if host.sshd:
                 host.sshd.wait()
                 host.sshd = None
@@ -210,6 +205,53 @@ class Lab:
         return ["ssh", "-i", str(self.client_key), "-o", "StrictHostKeyChecking=no",
                 "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
                 f"root@{self.hosts[index].ip}"]
+
+
+def add_bridge(bridge: str, addresses: list[str]) -> None:
+    """A bridge with `addresses` ("10.99.0.1/20"), up: this machine's side of a lab's network."""
+    _sh(f"ip link add {bridge} type bridge && "
+        + "".join(f"ip addr add {address} dev {bridge} && " for address in addresses) + f"ip link set {bridge} up")
+
+
+def add_namespace(namespace: str, veth: str, bridge: str, addresses: list[str]) -> None:
+    """Network namespace `namespace` joined to `bridge` by veth pair `veth`/`veth`p, seen inside as eth0
+    with `addresses` ("10.99.0.10/20"), and its loopback up."""
+    # the kernel deletes a namespace's devices after `ip netns del` returns: a veth of a namespace of
+    # that name made before may linger a moment, and the bridge may keep its address's old MAC
+    subprocess.run(["ip", "link", "del", veth], capture_output=True)
+    subprocess.run(["ip", "neigh", "flush", "dev", bridge], capture_output=True)
+    _sh(f"ip netns add {namespace} && ip link add {veth} type veth peer name {veth}p && "
+        f"ip link set {veth}p netns {namespace} && ip link set {veth} master {bridge} up && "
+        f"ip -n {namespace} link set {veth}p name eth0 && "
+        + "".join(f"ip -n {namespace} addr add {address} dev eth0 && " for address in addresses)
+        + f"ip -n {namespace} link set eth0 up && ip -n {namespace} link set lo up")
+
+
+def remove_namespace(namespace: str) -> None:
+    """Kill every process in network namespace `namespace` (SIGKILL), then delete it; nothing if it is absent."""
+    if Path(f"/run/netns/{namespace}").exists():
+        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+
+def sshd_config(addresses: list[str], directory: Path) -> str:
+    """A lab sshd's configuration: listening on `addresses`, its host key and pid file in `directory`."""
+    return "".join(f"ListenAddress {address}\n" for address in addresses) + SSHD_SETTINGS.format(dir=directory)
+
+
+def python_under_root(home: Path) -> list[str]:
+    """Shell commands that keep this Python visible under a lab host's own /root (`home`, bound over /root
+    after them) where it lives under /root (pyenv); none where it does not."""
+    if not sys.base_prefix.startswith("/root/"):
+        return []
+    inside = home / sys.base_prefix.removeprefix("/root/")
+    inside.mkdir(parents=True, exist_ok=True)
+    return [f"mount --bind {sys.base_prefix} {inside}"]
 
 
 def _address(network: str, index: int) -> str:
