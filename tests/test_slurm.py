@@ -194,7 +194,7 @@ def test_a_pending_allocation_says_why_and_ctrl_c_cancels_it(home, cluster, slur
     (1, ", partition: short, time: '10:00'", "target.slurm.time: 10:00 is over partition short's limit, "
                                              "MaxTime=00:02:00"),
     (2, ", partition: short", "target.slurm.nodes: 2 nodes, but partition short has 1; partition debug has enough"),
-    (2, ", sbatch_args: [--no-such-option]", "target.slurm: sbatch refused the allocation: sbatch: unrecognized "
+    (2, ", sbatch_args: [--no-such-option]", "target.slurm: salloc refused the allocation: salloc: unrecognized "
                                              "option '--no-such-option'"),
 ])
 def test_what_the_cluster_cannot_give_is_one_line_before_anything_runs(home, cluster, slurm_spec, nodes, options, line):

@@ -61,16 +61,16 @@ def cluster(job_file, options: str) -> SlurmCluster:
     return target
 
 
-def test_every_option_maps_to_sbatch(home, job_file):
+def test_every_option_maps_to_salloc(home, job_file):
     target = cluster(job_file, "nodes: 2, partition: gpu, time: '4:00:00', account: proj, gpus_per_node: 8, "
                                "constraint: a100&ib, qos: high, sbatch_args: [--exclusive, --mem=0]")
-    argv = target.sbatch_argv()
-    assert argv[:2] == ["sbatch", "--parsable"]
+    argv = target.salloc_argv()
+    assert argv[:2] == ["salloc", "--no-shell"]
     for option in ("--nodes=2", "--ntasks-per-node=1", "--partition=gpu", "--time=4:00:00", "--account=proj",
                    "--gpus-per-node=8", "--constraint=a100&ib", "--qos=high", "--exclusive", "--mem=0",
                    "--job-name=podrun-job"):
         assert option in argv
-    assert argv[-1].startswith("--wrap=exec sleep ")
+    assert argv[-2:] == ["--exclusive", "--mem=0"]
 
 
 def test_the_worker_step_is_the_agent_alone_on_its_node():
@@ -107,8 +107,8 @@ def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_fil
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "# target: 2 Slurm nodes, allocated for the job; Slurm's commands run via me@login1:" in out
-    assert ("allocate: sbatch --parsable --job-name=podrun-job --nodes=2 --ntasks-per-node=1 --output=/dev/null "
-            "--error=/dev/null --partition=gpu --time=1:00:00 '--wrap=exec sleep 2147483647'") in out
+    assert ("allocate: salloc --no-shell --job-name=podrun-job --nodes=2 --ntasks-per-node=1 --partition=gpu "
+            "--time=1:00:00\n") in out
     assert "worker 1: srun '--jobid=<job id>' '--nodelist=<node 1>' --nodes=1 --ntasks=1 --overlap" in out
     assert "release:  scancel <job id>" in out
     assert "# worker 0: node 0 of the allocation" in out and "# worker 1: node 1 of the allocation" in out
@@ -120,8 +120,8 @@ def test_exec_slurm_names_an_adhoc_cluster(home):
     result = podrun("exec", "--slurm", "me@login1", "--nodes", "3", "--partition", "gpu", "--time", "30",
                     "--gpus-per-node", "8", "--dry-run", "--", "hostname")
     assert result.returncode == 0, result.stderr
-    assert ("allocate: sbatch --parsable --job-name=podrun-exec --nodes=3 --ntasks-per-node=1 --output=/dev/null "
-            "--error=/dev/null --partition=gpu --time=30 --gpus-per-node=8 '--wrap=exec sleep 2147483647'") in result.stdout
+    assert ("allocate: salloc --no-shell --job-name=podrun-exec --nodes=3 --ntasks-per-node=1 --partition=gpu --time=30 "
+            "--gpus-per-node=8\n") in result.stdout
     here = podrun("exec", "--slurm", ".", "--dry-run", "--", "hostname")
     assert "Slurm's commands run on this machine (the login node)" in here.stdout, here.stderr
 

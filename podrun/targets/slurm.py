@@ -2,10 +2,12 @@
 it alone, and runs one worker on each, worker i on the i-th node of SLURM_JOB_NODELIST; worker 0's
 node address is MASTER_ADDR.
 
-The allocation is a batch job that only holds the nodes (`sbatch --wrap 'exec sleep ...'`): sbatch
-answers at once with the job's id, so podrun can say why it pends (squeue's reason) and cancel it on
-Ctrl-C; each worker's steps are srun steps on its node (transport/slurm.py), with podrun's agent as
-the task. `free()` cancels it (scancel) and waits until squeue no longer shows it.
+The allocation is `salloc --no-shell`, chosen by measurement (scripts/bench_slurm.py: granted in
+0.31 s on the lab, where `sbatch --wrap` of a script holding the nodes ran after 1.72 s, at the
+scheduler's next pass); salloc says its job's id at once when the job pends, so podrun says why it
+pends (squeue's reason, every second) and cancels it on Ctrl-C. Each worker's steps are srun steps
+on its node (transport/slurm.py), with podrun's agent as the task. `free()` cancels the allocation
+(scancel) and waits until squeue no longer shows it.
 
 Slurm's commands run on the login node, over SSH as `hosts` are reached (the spec's `ssh:` keys and
 host-key rules), or on this machine when there is no `login`. The nodes share the login user's home
@@ -15,6 +17,7 @@ host-key rules), or on this machine when there is no `login`. The nodes share th
 from __future__ import annotations
 
 import ipaddress
+import queue
 import re
 import shlex
 import sys
@@ -27,13 +30,43 @@ from podrun.targets.base import Target, Worker
 from podrun.targets.slurm_options import SlurmOptions, slurm_time_s
 from podrun.transport.slurm import Completed, LoginLink, LoginShell, SlurmTransport, srun_command
 
-HOLD_COMMAND = "exec sleep 2147483647"  # the batch script: holds the nodes until scancel or the time limit
-POLL_S = (0.1, 0.2, 0.3, 0.5, 1.0)  # squeue while the allocation starts: quickly first, then every second
+POLL_S = (0.1, 0.2, 0.3, 0.5, 1.0)  # squeue after scancel: quickly first, then every second
+PENDING_POLL_S = 1.0  # squeue's reason, while salloc waits
 REPORT_EVERY_S = 30  # off a terminal, a pending allocation's line again after this long (at once when its reason changes)
+# salloc's lines that carry its job's id: "Pending job allocation 12", "Granted job allocation 12"
+JOB_ID_SAID = re.compile(r"job allocation (\d+)")
 GONE_TIMEOUT_S = 60  # after scancel, how long podrun waits for squeue to show nothing of the job
 FIELD = re.compile(r"(\w+)=(\S*)")
-ENDED_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-                "OUT_OF_MEMORY")
+
+
+class Pending:
+    """A pending allocation, told as it waits: redrawn in place on a terminal, else a line when squeue's
+    reason changes (and every REPORT_EVERY_S)."""
+
+    def __init__(self, nodes: int):
+        self.nodes = nodes
+        self.started = time.monotonic()
+        self.terminal = sys.stderr.isatty()
+        self.shown: str | None = None
+        self.shown_at = 0.0
+        self.drawn = False
+
+    def show(self, job_id: str | None, reason: str) -> None:
+        waited = time.monotonic() - self.started
+        line = f"Slurm job {job_id} pending ({reason}): waiting for {counted(self.nodes, 'node')}"
+        if self.terminal:
+            sys.stderr.write(f"\rpodrun: {line}, {waited:.0f}s (Ctrl-C cancels it)\x1b[K")
+            sys.stderr.flush()
+            self.drawn = True
+        elif line != self.shown or waited - self.shown_at >= REPORT_EVERY_S:
+            say(f"{line} (Ctrl-C cancels it)")
+            self.shown, self.shown_at = line, waited
+
+    def end(self) -> None:
+        """End the line redrawn in place, so that what is said next starts on a line of its own."""
+        if self.drawn:
+            sys.stderr.write("\n")
+            self.drawn = False
 
 
 class SlurmCluster(Target):
@@ -69,30 +102,56 @@ class SlurmCluster(Target):
                             known_hosts_file=ssh.known_hosts)
 
     # --- the allocation -------------------------------------------------------------------------
-    def sbatch_argv(self) -> list[str]:
-        """The sbatch that asks for the allocation, every option of the spec mapped to Slurm's."""
+    def salloc_argv(self) -> list[str]:
+        """The salloc that asks for the allocation, every option of the spec mapped to Slurm's (and
+        sbatch_args: salloc takes sbatch's options)."""
         options = self.options
-        argv = ["sbatch", "--parsable", f"--job-name=podrun-{self.spec.name}", f"--nodes={options.nodes}",
-                "--ntasks-per-node=1", "--output=/dev/null", "--error=/dev/null"]
+        argv = ["salloc", "--no-shell", f"--job-name=podrun-{self.spec.name}", f"--nodes={options.nodes}",
+                "--ntasks-per-node=1"]
         for flag, value in (("--partition", options.partition), ("--time", options.time),
                             ("--account", options.account), ("--gpus-per-node", options.gpus_per_node),
                             ("--constraint", options.constraint), ("--qos", options.qos)):
             if value is not None:
                 argv.append(f"{flag}={value}")
-        return [*argv, *options.sbatch_args, f"--wrap={HOLD_COMMAND}"]
+        return [*argv, *options.sbatch_args]
 
     def provision(self) -> None:
         """Check the options against the cluster's partitions, ask for the allocation, and wait until it
-        runs, saying why while it pends."""
+        is granted, saying why while it pends."""
         self.check_options(self._partitions())
-        submitted = self._run(shlex.join(self.sbatch_argv()))
-        if submitted.code != 0:
-            raise SpecError(self.spec.path, "target.slurm", f"sbatch refused the allocation: {submitted.error_line()}")
-        self.job_id = submitted.stdout.strip().split(";")[0].splitlines()[-1].strip()
-        if not self.job_id.isdigit():
-            raise PodrunError(f"sbatch answered {submitted.stdout.strip()!r}, not a job id")
-        self.held = f"its Slurm allocation (job {self.job_id})"
-        self._wait_running()
+        salloc = self.shell.spawn(shlex.join(self.salloc_argv()))
+        said: list[str] = []
+        pending = Pending(self.options.nodes)
+        try:
+            while True:
+                try:
+                    line = salloc.lines.get(timeout=PENDING_POLL_S if self.job_id else None)
+                except queue.Empty:  # pending: squeue's reason
+                    state, reason, _ = self._state()
+                    if state == "PENDING":
+                        pending.show(self.job_id, reason)
+                    continue
+                if line is None:
+                    break
+                said.append(line)
+                if self.job_id is None and (granted := JOB_ID_SAID.search(line)):
+                    self.job_id = granted.group(1)
+                    self.held = f"its Slurm allocation (job {self.job_id})"
+        except KeyboardInterrupt:
+            pending.end()
+            if self.job_id:
+                say(f"interrupted: cancelling Slurm job {self.job_id}, which had not started")
+            elif salloc.process:
+                salloc.process.terminate()  # salloc cancels what it asked for
+            raise
+        pending.end()
+        if salloc.code != 0 or self.job_id is None:
+            refusal = Completed(salloc.code or 1, "", "\n".join(said)).error_line()
+            raise SpecError(self.spec.path, "target.slurm", f"salloc refused the allocation: {refusal}")
+        state, reason, nodelist = self._state()
+        if state != "RUNNING" or not nodelist:
+            raise PodrunError(f"Slurm job {self.job_id} ended as soon as it started ({state or 'gone'}, {reason})")
+        self.nodes = self._node_addresses(nodelist)
 
     def _partitions(self) -> list[dict[str, str]]:
         listed = self._run("scontrol show partition --oneliner")
@@ -113,7 +172,7 @@ class SlurmCluster(Target):
         else:
             chosen = next((p for p in partitions if p.get("Default") == "YES"), None)
             if chosen is None:
-                return  # no default partition: sbatch says what it says
+                return  # no default partition: salloc says what it says
         name = chosen.get("PartitionName", "")
         total = _number(chosen.get("TotalNodes"))
         most = _number(chosen.get("MaxNodes"))
@@ -134,46 +193,6 @@ class SlurmCluster(Target):
         if options.time and limit_s is not None and (options.time_s or 0) > limit_s:
             raise SpecError(self.spec.path, "target.slurm.time",
                             f"{options.time} is over partition {name}'s limit, MaxTime={limit}")
-
-    def _wait_running(self) -> None:
-        """Poll squeue until the allocation runs; while it pends, say so with squeue's reason (redrawn in
-        place on a terminal, a line when it changes otherwise)."""
-        started = time.monotonic()
-        terminal = sys.stderr.isatty()
-        shown: str | None = None
-        shown_at = 0.0
-        drawn = False
-        polls = 0
-        try:
-            while True:
-                state, reason, nodelist = self._state()
-                if state == "RUNNING" and nodelist:
-                    self.nodes = self._node_addresses(nodelist)
-                    return
-                if state is None or state in ENDED_STATES:
-                    raise PodrunError(f"Slurm job {self.job_id} ended before it started"
-                                      + (f" ({state}, {reason})" if state else " (squeue no longer shows it)"))
-                waited = time.monotonic() - started
-                if state == "PENDING" and reason not in ("None", "") and not (reason == "Priority" and waited < 2):
-                    line = f"Slurm job {self.job_id} pending ({reason}): waiting for {counted(self.options.nodes, 'node')}"
-                    if terminal:
-                        sys.stderr.write(f"\rpodrun: {line}, {waited:.0f}s (Ctrl-C cancels it)\x1b[K")
-                        sys.stderr.flush()
-                        drawn = True
-                    elif line != shown or waited - shown_at >= REPORT_EVERY_S:
-                        say(f"{line} (Ctrl-C cancels it)")
-                        shown, shown_at = line, waited
-                time.sleep(POLL_S[min(polls, len(POLL_S) - 1)])
-                polls += 1
-        except KeyboardInterrupt:
-            if drawn:
-                sys.stderr.write("\n")
-                drawn = False
-            say(f"interrupted: cancelling Slurm job {self.job_id}, which had not started")
-            raise
-        finally:
-            if drawn:
-                sys.stderr.write("\n")
 
     def _state(self) -> tuple[str | None, str, str]:
         """The job's state, squeue's reason and its node list; None: squeue does not show it."""
@@ -237,8 +256,8 @@ class SlurmCluster(Target):
     def describe(self, workers: list[Worker]) -> str:
         where = f"via {self.options.login}" if self.options.login else "on this machine (the login node)"
         lines = [f"{counted(len(workers), self.worker_noun)}, allocated for the job; Slurm's commands run {where}:",
-                 f"  allocate: {shlex.join(self.sbatch_argv())}",
-                 "  wait:     squeue --noheader --jobs=<job id> --format='%T|%r|%N' (until RUNNING)"]
+                 f"  allocate: {shlex.join(self.salloc_argv())}",
+                 "  pending:  squeue --noheader --jobs=<job id> --format='%T|%r|%N' (its reason, every second)"]
         lines += [f"  worker {worker.index}: {srun_command(worker.transport.job_id, worker.transport.node, '<agent>')}"
                   for worker in workers if isinstance(worker.transport, SlurmTransport)]
         lines.append("  <agent>:  python3 -I -S -c <podrun's agent> (it runs the worker's script below)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import shlex
 import subprocess
 import threading
@@ -148,6 +149,15 @@ class Completed:
         return "; ".join(lines[-3:]) or f"exit code {self.code}"
 
 
+class Spawned:
+    """A command started by LoginShell.spawn: its output's lines as they come (None after the last), its exit code."""
+
+    def __init__(self) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.code: int | None = None
+        self.process: subprocess.Popen | None = None
+
+
 class LoginShell:
     """Runs Slurm's commands on the login node over one SSH connection kept open (in a thread with an
     event loop of its own, so that the target's synchronous steps can use it), or here."""
@@ -200,6 +210,45 @@ class LoginShell:
             self.connected = False
             raise PodrunError(f"{self.where}: `{command}` failed: {error}") from None
         return Completed(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def spawn(self, command: str) -> Spawned:
+        """Start `command` there and return at once: its output's lines (stdout and stderr) come as they are
+        written (salloc, which returns only once its allocation is granted, says its job id first)."""
+        spawned = Spawned()
+        if self.ssh is None:
+            process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, cwd=os.path.expanduser("~"),
+                                       start_new_session=True)
+            spawned.process = process
+
+            def pump() -> None:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    spawned.lines.put(line.rstrip("\n"))
+                spawned.code = process.wait()
+                spawned.lines.put(None)
+
+            threading.Thread(target=pump, name="slurm-spawned", daemon=True).start()
+        else:
+            asyncio.run_coroutine_threadsafe(self._spawn_remote(command, spawned), self._loop())
+        return spawned
+
+    async def _spawn_remote(self, command: str, spawned: Spawned) -> None:
+        assert self.ssh is not None
+        try:
+            if not self.connected:
+                await self.ssh.connect()
+                self.connected = True
+            channel = await self.ssh.start(command + " 2>&1")
+            channel.stdin.write_eof()
+            while line := await channel.stdout.readline():
+                spawned.lines.put(line.decode(errors="replace").rstrip("\n"))
+            spawned.code = await channel.wait()
+        except Exception as error:  # the connection broke
+            self.connected = False
+            spawned.lines.put(f"podrun: the link to {self.where} broke: {error}")
+            spawned.code = 255
+        spawned.lines.put(None)
 
     def close(self) -> None:
         if self.loop is not None and self.owner == os.getpid() and self.ssh is not None and self.connected:
