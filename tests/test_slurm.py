@@ -28,6 +28,7 @@ def cluster(slurm_lab):
     slurm_lab.cancel_all()
     yield slurm_lab
     slurm_lab.cancel_all()
+    slurm_lab.wait_until_idle()  # no node left `plnd` (planned for a job that pended) for the next test
 
 
 @pytest.fixture
@@ -168,7 +169,7 @@ def test_detached_job_runs_until_stop_which_releases_the_allocation(home, cluste
     stacks = podrun("stacks", job_id)
     assert stacks.returncode == 0, stacks.stderr
     assert "── worker 0 (slurm-node1) ──" in stacks.stdout and "── worker 1 (slurm-node2) ──" in stacks.stdout
-    assert stacks.stdout.count("slurm-detached") == 2, stacks.stdout
+    assert len(re.findall(r"^=== pid \d+: python3 -c .* slurm-detached ===$", stacks.stdout, re.M)) == 2, stacks.stdout
     stopped = podrun("stop", job_id)
     assert stopped.returncode == 0, stopped.stderr
     wait_until(lambda: slurm_jobs(cluster) == [], "squeue to show nothing of the job", timeout=60)
