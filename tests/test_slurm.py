@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, job_id_in, live_processes, podrun, processes_of_job, wait_until
+from conftest import REPO, job_id_in, live_processes, podrun, processes_of_job, run_in_terminal, wait_until
 
 pytestmark = pytest.mark.lab
 
@@ -161,6 +161,10 @@ def test_detached_job_runs_until_stop_which_releases_the_allocation(home, cluste
     # podrun ssh and cp reach the nodes of the running job
     shell = podrun("ssh", spec, "--worker", "1", "--", "hostname")
     assert (shell.returncode, shell.stdout) == (0, "slurm-node2\n"), shell.stderr
+    # at a terminal: srun --pty, through OpenSSH's own terminal on the login node
+    code, written = run_in_terminal(["ssh", spec, "--worker", "0", "--", "tty; hostname"], rows=24, columns=80)
+    assert code == 0, written
+    assert re.search(rb"/dev/pts/\d+\r?\nslurm-node1\r?\n", written), written
     (home.parent / "note.txt").write_text("copied\n")
     copied = podrun("cp", spec, home.parent / "note.txt", ":note.txt")
     assert copied.returncode == 0, copied.stderr
