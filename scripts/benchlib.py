@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lab import Lab, require_lab_tools  # noqa: E402,F401  (re-exported for the benchmarks)
+from lab import BRIDGE, Lab, require_lab_tools  # noqa: E402,F401  (re-exported for the benchmarks)
 
 
 def timed(command: list[str] | str, env: dict | None = None) -> float:

@@ -125,6 +125,7 @@ class Lab(StartStop):
         self.stop()  # leftovers of a lab that was killed before it could clean up
         self.workdir.mkdir(parents=True, exist_ok=True)
         _sh(f"ssh-keygen -q -t ed25519 -N '' -C podrun-lab -f {self.client_key}")
+        _raise_neighbour_limits(2 * len(self.hosts))
         add_bridge(BRIDGE, [f"{BRIDGE_IP}/20", f"{EXTERNAL_BRIDGE_IP}/20"])
         Path("/run/sshd").mkdir(exist_ok=True)
         for host in self.hosts:
@@ -257,6 +258,16 @@ def python_under_root(home: Path) -> list[str]:
 def _address(network: str, index: int) -> str:
     base = ipaddress.ip_network(network).network_address
     return str(base + 256 * (index // HOSTS_PER_OCTET) + FIRST_HOST + index % HOSTS_PER_OCTET)
+
+
+def _raise_neighbour_limits(entries: int) -> None:
+    """Room in this machine's ARP table for `entries` neighbours (each host's two addresses): past
+    gc_thresh2 (512 by default) the kernel drops entries, and with 512 hosts, 38 of them were
+    "No route to host" ("neighbor table overflow" in dmesg). Limits are only ever raised."""
+    for name, wanted in (("gc_thresh1", entries), ("gc_thresh2", 2 * entries), ("gc_thresh3", 4 * entries)):
+        path = Path(f"/proc/sys/net/ipv4/neigh/default/{name}")
+        if int(path.read_text()) < wanted:
+            path.write_text(str(wanted))
 
 
 def _make_host_key(host: LabHost) -> None:

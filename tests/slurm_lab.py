@@ -11,7 +11,7 @@ key of the lab's own. Python and torch are shared with this machine, as in the S
     with SlurmLab(workdir) as cluster:
         cluster.slurm("squeue --json"), cluster.run(cluster.login, "srun -N2 hostname"), cluster.ssh_args()
 
-Pitfalls met building it (docs/design.md: How it is tested): the daemons run under
+Pitfalls met building it (docs/design.md, How it is tested): the daemons run under
 `nsenter --net=/run/netns/X` in mount and UTS namespaces of their own (`ip netns exec` remounts /sys
 without the cgroups slurmd reads); slurmctld starts only where the host name is SlurmctldHost and
 slurmd takes its node name from its host name; daemons inherit open descriptors (Popen closes them).
@@ -242,6 +242,8 @@ class SlurmLab(StartStop):
         for name in ("state", "spool", "run", "log", "munge", "etc"):
             shutil.rmtree(self.workdir / name, ignore_errors=True)
             (self.workdir / name).mkdir(parents=True)
+        for node in self.nodes:
+            (self.workdir / "spool" / node.name).mkdir()
         self.home.mkdir(parents=True, exist_ok=True)
         self._write_config()
         if not self.client_key.exists():

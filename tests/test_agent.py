@@ -97,6 +97,9 @@ def test_a_probing_agent_reports_the_code_dir_and_starts_only_on_go(tmp_path):
 def test_a_probing_agent_that_hears_nothing_before_go_starts_nothing(tmp_path):
     # the launcher went silent (gone, or still starting 1,024 other agents) while the code was not
     # here yet: after its heartbeat timeout the agent ends, without checking out code that never came
+    # and says so: the launcher names it (at 1,024 local workers it once named 899 workers "ended with
+    # code 0 and no report", which said nothing of why)
     output, events, code = run_agent(tmp_path, "echo ran", "code", probe={"code_dir": "absent"}, heartbeat=0.5)
-    assert events == [{"event": "hello"}, {"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""}]
+    assert events == [{"event": "hello"}, {"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""},
+                      {"event": "error", "message": "no word from the launcher for 0.5s while waiting to start"}]
     assert (output, code) == (b"", 0)

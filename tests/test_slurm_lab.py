@@ -1,5 +1,5 @@
 """The Slurm lab (tests/slurm_lab.py) is a real cluster: what its commands print is what Slurm 22.05
-prints, which the `slurm` target reads (docs/testing.md lists the facts these tests pin)."""
+prints, which the `slurm` target reads (docs/design.md, How it is tested, lists the facts these tests pin)."""
 
 from __future__ import annotations
 
@@ -152,6 +152,11 @@ def test_srun_exit_codes_when_one_task_fails(cluster):
     assert both_fail.returncode == 7  # the highest of the tasks' codes
     assert "slurm-node1: task 0: Exited with exit code 7" in both_fail.stderr
     assert "slurm-node2: task 1: Exited with exit code 3" in both_fail.stderr
+
+    # without --kill-on-bad-exit srun waits for the other tasks, and exits with the failed one's code
+    other_finishes = "sh -c 'if [ $SLURM_NODEID = 0 ]; then exit 7; else sleep 2; echo slept; fi'"
+    waited = cluster.slurm(f"srun -N2 -l {other_finishes}")
+    assert (waited.returncode, waited.stdout) == (7, "1: slept\n"), waited
 
     other_sleeps = "sh -c 'if [ $SLURM_NODEID = 0 ]; then exit 7; else sleep 60; fi'"
     started = time.monotonic()

@@ -257,6 +257,7 @@ class ControlInput:
                 if command in ("go", "stop"):
                     return argument if command == "go" else None
             if not select.select([0], [], [], timeout)[0]:
+                emit(event="error", message="no word from the launcher for %gs while waiting to start" % timeout)
                 return None
             chunk = os.read(0, 4096)
             if not chunk:

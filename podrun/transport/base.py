@@ -6,8 +6,10 @@ A command runs in the worker's root: the login directory over SSH, a per-worker 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import shlex
+import weakref
 from abc import ABC, abstractmethod
 from functools import cache
 from importlib import resources
@@ -163,6 +165,19 @@ def _module_load(module: str) -> str:
     source = remote_source(module)
     cache_name = f"{module}-{hashlib.sha256(source).hexdigest()[:16]}"
     return f"_podrun_module({module!r}, {cache_name!r}, {source.decode()!r})\n"
+
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = \
+    weakref.WeakKeyDictionary()
+
+
+def loop_gate(name: str, size: int) -> asyncio.Semaphore:
+    """The running event loop's one semaphore called `name` (made with `size` places on first use): what
+    all of a launch's workers share, such as the SSH handshakes in flight or the local processes being spawned."""
+    gates = _gates.setdefault(asyncio.get_running_loop(), {})
+    if name not in gates:
+        gates[name] = asyncio.Semaphore(size)
+    return gates[name]
 
 
 def agent_source() -> bytes:

@@ -9,8 +9,13 @@ import sys
 from typing import cast
 
 from podrun import file_limit, paths
-from podrun.transport.base import Channel, Transport
+from podrun.transport.base import Channel, Transport, loop_gate
 
+# Processes spawned at once. A spawn (fork and exec) holds the event loop: 1,024 workers' starts, all
+# ready at once, ran as one turn of the loop, 12-15 s on a loaded 2-core machine, during which no
+# heartbeat went out, and agents that heard nothing for 20 s gave up (docs/benchmarks.md, Pod scale).
+# Through this gate each turn spawns a few, and the loop's timers and pipes are served in between.
+SPAWNS_AT_ONCE = 4
 # which of the variables a local worker inherits --dry-run shows: those that pick its python and torchrun
 INHERITED_SHOWN = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")
 
@@ -39,10 +44,11 @@ class LocalTransport(Transport):
         return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
 
     async def start(self, command: str) -> Channel:
-        process = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", file_limit.local_command(command), cwd=self.root,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
+        async with loop_gate("local spawns", SPAWNS_AT_ONCE):
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", file_limit.local_command(command), cwd=self.root,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)  # like a remote host: the terminal's Ctrl-C reaches podrun only
         return cast(Channel, process)  # all three pipes were asked for: none of its streams is None
 
 

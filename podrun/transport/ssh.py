@@ -19,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import ctypes.util
 import os
+import random
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import podrun.transport.known_hosts as known_hosts
 from podrun import paths
-from podrun.errors import PodrunError
-from podrun.transport.base import Channel, ChannelLost, Transport
+from podrun.errors import PodrunError, UsageError
+from podrun.transport.base import Channel, ChannelLost, Transport, loop_gate
 
 
 def _import_asyncssh():
@@ -53,6 +54,18 @@ CONNECT_TIMEOUT_S = 10
 KEEPALIVE_INTERVAL_S = 5
 KEEPALIVE_COUNT_MAX = 2
 KEY_RETRY_INTERVAL_S = 2
+# Handshakes in flight at once, over all of this launcher's connections (PODRUN_SSH_HANDSHAKES). An
+# sshd drops connections not yet authenticated beyond its MaxStartups (default 10:30:100: beyond 10,
+# 30% of new ones, rising to all at 100), so 1,000 at once to hosts behind one bastion, or to one
+# sshd, get most of theirs dropped; a handshake is mostly the launcher's CPU (key exchange,
+# signature), so more in flight than that buys nothing on hosts apart (docs/benchmarks.md).
+DEFAULT_HANDSHAKES = 32
+# A handshake that sshd dropped before authentication (MaxStartups) is tried again after a random
+# pause of up to 0.1 s, doubling up to 5 s, for at most PODRUN_SSH_CONNECT_RETRY seconds.
+DEFAULT_CONNECT_RETRY_S = 60.0
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 5.0
+_DROPPED = (asyncssh.ConnectionLost, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 # AES-GCM is one OpenSSL call per packet (hardware AES); asyncssh's default first choice,
 # chacha20-poly1305, is two. Measured: 9.7 GB/s against 3.8 GB/s for 32 KB packets here.
 ENCRYPTION_ALGS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
@@ -133,6 +146,8 @@ class SshTransport(Transport):
         self.host_keys = host_keys  # "ssh-ed25519 AAAA..." as its owner published them: trusted as they are
         self.known_hosts_file = known_hosts_file  # the spec's ssh.known_hosts, read with ~/.ssh/known_hosts
         self.connection: asyncssh.SSHClientConnection | None = None
+        self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
+        self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
 
     @property
     def label(self) -> str:
@@ -196,14 +211,28 @@ class SshTransport(Transport):
                 f"{known_hosts.podrun_known_hosts()}{alias}); if the host was rebuilt, remove its line there")
 
     async def _connect(self, options: dict) -> asyncssh.SSHClientConnection:
-        deadline = asyncio.get_running_loop().time() + self.refused_retry_s
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        backoff_s = BACKOFF_FIRST_S
         while True:
             try:
-                return await asyncssh.connect(self.host, **options)
+                self.handshake_attempts += 1
+                async with loop_gate("ssh handshakes", self.handshakes):
+                    return await asyncssh.connect(self.host, **options)
             except asyncssh.PermissionDenied:
-                if asyncio.get_running_loop().time() >= deadline:
+                if loop.time() >= started + self.refused_retry_s:
                     raise
                 await asyncio.sleep(KEY_RETRY_INTERVAL_S)
+            except _DROPPED:
+                pause_s = random.uniform(0, backoff_s)  # full jitter: the dropped ones do not come back together
+                if loop.time() + pause_s - started > self.connect_retry_s:
+                    raise PodrunError(
+                        f"{self.label}: the connection was closed before authentication, "
+                        f"{counted_times(self.handshake_attempts)} in {loop.time() - started:.0f}s (sshd's MaxStartups "
+                        f"drops handshakes beyond its limit: raise it there, or lower PODRUN_SSH_HANDSHAKES "
+                        f"(now {self.handshakes}); PODRUN_SSH_CONNECT_RETRY sets the seconds to keep trying)") from None
+                await asyncio.sleep(pause_s)
+                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
 
     def endpoint(self) -> dict:
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
@@ -255,6 +284,28 @@ class SshTransport(Transport):
         if self.connection:
             self.connection.close()
             await self.connection.wait_closed()
+
+
+def connect_settings() -> tuple[int, float]:
+    """PODRUN_SSH_HANDSHAKES (handshakes in flight at once) and PODRUN_SSH_CONNECT_RETRY (seconds to keep
+    trying a handshake that sshd dropped before authentication), or their defaults."""
+    text = os.environ.get("PODRUN_SSH_HANDSHAKES", "").strip() or str(DEFAULT_HANDSHAKES)
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"PODRUN_SSH_HANDSHAKES={text!r}: expected how many SSH handshakes podrun may have in "
+                         f"flight at once, 1 or more (default {DEFAULT_HANDSHAKES})")
+    retry = os.environ.get("PODRUN_SSH_CONNECT_RETRY", "").strip()
+    try:
+        retry_s = float(retry) if retry else DEFAULT_CONNECT_RETRY_S
+    except ValueError:
+        retry_s = -1.0
+    if not 0 <= retry_s < float("inf"):
+        raise UsageError(f"PODRUN_SSH_CONNECT_RETRY={retry!r}: expected the seconds to keep retrying a handshake "
+                         f"that sshd dropped, 0 or more (default {DEFAULT_CONNECT_RETRY_S:g})")
+    return int(text), retry_s
+
+
+def counted_times(count: int) -> str:
+    return "once" if count == 1 else "twice" if count == 2 else f"{count} times"
 
 
 def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
