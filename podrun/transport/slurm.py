@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from podrun.errors import PodrunError
-from podrun.transport.base import Channel, Transport
+from podrun.transport.base import Channel, Transport, loop_gate
+from podrun.transport.local import SPAWNS_AT_ONCE
 
 CONTROL_TIMEOUT_S = 60  # one Slurm command on the login node (slurmctld answers in milliseconds)
 
@@ -70,10 +71,11 @@ class LoginLink:
     async def start(self, command: str) -> Channel:
         if self.ssh is not None:
             return await self.ssh.start(command)
-        process = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, cwd=os.path.expanduser("~"),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)  # the terminal's Ctrl-C reaches podrun only, never srun
+        async with loop_gate("local spawns", SPAWNS_AT_ONCE):  # a few at a time, as local workers (local.py)
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", command, cwd=os.path.expanduser("~"),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)  # the terminal's Ctrl-C reaches podrun only, never srun
         return cast(Channel, process)
 
     async def close(self) -> None:
