@@ -233,3 +233,22 @@ def test_without_login_the_slurm_commands_run_here(home, cluster, job_file, tmp_
     assert result.returncode == 0, result.stderr
     assert "[w0] on slurm-node1" in result.stdout and "[w1] on slurm-node2" in result.stdout
     assert slurm_jobs(cluster) == []
+
+
+def test_nodes_that_do_not_share_the_home_are_one_line(home, cluster, slurm_spec):
+    """The code ships once, to the first node; a node that does not see it there is named, and nothing runs."""
+    node = cluster.nodes[1]
+    (cluster.home / "podrun").mkdir(exist_ok=True)
+    hidden = cluster.run(node, "mount -t tmpfs podrun-not-shared /root/podrun")  # node 2's own, empty, ~/podrun
+    assert hidden.returncode == 0, hidden.stderr
+    try:
+        spec = slurm_spec("run: echo ran", files={"data.txt": f"{time.time_ns()}\n"})  # code no node has yet
+        result = podrun("exec", spec)
+    finally:
+        assert cluster.run(node, "umount /root/podrun").returncode == 0
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"^podrun: error: slurm-node2 do\(es\) not see the code shipped to slurm-node1 \(podrun/job/\w+ "
+                     r"in ~\): its workers must share one home directory, where podrun ships the code once, and they "
+                     r"do not$", result.stderr, re.M), result.stderr
+    assert "ran" not in result.stdout
+    assert slurm_jobs(cluster) == []
