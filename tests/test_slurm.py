@@ -252,3 +252,15 @@ def test_nodes_that_do_not_share_the_home_are_one_line(home, cluster, slurm_spec
                      r"do not$", result.stderr, re.M), result.stderr
     assert "ran" not in result.stdout
     assert slurm_jobs(cluster) == []
+
+
+@pytest.mark.slow
+def test_a_job_past_its_time_limit_is_said_to_be(home, cluster, slurm_spec):
+    """Slurm ends the steps at the allocation's time limit (1 minute, its shortest): podrun says why."""
+    spec = slurm_spec("run: echo up; python3 -c 'import time; time.sleep(300)' slurm-time-limit", options=", time: '1'")
+    result = podrun("exec", spec, timeout=180)
+    assert result.returncode == 143, result.stderr
+    assert re.search(r"^podrun: Slurm job \d+ reached its time limit \(00:01:00\): Slurm ended its steps$",
+                     result.stderr, re.M), result.stderr
+    assert slurm_jobs(cluster) == []
+    assert left_on_nodes("slurm-time-limit") == []

@@ -8,7 +8,7 @@ import pytest
 from podrun.errors import SpecError
 from podrun.spec import load_spec
 from podrun.targets.base import target_for
-from podrun.targets.slurm import SlurmCluster, parse_records
+from podrun.targets.slurm import SlurmCluster, ended_by_slurm, parse_records
 from podrun.targets.slurm_options import slurm_time_s
 from podrun.transport.slurm import srun_command
 
@@ -136,3 +136,16 @@ def test_bad_adhoc_flags_are_named(home, flags, line):
     result = podrun("exec", *flags, "--dry-run", "--", "hostname")
     assert result.returncode == 2
     assert result.stderr == f"podrun: error: {line}\n"
+
+
+@pytest.mark.parametrize(("shown", "said"), [
+    ("JobId=7 JobName=podrun-x JobState=TIMEOUT Reason=TimeLimit TimeLimit=00:01:00",
+     "reached its time limit (00:01:00): Slurm ended its steps"),
+    ("JobId=7 JobState=COMPLETING Reason=TimeLimit TimeLimit=00:01:00",
+     "reached its time limit (00:01:00): Slurm ended its steps"),
+    ("JobId=7 JobState=NODE_FAIL Reason=NodeDown", "ended NODE_FAIL (NodeDown) before podrun released it"),
+    ("JobId=7 JobState=RUNNING Reason=None TimeLimit=00:10:00", None),
+    ("", None),
+])
+def test_an_allocation_slurm_ended_is_named(shown, said):
+    assert ended_by_slurm(parse_records(shown)) == said

@@ -272,9 +272,13 @@ class SlurmCluster(Target):
         if self.job_id is None:
             return
         job_id, self.job_id = self.job_id, None
-        cancelled = self._run(f"scancel {job_id}")
-        if cancelled.code != 0 and "Invalid job id" not in cancelled.stderr:
-            raise PodrunError(f"cannot cancel Slurm job {job_id} (scancel {job_id}): {cancelled.error_line()}")
+        # how Slurm saw the job before it is cancelled: one that ended on its own (its time limit) says so
+        shown = self._run(f"scontrol show job --oneliner {job_id} 2>/dev/null; echo ---; scancel {job_id}")
+        before, _, after = shown.stdout.partition("---")
+        if ended := ended_by_slurm(parse_records(before)):
+            say(f"Slurm job {job_id} {ended}")
+        if shown.code != 0 and "Invalid job id" not in shown.stderr:
+            raise PodrunError(f"cannot cancel Slurm job {job_id} (scancel {job_id}): {shown.error_line()}")
         deadline = time.monotonic() + GONE_TIMEOUT_S
         polls = 0
         while time.monotonic() < deadline:
@@ -297,6 +301,17 @@ class SlurmCluster(Target):
             return None
         scancel = f"scancel {self.job_id}"
         return f"ssh {shlex.quote(self.options.login)} {scancel}" if self.options.login else scancel
+
+
+def ended_by_slurm(records: list[dict[str, str]]) -> str | None:
+    """Why Slurm ended the allocation before podrun released it (`scontrol show job`), or None: it runs."""
+    job = records[0] if records else {}
+    state, reason = job.get("JobState", ""), job.get("Reason", "")
+    if state == "TIMEOUT" or reason == "TimeLimit":
+        return f"reached its time limit ({job.get('TimeLimit', '?')}): Slurm ended its steps"
+    if state and state not in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING", "COMPLETED", "CANCELLED"):
+        return f"ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + " before podrun released it"
+    return None
 
 
 def parse_records(text: str) -> list[dict[str, str]]:
