@@ -115,7 +115,7 @@ def test_dry_run_shows_the_command_in_the_login_directory(home):
 
 @pytest.mark.parametrize("args, message", [
     (["--local", "2"], "expected -- CMD after the target: the command to run on every worker"),
-    ([], "expected a job spec (JOB.yaml), or a target (--tpu, --hosts or --local) and -- CMD"),
+    ([], "expected a job spec (JOB.yaml), or a target (--tpu, --hosts, --local or --slurm) and -- CMD"),
     (["--local", "2", "--hosts", "a", "--", "true"], "--hosts and --local: expected one target"),
     (["--hosts", "a,user@", "--", "true"],
      "--hosts: expected host, user@host, host:port or user@host:port, got 'user@'"),
@@ -125,13 +125,13 @@ def test_dry_run_shows_the_command_in_the_login_directory(home):
     (["--tpu", "My_Pod", "--", "true"], "--tpu: expected a TPU VM name (lowercase letters, digits and dashes, "
                                         "starting with a letter, at most 63 characters), got 'My_Pod'"),
     (["--local", "2", "--zone", "z", "--", "true"], "--zone: goes with --tpu"),
-    (["--local", "2", "--user", "u", "--", "true"], "--user: goes with --tpu or --hosts"),
+    (["--local", "2", "--user", "u", "--", "true"], "--user: goes with --tpu, --hosts or --slurm"),
     (["--local", "2", "--workdir", "/no/such/dir", "--", "true"], "--workdir /no/such/dir: expected an existing "
                                                                   "directory"),
     (["--local", "2", "--worker", "5", "--", "true"], "--worker '5': this target has workers 0 to 1"),
-    (["{spec}", "--", "true"], "{spec}: the spec says what runs; `-- CMD` goes with --tpu, --hosts or --local"),
+    (["{spec}", "--", "true"], "{spec}: the spec says what runs; `-- CMD` goes with --tpu, --hosts, --local or --slurm"),
     (["{spec}", "--hosts", "a"], "{spec}: a spec names its own target; drop --hosts or the spec"),
-    (["{spec}", "--workdir", "."], "--workdir: goes with --tpu, --hosts or --local (a spec has workdir:)"),
+    (["{spec}", "--workdir", "."], "--workdir: goes with --tpu, --hosts, --local or --slurm (a spec has workdir:)"),
 ])
 def test_bad_ad_hoc_arguments_are_one_line_and_start_nothing(home, job_file, args, message):
     spec = str(job_file("run: echo hi\n"))

@@ -23,7 +23,7 @@ BAD_SPECS = [
     ("bad nproc_per_node", "run: echo\ntorchrun: {nproc_per_node: zero}\n",
      "{file}: torchrun.nproc_per_node: expected a number of processes >= 1, or auto, gpu or cpu, got 'zero'"),
     ("two targets", "run: echo\ntarget: {local: {workers: 2}, hosts: [a, b]}\n",
-     "{file}: target: expected exactly one of tpu, hosts, local (got hosts and local)"),
+     "{file}: target: expected exactly one of tpu, hosts, local, slurm (got hosts and local)"),
     ("missing workdir", "run: echo\nworkdir: nowhere\n",
      "{file}: workdir: expected an existing directory, {dir}/nowhere is not one"),
     ("workdir in no user's home", "run: echo\nworkdir: ~no-such-user/code\n",

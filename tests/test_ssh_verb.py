@@ -119,7 +119,7 @@ def test_ssh_reaches_a_tpu_worker_with_the_key_podrun_put_in_its_metadata(home, 
 
 @pytest.mark.parametrize("args, message", [
     (["--local", "2", "--worker", "2"], "--worker 2: this target has workers 0 to 1"),
-    ([], "expected a job spec (JOB.yaml) or a target: --tpu, --hosts or --local"),
+    ([], "expected a job spec (JOB.yaml) or a target: --tpu, --hosts, --local or --slurm"),
     (["--local", "1", "--hosts", "h"], "--hosts and --local: expected one target"),
 ])
 def test_bad_ssh_arguments_are_one_line(home, args, message):

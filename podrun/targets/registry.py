@@ -9,7 +9,8 @@ from functools import cache
 
 from podrun.targets.kind import TargetKind
 
-KIND_MODULES = ("podrun.targets.tpu_options", "podrun.targets.hosts_options", "podrun.targets.local_options")
+KIND_MODULES = ("podrun.targets.tpu_options", "podrun.targets.hosts_options", "podrun.targets.local_options",
+                "podrun.targets.slurm_options")
 DEFAULT_KIND = "local"  # a spec without `target:` runs on local CPU workers
 
 

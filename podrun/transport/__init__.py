@@ -10,7 +10,7 @@ from podrun.errors import PodrunError
 from podrun.transport.base import Transport
 
 # endpoint kind (Transport.endpoint()["kind"]) -> the module whose from_endpoint() reaches it again
-TRANSPORTS = {"local": "podrun.transport.local", "ssh": "podrun.transport.ssh"}
+TRANSPORTS = {"local": "podrun.transport.local", "ssh": "podrun.transport.ssh", "slurm": "podrun.transport.slurm"}
 
 
 def transport_for(endpoint: dict) -> Transport:

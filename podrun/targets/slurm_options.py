@@ -1,0 +1,124 @@
+"""The `slurm` target's options (`target: {slurm: {...}}`, `exec --slurm`): a Slurm cluster's nodes,
+allocated for the job and reached through its login node. Light: imported whenever a spec is loaded;
+the implementation (targets/slurm.py) is imported only when a job runs there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, WithJsonSchema
+
+from podrun.spec_fields import HOST_FORMS, HostEntry, Model
+from podrun.targets.kind import AdhocFlag, TargetKind, whole_number
+
+SLURM_TIME_FORMS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, such as 4:00:00"
+# Slurm's own time forms (sbatch --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds
+SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                        r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)\Z")
+UNLIMITED = ("UNLIMITED", "INFINITE")
+# a Slurm name: a partition, account, QOS, constraint expression; no blanks or shell syntax
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_.:@%+=,&|!\[\]*()-]+\Z")
+
+EXPECTED = {  # by field, for "expected ..." errors (TargetKind.expected)
+    "": "a mapping such as {login: user@login-node, nodes: 2, partition: gpu}",
+    "login": f"the login node: {HOST_FORMS} (omit it on the login node)",
+    "nodes": "a number of nodes from 1, such as 2",
+    "partition": "a partition's name, such as gpu",
+    "time": f"a time limit in Slurm's forms ({SLURM_TIME_FORMS})",
+    "account": "an account's name, such as proj",
+    "gpus_per_node": "a number of GPUs per node, such as 8",
+    "constraint": "node features, such as a100",
+    "qos": "a quality of service's name, such as high",
+    "sbatch_args": "a list of sbatch options, such as [--exclusive]",
+    "sbatch_args.*": "an sbatch option, such as --exclusive",
+}
+
+
+def slurm_time_s(text: str) -> float | None:
+    """A Slurm time limit -> seconds (None: unlimited); ValueError if it is none of Slurm's forms."""
+    if text.strip().upper() in UNLIMITED:
+        return None
+    match = SLURM_TIME.match(text.strip())
+    if not match:
+        raise ValueError(f"expected {SLURM_TIME_FORMS}, got {text!r}")
+    if match["days"] is not None:
+        days, hours, minutes, seconds = (int(match[key] or 0) for key in ("days", "dh", "dm", "ds"))
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    parts = [int(part) for part in (match["a"], match["b"], match["c"]) if part is not None]
+    if len(parts) == 1:  # minutes
+        return float(parts[0] * 60)
+    if len(parts) == 2:  # minutes:seconds
+        return float(parts[0] * 60 + parts[1])
+    return float((parts[0] * 60 + parts[1]) * 60 + parts[2])
+
+
+def _time(value: str) -> str:
+    if value.strip().upper() in UNLIMITED:
+        raise ValueError(f"expected a time limit ({SLURM_TIME_FORMS}); leave time out for the partition's default")
+    slurm_time_s(value)
+    return value.strip()
+
+
+def _word(value: str) -> str:
+    if not SLURM_WORD.match(value):
+        raise ValueError(f"expected a Slurm name without blanks or shell syntax, got {value!r}")
+    return value
+
+
+def _sbatch_arg(value: str) -> str:
+    if not value.startswith("-"):
+        raise ValueError(f"expected an sbatch option starting with - (such as --exclusive), got {value!r}")
+    return value
+
+
+SlurmWord = Annotated[str, AfterValidator(_word), WithJsonSchema({"type": "string", "pattern": SLURM_WORD.pattern})]
+
+
+class SlurmOptions(Model):
+    """A Slurm cluster: the job gets an allocation of `nodes` nodes and runs one worker on each."""
+
+    login: HostEntry | None = Field(
+        None, description="the login node (user@host[:port]), reached over SSH; omit it to run the Slurm commands here")
+    nodes: int = Field(1, ge=1, le=100_000, description="how many nodes: one worker on each")
+    partition: SlurmWord | None = Field(None, description="default: the cluster's default partition")
+    time: Annotated[str, AfterValidator(_time)] | None = Field(
+        None, description=f"the allocation's time limit ({SLURM_TIME_FORMS}); default: the partition's")
+    account: SlurmWord | None = None
+    gpus_per_node: int | None = Field(None, ge=0, le=1024, description="sbatch --gpus-per-node")
+    constraint: Annotated[str, Field(min_length=1)] | None = Field(None, description="sbatch --constraint")
+    qos: SlurmWord | None = None
+    sbatch_args: list[Annotated[str, AfterValidator(_sbatch_arg)]] = Field(
+        default_factory=list, description="any other sbatch options, passed on as they are")
+
+    @property
+    def time_s(self) -> float | None:
+        return slurm_time_s(self.time) if self.time else None
+
+
+def _summary(options: SlurmOptions) -> str:
+    """`podrun validate`'s "job X on <summary>"."""
+    where = f"partition {options.partition}" if options.partition else "the default partition"
+    via = f" via {options.login}" if options.login else ""
+    return f"{options.nodes} Slurm node{'s' if options.nodes != 1 else ''} of {where}{via}"
+
+
+def _from_flags(value: str, extras: Mapping[str, Any]) -> dict:
+    """`exec --slurm LOGIN` (`.`: this machine is the login node) with --nodes, --partition, --time and
+    --gpus-per-node, as the spec's `target.slurm`."""
+    options: dict[str, Any] = {} if value == "." else {"login": value}
+    return {**options, **{key: given for key, given in extras.items() if given is not None}}
+
+
+KIND = TargetKind(
+    name="slurm", annotation=SlurmOptions, description="a Slurm cluster's nodes, allocated for the job",
+    implementation="podrun.targets.slurm:SlurmCluster", expected=EXPECTED, transport="slurm",
+    flag=AdhocFlag("--slurm", "LOGIN", "a Slurm cluster through its login node, user@host (`.`: this machine is it)"),
+    extra_flags=(AdhocFlag("--nodes", "N", "how many Slurm nodes (default 1)", type=whole_number),
+                 AdhocFlag("--partition", "P", "the Slurm partition (default: the cluster's)"),
+                 AdhocFlag("--time", "T", "the allocation's time limit, such as 4:00:00"),
+                 AdhocFlag("--gpus-per-node", "G", "GPUs on each Slurm node", type=whole_number)),
+    to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=lambda options: options.nodes)

@@ -1,0 +1,258 @@
+"""A Slurm node's transport: a worker's command runs as a job step on its node,
+`srun --jobid=J --nodelist=NODE -N1 -n1 --overlap ... sh -c COMMAND`, started on the cluster's login
+node through ONE SSH connection shared by every worker (a login node's sshd drops connections when
+many open at once: MaxStartups), or as a process on this machine when there is no `login` (podrun
+runs on the login node).
+
+The step's task is podrun's agent itself, so each worker's exit code is its own and the launcher
+talks to it as on an SSH host: srun passes the agent's stdin, stdout and stderr through. The
+launcher never signals srun (a second SIGINT or SIGTERM to srun within a second cancels the step):
+it stops a step with the agent's "stop" line, and when it closes the channel, srun's stdin ends, the
+agent reads end of input and stops its job (as over SSH).
+
+LoginShell runs Slurm's own commands (sbatch, squeue, scontrol, scancel) there too, for the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import shlex
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import cast
+
+from podrun.errors import PodrunError
+from podrun.transport.base import Channel, Transport, loop_gate
+from podrun.transport.local import SPAWNS_AT_ONCE
+
+CONTROL_TIMEOUT_S = 60  # one Slurm command on the login node (slurmctld answers in milliseconds)
+
+
+def srun_argv(job_id: str, node: str, pty: bool = False) -> list[str]:
+    """srun for one task on one node of the allocation, beside any other step there.
+    --overlap: the steps of the job's workers (and `podrun ssh`'s) share the node's resources;
+    --whole: the step gets all the node's allocated CPUs, memory and GPUs, not one CPU;
+    --mpi=none: no PMI set-up for a step that is not MPI; --quiet: no "job step created" notes on stderr,
+    which carries the agent's events; --kill-on-bad-exit=0 and --wait=0: one task's end decides nothing."""
+    return ["srun", f"--jobid={job_id}", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--overlap", "--whole",
+            "--mpi=none", "--quiet", "--kill-on-bad-exit=0", "--wait=0", *(["--pty"] if pty else [])]
+
+
+def srun_command(job_id: str, node: str, command: str) -> str:
+    """The shell line, run on the login node (or here), that runs `command` on `node` as a job step."""
+    return shlex.join([*srun_argv(job_id, node), "/bin/sh", "-c", command])
+
+
+class LoginLink:
+    """The one connection to the login node that every worker's channels (steps) go through; None
+    for `ssh`: this machine. Opened by the first worker's connect, closed by the last one's close."""
+
+    def __init__(self, ssh: Transport | None):
+        self.ssh = ssh
+        self.users = 0
+        self.opening: asyncio.Future | None = None
+        self.lock: asyncio.Lock | None = None
+
+    @property
+    def label(self) -> str:
+        return getattr(self.ssh, "label", "") if self.ssh else "this machine"
+
+    async def open(self) -> None:
+        self.users += 1
+        if self.ssh is None:
+            return
+        if self.opening is None or self.opening.get_loop() is not asyncio.get_running_loop():
+            self.opening = asyncio.ensure_future(self.ssh.connect())
+        await asyncio.shield(self.opening)
+
+    async def start(self, command: str) -> Channel:
+        if self.ssh is not None:
+            return await self.ssh.start(command)
+        async with loop_gate("local spawns", SPAWNS_AT_ONCE):  # a few at a time, as local workers (local.py)
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", command, cwd=os.path.expanduser("~"),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)  # the terminal's Ctrl-C reaches podrun only, never srun
+        return cast(Channel, process)
+
+    async def close(self) -> None:
+        self.users = max(0, self.users - 1)
+        if self.users == 0 and self.ssh is not None and self.opening is not None:
+            self.opening = None
+            await self.ssh.close()
+
+
+class SlurmTransport(Transport):
+    """One node of a Slurm allocation: every command is a job step on it."""
+
+    python = "python3"
+    root = "~"  # the (shared) home: srun starts where it was started, the login user's home
+
+    def __init__(self, link: LoginLink, login_endpoint: dict | None, job_id: str, node: str):
+        self.link, self.login_endpoint = link, login_endpoint
+        self.job_id, self.node = job_id, node
+
+    async def connect(self) -> None:
+        await self.link.open()
+
+    async def start(self, command: str) -> Channel:
+        return await self.link.start(srun_command(self.job_id, self.node, command))
+
+    async def close(self) -> None:
+        await self.link.close()
+
+    def endpoint(self) -> dict:
+        return {"kind": "slurm", "login": self.login_endpoint, "job_id": self.job_id, "node": self.node}
+
+    def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
+        """srun with a terminal (--pty) on the node, run through OpenSSH on the login node, or here."""
+        shell = ["/bin/sh", "-c", command] if command else ["/bin/bash", "-l"] if terminal else ["/bin/sh"]
+        argv = [*srun_argv(self.job_id, self.node, pty=terminal), *shell]
+        if self.link.ssh is None:
+            return argv, os.path.expanduser("~")
+        return self.link.ssh.interactive(shlex.join(argv), terminal)
+
+    def starting_environment(self) -> str:
+        return (f"what srun gives a step on node {self.node} of Slurm job {self.job_id}: the environment of srun on "
+                f"{self.link.label} (its PATH and HOME) and Slurm's SLURM_* variables")
+
+
+_LINKS: dict[str, LoginLink] = {}
+
+
+def from_endpoint(endpoint: dict) -> Transport:
+    """A recorded Slurm worker's transport; workers of one login share its link."""
+    login = endpoint.get("login")
+    key = repr(sorted(login.items())) if login else ""
+    link = _LINKS.get(key)
+    if link is None:
+        link = _LINKS[key] = LoginLink(_ssh_from(login) if login else None)
+    return SlurmTransport(link, login, endpoint["job_id"], endpoint["node"])
+
+
+def _ssh_from(login: dict) -> Transport:
+    from podrun.transport import ssh  # asyncssh loads only with a login node
+
+    return ssh.from_endpoint(login)
+
+
+@dataclass(frozen=True)
+class Completed:
+    code: int
+    stdout: str
+    stderr: str
+
+    def error_line(self) -> str:
+        """What a failed Slurm command said, as one line."""
+        lines = [line.strip() for line in (self.stderr or self.stdout).splitlines() if line.strip()]
+        return "; ".join(lines[-3:]) or f"exit code {self.code}"
+
+
+class Spawned:
+    """A command started by LoginShell.spawn: its output's lines as they come (None after the last), its exit code."""
+
+    def __init__(self) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.code: int | None = None
+        self.process: subprocess.Popen | None = None
+
+
+class LoginShell:
+    """Runs Slurm's commands on the login node over one SSH connection kept open (in a thread with an
+    event loop of its own, so that the target's synchronous steps can use it), or here."""
+
+    def __init__(self, ssh: Transport | None):
+        self.ssh = ssh
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.owner = 0  # the pid whose thread runs the loop: a forked supervisor starts its own
+        self.connected = False
+        self.lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        return getattr(self.ssh, "label", "the login node") if self.ssh else "this machine"
+
+    def run(self, command: str, timeout_s: float = CONTROL_TIMEOUT_S) -> Completed:
+        if self.ssh is None:
+            try:
+                done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=timeout_s,
+                                      cwd=os.path.expanduser("~"), stdin=subprocess.DEVNULL, start_new_session=True)
+            except subprocess.TimeoutExpired:
+                raise PodrunError(f"{self.where}: no answer from `{command}` within {timeout_s:g}s") from None
+            return Completed(done.returncode, done.stdout, done.stderr)
+        loop = self._loop()
+        future = asyncio.run_coroutine_threadsafe(self._remote(command, timeout_s), loop)
+        return future.result()
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        with self.lock:
+            if self.loop is None or self.owner != os.getpid():
+                self.loop = asyncio.new_event_loop()
+                self.owner = os.getpid()
+                self.connected = False
+                threading.Thread(target=self.loop.run_forever, name="slurm-login", daemon=True).start()
+            return self.loop
+
+    async def _remote(self, command: str, timeout_s: float) -> Completed:
+        assert self.ssh is not None
+        if not self.connected:
+            await self.ssh.connect()
+            self.connected = True
+        try:
+            channel = await self.ssh.start(command)
+            channel.stdin.write_eof()
+            out, err, code = await asyncio.wait_for(asyncio.gather(
+                channel.stdout.read(), channel.stderr.read(), channel.wait()), timeout_s)
+        except asyncio.TimeoutError:
+            raise PodrunError(f"{self.where}: no answer from `{command}` within {timeout_s:g}s") from None
+        except Exception as error:  # the connection broke: the next command connects again
+            self.connected = False
+            raise PodrunError(f"{self.where}: `{command}` failed: {error}") from None
+        return Completed(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def spawn(self, command: str) -> Spawned:
+        """Start `command` there and return at once: its output's lines (stdout and stderr) come as they are
+        written (salloc, which returns only once its allocation is granted, says its job id first)."""
+        spawned = Spawned()
+        if self.ssh is None:
+            process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, cwd=os.path.expanduser("~"),
+                                       start_new_session=True)
+            spawned.process = process
+
+            def pump() -> None:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    spawned.lines.put(line.rstrip("\n"))
+                spawned.code = process.wait()
+                spawned.lines.put(None)
+
+            threading.Thread(target=pump, name="slurm-spawned", daemon=True).start()
+        else:
+            asyncio.run_coroutine_threadsafe(self._spawn_remote(command, spawned), self._loop())
+        return spawned
+
+    async def _spawn_remote(self, command: str, spawned: Spawned) -> None:
+        assert self.ssh is not None
+        try:
+            if not self.connected:
+                await self.ssh.connect()
+                self.connected = True
+            channel = await self.ssh.start(command + " 2>&1")
+            channel.stdin.write_eof()
+            while line := await channel.stdout.readline():
+                spawned.lines.put(line.decode(errors="replace").rstrip("\n"))
+            spawned.code = await channel.wait()
+        except Exception as error:  # the connection broke
+            self.connected = False
+            spawned.lines.put(f"podrun: the link to {self.where} broke: {error}")
+            spawned.code = 255
+        spawned.lines.put(None)
+
+    def close(self) -> None:
+        if self.loop is not None and self.owner == os.getpid() and self.ssh is not None and self.connected:
+            asyncio.run_coroutine_threadsafe(self.ssh.close(), self.loop).result(timeout=10)
+            self.connected = False

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""`podrun exec` on a Slurm cluster against the same job by hand, in the same run, on the Slurm lab.
+
+    sudo python scripts/bench_slurm.py [--rounds 5] [--nodes 2]
+
+On the lab's cluster (tests/slurm_lab.py: slurmctld on a login node, slurmd on 3 nodes, one shared
+home), reached over SSH as a user reaches a login node, interleaved round by round:
+  start   from the command to the job's first line on every node (each node prints its time.time();
+          the lab's nodes share this machine's clock):
+            podrun exec (code shipped before; sbatch hold, squeue, one srun step per node, the agent)
+            by hand: `salloc --no-shell -N N` then `srun --jobid J -N N python3 -c ...`, one ssh command
+  stop    from a failure (the failing node prints its time, then exits 7) to every node's processes
+          gone (ps on this machine, which shares the nodes' pid namespace), the other node in `sleep`:
+            podrun exec (fail-fast: SIGTERM to the other worker through its agent)
+            by hand: `srun --kill-on-bad-exit=1` in a salloc allocation (Slurm kills the other task)
+  allocate  the allocation alone, until squeue shows it RUNNING: `salloc --no-shell` (returns when
+          granted) against `sbatch --wrap` + squeue polling (podrun's choice: sbatch answers at once
+          with the id, so a pending job can be reported and cancelled)
+Prints medians and podrun's ratio to the job by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from slurm_lab import SlurmLab  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PRINT_TIME = "python3 -c 'import time,socket; print(\"T\", time.time(), socket.gethostname(), flush=True)'"
+MARK = "bench-slurm-sleeper"
+
+
+def times_in(text: str) -> list[float]:
+    return [float(match) for match in re.findall(r"^(?:\[\S+\] )?T (\d+\.\d+) ", text, re.M)]
+
+
+def spec(path: Path, lab: SlurmLab, nodes: int, run: str, workdir: Path) -> Path:
+    path.write_text(f"name: bench\ntarget: {{slurm: {{login: {lab.login_address}, nodes: {nodes}}}}}\n"
+                    f"ssh: {{identity_file: {lab.client_key}}}\nworkdir: {workdir}\n"
+                    f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\nrun: |\n  {run}\n")
+    return path
+
+
+def on_login(lab: SlurmLab, command: str) -> list[str]:
+    return [*lab.ssh_args(), command]
+
+
+def podrun(spec_path: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "podrun", "exec", "--no-collapse", str(spec_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def start_podrun(lab: SlurmLab, spec_path: Path, env: dict, nodes: int) -> float:
+    started = time.time()
+    result = podrun(spec_path, env)
+    assert result.returncode == 0, result.stderr
+    stamps = times_in(result.stdout)
+    assert len(stamps) == nodes, result.stdout
+    return max(stamps) - started
+
+
+def start_by_hand(lab: SlurmLab, nodes: int) -> float:
+    command = (f"J=$(salloc --no-shell -N {nodes} 2>&1 | sed -n 's/.*Granted job allocation //p'); "
+               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 {PRINT_TIME}; scancel $J")
+    started = time.time()
+    result = subprocess.run(on_login(lab, command), capture_output=True, text=True, timeout=300)
+    stamps = times_in(result.stdout)
+    assert len(stamps) == nodes, result.stdout + result.stderr
+    return max(stamps) - started
+
+
+def sleepers_gone(timeout: float = 120) -> float:
+    """When no process of the job (marked MARK on its command line) is left on this machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+        if not any(MARK in line and "ps -eo" not in line for line in listed.splitlines()):
+            return time.time()
+        time.sleep(0.02)
+    raise RuntimeError("the job's processes are still there")
+
+
+# the node that does not fail sleeps in a process marked MARK on its command line
+FAILING = f"if [ \"$W\" = 1 ]; then {PRINT_TIME}; exit 7; fi; python3 -c 'import time; time.sleep(300)' {MARK}"
+
+
+def stop_podrun(lab: SlurmLab, spec_path: Path, env: dict) -> tuple[float, float]:
+    """From the failure to every process gone, and to podrun's exit (after scancel, squeue empty)."""
+    result = podrun(spec_path, env)
+    exited = time.time()
+    assert result.returncode == 7, result.stderr
+    (failed_at,) = times_in(result.stdout)
+    return sleepers_gone() - failed_at, exited - failed_at
+
+
+def stop_by_hand(lab: SlurmLab, nodes: int) -> tuple[float, float]:
+    script = FAILING.replace("$W", "$SLURM_NODEID")
+    command = (f"J=$(salloc --no-shell -N {nodes} 2>&1 | sed -n 's/.*Granted job allocation //p'); "
+               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c {shlex.quote(script)}; "
+               f"scancel $J; "
+               f"while squeue -h -j $J 2>/dev/null | grep -q .; do sleep 0.05; done")
+    result = subprocess.run(on_login(lab, command), capture_output=True, text=True, timeout=300)
+    exited = time.time()
+    (failed_at,) = times_in(result.stdout)
+    return sleepers_gone() - failed_at, exited - failed_at
+
+
+def allocate(lab: SlurmLab, nodes: int, how: str) -> float:
+    if how == "salloc":
+        command = f"salloc --no-shell -N {nodes} 2>&1 | sed -n 's/.*Granted job allocation //p'"
+    else:
+        command = (f"J=$(sbatch --parsable -N {nodes} --output=/dev/null --wrap='exec sleep 600'); "
+                   f"until squeue -h -j $J -o %T | grep -q RUNNING; do sleep 0.05; done; echo $J")
+    started = time.time()
+    result = subprocess.run(on_login(lab, command), capture_output=True, text=True, timeout=120)
+    took = time.time() - started
+    lab.slurm(f"scancel {result.stdout.strip()}")
+    lab.wait_until_no_jobs()
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-slurm-") as work_dir:
+        work = Path(work_dir)
+        (work / "code").mkdir()
+        env = {**os.environ, "PODRUN_HOME": str(work / "podrun-home")}
+        with SlurmLab(work / "lab") as lab:
+            lab.wait_until_idle()
+            starting = spec(work / "start.yaml", lab, args.nodes, PRINT_TIME, work / "code")
+            failing = spec(work / "fail.yaml", lab, args.nodes, FAILING.replace("$W", "$PODRUN_WORKER"), work / "code")
+            podrun(starting, env)  # the code shipped, the login node's host key trusted
+            rows: dict[str, list[float]] = {name: [] for name in (
+                "start: podrun exec", "start: salloc + srun by hand", "stop, processes gone: podrun",
+                "stop, processes gone: srun --kill-on-bad-exit", "stop, to exit + squeue empty: podrun",
+                "stop, to exit + squeue empty: by hand", "allocate: salloc --no-shell", "allocate: sbatch + squeue")}
+            for _ in range(args.rounds):
+                rows["start: podrun exec"].append(start_podrun(lab, starting, env, args.nodes))
+                rows["start: salloc + srun by hand"].append(start_by_hand(lab, args.nodes))
+                gone, exited = stop_podrun(lab, failing, env)
+                rows["stop, processes gone: podrun"].append(gone)
+                rows["stop, to exit + squeue empty: podrun"].append(exited)
+                gone, exited = stop_by_hand(lab, args.nodes)
+                rows["stop, processes gone: srun --kill-on-bad-exit"].append(gone)
+                rows["stop, to exit + squeue empty: by hand"].append(exited)
+                rows["allocate: salloc --no-shell"].append(allocate(lab, args.nodes, "salloc"))
+                rows["allocate: sbatch + squeue"].append(allocate(lab, args.nodes, "sbatch"))
+    median = {name: statistics.median(values) for name, values in rows.items()}
+    print(f"Slurm lab, {args.nodes} nodes, median of {args.rounds} rounds (seconds)")
+    print("| what | median | min | max |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, values in rows.items():
+        print(f"| {name} | {median[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
+    for what, ours, theirs in (("start", "start: podrun exec", "start: salloc + srun by hand"),
+                               ("stop (processes gone)", "stop, processes gone: podrun",
+                                "stop, processes gone: srun --kill-on-bad-exit"),
+                               ("stop (to exit, squeue empty)", "stop, to exit + squeue empty: podrun",
+                                "stop, to exit + squeue empty: by hand"),
+                               ("allocation", "allocate: sbatch + squeue", "allocate: salloc --no-shell")):
+        print(f"ratio {what}: {median[ours] / median[theirs]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
