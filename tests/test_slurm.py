@@ -181,6 +181,21 @@ def test_detached_job_runs_until_stop_which_releases_the_allocation(home, cluste
     assert processes_of_job(job_id) == []
 
 
+def test_a_detached_job_that_ends_by_itself_gives_its_allocation_back(home, cluster, slurm_spec):
+    """Nobody stops it: the lifecycle's supervisor follows the job and cancels the allocation at its end."""
+    spec = slurm_spec("run: sleep 2; echo done on $(hostname)")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"a supervisor \(pid \d+\) watches it and gives back its Slurm allocation \(job \d+\) when it "
+                     r"ends", result.stderr), result.stderr
+    job_id = job_id_in(result.stderr)
+    assert len(slurm_jobs(cluster)) == 1
+    wait_until(lambda: slurm_jobs(cluster) == [], "squeue to show nothing of the job", timeout=60)
+    wait_until(lambda: "succeeded" in podrun("jobs").stdout, "the job's record to say it succeeded", timeout=30)
+    assert "done on slurm-node2" in podrun("logs", job_id, "--no-collapse").stdout
+    assert processes_of_job(job_id) == []
+
+
 def test_a_pending_allocation_says_why_and_ctrl_c_cancels_it(home, cluster, slurm_spec):
     held = cluster.slurm(f"sbatch --parsable --exclusive --nodelist={cluster.nodes[2].name} --output=/dev/null "
                          f"--job-name=holder --wrap='sleep 300'")
