@@ -16,7 +16,6 @@ host-key rules), or on this machine when there is no `login`. The nodes share th
 
 from __future__ import annotations
 
-import ipaddress
 import queue
 import re
 import shlex
@@ -323,10 +322,3 @@ def _number(value: str | None) -> int | None:
     """A count in scontrol's output; None for UNLIMITED or what is not a number."""
     return int(value) if value and value.isdigit() else None
 
-
-def is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
