@@ -123,6 +123,8 @@ class SshOptions(Model):
     check_host_keys: bool = Field(True, description="trust on first use, refuse changed host keys")
     known_hosts: str | None = Field(None, description="a known-hosts file read with ~/.ssh/known_hosts: a host "
                                                       "it knows must present a key it holds for it")
+    proxy_command: str | None = Field(None, min_length=1, description="OpenSSH's ProxyCommand: a command whose stdin and "
+                                      "stdout reach the host (%h host, %p port, %r user)")
 
 
 def _nproc_per_node(value: Any) -> Any:
@@ -304,6 +306,7 @@ EXPECTED = {
     "ssh.identity_file": "the path of a private key such as ~/.ssh/id_ed25519",
     "ssh.check_host_keys": "true or false",
     "ssh.known_hosts": "the path of a known-hosts file such as ~/.ssh/cluster_known_hosts",
+    "ssh.proxy_command": "a command whose stdin and stdout reach the host, such as \"ssh -W %h:%p bastion\"",
     "workdir": "a directory (relative to the spec file)",
     "setup": "a shell command such as pip install -r requirements.txt",
     "run": "the command to run, such as python3 train.py (with torchrun: the script and its arguments)",

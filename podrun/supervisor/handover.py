@@ -34,7 +34,7 @@ from podrun.spec_fields import HOST_FORMS, parse_host
 from podrun.supervisor import install, remote
 from podrun.targets.base import Worker
 from podrun.transport.base import ChannelLost
-from podrun.transport.ssh import SshTransport
+from podrun.transport.ssh import SshTransport, host_transport
 
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
 SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
@@ -56,9 +56,7 @@ def supervisor_transport(spec: JobSpec, host: str, named_by: str) -> SshTranspor
         user, address, port = parse_host(host)
     except ValueError:
         raise UsageError(f"{named_by} {host!r}: expected {HOST_FORMS}") from None
-    ssh = spec.ssh
-    return SshTransport(address, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
-                        known_hosts_file=ssh.known_hosts)
+    return host_transport(spec.ssh, user, address, port)
 
 
 def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> dict:

@@ -16,14 +16,12 @@ class SshHosts(Target):
     default_device = "CUDA"
 
     def workers(self, dry_run: bool) -> list[Worker]:
-        from podrun.transport.ssh import SshTransport  # asyncssh loads only for SSH targets
+        from podrun.transport.ssh import host_transport  # asyncssh loads only for SSH targets
 
-        ssh = self.spec.ssh
         workers = []
         for index, entry in enumerate(self.options):
             user, host, port = parse_host(entry)
-            transport = SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
-                                     known_hosts_file=ssh.known_hosts)
+            transport = host_transport(self.spec.ssh, user, host, port)
             workers.append(Worker(index, entry, self._internal_ip(host, index), transport))
         return workers
 

@@ -93,12 +93,10 @@ class SlurmCluster(Target):
         if not login:
             return None
         from podrun.spec_fields import parse_host
-        from podrun.transport.ssh import SshTransport  # asyncssh loads only with a login node
+        from podrun.transport.ssh import host_transport  # asyncssh loads only with a login node
 
-        ssh = self.spec.ssh
         user, host, port = parse_host(login)
-        return SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
-                            known_hosts_file=ssh.known_hosts)
+        return host_transport(self.spec.ssh, user, host, port)
 
     # --- the allocation -------------------------------------------------------------------------
     def salloc_argv(self) -> list[str]:

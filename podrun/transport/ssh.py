@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes.util
+import getpass
 import os
 import random
+import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +47,8 @@ def _import_asyncssh():
 
 if TYPE_CHECKING:
     import asyncssh
+
+    from podrun.spec import SshOptions
 else:
     asyncssh = _import_asyncssh()
 
@@ -137,7 +141,8 @@ class SshTransport(Transport):
 
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
-                 host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None):
+                 host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None,
+                 proxy_command: str | None = None):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
         self.check_host_keys = check_host_keys
@@ -145,6 +150,8 @@ class SshTransport(Transport):
         self.host_key_alias = host_key_alias  # its name in the known-hosts file, in place of host:port
         self.host_keys = host_keys  # "ssh-ed25519 AAAA..." as its owner published them: trusted as they are
         self.known_hosts_file = known_hosts_file  # the spec's ssh.known_hosts, read with ~/.ssh/known_hosts
+        # OpenSSH's ProxyCommand: its stdin and stdout carry the connection (%h, %p, %r, %% as OpenSSH expands them)
+        self.proxy_command = proxy_command
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
         self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
@@ -180,6 +187,8 @@ class SshTransport(Transport):
             options["username"] = self.user
         if self.identity_file:
             options["client_keys"] = [os.path.expanduser(self.identity_file)]
+        if self.proxy_command:
+            options["proxy_command"] = self._expanded(self.proxy_command)
         try:
             self.connection = await self._connect(options)
         except asyncssh.HostKeyNotVerifiable:
@@ -238,7 +247,12 @@ class SshTransport(Transport):
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
                 "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys),
-                "known_hosts_file": self.known_hosts_file}
+                "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command}
+
+    def _expanded(self, command: str) -> str:
+        """OpenSSH's tokens in a ProxyCommand: %h the host, %p the port, %r the user, %% a percent sign."""
+        values = {"h": self.host, "p": str(self.port or 22), "r": self.user or getpass.getuser(), "%": "%"}
+        return re.sub(r"%(.)", lambda match: values.get(match[1], match[0]), command)
 
     def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
         """OpenSSH's client, as gcloud's `tpu-vm ssh` runs it: a real terminal (resize, Ctrl-C to
@@ -267,6 +281,8 @@ class SshTransport(Transport):
             argv += ["-l", self.user]
         if self.identity_file:
             argv += ["-i", os.path.expanduser(self.identity_file)]
+        if self.proxy_command:
+            argv += ["-o", f"ProxyCommand={self.proxy_command}"]  # OpenSSH expands its tokens itself
         return [*argv, "--", self.host, *([command] if command else [])], None
 
     def starting_environment(self) -> str:
@@ -352,4 +368,12 @@ def from_endpoint(endpoint: dict) -> SshTransport:
     # records of jobs started before TPU workers had host key aliases have neither field, nor known_hosts_file
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
                         endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
-                        host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"))
+                        host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"),
+                        proxy_command=endpoint.get("proxy_command"))
+
+
+def host_transport(ssh: SshOptions, user: str | None, host: str, port: int | None) -> SshTransport:
+    """An SSH host of the spec's (a worker, a login node, the supervisor): its own user@ and :port
+    win over the spec's ssh: settings, which apply to everything else."""
+    return SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
+                        known_hosts_file=ssh.known_hosts, proxy_command=ssh.proxy_command)
