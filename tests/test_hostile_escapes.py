@@ -182,6 +182,15 @@ def test_a_supervised_jobs_output_reaches_the_laptop_harmlessly_unless_raw(home,
     assert "err ^[[2J" in safe(hostile.stderr, colour=False)
 
 
+def test_report_shows_a_failure_whose_last_exception_line_carries_escapes_harmlessly(home, job_file):
+    spec = job_file("run: python3 failing.py\ntarget: {local: {workers: 1}}\n",
+                    {"failing.py": "raise ValueError('bad \\x1b]0;pwned\\x07 value')\n"})
+    job_id = job_of("exec", spec)
+    shown = podrun("report", job_id, text=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "ValueError: bad ^[]0;pwned^G value" in safe(shown.stdout, colour=False), shown.stdout
+
+
 def test_an_error_that_quotes_a_hosts_words_is_harmless_too(capsys):
     from podrun.cli import handled
     from podrun.errors import PodrunError
