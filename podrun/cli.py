@@ -31,7 +31,7 @@ def _exec(args: argparse.Namespace) -> int:
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
         options = ExecOptions(args.dry_run, args.worker, tuple(args.env), args.detach, args.kill_stale,
                               args.allow_large_workdir, args.grace, args.down, args.restarts, args.stall,
-                              args.supervisor, args.collapse)
+                              args.supervisor, args.collapse, args.raw)
         return execute(spec, args.spec is not None or args.workdir is not None, options)
     finally:
         gc.enable()
@@ -68,7 +68,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from podrun.commands.jobs import show_logs
 
-    return show_logs(args.job, args.worker, args.follow, args.tail, args.attempt, args.collapse)
+    return show_logs(args.job, args.worker, args.follow, args.tail, args.attempt, args.collapse, args.raw)
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -86,7 +86,7 @@ def _stop(args: argparse.Namespace) -> int:
 def _stacks(args: argparse.Namespace) -> int:
     from podrun.commands.stacks import show_stacks
 
-    return show_stacks(args.job, args.worker)
+    return show_stacks(args.job, args.worker, args.raw)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -249,6 +249,13 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--no-collapse", dest="collapse", action="store_false",
                      help="show each worker's lines apart, even where several print the same line (by default "
                           "such a line shows once, with the workers' range: [w0-511,513-1023])")
+    _raw_argument(sub, "the workers' output")
+
+
+def _raw_argument(sub: argparse.ArgumentParser, what: str) -> None:
+    sub.add_argument("--raw", action="store_true",
+                     help=f"pass {what} through as written, escape sequences and all (by default only colours pass, "
+                          f"on a terminal; any other control character shows harmlessly, as ^[ or <U+009B>)")
 
 
 def _ssh_arguments(sub: argparse.ArgumentParser) -> None:
@@ -308,6 +315,7 @@ def _stop_arguments(sub: argparse.ArgumentParser) -> None:
 def _stacks_arguments(sub: argparse.ArgumentParser) -> None:
     _report_arguments(sub)
     sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
+    _raw_argument(sub, "the stacks (process command lines, thread names)")
 
 
 def _report_arguments(sub: argparse.ArgumentParser) -> None:
@@ -329,6 +337,7 @@ def _logs_arguments(sub: argparse.ArgumentParser) -> None:
                           "0: none, with -f only what comes next)")
     sub.add_argument("--no-collapse", dest="collapse", action="store_false",
                      help="show each worker's lines apart, even where several printed the same line")
+    _raw_argument(sub, "the workers' output")
 
 
 def _cloud_arguments(sub: argparse.ArgumentParser) -> None:
@@ -479,7 +488,9 @@ def handled(command: Callable[[], int]) -> int:
     try:
         return command()
     except PodrunError as error:
-        print(f"podrun: error: {error}", file=sys.stderr)
+        from podrun.escapes import shown_text  # an error may quote what a host said: made harmless
+
+        print(f"podrun: error: {shown_text(str(error), colour=False)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         return exits.INTERRUPTED

@@ -25,6 +25,7 @@ import sys
 import time
 from collections import deque
 
+from podrun import escapes
 from podrun.collapse import Collapse, Group
 
 # mypy reads the import below; Python skips it: collections.abc would cost `podrun logs` 0.2 ms
@@ -46,9 +47,6 @@ PIPE_PROGRESS_S = 30.0
 # a live line is redrawn at most this often, so a fast bar costs the terminal nothing; a newer text
 # waits for the next output of any worker (as with tqdm's own mininterval, the bar may lag a step)
 MIN_REDRAW_S = 0.1
-# escape sequences and control bytes, kept out of a live row; compiled where first used: `podrun jobs`
-# and `podrun logs` never draw one, and a compile costs them 0.1 ms
-CONTROL = r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0a-\x1f\x7f]"
 COLOURS = (36, 33, 35, 32, 34, 31)
 SUCCESS, FAILURE, PHASE = "1;32", "1;31", "2"  # bold green, bold red, dim
 MORE_ROWS = (-1, None)  # the region's last row when more lines are live than fit the screen
@@ -142,8 +140,10 @@ def say_phase(name: str, detail: str = "") -> None:
 
 
 def _say(message: str, style: str = "") -> None:
-    text = f"podrun: {message}"
-    if style and colour_wanted(sys.stderr):
+    colour = colour_wanted(sys.stderr)
+    # a message may quote what others wrote (a worker's last lines, a supervisor's error): made harmless, always
+    text = f"podrun: {escapes.shown_text(message, colour)}"
+    if style and colour:
         text = f"\x1b[{style}m{text}\x1b[0m"
     terminal = Terminal.showing
     if terminal:  # stderr shares the screen: lift the live region off it, print, draw it again below
@@ -161,14 +161,18 @@ class Terminal:
     With `collapse` (collapse.py), finished lines are held in groups and each group shows once, with
     its workers' range, when it is due. On a live terminal a group held shows at once as a row of the
     live region, its range growing in place as workers join it; in a pipe it goes out when it is due,
-    which a timer sees to while an event loop runs (podrun logs flushes as it polls)."""
+    which a timer sees to while an event loop runs (podrun logs flushes as it polls).
+
+    Workers' lines are made harmless for the terminal (escapes.py) unless `raw`; a live row always is:
+    it is podrun's drawing, and one escape sequence in it would break the region."""
 
     showing: Terminal | None = None  # the terminal whose live region is on the screen, or which holds lines, now
 
     def __init__(self, stream: io.BufferedIOBase | BinaryIO | None = None, prefixed: bool = True,
-                 worker_count: int = 1, collapse: Collapse | None = None):
+                 worker_count: int = 1, collapse: Collapse | None = None, raw: bool = False):
         self.stream = stream or sys.stdout.buffer
         self.prefixed = prefixed
+        self.raw = raw
         self.colour = colour_wanted(self.stream)
         self.live = self.stream.isatty() and os.environ.get("TERM") != "dumb"
         self.label_width = len(f"[w{worker_count - 1}]") if prefixed else 0
@@ -221,6 +225,8 @@ class Terminal:
         self.stale.discard((index, rank))
         if text is None:
             return
+        if not self.raw:
+            text = escapes.shown(text, self.colour)
         if not self.collapse:
             self.pending.append(self.label(index, rank) + text + b"\n")
             return
@@ -382,8 +388,8 @@ class Terminal:
             return (f"\x1b[2m{text}\x1b[0m" if self.colour else text).encode()
         else:
             label, line = self.label(*key), self.live_lines[key]
-        text = re.sub(CONTROL, "", line.decode(errors="replace").expandtabs())
-        label_columns = len(re.sub(CONTROL, "", label.decode()))  # a range may be wider than label_width
+        text = escapes.shown(line, colour=False).decode(errors="replace").expandtabs()
+        label_columns = len(escapes.shown(label, colour=False).decode())  # a range may be wider than label_width
         return label + _fit(text, columns - 1 - label_columns).encode()
 
     def _size(self) -> tuple[int, int]:

@@ -52,7 +52,7 @@ def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str |
     target = target_for(spec)
     tree = _scan(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
     lifecycle = Lifecycle(spec, target, tree, extra_env, options.kill_stale, options.detach, max_restarts, options.down,
-                          options.collapse)
+                          options.collapse, options.raw)
     if options.dry_run:
         workers = target.workers(dry_run=True)
         job = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),

@@ -21,3 +21,4 @@ class ExecOptions:
     stall: str | None = None
     supervisor: str | None = None  # --supervisor HOST
     collapse: bool = True  # --no-collapse: False
+    raw: bool = False  # --raw: the workers' output reaches the terminal as written (escapes.py)

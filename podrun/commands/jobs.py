@@ -56,26 +56,27 @@ if TYPE_CHECKING:
 
 
 def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | None, attempt: int | None = None,
-              collapse: bool = True) -> int:
+              collapse: bool = True, raw: bool = False) -> int:
     """`job`: an id, an id's beginning or a name; none: the newest running job, else the newest job.
     `attempt`: an earlier attempt's output (kept locally), else the current attempt's. `collapse`: the
-    same line of several workers shown once (collapse.py), unless one worker is shown."""
+    same line of several workers shown once (collapse.py), unless one worker is shown. `raw`: the
+    output as written, escape sequences and all (escapes.py)."""
     record = jobstore.find(job) if job else newest_running_or_newest()
     if record.supervised_by:
         from podrun.supervisor import remote
 
         flags = {"--worker": worker, "--tail": tail, "--attempt": attempt}
         return remote.forward(record, ["logs", record.id, *(["--follow"] if follow else []),
-                                       *([] if collapse else ["--no-collapse"]),
+                                       *([] if collapse else ["--no-collapse"]), *(["--raw"] if raw else []),
                                        *(word for flag, value in flags.items() if value is not None
-                                         for word in (flag, str(value)))])
+                                         for word in (flag, str(value)))], raw)
     if attempt is not None and attempt != record.attempt:
-        return _show_earlier_attempt(record, attempt, worker, tail, collapse)
+        return _show_earlier_attempt(record, attempt, worker, tail, collapse, raw)
     indexes = [w.index for w in record.workers]
     if worker is not None and worker not in indexes:
         raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
     chosen = [worker] if worker is not None else indexes
-    terminal = _replay_terminal(record, chosen, worker, collapse)
+    terminal = _replay_terminal(record, chosen, worker, collapse, raw)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     # a detached job's workers have what is new, unless its supervisor (lifecycle.py) fetches it already
     supervised = record.supervised()
@@ -115,14 +116,14 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
 
 
 def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int | None, tail: int | None,
-                          collapse: bool) -> int:
+                          collapse: bool, raw: bool) -> int:
     if attempt > record.attempt:
         raise UsageError(f"--attempt {attempt}: job {record.id} has attempts 0 to {record.attempt}")
     indexes = [w.index for w in record.workers]
     if worker is not None and worker not in indexes:
         raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
     chosen = [worker] if worker is not None else indexes
-    terminal = _replay_terminal(record, chosen, worker, collapse)
+    terminal = _replay_terminal(record, chosen, worker, collapse, raw)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     _replay({index: record.log_path(index, attempt) for index in chosen}, tail, outputs, terminal)
     for output in outputs.values():
@@ -399,10 +400,11 @@ class _Rounds:
         return self.done
 
 
-def _replay_terminal(record: jobstore.JobRecord, chosen: list[int], worker: int | None, collapse: bool) -> Terminal:
+def _replay_terminal(record: jobstore.JobRecord, chosen: list[int], worker: int | None, collapse: bool,
+                     raw: bool) -> Terminal:
     """The terminal a replay of the `chosen` workers' logs shows on: prefixed unless one `worker` was
     asked for, collapsing (with a clock that counts rounds of reading) unless one was or `collapse` is off."""
-    return Terminal(prefixed=worker is None, worker_count=len(record.workers),
+    return Terminal(prefixed=worker is None, worker_count=len(record.workers), raw=raw,
                     collapse=Collapse(chosen, REPLAY_WINDOW_ROUNDS, _Rounds()) if collapse and worker is None else None)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 
-from podrun import jobstore
+from podrun import escapes, jobstore
 from podrun.commands.jobs import newest_running_or_newest
+from podrun.output import colour_wanted
 from podrun.report.analysis import Analysis
 from podrun.report.summary import summary
 
@@ -24,7 +26,8 @@ def report(job: str | None) -> int:
 
         detached.refresh([record])
     analysis = Analysis(record)
-    print("\n".join(summary(analysis)))
+    # an attempt's summary quotes the failed worker's last exception line: made harmless
+    print(escapes.shown_text("\n".join(summary(analysis)), colour_wanted(sys.stdout)))
     from podrun.report.page import page
 
     path = os.path.join(record.dir, PAGE)

@@ -5,21 +5,23 @@ from __future__ import annotations
 import os
 import sys
 
-from podrun import jobstore
+from podrun import escapes, jobstore
 from podrun.commands.exec import parse_worker_selection
 from podrun.commands.jobs import newest_running_or_newest
 from podrun.errors import PodrunError, UsageError
 from podrun.launch import detached, stacks
-from podrun.output import say
+from podrun.output import colour_wanted, say
 
 
-def show_stacks(job: str | None, worker_selection: str | None) -> int:
-    """`job`: as for `podrun logs` (default: the newest running job, else the newest job)."""
+def show_stacks(job: str | None, worker_selection: str | None, raw: bool = False) -> int:
+    """`job`: as for `podrun logs` (default: the newest running job, else the newest job). `raw`: the
+    stacks as the workers gave them, escape sequences and all (escapes.py); they are saved so anyway."""
     record = jobstore.find(job) if job else newest_running_or_newest()
     if record.supervised_by:
         from podrun.supervisor import remote
 
-        return remote.forward(record, ["stacks", record.id, *(["--worker", worker_selection] if worker_selection else [])])
+        return remote.forward(record, ["stacks", record.id, *(["--worker", worker_selection] if worker_selection else []),
+                                       *(["--raw"] if raw else [])], raw)
     if (state := record.current_state()) != jobstore.RUNNING:
         raise PodrunError(f"job {record.id} is {state}: stacks come from a running job's processes"
                           f"{_saved_note(record)}")
@@ -29,10 +31,12 @@ def show_stacks(job: str | None, worker_selection: str | None) -> int:
         raise UsageError(f"--worker {worker_selection}: job {record.id} has no worker {missing[0]} "
                          f"(its workers: {', '.join(map(str, indexes))})")
     texts = detached.fetch_stacks(record, chosen)
+    colour = colour_wanted(sys.stdout)
     for index in chosen:
         address = next(w.address for w in record.workers if w.index == index)
-        sys.stdout.write(f"── worker {index} ({address}) ──\n{texts[index]}")
-        sys.stdout.write("" if texts[index].endswith("\n") else "\n")
+        text = texts[index] if raw else escapes.shown_text(texts[index], colour)
+        sys.stdout.write(f"── worker {index} ({address}) ──\n{text}")
+        sys.stdout.write("" if text.endswith("\n") else "\n")
     say(f"saved in {stacks.save(record, texts)}")
     return 0
 

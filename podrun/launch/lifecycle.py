@@ -40,9 +40,10 @@ STEP_PROCESSES = 2
 
 class Lifecycle:
     def __init__(self, spec: JobSpec, target: Target, tree: scan.Tree | None, extra_env: Mapping[str, str],
-                 kill_stale: bool, detach: bool, restarts: int, down: bool, collapse: bool = True):
+                 kill_stale: bool, detach: bool, restarts: int, down: bool, collapse: bool = True, raw: bool = False):
         self.spec, self.target, self.tree = spec, target, tree
         self.collapse = collapse  # identical lines of several workers shown once (collapse.py)
+        self.raw = raw  # the workers' output shown as written, escape sequences and all (escapes.py)
         self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
         self.max_restarts = restarts
         self.restart_on = spec.restart_on
@@ -146,8 +147,8 @@ class Lifecycle:
         try:
             collapse = Collapse([p.worker.index for p in job.workers]) if self.collapse else None
             return asyncio.run(Launch(self.target, job, self.tree, record,
-                                      Terminal(worker_count=len(self.workers), collapse=collapse), self.detach,
-                                      self.kill_stale, self._running_once).run())
+                                      Terminal(worker_count=len(self.workers), collapse=collapse, raw=self.raw),
+                                      self.detach, self.kill_stale, self._running_once).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)
 

@@ -80,7 +80,7 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         channel = await transport.start(f"exec {shlex.quote(podrun)} _supervise")
         channel.stdin.write(json.dumps(payload).encode() + b"\n")
         if options.dry_run:
-            return await remote.relay(channel)
+            return await remote.relay(channel, options.raw)
         started = await channel.stdout.readline()
         if not started:  # it refused the job before starting it: its one line says why
             return await remote.relay(channel)
@@ -89,7 +89,7 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         record = _pointer(spec, job_id, host, transport, podrun, options.detach)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
             f"there: {os.path.join(accepted['console'], 'stderr')}); this machine may close once it runs")
-        code = await _follow(channel, host, job_id)
+        code = await _follow(channel, host, job_id, options.raw)
         if code is None:  # the link broke: the job goes on there, as far as anyone here knows
             return exits.LOST
         if options.detach and code == 0:  # the next `podrun jobs` reads the record there (a podrun started: 0.15 s)
@@ -123,9 +123,9 @@ def _pointer(spec: JobSpec, job_id: str, host: str, transport: SshTransport, pod
     return record
 
 
-async def _follow(channel, host: str, job_id: str) -> int | None:
+async def _follow(channel, host: str, job_id: str, raw: bool) -> int | None:
     """The job's console until it ends (or runs, detached): its exit code, None if the link broke.
-    Ctrl-C goes to the supervisor as an interrupt."""
+    Ctrl-C goes to the supervisor as an interrupt. `raw`: its stdout as it is (remote.relay)."""
     loop = asyncio.get_running_loop()
 
     def interrupt() -> None:
@@ -138,7 +138,7 @@ async def _follow(channel, host: str, job_id: str) -> int | None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupt)
     try:
-        return await remote.relay(channel)
+        return await remote.relay(channel, raw)
     except ChannelLost as lost:
         say(f"the link to the supervisor {host} broke ({lost}); job {job_id} goes on there: `podrun logs -f {job_id}` "
             f"follows it, `podrun stop {job_id}` stops it")

@@ -1,5 +1,6 @@
 """A supervised job from the laptop: `podrun logs`, `stop` and `stacks` run the same command on the
-job's supervisor host (its podrun, over SSH) and show what it prints; `podrun jobs` reads the state
+job's supervisor host (its podrun, over SSH) and show what it prints, made harmless for the terminal
+as the workers' output is (escapes.py: a host's word is not trusted); `podrun jobs` reads the state
 there, within REFRESH_TIMEOUT_S, and keeps it in the laptop's pointer record: a supervisor that does
 not answer leaves its jobs shown as last known, with one line."""
 
@@ -10,9 +11,9 @@ import json
 import shlex
 import sys
 
-from podrun import jobstore
+from podrun import escapes, jobstore
 from podrun.errors import PodrunError
-from podrun.output import counted, say
+from podrun.output import colour_wanted, counted, say
 from podrun.transport import transport_for
 from podrun.transport.base import Channel, ChannelLost, Transport
 
@@ -27,16 +28,17 @@ async def connect(transport: Transport, host: str) -> None:
         raise PodrunError(f"supervisor {host}: {error}") from None
 
 
-def forward(record: jobstore.JobRecord, argv: list[str]) -> int:
-    """Run `podrun ARGV` on the record's supervisor, showing its output; its exit code. A running job's
-    record is read again afterwards (a stop or the end that `logs -f` saw changed it)."""
+def forward(record: jobstore.JobRecord, argv: list[str], raw: bool = False) -> int:
+    """Run `podrun ARGV` on the record's supervisor, showing its output (its stdout as it is, with `raw`);
+    its exit code. A running job's record is read again afterwards (a stop or the end that `logs -f` saw
+    changed it)."""
     async def run() -> int:
         transport = transport_for(_by(record)["endpoint"])
         try:
             await connect(transport, _by(record)["host"])
             channel = await transport.start(_podrun_command(record, argv))
             channel.stdin.write_eof()
-            code = await relay(channel)
+            code = await relay(channel, raw)
             if record.state == jobstore.RUNNING:
                 await refresh_one(record, transport)
             return code
@@ -48,14 +50,20 @@ def forward(record: jobstore.JobRecord, argv: list[str]) -> int:
     return asyncio.run(run())
 
 
-async def relay(channel: Channel) -> int:
-    """Copy the channel's stdout and stderr to ours as they come; its exit code."""
-    async def copy(source, target) -> None:
+async def relay(channel: Channel, raw: bool = False) -> int:
+    """Copy the channel's stdout and stderr to ours as they come, made harmless for the terminal (stdout
+    as it is, with `raw`: the workers' output the user asked for so; stderr is podrun's words, never raw);
+    its exit code."""
+    async def copy(source, target, raw: bool) -> None:
+        shown = None if raw else escapes.Stream(colour_wanted(target))
         while chunk := await source.read(READ_SIZE):
-            target.write(chunk)
+            target.write(shown.feed(chunk) if shown else chunk)
+            target.flush()
+        if shown:
+            target.write(shown.end())
             target.flush()
 
-    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer), copy(channel.stderr, sys.stderr.buffer))
+    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, raw), copy(channel.stderr, sys.stderr.buffer, False))
     return await channel.wait()
 
 
