@@ -65,8 +65,9 @@ class Collapse:
         self.clock = clock
         self.held: dict[Group, None] = {}  # by opening, oldest first
         self.open: dict[tuple[bytes, bool], Group] = {}  # the newest held group of each text
-        self.last: dict[Source, Group] = {}  # each source's last line's group
+        self.last: dict[Source, Group] = {}  # each source's last line's group, while it is held
         self.completed: list[Group] = []  # groups that every worker joined since due() looked
+        self.held_lines = 0  # the lines of the groups held (one group of a million ranks' lines holds a million)
 
     def add(self, source: Source, text: bytes) -> tuple[Group, bool]:
         """The group the line joined, and whether it opened it."""
@@ -79,6 +80,7 @@ class Collapse:
             self.held[group] = None
         assert group is not None
         group.sources.append(source)
+        self.held_lines += 1
         if self._complete(group):
             self.completed.append(group)
         self.last[source] = group
@@ -89,7 +91,7 @@ class Collapse:
 
     def due(self, everything: bool = False) -> list[Group]:
         """The groups to show now (every group held, with `everything`), taken out, in order."""
-        everything = everything or len(self.held) > MAX_HELD
+        everything = everything or self.crowded
         ended = self.clock() - self.window
         ready = list(itertools.takewhile(lambda group: everything or group.opened <= ended, self.held))
         ready += self.completed
@@ -115,13 +117,22 @@ class Collapse:
             group = going.pop()
             group.out = True
             del self.held[group]
+            self.held_lines -= len(group.sources)
             if self.open.get((group.text, group.ranked)) is group:
                 del self.open[(group.text, group.ranked)]
+            for source in group.sources:  # a line out orders nothing after it: `last` keeps only sources held
+                if self.last.get(source) is group:
+                    del self.last[source]
             shown.append(group)
             for after in reversed(group.after):
                 after.waiting -= 1
                 if not after.waiting and ready(after):
                     going.append(after)
+
+    @property
+    def crowded(self) -> bool:
+        """More lines held than MAX_HELD: due() takes every group out, whatever its window."""
+        return self.held_lines > MAX_HELD
 
     def _complete(self, group: Group) -> bool:
         return not group.ranked and len(group.sources) >= self.worker_count

@@ -233,6 +233,8 @@ class Terminal:
         if rank is not None or self.prefixed:
             self.label(index, rank)  # the column is as wide as without collapsing
         group, new = self.collapse.add((index, rank), text)
+        if self.collapse.crowded:  # a flood of lines between two flushes: memory stays bounded
+            self._show_groups(self.collapse.due())
         if not self.live:
             return
         if new:
