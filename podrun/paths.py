@@ -54,8 +54,9 @@ def _make_private(folder: str) -> None:
         os.mkdir(folder, 0o700)
         return
     except FileExistsError:
-        pass
-    info = os.stat(folder)
+        info = os.stat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            raise
     if info.st_mode & 0o077 and info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX:
         os.chmod(folder, 0o700)
 
