@@ -44,19 +44,23 @@ def private_dirs(path: str) -> None:
     os.makedirs(os.path.dirname(home), exist_ok=True)
     folder = home
     for part in [] if inside == os.curdir else inside.split(os.sep):
-        _make_private(folder)
+        _make_private(folder, last=False)
         folder = os.path.join(folder, part)
-    _make_private(folder)
+    _make_private(folder, last=True)
 
 
-def _make_private(folder: str) -> None:
+def _make_private(folder: str, last: bool) -> None:
+    """A file in the way is said as makedirs says it: of the next folder, Not a directory; of the last,
+    File exists."""
     try:
         os.mkdir(folder, 0o700)
         return
     except FileExistsError:
         info = os.stat(folder)
         if not stat.S_ISDIR(info.st_mode):
-            raise
+            if last:
+                raise
+            return
     if info.st_mode & 0o077 and info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX:
         os.chmod(folder, 0o700)
 
