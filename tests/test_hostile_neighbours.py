@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from podrun.remote import stacks
 from podrun.transport.base import remote_source
 
 from conftest import Background, job_id_in, podrun, processes_of_job, wait_until
@@ -140,6 +141,23 @@ def test_a_stalls_dump_as_root_leaves_strangers_alone(home, job_file, tmp_path):
         saved = stacks_of(home, job_id)
         others.check_untouched(*saved.values())
     assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "hang_in_collective (hang.py:4)" in saved["w0.txt"]
+
+
+def test_a_py_spy_record_another_user_owns_or_could_write_is_not_used(tmp_path):
+    """The record the agent made is 0600 in a 0700 folder; one that is not so was not written by it alone."""
+    record = tmp_path / "run.py-spy"
+    record.write_text("/opt/tools/py-spy\n")
+    record.chmod(0o600)
+    assert stacks.recorded_py_spy(str(record)) == "/opt/tools/py-spy"
+    record.chmod(0o620)
+    assert stacks.recorded_py_spy(str(record)) is None
+    record.chmod(0o600)
+    if os.geteuid() == 0:  # only root gives a file away
+        os.chown(record, 65534, 65534)
+        assert stacks.recorded_py_spy(str(record)) is None
+        os.chown(record, 0, 0)
+    record.write_text("")  # no py-spy on the job's PATH as it started
+    assert stacks.recorded_py_spy(str(record)) is None
 
 
 def command_lines_naming(text: str, but: set[int]) -> list[str]:
