@@ -127,6 +127,23 @@ def test_podrun_stacks_as_root_dumps_the_jobs_own_processes_only_and_runs_no_str
     assert not processes_of_job(job_id)
 
 
+def test_on_ssh_hosts_as_root_podrun_stacks_runs_no_strangers_py_spy(home, lab, hosts_spec, tmp_path):
+    released = tmp_path / "released"  # the lab's hosts share this machine's files but /root
+    released.touch()
+    spec = hosts_spec(f"run: python3 hang.py {released}\n", hosts=(0, 1), files={"hang.py": HANG})
+    job_id = job_id_in(podrun("exec", "--detach", spec).stderr)
+    try:
+        wait_until(lambda: podrun("logs", "--no-collapse", job_id).stdout.count("] up\n") == 2, "both workers' first line")
+        with strangers(job_id, 2) as others:
+            shown = podrun("stacks", job_id)
+            assert shown.returncode == 0, shown.stderr
+            others.check_untouched(shown.stdout)
+        assert shown.stdout.count("hang_in_collective (hang.py:4)") == 2, shown.stdout
+    finally:
+        podrun("stop", job_id)
+    assert not processes_of_job(job_id)
+
+
 @pytest.mark.slow
 def test_a_stalls_dump_as_root_leaves_strangers_alone(home, job_file, tmp_path):
     released = tmp_path / "released"
