@@ -162,8 +162,8 @@ class JobRecord:
 
     def create(self) -> None:
         try:
-            os.makedirs(self.dir, mode=0o700)
-            os.chmod(paths.jobs_dir(), 0o700)
+            paths.private_dirs(paths.jobs_dir())
+            os.mkdir(self.dir, 0o700)
             self.save()
         except OSError as error:
             raise paths.unusable_home(error) from None

@@ -6,6 +6,7 @@ Paths are strings (os.path), not pathlib: `podrun jobs` and `podrun logs` start 
 from __future__ import annotations
 
 import os
+import stat
 
 from podrun.errors import UsageError
 
@@ -22,11 +23,46 @@ def unusable_home(error: OSError) -> UsageError:
 
 
 def make_private_dir(path: str) -> None:
-    """path and its parents, 0700, somewhere under PODRUN_HOME."""
+    """private_dirs(path), with an error as the one line for an unusable PODRUN_HOME."""
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        private_dirs(path)
     except OSError as error:
         raise unusable_home(error) from None
+
+
+def private_dirs(path: str) -> None:
+    """path, somewhere under PODRUN_HOME, with PODRUN_HOME and every folder between them: each made 0700,
+    or closed to 0700 where it is open (an older podrun, or umask 022 on a first run, left it so). Only the
+    user's own folders are closed: a shared one (sticky, as /tmp) or another user's named as PODRUN_HOME is
+    left as it is, and what podrun makes in it is private all the same. The parents of PODRUN_HOME are the
+    user's, made with their umask. Raises OSError."""
+    home = os.path.abspath(podrun_home())
+    inside = os.path.relpath(os.path.abspath(path), home)
+    if inside.split(os.sep)[0] == os.pardir:  # a job recorded under another PODRUN_HOME: its own folder only
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(home), exist_ok=True)
+    folder = home
+    for part in [] if inside == os.curdir else inside.split(os.sep):
+        _make_private(folder, last=False)
+        folder = os.path.join(folder, part)
+    _make_private(folder, last=True)
+
+
+def _make_private(folder: str, last: bool) -> None:
+    """A file in the way is said as makedirs says it: of the next folder, Not a directory; of the last,
+    File exists."""
+    try:
+        os.mkdir(folder, 0o700)
+        return
+    except FileExistsError:
+        info = os.stat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            if last:
+                raise
+            return
+    if info.st_mode & 0o077 and info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX:
+        os.chmod(folder, 0o700)
 
 
 def jobs_dir() -> str:

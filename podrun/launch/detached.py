@@ -72,7 +72,8 @@ def fetch_stacks(record: jobstore.JobRecord, indexes: list[int]) -> dict[int, st
     """The stacks of a running job's workers `indexes`, now (launch/stacks.py)."""
     async def fetch_all() -> list[dict[int, str]]:
         return await on_every_worker([w for w in record.workers if w.index in indexes],
-                                     lambda worker, transport: stacks.collect(record.id, [(worker.index, transport)]))
+                                     lambda worker, transport: stacks.collect(
+                                         [(worker.index, transport, record.remote_job_dir(worker))]))
 
     return {index: text for texts in asyncio.run(fetch_all()) for index, text in texts.items()}
 
@@ -199,9 +200,8 @@ def _report_fields(line: str) -> dict | None:
 async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> WorkerReport:
     log_path = record.log_path(worker.index)
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    channel = await transport.start_python("log_follower", record.remote_job_dir(worker),
-                                           str(offset), "1" if follow else "0")
-    channel.stdin.write_eof()
+    channel = await transport.start_python(
+        "log_follower", unlisted=[record.remote_job_dir(worker), str(offset), "1" if follow else "0"])
     with jobstore.open_log(log_path) as log:
         while chunk := await channel.stdout.read(65536):
             _append_at(log, offset, chunk)
@@ -244,9 +244,8 @@ async def stop_all(record: jobstore.JobRecord, first_stopping: Callable[[], None
             if first_stopping:
                 first_stopping()
         wait_s = record.stop_grace_s + AGENT_STOP_MARGIN_S
-        channel = await transport.start_python("detached_stopper", record.remote_job_dir(worker),
-                                               str(wait_s), record.id, str(worker.index))
-        channel.stdin.write_eof()
+        channel = await transport.start_python(
+            "detached_stopper", unlisted=[record.remote_job_dir(worker), str(wait_s), record.id, str(worker.index)])
         notes, code = await asyncio.gather(channel.stderr.read(), channel.wait())
         for note in notes.decode(errors="replace").splitlines():  # a pid that was not the job's, and what it did
             say(f"worker {worker.index} ({worker.address}): {note}")

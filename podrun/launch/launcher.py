@@ -278,8 +278,8 @@ class Launch:
         self.stalled = stall.summary(silent_s)
         timeline.begin(self.record, "stall", at=time.time() - min(silent_s.values()), why=self.stalled)
         say(f"job {self.record.id} stalled: {self.stalled}; saving every worker's stacks, then stopping it")
-        texts = await stacks.collect(self.record.id, [(ws.plan.worker.index, ws.plan.worker.transport)
-                                                      for ws in worker_steps])
+        texts = await stacks.collect([(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir)
+                                      for ws in worker_steps])
         say(f"stacks of every worker saved in {stacks.save(self.record, texts)}")
 
     async def _hub_address(self, first: WorkerStep) -> str:

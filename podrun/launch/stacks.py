@@ -14,12 +14,12 @@ from podrun.transport.base import ChannelLost, Transport
 COLLECT_TIMEOUT_S = 60  # remote/stacks.py gives each py-spy 20 s; a worker that says nothing by then is named
 
 
-async def collect(job_id: str, workers: list[tuple[int, Transport]]) -> dict[int, str]:
-    """Each worker's stacks text (or why there is none), from connected transports, all at once."""
-    async def one(index: int, transport: Transport) -> str:
+async def collect(workers: list[tuple[int, Transport, str]]) -> dict[int, str]:
+    """Each worker's stacks text (or why there is none), from connected transports, all at once: (index,
+    transport, the job's directory on it) each."""
+    async def one(index: int, transport: Transport, job_dir: str) -> str:
         try:
-            channel = await transport.start_python("stacks", job_id, str(index))
-            channel.stdin.write_eof()
+            channel = await transport.start_python("stacks", unlisted=[job_dir])
             output, errors, _ = await asyncio.wait_for(
                 asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait()), COLLECT_TIMEOUT_S)
         except ChannelLost as lost:
@@ -28,8 +28,8 @@ async def collect(job_id: str, workers: list[tuple[int, Transport]]) -> dict[int
             return f"no stacks: worker {index} gave none within {COLLECT_TIMEOUT_S}s\n"
         return output.decode(errors="replace") + errors.decode(errors="replace")
 
-    texts = await asyncio.gather(*(one(index, transport) for index, transport in workers))
-    return dict(zip((index for index, _ in workers), texts))
+    texts = await asyncio.gather(*(one(*worker) for worker in workers))
+    return dict(zip((index for index, _, _ in workers), texts))
 
 
 def save(record: jobstore.JobRecord, texts: dict[int, str]) -> str:

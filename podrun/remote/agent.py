@@ -42,18 +42,19 @@ Protocol
           when a stop's SIGKILL ended it after the grace period},
           {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
-  output.log (every byte of every step), <step>.pid (the step's process group), <step>.agent (the
-  agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.exit
+  output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the
+  agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.py-spy (the
+  py-spy on the step's PATH as it started, or nothing: what its stacks are dumped with), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
   stalled: how long this worker had been silent when a stall stopped it, and killed: whether SIGKILL
-  ended it after the grace period), run.stacks (on a stall).
+  ended it after the grace period), run.stacks (on a stall); each file 0600.
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
 Stopping sends SIGTERM, once per process, to the step's process group (to its leader alone with
 "term": "leader": torchrun passes it on to its ranks) and to every other process that still
-carries this job's PODRUN_JOB_ID and PODRUN_WORKER in its environment (which catches children that
-left the group with setsid), then SIGKILL after the grace period. A container is stopped by name
+carries this job's PODRUN_JOB_ID and PODRUN_WORKER in its environment and is this user's (which catches
+children that left the group with setsid), then SIGKILL after the grace period. A container is stopped by name
 (docker stop -t GRACE, then docker kill), and the step ends only once it is gone. The same sweep
 runs after a normal exit, so nothing the step started outlives it.
 """
@@ -294,6 +295,7 @@ class Step:
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
+        self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
 
     def start(self):
         env = dict(os.environ)
@@ -303,6 +305,9 @@ class Step:
             self._write_file(name, text)
         for key, name in self.config.get("file_env", {}).items():
             env[key] = os.path.join(self.job_dir, name)
+        # the py-spy for the step's stacks, fixed now: a process's own PATH later may be anyone's choosing
+        self.py_spy = stacks.find_py_spy(env.get("PATH", ""), self.config["cwd"])
+        self._write_file(self.config["step"] + ".py-spy", self.py_spy)
         read_end, write_end = os.pipe()
         try:
             self.pid = spawn([_shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -417,7 +422,7 @@ class Step:
         """No worker of a watched job printed anything for its stall limit: save this worker's stacks
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
-            self._write_file("run.stacks", stacks.text(self.config["job_id"], self.config["worker"]))
+            self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None))
             self.stalled = silent_s
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
@@ -454,7 +459,7 @@ class Step:
                 os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
-        for pid in _processes_with_env(self._marker()):
+        for pid in stacks.marked(self.config["job_id"], self.config["worker"]):
             if _group_of(pid) == self.pid or (leader_only and _descends_from(pid, self.pid)):
                 continue  # signalled above, or the leader's to stop
             try:
@@ -484,12 +489,9 @@ class Step:
                 return  # no such container
             time.sleep(0.1)
 
-    def _marker(self):
-        return {"PODRUN_JOB_ID": self.config["job_id"], "PODRUN_WORKER": str(self.config["worker"])}
-
     def _write_file(self, name, text):
         path = os.path.join(self.job_dir, name)
-        with open(path + ".tmp", "w") as handle:
+        with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             handle.write(text)
         os.replace(path + ".tmp", path)
 
@@ -929,23 +931,6 @@ def _exited(pid):
     if result.si_code == os.CLD_EXITED:
         return result.si_status, None
     return 128 + result.si_status, SIGNAL_NAMES.get(result.si_status, "signal %d" % result.si_status)
-
-
-def _processes_with_env(marker):
-    """Pids of this user's processes whose environment holds every key=value of marker."""
-    wanted = {("%s=%s" % item).encode() for item in marker.items()}
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as handle:
-                environ = set(handle.read().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= environ:
-            found.append(int(entry))
-    return found
 
 
 def tpu_holders(probe):

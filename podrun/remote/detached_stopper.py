@@ -1,14 +1,14 @@
 """Stop a detached job's run on one worker: SIGTERM to its agent, which stops the step's whole
 tree as on any stop and then writes run.exit.
 
-argv: JOB_DIR WAIT_S JOB_ID WORKER. Exits 0 once run.exit exists, 1 if it does not within WAIT_S.
+stdin: JOB_DIR, WAIT_S, JOB_ID and WORKER, a line each (not argv, which `ps` shows to everyone).
+Exits 0 once run.exit exists, 1 if it does not within WAIT_S.
 run.agent holds the agent's pid and its kernel start time ("PID START"): a process with that pid
 but another start time is a stranger that got the pid after the agent ended, and is left alone.
 The agent is then found as the parent of the step's process group leader (run.pid), known as the
-job's by the PODRUN_JOB_ID and PODRUN_WORKER in its environment, as the agent's own sweep knows the
-job's processes (and by its command line, the agent's); with no agent left, those processes get the
-SIGTERM themselves. What was not ours
-is said on stderr, one line each.
+job's by the PODRUN_JOB_ID and PODRUN_WORKER in its environment and this user's (stacks.marked), as
+the agent's own sweep knows the job's processes (and by its command line, the agent's); with no agent
+left, those processes get the SIGTERM themselves. What was not ours is said on stderr, one line each.
 """
 
 import os
@@ -23,8 +23,8 @@ except KeyError:  # imported on the launcher, by tests and type checks
 
 
 def main():
-    job_dir, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
-    job_id, worker = sys.argv[3], sys.argv[4]
+    job_dir, wait_s, job_id, worker = sys.stdin.read().splitlines()[:4]
+    deadline = time.monotonic() + float(wait_s)
     for pid in _to_signal(job_dir, job_id, worker):
         try:
             os.kill(pid, signal.SIGTERM)
@@ -50,7 +50,7 @@ def _to_signal(job_dir, job_id, worker):
     if start is not None:
         sys.stderr.write("run.agent names pid %d, which is not this job's agent (another process got the pid): "
                          "left alone\n" % pid)
-    job = dict(stacks.job_processes(job_id, worker))
+    job = stacks.marked(job_id, worker)
     leader = int((_read_words(os.path.join(job_dir, "run.pid")) or ["0"])[0])
     agent = int(stacks.field_of(leader, "PPid:") or 0) if leader in job else 0
     if agent > 1 and agent not in job and _is_agent(agent):

@@ -1,9 +1,9 @@
 """A detached job's output on one worker, from an offset, and its exit once the run has ended.
 
-argv: JOB_DIR OFFSET FOLLOW (1: keep following output.log until run.exit exists). Writes the log's
-bytes from OFFSET to stdout, then to stderr one JSON line, {"exit": run.exit's JSON or null,
-"output_at": when output.log last grew (epoch seconds) or null}, then the stacks a stall saved
-(run.stacks), if any.
+stdin: JOB_DIR, OFFSET and FOLLOW (1: keep following output.log until run.exit exists), a line each
+(not argv, which `ps` shows to everyone). Writes the log's bytes from OFFSET to stdout, then to stderr
+one JSON line, {"exit": run.exit's JSON or null, "output_at": when output.log last grew (epoch seconds)
+or null}, then the stacks a stall saved (run.stacks), if any.
 """
 
 import os
@@ -14,7 +14,8 @@ POLL_S = 0.2
 
 
 def main():
-    job_dir, offset, follow = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    job_dir, offset, follow = sys.stdin.read().splitlines()[:3]
+    offset, follow = int(offset), follow == "1"
     log, exit_file = os.path.join(job_dir, "output.log"), os.path.join(job_dir, "run.exit")
     while True:
         done = os.path.exists(exit_file)  # looked at before reading: no tail is lost

@@ -43,7 +43,7 @@ class FileDigests:
         if self.remembered == self.known:
             return
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            paths.private_dirs(os.path.dirname(self.path))
             write_json(self.path, self.remembered)  # two launchers at once: either's whole file wins
         except OSError:
             pass  # a cache: without it the next run hashes again; an unusable PODRUN_HOME is named by the job store

@@ -49,7 +49,7 @@ def main() -> int:
         return execute(spec, payload["ships_code"], options)
     job_id = jobstore.new_job_id(spec.name)
     console = console_dir(job_id)
-    os.makedirs(console, mode=0o700)
+    paths.make_private_dir(console)
     running_read, running_write = os.pipe()
     launcher = os.fork()
     if launcher == 0:  # returns through the CLI, which says an error in one line and exits with its code

@@ -11,6 +11,7 @@ import hashlib
 import shlex
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Protocol
@@ -67,11 +68,17 @@ class Transport(ABC):
     async def close(self) -> None:
         """Close the connection; the worker side stops what it ran unless it was detached."""
 
-    async def start_python(self, name: str, *args: str) -> Channel:
-        """Run the small worker-side script podrun/remote/`name`.py with the worker's Python."""
+    async def start_python(self, name: str, *args: str, unlisted: Sequence[str] | None = None) -> Channel:
+        """Run the small worker-side script podrun/remote/`name`.py with the worker's Python. With
+        `unlisted`, those arguments are its whole input, a line each: a command line is there for every
+        user of the worker to see (`ps`), and a job's id or directory is not theirs to know."""
         script = (UNCACHED_COMPILE if script_modules(name) else "") + script_source(name).decode()
-        return await self.start(" ".join([shlex.quote(self.python), "-I", "-S", "-c", shlex.quote(script),
-                                          *map(shlex.quote, args)]))
+        channel = await self.start(" ".join([shlex.quote(self.python), "-I", "-S", "-c", shlex.quote(script),
+                                             *map(shlex.quote, args)]))
+        if unlisted is not None:
+            channel.stdin.write("".join(line + "\n" for line in unlisted).encode())
+            channel.stdin.write_eof()
+        return channel
 
     @abstractmethod
     def endpoint(self) -> dict:
