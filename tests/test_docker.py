@@ -90,3 +90,16 @@ def test_stop_of_a_detached_job_returns_only_once_every_container_is_gone(home, 
     assert stopped.returncode == 0, stopped.stderr
     assert leftovers(docker, job_id) == []
     assert stopped.stdout.strip() == f"podrun: job {job_id} is stopped"
+
+
+
+def test_stacks_of_a_docker_job_dump_its_containers_python_processes(home, docker, job_file):
+    """The container's processes are the docker daemon's children, not the agent's: stacks finds them by
+    the container's name, and the host's py-spy dumps them."""
+    job, job_id, _ = started_stubborn_job(docker, job_file)
+    shown = podrun("stacks", job_id)
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish() == 130
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("<module> (script.py:5)") == 2, shown.stdout  # each container's python, by py-spy
+    assert leftovers(docker, job_id) == []

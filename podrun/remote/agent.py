@@ -44,7 +44,8 @@ Protocol
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the
   agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.py-spy (the
-  py-spy on the step's PATH as it started, or nothing: what its stacks are dumped with), <step>.exit
+  py-spy on the step's PATH as it started, or nothing: what its stacks are dumped with), <step>.container
+  (a docker: job's container name, whose processes its stacks include), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
   stalled: how long this worker had been silent when a stall stopped it, and killed: whether SIGKILL
   ended it after the grace period), run.stacks (on a stall); each file 0600.
@@ -308,6 +309,8 @@ class Step:
         # the py-spy for the step's stacks, fixed now: a process's own PATH later may be anyone's choosing
         self.py_spy = stacks.find_py_spy(env.get("PATH", ""), self.config["cwd"])
         self._write_file(self.config["step"] + ".py-spy", self.py_spy)
+        if self.container:  # its processes are the daemon's children, not ours: stacks.py finds them by its name
+            self._write_file(self.config["step"] + ".container", self.container)
         read_end, write_end = os.pipe()
         try:
             self.pid = spawn([_shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -422,7 +425,7 @@ class Step:
         """No worker of a watched job printed anything for its stall limit: save this worker's stacks
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
-            self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None))
+            self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
             self.stalled = silent_s
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 

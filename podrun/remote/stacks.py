@@ -22,10 +22,11 @@ PY_SPY_TIMEOUT_S = 20  # a process that cannot be paused (D state, ptrace refuse
 STEPS = ("run", "setup")  # the step whose agent is alive is dumped; run, once it started
 
 
-def text(agent, session, py_spy):
-    """Every Python process of the job under `agent` (its descendants, and the members of the step's
-    `session`), each with its stacks by the program `py_spy` (None: the kernel's view), as one text."""
-    processes = job_processes(agent, session)
+def text(agent, session, py_spy, container=None):
+    """Every Python process of the job under `agent` (its descendants, the members of the step's
+    `session`, and the processes of its docker `container`), each with its stacks by the program
+    `py_spy` (None: the kernel's view), as one text."""
+    processes = job_processes(agent, session, container_pid(container) if container else 0)
     pythons = [pid for pid in processes if _is_python(pid)]
     if not pythons:
         others = "".join("  %d %s\n" % (pid, _command(pid)) for pid in processes) or "  none\n"
@@ -46,12 +47,28 @@ def text_of_job_dir(job_dir):
     if start is None or start != (recorded[1:] or [None])[0]:
         return "the job's agent on this worker has ended: no process of it is left to dump\n"
     session = int(_read(os.path.join(job_dir, step + ".pid")) or 0)
-    return text(agent, session, recorded_py_spy(os.path.join(job_dir, step + ".py-spy")))
+    container = _read(os.path.join(job_dir, step + ".container")) or None
+    return text(agent, session, recorded_py_spy(os.path.join(job_dir, step + ".py-spy")), container)
 
 
-def job_processes(agent, session):
-    """Pids of agent's descendants and of session's members, but for the agent itself, this process and
-    zombies: from every process's parent and session in /proc/PID/stat, which the kernel alone writes."""
+def container_pid(name):
+    """The pid of the docker container `name`'s first process, as docker's daemon says (0: none). The
+    daemon starts a container's processes, not the agent, and a name is the container's alone while it exists."""
+    import subprocess
+
+    try:
+        found = subprocess.run(["docker", "container", "inspect", "--format", "{{.State.Pid}}", name],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=PY_SPY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    answer = found.stdout.decode(errors="replace").strip()
+    return int(answer) if found.returncode == 0 and answer.isdigit() else 0
+
+
+def job_processes(agent, session, container=0):
+    """Pids of agent's and container's descendants (container's own too) and of session's members, but
+    for the agent itself, this process and zombies: from every process's parent and session in
+    /proc/PID/stat, which the kernel alone writes."""
     children, members = {}, []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -67,7 +84,8 @@ def job_processes(agent, session):
         children.setdefault(parent, []).append(pid)
         if session and int(fields[3]) == session:
             members.append(pid)
-    found, waiting = set(members), [agent]
+    roots = [agent, container] if container else [agent]  # pid 0's children are init and kthreadd: never a root
+    found, waiting = set(members) | set(roots[1:]), list(roots)
     while waiting:
         for child in children.get(waiting.pop(), ()):
             if child not in found:
