@@ -13,6 +13,7 @@ from urllib.parse import unquote
 
 import pytest
 
+from conftest import podrun
 from helpers import ZONE, create, gcloud
 
 pytestmark = pytest.mark.lab
@@ -40,3 +41,33 @@ def test_the_real_gcloud_reaches_every_worker_as_the_os_login_user_and_metadata_
                             f"{os_login.user.username}@{lab.hosts[0].external_ip}", "id -un"],
                            capture_output=True, text=True, timeout=60)
     assert plain.returncode == 255 and "Permission denied (publickey)" in plain.stderr, plain
+
+
+def oslogin_spec(job_file, run: str, tpu: str = "name: olpod, accelerator_type: v4-32", **top: str) -> Path:
+    """A spec on a TPU the stand-in has the lab's 4 hosts for; its commands use the system's tools only (the
+    OS Login user cannot read this interpreter's directory, which lives under root's home)."""
+    lines = [f"target: {{tpu: {{{tpu}}}}}", "env: {PATH: '/usr/bin:/bin'}", "run: |",
+             *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in top.items())]
+    return job_file("\n".join(lines) + "\n")
+
+
+WHO = "echo who $PODRUN_WORKER $(id -un)"
+
+
+def who_ran(output: str) -> list[tuple[int, str]]:
+    """(worker, user) of each line WHO printed."""
+    return sorted((int(words[-2]), words[-1]) for words in map(str.split, output.splitlines()) if "who" in words)
+
+
+def test_a_tpu_exec_creates_in_an_os_login_project_runs_on_every_worker_as_the_os_login_user(
+        home, tpu_api, os_login, lab, job_file):
+    spec = oslogin_spec(job_file, WHO)
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert who_ran(result.stdout) == [(i, os_login.user.username) for i in range(4)]
+    node = json.loads(gcloud("describe", "olpod").stdout)
+    assert "ssh-keys" not in node.get("metadata", {})
+    assert [body.get("metadata", {}) for _, body in tpu_api.node_requests()] == [{}]
+    assert os_login.stand_in.imports() == [os_login.user.email]
+    again = podrun("exec", spec)  # the key is in the profile now: nothing imported again
+    assert again.returncode == 0 and os_login.stand_in.imports() == [os_login.user.email], again.stderr

@@ -284,10 +284,13 @@ class TpuApi:
         return self._request("GET", path)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One request to `path` in this location (a JSON body with it), through google.auth's urllib3
-        transport: the answer's JSON."""
+        """One request to `path` in this location (a JSON body with it): the answer's JSON."""
         base = self.endpoint or GOOGLE_ENDPOINT
-        url = f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}"
+        return self.call(method, f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}", body)
+
+    def call(self, method: str, url: str, body: dict | None = None) -> dict:
+        """One request to a Google API's `url` with these credentials (a JSON body with it), through
+        google.auth's urllib3 transport: the answer's JSON; ApiCallError, ApiUnreachable or ApiTimeout."""
         data = None if body is None else json.dumps(body)
         try:
             response = AuthorizedHttp(self.credentials).request(
@@ -351,9 +354,24 @@ class TpuApi:
     def _errors(self, doing: str, name: str | None = None, kind: str = "TPU VM") -> Iterator[None]:
         """Google's errors, as one line each that says what to do; `kind`: what `name` names."""
         try:
-            yield
+            with self.credential_errors(doing):
+                yield
         except ApiCallError as error:
             raise PodrunError(f"{doing}: {self._advice(error, name, kind)}") from None
+        except ApiUnreachable as error:
+            raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "
+                              f"({error})") from None
+        except ApiTimeout:
+            override = " or CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU" if self.endpoint else ""
+            raise PodrunError(f"no answer from the Cloud TPU API ({self.endpoint or GOOGLE_ENDPOINT}) after "
+                              f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
+                              f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
+
+    @contextlib.contextmanager
+    def credential_errors(self, doing: str) -> Iterator[None]:
+        """The credentials' own failures, whatever API was called, as one line each that says what to do."""
+        try:
+            yield
         except RefreshError as error:
             # a bare access token cannot be refreshed: google.auth tries when Google answers 401
             if self.token_file:
@@ -363,14 +381,12 @@ class TpuApi:
         except TransportError as error:  # refreshing the credentials, before the API is asked anything
             raise PodrunError(f"{doing}: cannot reach Google to refresh the credentials "
                               f"({type(error.__cause__ or error).__name__}); check the network") from None
-        except ApiUnreachable as error:
-            raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "
-                              f"({error})") from None
-        except ApiTimeout:
-            override = " or CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU" if self.endpoint else ""
-            raise PodrunError(f"no answer from the Cloud TPU API ({self.endpoint or GOOGLE_ENDPOINT}) after "
-                              f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
-                              f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
+
+    def credentials_rejected(self, message: str) -> str:
+        """What to do when Google answered 401 (`message`) to these credentials."""
+        if self.token_file:
+            return self._token_rejected()
+        return f"Google rejected the credentials ({message}); run `gcloud auth application-default login`"
 
     def _token_rejected(self) -> str:
         return (f"Google rejected the access token in {self.token_file} (CLOUDSDK_AUTH_ACCESS_TOKEN_FILE): it has "
@@ -400,10 +416,8 @@ class TpuApi:
                     f"`gcloud services enable tpu.googleapis.com --project {project}`")
         if error.code == 403:
             return f"permission denied in {where} ({message}); your account needs a role such as roles/tpu.admin"
-        if error.code == 401 and self.token_file:
-            return self._token_rejected()
         if error.code == 401:
-            return f"Google rejected the credentials ({message}); run `gcloud auth application-default login`"
+            return self.credentials_rejected(message)
         if error.code == 400:
             return f"invalid request: {message}"
         return f"Cloud TPU API error {error.code}: {message}"
