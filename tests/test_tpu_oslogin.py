@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
-from conftest import podrun
+from conftest import Background, job_id_in, podrun, stderr_lines_without_traceback, wait_until
 from helpers import ZONE, create, gcloud
 
 pytestmark = pytest.mark.lab
@@ -71,3 +72,89 @@ def test_a_tpu_exec_creates_in_an_os_login_project_runs_on_every_worker_as_the_o
     assert os_login.stand_in.imports() == [os_login.user.email]
     again = podrun("exec", spec)  # the key is in the profile now: nothing imported again
     assert again.returncode == 0 and os_login.stand_in.imports() == [os_login.user.email], again.stderr
+
+
+def on_hosts(lab, command: str) -> list[str]:
+    """`command`'s output on every lab host, in host order."""
+    return [lab.run(host.index, command).stdout for host in lab.hosts]
+
+
+def test_ssh_cp_stacks_logs_and_stop_reach_the_workers_as_the_os_login_user_on_a_node_whose_own_metadata_says_so(
+        home, tpu_api, os_login, lab, job_file):
+    os_login.set_project_metadata()  # the project says nothing: the node's own enable-oslogin decides
+    create("olpod", "v4-32")
+    with tpu_api.lock:
+        tpu_api.nodes["projects/podrun-test/locations/us-central2-b/nodes/olpod"]["metadata"] = {"enable-oslogin": "TRUE"}
+    user = os_login.user.username
+    spec = oslogin_spec(job_file, "echo up; exec python3 -c 'import time; time.sleep(300)' oslogin-detached",
+                        tpu="name: olpod")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: all("oslogin-detached" in out for out in on_hosts(lab, f"ps -u {user} -o args=")),
+               "the job on every worker, as the OS Login user")
+
+    shell = podrun("ssh", "--tpu", "olpod", "--worker", "2", "--", "id -un; hostname -I")
+    assert shell.returncode == 0 and shell.stdout.split()[:2] == [user, lab.hosts[2].ip], shell.stderr
+    (home.parent / "note.txt").write_text("copied\n")
+    copied = podrun("cp", "--tpu", "olpod", home.parent / "note.txt", ":note.txt")
+    assert copied.returncode == 0, copied.stderr
+    for host in lab.hosts:
+        note = host.homes / user / "note.txt"
+        assert note.read_text() == "copied\n" and note.stat().st_uid == os_login.user.uid
+    stacks = podrun("stacks", job_id)
+    assert stacks.returncode == 0, stacks.stderr
+    assert len(re.findall(r"^=== pid \d+: python3 -c .* oslogin-detached ===$", stacks.stdout, re.M)) == 4, stacks.stdout
+
+    follower = Background("logs", "-f", job_id)
+    follower.wait_for(r"\[w0-3\] up")
+    stopped = podrun("stop", job_id)  # the workers' endpoints (user included) are the job's record's
+    assert stopped.returncode == 0, stopped.stderr
+    assert follower.finish() == 143
+    assert on_hosts(lab, f"ps -u {user} -o args= | grep -c oslogin-detached || true") == ["0\n"] * 4
+    assert "ssh-keys" not in json.loads(gcloud("describe", "olpod").stdout)["metadata"]
+    assert os_login.stand_in.imports() == [os_login.user.email]
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert lines[-1].startswith("podrun: error: ") and not lines[-1].endswith(":"), result.stderr
+    return lines[-1]
+
+
+def test_what_podrun_cannot_do_under_os_login_is_one_line_saying_what_to_do(
+        home, tpu_api, os_login, lab, job_file, monkeypatch):
+    create("olone", "v4-8")
+    spec = oslogin_spec(job_file, WHO, tpu="name: olone")
+    os_login.set_project_metadata(enable_oslogin="TRUE", enable_oslogin_2fa="TRUE")
+    assert ("OS Login here requires 2-step verification at each login (enable-oslogin-2fa in the project "
+            "podrun-test's metadata), which podrun cannot give; log in with `gcloud compute tpus tpu-vm ssh NAME "
+            "--worker=all --zone us-central2-b --project podrun-test`, or set enable-oslogin-2fa=FALSE in the TPU "
+            "VM's metadata") in one_error_line(podrun("exec", spec))
+    os_login.set_project_metadata(enable_oslogin="TRUE", enable_oslogin_sk="true")
+    assert "OS Login here requires a security key at each login (enable-oslogin-sk in the project podrun-test's" \
+        in one_error_line(podrun("exec", spec))
+    assert os_login.stand_in.imports() == []
+
+    os_login.set_project_metadata(enable_oslogin="TRUE")
+    os_login.user.login_role = False
+    line = one_error_line(podrun("exec", spec))
+    assert line.endswith(
+        f"key refused for user {os_login.user.username} (identity file: {Path(os.environ['HOME'])}/.ssh/"
+        f"google_compute_engine); OS Login took the key of alice@example.com, so most likely the account lacks "
+        f"roles/compute.osLogin (or roles/compute.osAdminLogin) in project podrun-test: `gcloud projects "
+        f"add-iam-policy-binding podrun-test --member=user:alice@example.com --role=roles/compute.osLogin`"), line
+    os_login.user.login_role = True
+    assert who_ran(podrun("exec", spec).stdout) == [(0, os_login.user.username)]  # the advice, followed
+
+    monkeypatch.delenv("CLOUDSDK_CORE_ACCOUNT")
+    assert one_error_line(podrun("exec", spec)).endswith(
+        f"OS Login needs your Google account, and none was found: not in CLOUDSDK_CORE_ACCOUNT, not as core/account "
+        f"in the active gcloud configuration (in {os.environ['CLOUDSDK_CONFIG']}), and the credentials in use are no "
+        f"service account's; run `gcloud config set account EMAIL` or export CLOUDSDK_CORE_ACCOUNT=EMAIL")
+    config = Path(os.environ["CLOUDSDK_CONFIG"])
+    (config / "configurations").mkdir(parents=True, exist_ok=True)
+    (config / "active_config").write_text("work\n")
+    (config / "configurations" / "config_work").write_text("[core]\naccount = alice@example.com\n")
+    assert who_ran(podrun("exec", spec).stdout) == [(0, os_login.user.username)]  # gcloud's configuration's account
