@@ -17,8 +17,6 @@ import pytest
 from conftest import Background, job_id_in, podrun, stderr_lines_without_traceback, wait_until
 from helpers import ZONE, create, gcloud
 
-pytestmark = pytest.mark.lab
-
 
 @pytest.mark.gcloud
 def test_the_real_gcloud_reaches_every_worker_as_the_os_login_user_and_metadata_keys_count_for_nothing(
@@ -158,3 +156,65 @@ def test_what_podrun_cannot_do_under_os_login_is_one_line_saying_what_to_do(
     (config / "active_config").write_text("work\n")
     (config / "configurations" / "config_work").write_text("[core]\naccount = alice@example.com\n")
     assert who_ran(podrun("exec", spec).stdout) == [(0, os_login.user.username)]  # gcloud's configuration's account
+
+
+@pytest.mark.slow
+def test_a_preempted_multislice_recovers_with_every_worker_of_every_slice_as_the_os_login_user(
+        home, tpu_api, os_login, lab, job_file):
+    run = ('echo "attempt $PODRUN_ATTEMPT who $PODRUN_WORKER $(id -un)"\n'
+           'if [ "$PODRUN_ATTEMPT" = 0 ]; then exec sleep 600; fi\n'
+           'echo "resumed who $PODRUN_WORKER $(id -un)"')
+    spec = oslogin_spec(job_file, run, tpu="name: olms, accelerator_type: v4-16, slices: 2, queued: true, spot: true",
+                        restarts="{max: 1}", delete_after="always")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w3\] +attempt 0")
+    tpu_api.preempt("olms-1")
+    assert job.finish(timeout=120) == 0, job.text
+    assert "slice 1 (olms-1)" in job.text and "preempted" in job.text
+    resumed = [line for line in job.text.splitlines() if "resumed who" in line]
+    assert who_ran("\n".join(resumed)) == [(i, os_login.user.username) for i in range(4)]
+    # both queued resources (the first, and the one made again) asked for no ssh-keys; the key went to OS Login once
+    requests = tpu_api.node_requests()
+    assert [node_id for node_id, _ in requests] == ["olms", "olms"]
+    assert all("ssh-keys" not in body.get("metadata", {}) for _, body in requests)
+    assert os_login.stand_in.imports() == [os_login.user.email]
+
+
+def test_a_job_handed_to_a_supervisor_runs_as_the_os_login_user_of_the_supervisors_own_account(
+        home, lab, tpu_api_on_lab, os_login_on_lab, supervisor, job_file):
+    from oslogin_lab import SUPERVISOR_EMAIL
+
+    # the host's own account, as `gcloud auth activate-service-account` leaves it in its configuration
+    config = supervisor.home / ".config" / "gcloud" / "configurations" / "config_default"
+    config.write_text(config.read_text() + f"[core]\naccount = {SUPERVISOR_EMAIL}\n")
+    spec = oslogin_spec(job_file, WHO, tpu="name: life, accelerator_type: v4-16", delete_after="always")
+    spec.write_text(spec.read_text() + f"ssh: {{identity_file: {lab.client_key}}}\n" + supervisor.spec)
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert who_ran(result.stdout) == [(0, os_login_on_lab.supervisor.username), (1, os_login_on_lab.supervisor.username)]
+    assert os_login_on_lab.stand_in.imports() == [SUPERVISOR_EMAIL]  # never the laptop's account
+    assert all("ssh-keys" not in body.get("metadata", {}) for _, body in tpu_api_on_lab.node_requests())
+
+
+def test_the_account_is_gclouds_else_the_credentials_service_account_else_the_vms_from_the_metadata_server(
+        monkeypatch, tmp_path):
+    from metadata_stand_in import MetadataStandIn
+
+    from podrun.cloud import oslogin
+
+    server = MetadataStandIn()
+    server.values["service-accounts/default/email"] = "vm-sa@proj.iam.gserviceaccount.com"
+    monkeypatch.setenv("GCE_METADATA_HOST", server.serve("127.0.0.1"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
+    monkeypatch.delenv("CLOUDSDK_CORE_ACCOUNT", raising=False)
+    try:
+        assert oslogin.account(object()) == "vm-sa@proj.iam.gserviceaccount.com"
+
+        class KeyFile:
+            service_account_email = "key-sa@proj.iam.gserviceaccount.com"
+
+        assert oslogin.account(KeyFile()) == "key-sa@proj.iam.gserviceaccount.com"
+        monkeypatch.setenv("CLOUDSDK_CORE_ACCOUNT", "alice@example.com")
+        assert oslogin.account(KeyFile()) == "alice@example.com"
+    finally:
+        server.shutdown()

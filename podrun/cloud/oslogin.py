@@ -25,16 +25,13 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from podrun.cloud.settings import config_dir, gcloud_property
+from podrun.cloud.settings import ACCOUNT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, config_dir, gcloud_property
 from podrun.cloud.tpu_api import ApiCallError, ApiTimeout, ApiUnreachable, TpuApi
 from podrun.errors import PodrunError
 
 ENABLE = "enable-oslogin"
 TWO_FACTOR = "enable-oslogin-2fa"
 SECURITY_KEYS = "enable-oslogin-sk"
-ACCOUNT = ("core", "account")
-OSLOGIN_ENDPOINT = ("api_endpoint_overrides", "oslogin")
-COMPUTE_ENDPOINT = ("api_endpoint_overrides", "compute")
 GOOGLE_OSLOGIN = "https://oslogin.googleapis.com/"
 GOOGLE_COMPUTE = "https://compute.googleapis.com/compute/v1/"
 METADATA_EMAIL = "/computeMetadata/v1/instance/service-accounts/default/email"
