@@ -201,20 +201,22 @@ def test_the_account_is_gclouds_else_the_credentials_service_account_else_the_vm
     from metadata_stand_in import MetadataStandIn
 
     from podrun.cloud import oslogin
+    from podrun.cloud.settings import Location
+    from podrun.cloud.tpu_api import TpuApi
 
     server = MetadataStandIn()
     server.values["service-accounts/default/email"] = "vm-sa@proj.iam.gserviceaccount.com"
     monkeypatch.setenv("GCE_METADATA_HOST", server.serve("127.0.0.1"))
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
     monkeypatch.delenv("CLOUDSDK_CORE_ACCOUNT", raising=False)
+    (tmp_path / "token").write_text("a-token\n")
+    monkeypatch.setenv("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", str(tmp_path / "token"))  # no service account's
+    api = TpuApi(Location("proj", "us-central2-b"))
     try:
-        assert oslogin.account(object()) == "vm-sa@proj.iam.gserviceaccount.com"
-
-        class KeyFile:
-            service_account_email = "key-sa@proj.iam.gserviceaccount.com"
-
-        assert oslogin.account(KeyFile()) == "key-sa@proj.iam.gserviceaccount.com"
+        assert oslogin.account(api) == "vm-sa@proj.iam.gserviceaccount.com"
+        api.credentials.service_account_email = "key-sa@proj.iam.gserviceaccount.com"  # as a key file's have
+        assert oslogin.account(api) == "key-sa@proj.iam.gserviceaccount.com"
         monkeypatch.setenv("CLOUDSDK_CORE_ACCOUNT", "alice@example.com")
-        assert oslogin.account(KeyFile()) == "alice@example.com"
+        assert oslogin.account(api) == "alice@example.com"
     finally:
         server.shutdown()

@@ -20,7 +20,6 @@ person or a hardware key at each login, which podrun cannot give: each is refuse
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -34,8 +33,6 @@ TWO_FACTOR = "enable-oslogin-2fa"
 SECURITY_KEYS = "enable-oslogin-sk"
 GOOGLE_OSLOGIN = "https://oslogin.googleapis.com/"
 GOOGLE_COMPUTE = "https://compute.googleapis.com/compute/v1/"
-METADATA_EMAIL = "/computeMetadata/v1/instance/service-accounts/default/email"
-METADATA_TIMEOUT_S = 3.0
 LOGIN_ROLE = "roles/compute.osLogin"
 
 
@@ -98,7 +95,7 @@ class OsLogin:
             return self._project_metadata
 
     def _import(self, public_key: str) -> Login:
-        email = account(self.api.credentials)
+        email = account(self.api)
         base = f"{_base(OSLOGIN_ENDPOINT, GOOGLE_OSLOGIN)}v1/users/{quote(email, safe='@')}"
         project = f"projectId={quote(self.project)}"
         profile = self._call(f"reading the OS Login profile of {email} in", "OS Login", "GET",
@@ -138,39 +135,14 @@ class OsLogin:
         return f"{service} API error {error.code}: {error.message}"
 
 
-def account(credentials) -> str:
+def account(api: TpuApi) -> str:
     """The Google account podrun acts as, as gcloud finds it (see the module's docstring)."""
-    if email := gcloud_property(ACCOUNT):
-        return email
-    email = getattr(credentials, "service_account_email", None)
-    if email and email != "default":
-        return email
-    if email := _metadata_server_email(credentials):
+    if email := gcloud_property(ACCOUNT) or api.service_account():
         return email
     raise PodrunError(f"OS Login needs your Google account, and none was found: not in CLOUDSDK_CORE_ACCOUNT, "
                       f"not as core/account in the active gcloud configuration (in {config_dir()}), and the "
                       f"credentials in use are no service account's; run `gcloud config set account EMAIL` "
                       f"or export CLOUDSDK_CORE_ACCOUNT=EMAIL")
-
-
-def _metadata_server_email(credentials) -> str | None:
-    """The VM's service account, from the GCE metadata server: asked only on GCE (its credentials are
-    the VM's) or where GCE_METADATA_HOST names a server."""
-    from google.auth import compute_engine
-
-    host = os.environ.get("GCE_METADATA_HOST")
-    if not host and not isinstance(credentials, compute_engine.Credentials):
-        return None
-    import urllib3
-
-    try:
-        answer = urllib3.request("GET", f"http://{host or 'metadata.google.internal'}{METADATA_EMAIL}",
-                                 headers={"Metadata-Flavor": "Google"}, timeout=METADATA_TIMEOUT_S, retries=False)
-    except urllib3.exceptions.HTTPError:
-        return None
-    if answer.status != 200:
-        return None
-    return answer.data.decode().strip() or None
 
 
 def _base(setting: tuple[str, str], google: str) -> str:

@@ -281,24 +281,26 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
         host_keys = [future.result() if future else [] for future in published]
     if not tpu.internal_ip:
         _say_if_internal_only([node for node, _ in reached], tpu.label)
-    if fresh := [node.name for node, just_added in reached if just_added or just_created]:
-        say(f"your SSH key is new in the metadata of TPU VM {', '.join(fresh)}: its workers' guest agents install it "
-            f"within seconds; until then a refused login is retried, for up to {KEY_PROPAGATION_S}s")
-    user, key_path = _user_and_key(spec)
+    # OS Login's guest asks the API at each login: a key it took works at once, a refusal is final
     logins = {node.name: oslogin.login(node.metadata, key_line.partition(":")[2])
               for node, _ in reached if oslogin and key_line and oslogin.governs(node.metadata)}
+    installing = [node.name for node, just_added in reached if (just_added or just_created) and node.name not in logins]
+    if installing:
+        say(f"your SSH key is new in the metadata of TPU VM {', '.join(installing)}: its workers' guest agents "
+            f"install it within seconds; until then a refused login is retried, for up to {KEY_PROPAGATION_S}s")
+    user, key_path = _user_and_key(spec)
     if (login := next(iter(logins.values()), None)) and spec.ssh.user and spec.ssh.user != login.user:
         say(f"OS Login governs TPU VM {', '.join(logins)}: logging in as {login.user} ({login.account}), "
             f"not as ssh.user {spec.ssh.user}, as gcloud does")
     workers: list[Worker] = []
-    for slice_id, ((node, just_added), node_keys) in enumerate(zip(reached, host_keys)):
+    for slice_id, ((node, _), node_keys) in enumerate(zip(reached, host_keys)):
         login = logins.get(node.name)
         for in_slice, address in enumerate(node.workers):
             host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
             keys = node_keys[in_slice] if in_slice < len(node_keys) else ()
             transport = SshTransport(host, spec.ssh.port, login.user if login else user, str(key_path),
                                      spec.ssh.check_host_keys,
-                                     refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0,
+                                     refused_retry_s=KEY_PROPAGATION_S if node.name in installing else 0,
                                      host_key_alias=host_key_alias(node, in_slice, keys), host_keys=keys,
                                      known_hosts_file=spec.ssh.known_hosts, proxy_command=spec.ssh.proxy_command,
                                      refused_advice=login.refused_advice() if login else "")
