@@ -6,9 +6,9 @@ then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `superv
 
 What travels: the spec's fields, the exec flags, and from this machine's environment only what the
 job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
-endpoints (TPU, Compute, OS Login) podrun resolved here, and podrun's own settings. Never an access token, a key or a gcloud
-credential: HOST uses its own. Everything goes over the channel's stdin, never in a file or on a
-command line.
+endpoints (TPU, Compute, OS Login) podrun resolved here, and podrun's own settings. Never an access
+token, a key, a gcloud credential or account: HOST uses its own. Everything goes over the channel's
+stdin, never in a file or on a command line.
 """
 
 from __future__ import annotations
