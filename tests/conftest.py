@@ -419,7 +419,9 @@ def pytest_runtest_setup(item):
             pytest.skip(f"{facility}: {problem}")
 
 
-# the docker engine (tests/docker_lab.py) and the Slurm lab (tests/slurm_lab.py): their fixtures, registered
+# the docker engine (tests/docker_lab.py), the Slurm lab (tests/slurm_lab.py) and OS Login on the lab
+# (tests/oslogin_lab.py): their fixtures, registered
 # for every test module
 from docker_lab import docker, docker_engine  # noqa: E402, F401
+from oslogin_lab import os_login, os_login_on_lab  # noqa: E402, F401
 from slurm_lab import slurm_lab  # noqa: E402, F401

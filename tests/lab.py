@@ -2,12 +2,12 @@
 
 Each host is a network namespace on one bridge with its own address (10.99.0.10 for host 0, 200
 hosts per /24 of 10.99.0.0/20), its own sshd
-and its own home directory (sshd runs under `unshare -m` with a directory bound over /root), so a
-file shipped to one host is not on another. Each has its own hostname (`unshare -u`), which its own
-/etc/hosts maps to 127.0.0.1, as many cloud images do: the trap that makes gloo and NCCL advertise
-loopback (`hosts_file` holds it, for a test to change). Python and torch are shared, so real
-torchrun runs on every host and rendezvouses over real TCP. Needs root, iproute2, openssh-server
-and util-linux. Traffic only ever goes to these lab addresses.
+and its own home directory (sshd runs under `unshare -m` with a directory bound over /root, and
+one over /home for other users), so a file shipped to one host is not on another. Each has its own
+hostname (`unshare -u`), which its own /etc/hosts maps to 127.0.0.1, as many cloud images do: the
+trap that makes gloo and NCCL advertise loopback (`hosts_file` holds it, for a test to change).
+Python and torch are shared, so real torchrun runs on every host and rendezvouses over real TCP.
+Needs root, iproute2, openssh-server and util-linux. Traffic only ever goes to these lab addresses.
 
     with Lab(4, workdir) as lab:
         lab.hosts[0].ip, lab.client_key, lab.run(0, "ps -e")
@@ -76,6 +76,11 @@ class LabHost:
     sshd: subprocess.Popen | None = None
 
     @property
+    def homes(self) -> Path:
+        """What the host's processes see as /home: other users' homes (an OS Login user's), its own."""
+        return self.dir / "home"
+
+    @property
     def hostname(self) -> str:
         return f"podrun-lab{self.index}"
 
@@ -116,6 +121,7 @@ class StartStop:
 class Lab(StartStop):
     def __init__(self, count: int, workdir: Path):
         self.workdir = Path(workdir)
+        self.sshd_extra = ""  # sshd_config lines after SSHD_SETTINGS (set_sshd_extra)
         self.client_key = self.workdir / "client_ed25519"
         self.hosts = [LabHost(i, _address(NETWORK, i), _address(EXTERNAL_NETWORK, i), f"podrunlab{i}",
                               self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
@@ -142,8 +148,18 @@ class Lab(StartStop):
         self.authorize(host.index)
         host.hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=host.hostname))
         _make_host_key(host)
+        host.homes.mkdir()
         (host.dir / "sshd_config").write_text(sshd_config([host.ip, host.external_ip], host.dir))
         self.start_sshd(host.index)
+
+    def set_sshd_extra(self, lines: str) -> None:
+        """Every host's sshd takes `lines` of sshd_config too ("": none), from now on: each is restarted."""
+        self.sshd_extra = lines
+        for host in self.hosts:
+            (host.dir / "sshd_config").write_text(sshd_config([host.ip, host.external_ip], host.dir) + lines)
+            if host.sshd and host.sshd.poll() is None:
+                self.stop_sshd(host.index)
+                self.start_sshd(host.index)
 
     def renew_host_key(self, index: int) -> None:
         """Host `index` as a VM made again: its sshd (stopped first, if it runs) serves a host key made now."""
@@ -157,7 +173,8 @@ class Lab(StartStop):
         host = self.hosts[index]
         # this Python lives under /root (pyenv): keep it visible under the host's own /root
         mounts = [*python_under_root(host.home), f"echo {host.hostname} > /proc/sys/kernel/hostname",
-                  f"mount --bind {host.hosts_file} /etc/hosts", f"mount --rbind {host.home} /root"]
+                  f"mount --bind {host.hosts_file} /etc/hosts", f"mount --rbind {host.home} /root",
+                  f"mount --bind {host.homes} /home"]
         script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {host.dir}/sshd_config"])
         host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "-m", "-u", "sh", "-c", script],
                                      stdin=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))

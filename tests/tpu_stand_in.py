@@ -14,7 +14,10 @@ true: left out, it takes the API's default, false, as on Google); when too few a
 operation fails with RESOURCE_EXHAUSTED, as a zone out of capacity does. Hosts a node takes are new
 VMs: they come with sshd host keys of their own (`on_new_vm`), which `:getGuestAttributes`
 (namespace `hostkeys`) publishes, as a TPU VM's guest agent does. Like that agent too, the
-`ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
+`ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`), unless
+OS Login governs the node (`enable-oslogin` TRUE in its metadata, else in its project's,
+`project_metadata`, which compute's `projects.get` serves): then those keys count for nothing, and
+its hosts take keys only from the OS Login stand-in (tests/oslogin_stand_in.py).
 Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create. Who sent
 each request (its client address and bearer token) is kept too (`received`, `callers()`): served on the
 lab's bridge (`serve(BRIDGE_IP)`), a request from a lab host comes from that host's address.
@@ -177,6 +180,8 @@ class TpuStandIn:
         self.operations: dict[str, Operation] = {}
         self.exhausted_zones: set[str] = set()
         self.denied_projects: set[str] = set()  # projects where the API is not enabled
+        # each project's metadata (compute projects.get's commonInstanceMetadata): `enable-oslogin`, ...
+        self.project_metadata: dict[str, dict[str, str]] = {}
         self.quota_exhausted_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
         self.bodies: list[tuple[str, str, dict, dict]] = []  # (method, path, query, JSON body) as received
@@ -228,6 +233,11 @@ class TpuStandIn:
                 shutil.rmtree(home)
                 home.mkdir()
                 lab.authorize(endpoint.host_index)
+                for user_home in lab.hosts[endpoint.host_index].homes.iterdir():  # as pam_mkhomedir makes them
+                    owner = user_home.stat()
+                    shutil.rmtree(user_home)
+                    user_home.mkdir(0o700)
+                    os.chown(user_home, owner.st_uid, owner.st_gid)
             new_vm(endpoints)
 
         hosts = [lab.hosts[i] for i in capacity] if capacity is not None else lab.hosts
@@ -269,14 +279,8 @@ class TpuStandIn:
                         raise ApiError("UNAUTHENTICATED", INVALID_CREDENTIALS)
                     status, answer = 200, stand_in.handle(method, url.path, parse_qs(url.query), body)
                 except ApiError as error:
-                    code, status = CODES[error.status]
-                    answer = {"error": {"code": status, "message": error.message, "status": error.status}}
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    status, answer = error_body(error)
+                send_json(self, status, answer)
 
             def log_message(self, *args):
                 pass
@@ -686,20 +690,32 @@ class TpuStandIn:
 
     def _compute_project(self, project: str) -> dict:
         """Compute Engine's `projects.get` (compute/v1), which gcloud's `tpu-vm ssh` reads to see
-        whether OS Login is enabled in the project's metadata: here it is not."""
+        whether OS Login is enabled in the project's metadata (`project_metadata`)."""
         if project in self.denied_projects:
             raise ApiError("PERMISSION_DENIED", f"Compute Engine API has not been used in project {project} before "
                                                 f"or it is disabled.")
         return {"kind": "compute#project", "id": "4815162342", "name": project,
                 "creationTimestamp": "2026-01-05T09:00:00.000-08:00",
-                "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "c3RhbmQtaW4=", "items": []},
+                "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "c3RhbmQtaW4=",
+                                           "items": [{"key": key, "value": value} for key, value
+                                                     in self.project_metadata.get(project, {}).items()]},
                 "defaultServiceAccount": "4815162342-compute@developer.gserviceaccount.com",
                 "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS", "defaultNetworkTier": "PREMIUM",
                 "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}"}
 
+    def os_login(self, name: str) -> bool:
+        """Whether OS Login governs a node (its full name), as the guest decides: the node's own
+        `enable-oslogin` metadata, else its project's."""
+        node_metadata = self.nodes[name].get("metadata", {})
+        project = name.split("/")[1]
+        value = node_metadata.get("enable-oslogin", self.project_metadata.get(project, {}).get("enable-oslogin", ""))
+        return value.lower() == "true"
+
     def _apply_ssh_keys(self, name: str) -> None:
+        """The node's `ssh-keys` reach its hosts, unless OS Login governs it: then they count for nothing."""
         if name in self.node_endpoints:
-            self.on_ssh_keys(self.node_endpoints[name], self.nodes[name].get("metadata", {}).get("ssh-keys", ""))
+            ssh_keys = "" if self.os_login(name) else self.nodes[name].get("metadata", {}).get("ssh-keys", "")
+            self.on_ssh_keys(self.node_endpoints[name], ssh_keys)
 
     # --- long-running operations --------------------------------------------------------------
     def _start_operation(self, parent: str, target: str, verb: str, finish) -> dict:
@@ -731,6 +747,21 @@ class TpuStandIn:
             raise ApiError("NOT_FOUND", f"{kind} {name!r} not found" if kind == "Operation"
                            else f"Resource '{name}' was not found")
         return collection[name]
+
+
+def error_body(error: ApiError) -> tuple[int, dict]:
+    """Google's answer to a refused call: the HTTP status and the google.rpc.Status body."""
+    status = CODES[error.status][1]
+    return status, {"error": {"code": status, "message": error.message, "status": error.status}}
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, answer: dict) -> None:
+    data = json.dumps(answer).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json; charset=UTF-8")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 def _timestamp() -> str:

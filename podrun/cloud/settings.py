@@ -21,6 +21,9 @@ from podrun.errors import UsageError
 PROJECT = ("core", "project")
 ZONE = ("compute", "zone")
 TPU_ENDPOINT = ("api_endpoint_overrides", "tpu")
+COMPUTE_ENDPOINT = ("api_endpoint_overrides", "compute")  # project metadata: is OS Login on
+OSLOGIN_ENDPOINT = ("api_endpoint_overrides", "oslogin")
+ACCOUNT = ("core", "account")
 ACCESS_TOKEN_FILE = ("auth", "access_token_file")
 # podrun's own: how long one request to the API may go unanswered, and how long podrun waits for a
 # long-running operation (creating or deleting a TPU VM, updating its metadata) before it gives up

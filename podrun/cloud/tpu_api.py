@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 OPERATION_POLL_S = 0.5
+METADATA_HOST = "metadata.google.internal"
+METADATA_EMAIL = "/computeMetadata/v1/instance/service-accounts/default/email"
+METADATA_TIMEOUT_S = 3.0
 HTTP_PREFIX = re.compile(r"^(?:GET|POST|PATCH|PUT|DELETE) \S+: ")  # the REST client's prefix to Google's message
 API_DISABLED = re.compile(r"has not been used|is disabled|not enabled")
 
@@ -129,6 +132,24 @@ class TpuApi:
         self.token_file = gcloud_property(ACCESS_TOKEN_FILE)  # None: Application Default Credentials
         self.credentials = _credentials(self.token_file)
         self.client = None  # Google's generated client, made on first use
+
+    def service_account(self) -> str | None:
+        """The service account of the credentials in use: a key file's, or on GCE the VM's, from the
+        metadata server (asked only there, or where GCE_METADATA_HOST names one, as Google's libraries do)."""
+        from google.auth import compute_engine  # it loads requests: ~20 ms that only this question pays
+
+        email = getattr(self.credentials, "service_account_email", None)
+        if email and email != "default":
+            return email
+        host = os.environ.get("GCE_METADATA_HOST")
+        if not host and not isinstance(self.credentials, compute_engine.Credentials):
+            return None
+        try:
+            answer = urllib3.request("GET", f"http://{host or METADATA_HOST}{METADATA_EMAIL}",
+                                     headers={"Metadata-Flavor": "Google"}, timeout=METADATA_TIMEOUT_S, retries=False)
+        except urllib3.exceptions.HTTPError:
+            return None
+        return (answer.data.decode().strip() or None) if answer.status == 200 else None
 
     def get(self, name: str) -> TpuNode:
         with self._errors(f"reading TPU VM {name}", name):
@@ -284,10 +305,13 @@ class TpuApi:
         return self._request("GET", path)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One request to `path` in this location (a JSON body with it), through google.auth's urllib3
-        transport: the answer's JSON."""
+        """One request to `path` in this location (a JSON body with it): the answer's JSON."""
         base = self.endpoint or GOOGLE_ENDPOINT
-        url = f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}"
+        return self.call(method, f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}", body)
+
+    def call(self, method: str, url: str, body: dict | None = None) -> dict:
+        """One request to a Google API's `url` with these credentials (a JSON body with it), through
+        google.auth's urllib3 transport: the answer's JSON; ApiCallError, ApiUnreachable or ApiTimeout."""
         data = None if body is None else json.dumps(body)
         try:
             response = AuthorizedHttp(self.credentials).request(
@@ -351,9 +375,24 @@ class TpuApi:
     def _errors(self, doing: str, name: str | None = None, kind: str = "TPU VM") -> Iterator[None]:
         """Google's errors, as one line each that says what to do; `kind`: what `name` names."""
         try:
-            yield
+            with self.credential_errors(doing):
+                yield
         except ApiCallError as error:
             raise PodrunError(f"{doing}: {self._advice(error, name, kind)}") from None
+        except ApiUnreachable as error:
+            raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "
+                              f"({error})") from None
+        except ApiTimeout:
+            override = " or CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU" if self.endpoint else ""
+            raise PodrunError(f"no answer from the Cloud TPU API ({self.endpoint or GOOGLE_ENDPOINT}) after "
+                              f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
+                              f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
+
+    @contextlib.contextmanager
+    def credential_errors(self, doing: str) -> Iterator[None]:
+        """The credentials' own failures, whatever API was called, as one line each that says what to do."""
+        try:
+            yield
         except RefreshError as error:
             # a bare access token cannot be refreshed: google.auth tries when Google answers 401
             if self.token_file:
@@ -363,14 +402,12 @@ class TpuApi:
         except TransportError as error:  # refreshing the credentials, before the API is asked anything
             raise PodrunError(f"{doing}: cannot reach Google to refresh the credentials "
                               f"({type(error.__cause__ or error).__name__}); check the network") from None
-        except ApiUnreachable as error:
-            raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "
-                              f"({error})") from None
-        except ApiTimeout:
-            override = " or CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU" if self.endpoint else ""
-            raise PodrunError(f"no answer from the Cloud TPU API ({self.endpoint or GOOGLE_ENDPOINT}) after "
-                              f"{self.timeout_s:g}s while {doing} in {self.location.project}/{self.location.zone}; "
-                              f"check your network{override} (PODRUN_API_TIMEOUT sets the seconds to wait)") from None
+
+    def credentials_rejected(self, message: str) -> str:
+        """What to do when Google answered 401 (`message`) to these credentials."""
+        if self.token_file:
+            return self._token_rejected()
+        return f"Google rejected the credentials ({message}); run `gcloud auth application-default login`"
 
     def _token_rejected(self) -> str:
         return (f"Google rejected the access token in {self.token_file} (CLOUDSDK_AUTH_ACCESS_TOKEN_FILE): it has "
@@ -400,10 +437,8 @@ class TpuApi:
                     f"`gcloud services enable tpu.googleapis.com --project {project}`")
         if error.code == 403:
             return f"permission denied in {where} ({message}); your account needs a role such as roles/tpu.admin"
-        if error.code == 401 and self.token_file:
-            return self._token_rejected()
         if error.code == 401:
-            return f"Google rejected the credentials ({message}); run `gcloud auth application-default login`"
+            return self.credentials_rejected(message)
         if error.code == 400:
             return f"invalid request: {message}"
         return f"Cloud TPU API error {error.code}: {message}"

@@ -6,9 +6,9 @@ then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `superv
 
 What travels: the spec's fields, the exec flags, and from this machine's environment only what the
 job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
-endpoint podrun resolved here, and podrun's own settings. Never an access token, a key or a gcloud
-credential: HOST uses its own. Everything goes over the channel's stdin, never in a file or on a
-command line.
+endpoints (TPU, Compute, OS Login) podrun resolved here, and podrun's own settings. Never an access
+token, a key, a gcloud credential or account: HOST uses its own. Everything goes over the channel's
+stdin, never in a file or on a command line.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import signal
 import sys
 
 from podrun import exits, jobstore
-from podrun.cloud.settings import PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
+from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError, UsageError
 from podrun.output import say, say_success
@@ -40,7 +40,8 @@ from podrun.transport.ssh import SshTransport, host_transport
 SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
             "PODRUN_TPU_WATCH_INTERVAL", "PODRUN_RELAY_FANOUT", "PODRUN_ACCELERATOR_FILES", "PODRUN_SSH_HANDSHAKES",
             "PODRUN_SSH_CONNECT_RETRY")
-GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT)
+# which APIs to use; never the account, which is the host's own (as its credentials are)
+GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT)
 
 
 def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> int:

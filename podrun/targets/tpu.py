@@ -8,7 +8,8 @@ on their internal IPs. A TPU podrun creates asks for external IPs unless `intern
 gcloud does unless --internal-ips (the API's default is none); a node without them is named before
 podrun falls back to its internal IPs. Access works as gcloud's: the key ~/.ssh/google_compute_engine
 (made on first use) and the local user name, added to the node's `ssh-keys` metadata, which the TPU
-VM's guest agent installs on every worker.
+VM's guest agent installs on every worker; or, where OS Login governs the node (cloud/oslogin.py),
+that key imported into the account's OS Login profile and its POSIX user, with no `ssh-keys` written.
 
 Host keys too are gcloud's: each worker is known by gcloud's alias for it (HostKeyAlias
 `tpu.<node id>-<worker>[-<last 6 characters of its ed25519 key>]`, from command_lib/compute/tpus/
@@ -41,6 +42,7 @@ from podrun.targets.base import Target, Worker
 from podrun.targets.tpu_options import TpuOptions
 
 if TYPE_CHECKING:
+    from podrun.cloud.oslogin import OsLogin
     from podrun.cloud.request import TpuRequest
     from podrun.cloud.tpu_api import TpuApi, TpuNode
 
@@ -70,6 +72,7 @@ class TpuVm(Target):
         self.node_names = tpu.node_names  # one, or the slices in slice order
         self.nodes: list[TpuNode] = []  # empty while a TPU the spec declares does not exist (--dry-run)
         self._api: TpuApi | None = None
+        self._oslogin: OsLogin | None = None
 
     @property
     def api(self) -> TpuApi:
@@ -80,6 +83,16 @@ class TpuVm(Target):
         return self._api
 
     @property
+    def oslogin(self) -> OsLogin:
+        """OS Login in the TPU's project: kept for the target's life, so that a node made again after a
+        preemption finds the key imported already."""
+        if self._oslogin is None:
+            from podrun.cloud.oslogin import OsLogin
+
+            self._oslogin = OsLogin(self.api)
+        return self._oslogin
+
+    @property
     def multislice(self) -> bool:
         return len(self.node_names) > 1
 
@@ -88,7 +101,8 @@ class TpuVm(Target):
             if (existing := self._existing()) is None:
                 return self._workers_to_be()
             self._refuse_another_shape(existing)  # as exec would
-        self.nodes, workers = tpu_workers(self.spec, self.api, authorize=not dry_run, just_created=self.just_created)
+        self.nodes, workers = tpu_workers(self.spec, self.api, None if dry_run else self.oslogin,
+                                          just_created=self.just_created)
         return workers
 
     def worker_env(self, worker: Worker, workers: list[Worker]) -> dict[str, str]:
@@ -186,10 +200,12 @@ class TpuVm(Target):
 
     def _create(self) -> None:
         """Create the TPU with the user's key in its metadata, as `gcloud ... create --metadata
-        ssh-keys=...` does: its workers take it as they boot, with no metadata update after."""
+        ssh-keys=...` does: its workers take it as they boot, with no metadata update after. Not where
+        the project has OS Login on: there the key goes to OS Login when the workers are reached."""
         from podrun.cloud import capacity
 
-        capacity.obtain(self.api, self._request(ssh_keys=ssh_key_line(self.spec)), on_capacity=self._capacity_found)
+        ssh_keys = "" if self.oslogin.governs(None) else ssh_key_line(self.spec)
+        capacity.obtain(self.api, self._request(ssh_keys=ssh_keys), on_capacity=self._capacity_found)
         self.just_created = True
 
     def _capacity_found(self) -> None:
@@ -242,40 +258,52 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
-def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool = False
+def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_created: bool = False
                 ) -> tuple[list[TpuNode], list[Worker]]:
     """The nodes (one, or the slices in slice order) and their workers ready to connect to, slice by
-    slice, each in worker-id order. With `authorize`, the user's key is made if it does not exist
-    and added to each node's metadata where it is not there yet (not for --dry-run, which changes
-    nothing, here or on the node). Logins refused right after the key reached the metadata (just
-    now, or as the node was `just_created`) are retried while the workers install it. The workers'
-    published host keys are read too, except for --dry-run, which connects nowhere."""
+    slice, each in worker-id order. With `oslogin` (None for --dry-run, which changes nothing, here
+    or on the node), the user's key is made if it does not exist and authorized: in OS Login where it
+    governs a node (then its workers are logged into as the account's POSIX user), else added to the
+    node's metadata where it is not there yet. Logins refused right after the key reached the
+    metadata (just now, or as the node was `just_created`) are retried while the workers install it.
+    The workers' published host keys are read too, except for --dry-run, which connects nowhere."""
     from podrun.transport.ssh import SshTransport
 
     tpu: TpuOptions = spec.target.options
     names = tpu.node_names
+    authorize = oslogin is not None
     key_line = ssh_key_line(spec) if authorize else None
     # the slices' reads, key updates and host keys at once
     with ThreadPoolExecutor(max_workers=min(2 * len(names), 32)) as pool:
         published = [pool.submit(api.host_keys, name) if authorize and spec.ssh.check_host_keys else None
                      for name in names]
-        reached = list(pool.map(lambda name: _reach(api, name, key_line), names))
+        reached = list(pool.map(lambda name: _reach(api, name, key_line, oslogin), names))
         host_keys = [future.result() if future else [] for future in published]
     if not tpu.internal_ip:
         _say_if_internal_only([node for node, _ in reached], tpu.label)
-    if fresh := [node.name for node, just_added in reached if just_added or just_created]:
-        say(f"your SSH key is new in the metadata of TPU VM {', '.join(fresh)}: its workers' guest agents install it "
-            f"within seconds; until then a refused login is retried, for up to {KEY_PROPAGATION_S}s")
+    # OS Login's guest asks the API at each login: a key it took works at once, a refusal is final
+    logins = {node.name: oslogin.login(node.metadata, key_line.partition(":")[2])
+              for node, _ in reached if oslogin and key_line and oslogin.governs(node.metadata)}
+    installing = [node.name for node, just_added in reached if (just_added or just_created) and node.name not in logins]
+    if installing:
+        say(f"your SSH key is new in the metadata of TPU VM {', '.join(installing)}: its workers' guest agents "
+            f"install it within seconds; until then a refused login is retried, for up to {KEY_PROPAGATION_S}s")
     user, key_path = _user_and_key(spec)
+    if (login := next(iter(logins.values()), None)) and spec.ssh.user and spec.ssh.user != login.user:
+        say(f"OS Login governs TPU VM {', '.join(logins)}: logging in as {login.user} ({login.account}), "
+            f"not as ssh.user {spec.ssh.user}, as gcloud does")
     workers: list[Worker] = []
-    for slice_id, ((node, just_added), node_keys) in enumerate(zip(reached, host_keys)):
+    for slice_id, ((node, _), node_keys) in enumerate(zip(reached, host_keys)):
+        login = logins.get(node.name)
         for in_slice, address in enumerate(node.workers):
             host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
             keys = node_keys[in_slice] if in_slice < len(node_keys) else ()
-            transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
-                                     refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0,
+            transport = SshTransport(host, spec.ssh.port, login.user if login else user, str(key_path),
+                                     spec.ssh.check_host_keys,
+                                     refused_retry_s=KEY_PROPAGATION_S if node.name in installing else 0,
                                      host_key_alias=host_key_alias(node, in_slice, keys), host_keys=keys,
-                                     known_hosts_file=spec.ssh.known_hosts, proxy_command=spec.ssh.proxy_command)
+                                     known_hosts_file=spec.ssh.known_hosts, proxy_command=spec.ssh.proxy_command,
+                                     refused_advice=login.refused_advice() if login else "")
             workers.append(Worker(len(workers), host, address.internal_ip, transport,
                                   (slice_id, in_slice) if len(names) > 1 else None))
     return [node for node, _ in reached], workers
@@ -305,9 +333,9 @@ def _say_if_internal_only(nodes: list[TpuNode], label: str) -> None:
         f"(`podrun delete {label} {lacking[0].location.flags}`, then create it without --internal-ips)")
 
 
-def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]:
-    """The READY node with all its workers; with `key_line`, that key added to its metadata. Whether
-    it was added just now."""
+def _reach(api: TpuApi, name: str, key_line: str | None, oslogin: OsLogin | None) -> tuple[TpuNode, bool]:
+    """The READY node with all its workers; with `key_line`, that key added to its metadata unless
+    OS Login governs the node. Whether it was added just now."""
     from podrun.cloud.capacity import PREEMPTED_NODE_STATES
 
     node = api.get(name)
@@ -322,6 +350,8 @@ def _reach(api: TpuApi, name: str, key_line: str | None) -> tuple[TpuNode, bool]
         raise PodrunError(f"TPU VM {name} ({node.accelerator_type}) reports {len(node.workers)} of its "
                           f"{expected} workers; it may still be repairing; try again, or recreate it")
     if key_line is None or _has_key(node.metadata.get("ssh-keys", ""), key_line):
+        return node, False
+    if oslogin and oslogin.governs(node.metadata):
         return node, False
     keys = node.metadata.get("ssh-keys", "").rstrip("\n")
     api.set_metadata(node, {**node.metadata, "ssh-keys": f"{keys}\n{key_line}".lstrip("\n")})

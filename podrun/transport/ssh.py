@@ -142,7 +142,7 @@ class SshTransport(Transport):
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
                  host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None,
-                 proxy_command: str | None = None):
+                 proxy_command: str | None = None, refused_advice: str = ""):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
         self.check_host_keys = check_host_keys
@@ -152,6 +152,7 @@ class SshTransport(Transport):
         self.known_hosts_file = known_hosts_file  # the spec's ssh.known_hosts, read with ~/.ssh/known_hosts
         # OpenSSH's ProxyCommand: its stdin and stdout carry the connection (%h, %p, %r, %% as OpenSSH expands them)
         self.proxy_command = proxy_command
+        self.refused_advice = refused_advice  # why the key may be refused and what to do (OS Login's roles)
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
         self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
@@ -195,7 +196,8 @@ class SshTransport(Transport):
             raise PodrunError(self._key_refused(users)) from None
         except asyncssh.PermissionDenied:
             raise PodrunError(f"{self.label}: key refused for user {self.user or 'default'} "
-                              f"(identity file: {self.identity_file or 'ssh defaults'})") from None
+                              f"(identity file: {self.identity_file or 'ssh defaults'})"
+                              + (f"; {self.refused_advice}" if self.refused_advice else "")) from None
         except (asyncio.TimeoutError, TimeoutError):
             raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s "
                               f"(host down or unreachable?)") from None
@@ -247,7 +249,8 @@ class SshTransport(Transport):
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
                 "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys),
-                "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command}
+                "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command,
+                "refused_advice": self.refused_advice}
 
     def _expanded(self, command: str) -> str:
         """OpenSSH's tokens in a ProxyCommand: %h the host, %p the port, %r the user, %% a percent sign."""
@@ -369,7 +372,7 @@ def from_endpoint(endpoint: dict) -> SshTransport:
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
                         endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
                         host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"),
-                        proxy_command=endpoint.get("proxy_command"))
+                        proxy_command=endpoint.get("proxy_command"), refused_advice=endpoint.get("refused_advice", ""))
 
 
 def host_transport(ssh: SshOptions, user: str | None, host: str, port: int | None) -> SshTransport:
