@@ -142,7 +142,7 @@ class SshTransport(Transport):
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
                  host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None,
-                 proxy_command: str | None = None):
+                 proxy_command: str | None = None, unreachable_hint: str | None = None):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
         self.check_host_keys = check_host_keys
@@ -152,6 +152,7 @@ class SshTransport(Transport):
         self.known_hosts_file = known_hosts_file  # the spec's ssh.known_hosts, read with ~/.ssh/known_hosts
         # OpenSSH's ProxyCommand: its stdin and stdout carry the connection (%h, %p, %r, %% as OpenSSH expands them)
         self.proxy_command = proxy_command
+        self.unreachable_hint = unreachable_hint  # added where the host cannot be reached: the ways in (TPU internal IPs)
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
         self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
@@ -198,12 +199,15 @@ class SshTransport(Transport):
                               f"(identity file: {self.identity_file or 'ssh defaults'})") from None
         except (asyncio.TimeoutError, TimeoutError):
             raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s "
-                              f"(host down or unreachable?)") from None
+                              f"(host down or unreachable?){self._hint()}") from None
         except (OSError, asyncssh.Error) as error:
-            raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}") from None
+            raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}{self._hint()}") from None
         host_key = self.connection.get_server_host_key()
         if self.check_host_keys and not known and host_key is not None:
             known_hosts.remember(self.known_as, [host_key.export_public_key().decode().strip()])
+
+    def _hint(self) -> str:
+        return f"; {self.unreachable_hint}" if self.unreachable_hint else ""
 
     def _key_refused(self, users: list[known_hosts.KnownLine]) -> str:
         """Why the host's key was refused, and what to do: one line."""
@@ -247,7 +251,8 @@ class SshTransport(Transport):
         return {"kind": "ssh", "host": self.host, "port": self.port, "user": self.user,
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
                 "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys),
-                "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command}
+                "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command,
+                "unreachable_hint": self.unreachable_hint}
 
     def _expanded(self, command: str) -> str:
         """OpenSSH's tokens in a ProxyCommand: %h the host, %p the port, %r the user, %% a percent sign."""
@@ -369,7 +374,7 @@ def from_endpoint(endpoint: dict) -> SshTransport:
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
                         endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
                         host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"),
-                        proxy_command=endpoint.get("proxy_command"))
+                        proxy_command=endpoint.get("proxy_command"), unreachable_hint=endpoint.get("unreachable_hint"))
 
 
 def host_transport(ssh: SshOptions, user: str | None, host: str, port: int | None) -> SshTransport:
