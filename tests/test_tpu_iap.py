@@ -90,6 +90,17 @@ def instance_names(tpu_api, name: str) -> list[str]:
     return [instance_name(node_json(tpu_api, name)["id"], worker) for worker in (0, 1)]
 
 
+def test_the_flag_goes_with_a_tpu_target_only_in_one_line(home, job_file):
+    on_hosts = job_file("target: {hosts: [10.99.0.10]}\nrun: echo hi\n")
+    with_spec = podrun("exec", on_hosts, "--tunnel-through-iap", "--dry-run")
+    assert with_spec.returncode == 2
+    assert stderr_lines_without_traceback(with_spec.stderr) == [
+        f"podrun: error: --tunnel-through-iap: goes with a tpu target, and {on_hosts} names a hosts target"]
+    adhoc = podrun("ssh", "--hosts", "10.99.0.10", "--tunnel-through-iap")
+    assert adhoc.returncode == 2
+    assert stderr_lines_without_traceback(adhoc.stderr) == ["podrun: error: --tunnel-through-iap: goes with --tpu"]
+
+
 def test_a_tpu_with_internal_ips_only_runs_through_iap_on_every_worker_and_so_do_ssh_cp_logs_and_stop(
         home, tpu_api, lab, job_file, iap, tmp_path):
     create("inside", "v4-16", "--internal-ips")

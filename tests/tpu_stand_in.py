@@ -13,8 +13,15 @@ Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `n
 true: left out, it takes the API's default, false, as on Google); when too few are free, its create
 operation fails with RESOURCE_EXHAUSTED, as a zone out of capacity does. Hosts a node takes are new
 VMs: they come with sshd host keys of their own (`on_new_vm`), which `:getGuestAttributes`
-(namespace `hostkeys`) publishes, as a TPU VM's guest agent does. Like that agent too, the
-`ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`).
+(namespace `hostkeys`) publishes, as a TPU VM's guest agent does, with each worker's Compute Engine
+instance name (key `hostname`, `t1v-n-<8 hex>-w-<worker>`), which Compute Engine's `instances.get`
+(`/compute/v1/projects/P/zones/Z/instances/NAME`) resolves to its nic0 address, as IAP resolves a
+tunnel's instance (tests/gcloud_iap_stand_in.py asks it). In a project of `external_ips_denied_projects`
+(the organization policy constraints/compute.vmExternalIpAccess allowing no VM an external IP), a node
+that asks for external IPs is refused as its VMs are made, with Compute Engine's words: its create
+operation fails FAILED_PRECONDITION and the node is gone; a queued resource goes FAILED with that error.
+Like a TPU VM's guest agent too, the `ssh-keys` metadata of a node is written to its hosts'
+authorized_keys (see `on_ssh_keys`).
 Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create. Who sent
 each request (its client address and bearer token) is kept too (`received`, `callers()`): served on the
 lab's bridge (`serve(BRIDGE_IP)`), a request from a lab host comes from that host's address.
