@@ -101,7 +101,7 @@ def test_the_flag_goes_with_a_tpu_target_only_in_one_line(home, job_file):
     assert stderr_lines_without_traceback(adhoc.stderr) == ["podrun: error: --tunnel-through-iap: goes with --tpu"]
 
 
-def test_a_tpu_with_internal_ips_only_runs_through_iap_on_every_worker_and_so_do_ssh_cp_logs_and_stop(
+def test_a_tpu_with_internal_ips_only_runs_through_iap_on_every_worker_and_so_do_ssh_cp_logs_stacks_stop(
         home, tpu_api, lab, job_file, iap, tmp_path):
     create("inside", "v4-16", "--internal-ips")
     spec = spec_on(job_file, "name: inside, iap: true", "echo from $(hostname) as worker $PODRUN_WORKER")
@@ -137,11 +137,14 @@ def test_a_tpu_with_internal_ips_only_runs_through_iap_on_every_worker_and_so_do
         before = len(iap.tunnels())
         follower = Background("logs", job_id, "--follow")
         follower.wait_for(r"started on 1")
+        stacks = podrun("stacks", job_id)
+        assert stacks.returncode == 0, stacks.stderr
+        assert "sleep" in stacks.stdout
         stopped = podrun("stop", job_id)
         assert stopped.returncode == 0, stopped.stderr
         assert follower.finish() == 143, follower.text
         assert processes_of_job(job_id) == []
-        assert len(iap.tunnels()) >= before + 4  # the follower's and stop's connections to both workers
+        assert len(iap.tunnels()) >= before + 6  # the follower's, stacks' and stop's connections to both workers
 
 
 def test_iap_without_gcloud_on_path_is_one_line(home, tpu_api, lab, job_file):
