@@ -40,9 +40,23 @@ class TargetFlags:
         return any(self.values[declared.flag.dest] is not None for declared in registry.kinds())
 
     def refuse_with_a_spec(self, spec_path: str) -> None:
-        named = [f"--{dest.replace('_', '-')}" for dest, value in self.values.items() if value is not None]
+        for_specs = {flag.dest for declared in registry.kinds() for flag in declared.extra_flags if flag.spec_field}
+        named = [f"--{dest.replace('_', '-')}" for dest, value in self.values.items()
+                 if value is not None and dest not in for_specs]
         if named:
             raise UsageError(f"{spec_path}: a spec names its own target; drop {', '.join(named)} or the spec")
+
+    def applied_to(self, spec: JobSpec, spec_path: str) -> JobSpec:
+        """The spec with what its kind's flags set in a spec too (`--tunnel-through-iap`: target.tpu.iap)."""
+        for declared in registry.kinds():
+            for flag in declared.extra_flags:
+                if flag.spec_field is None or self.values[flag.dest] is None:
+                    continue
+                if spec.target.kind != declared.name:
+                    raise UsageError(f"{flag.name}: goes with a {declared.name} target, and {spec_path} names a "
+                                     f"{spec.target.kind} target")
+                setattr(spec.target.options, flag.spec_field, self.values[flag.dest])
+        return spec
 
     def target(self) -> dict:
         """The spec's `target` and `ssh` fields."""
@@ -96,7 +110,7 @@ def job_spec(spec_path: str | None, flags: TargetFlags, command: list[str], work
             raise UsageError(f"{spec_path}: the spec says what runs; `-- CMD` goes with {target_flags_text()}")
         if workdir is not None:
             raise UsageError(f"--workdir: goes with {target_flags_text()} (a spec has workdir:)")
-        return load_spec(spec_path)
+        return flags.applied_to(load_spec(spec_path), spec_path)
     if not flags.given:
         raise UsageError(f"expected a job spec (JOB.yaml), or a target ({target_flags_text()}) and -- CMD")
     if not command:
@@ -111,7 +125,7 @@ def target_spec(spec_path: str | None, flags: TargetFlags) -> JobSpec:
     """Where `ssh` and `cp` go: the spec file's target, or the one the flags name."""
     if spec_path is not None:
         flags.refuse_with_a_spec(spec_path)
-        return load_spec(spec_path)
+        return flags.applied_to(load_spec(spec_path), spec_path)
     if not flags.given:
         raise UsageError(f"expected a job spec (JOB.yaml) or a target: {target_flags_text()}")
     return _validated({"name": ADHOC_NAME, "run": "true", **flags.target()})

@@ -54,6 +54,19 @@ def ps_on_every_host(lab, job_id: str) -> list[str]:
     return found
 
 
+@contextlib.contextmanager
+def packets_dropped(match: str, table: str = "podrun_lab_cut"):
+    """Every packet this machine sends that `match` (an nft rule's match, e.g. `ip daddr 10.99.0.10 tcp
+    dport 22`) dropped until the block ends; the lab hosts' own packets, in their namespaces, go on."""
+    subprocess.run(["nft", "add", "table", "ip", table], check=True)
+    try:
+        subprocess.run(["nft", f"add chain ip {table} out {{ type filter hook output priority 0; }}"], check=True)
+        subprocess.run(["nft", f"add rule ip {table} out {match} drop"], check=True)
+        yield
+    finally:
+        subprocess.run(["nft", "delete", "table", "ip", table], check=True)
+
+
 def bridge_sent_bytes() -> int:
     """Bytes this machine (the launcher's side) sent into the lab's bridge; traffic between lab
     hosts crosses the bridge without passing this machine's network stack."""

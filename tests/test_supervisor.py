@@ -31,7 +31,7 @@ from conftest import (
     processes_of_job,
     wait_until,
 )
-from helpers import left_in_api, lifecycle_spec, podrun_on_this_machine
+from helpers import left_in_api, lifecycle_spec, packets_dropped, podrun_on_this_machine
 
 # --- the lab itself: what the tests below stand on
 
@@ -241,14 +241,8 @@ def cut_off(lab, supervisor, how: str):
         finally:
             lab.start_sshd(SUPERVISOR_HOST)
         return
-    table = "podrun_lab_cut"
-    subprocess.run(["nft", "add", "table", "ip", table], check=True)
-    try:
-        subprocess.run(["nft", f"add chain ip {table} out {{ type filter hook output priority 0; }}"], check=True)
-        subprocess.run(["nft", f"add rule ip {table} out ip daddr {supervisor.ip} tcp dport 22 drop"], check=True)
+    with packets_dropped(f"ip daddr {supervisor.ip} tcp dport 22"):
         yield
-    finally:
-        subprocess.run(["nft", "delete", "table", "ip", table], check=True)
 
 
 @pytest.mark.slow

@@ -93,9 +93,10 @@ def test_a_node_without_external_ips_is_named_in_one_line_before_podrun_connects
     named = [index for index, line in enumerate(lines) if "no external IPs" in line]
     assert lines[named[0]] == (
         f"podrun: TPU VM inside has no external IPs: connecting to internal IPs {lab.hosts[0].ip}, {lab.hosts[1].ip}, "
-        f"which only a machine in its VPC network reaches; from there, set target.tpu.internal_ip: true, else make "
-        f"it again with external IPs (`podrun delete inside --zone us-central2-b --project podrun-test`, then "
-        f"create it without --internal-ips)")
+        f"which only a machine in its VPC network (or on a VPN to it) reaches; from there, set target.tpu.internal_ip: "
+        f"true; from elsewhere, go through IAP (target.tpu.iap: true, or --tunnel-through-iap) or a bastion "
+        f"(ssh.proxy_jump or ssh.proxy_command), or run podrun on a host inside the VPC (a supervisor host there, or "
+        f"over a VPN)")
     assert len(named) == 1 and named[0] < next(i for i, line in enumerate(lines) if "──" in line)
 
     from_inside = podrun("exec", spec_on(job_file, "name: inside, internal_ip: true", "echo inside"))

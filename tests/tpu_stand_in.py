@@ -13,11 +13,17 @@ Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `n
 true: left out, it takes the API's default, false, as on Google); when too few are free, its create
 operation fails with RESOURCE_EXHAUSTED, as a zone out of capacity does. Hosts a node takes are new
 VMs: they come with sshd host keys of their own (`on_new_vm`), which `:getGuestAttributes`
-(namespace `hostkeys`) publishes, as a TPU VM's guest agent does. Like that agent too, the
-`ssh-keys` metadata of a node is written to its hosts' authorized_keys (see `on_ssh_keys`), unless
-OS Login governs the node (`enable-oslogin` TRUE in its metadata, else in its project's,
-`project_metadata`, which compute's `projects.get` serves): then those keys count for nothing, and
-its hosts take keys only from the OS Login stand-in (tests/oslogin_stand_in.py).
+(namespace `hostkeys`) publishes, as a TPU VM's guest agent does, with each worker's Compute Engine
+instance name (key `hostname`, `t1v-n-<8 hex>-w-<worker>`), which Compute Engine's `instances.get`
+(`/compute/v1/projects/P/zones/Z/instances/NAME`) resolves to its nic0 address, as IAP resolves a
+tunnel's instance (tests/gcloud_iap_stand_in.py asks it). In a project of `external_ips_denied_projects`
+(the organization policy constraints/compute.vmExternalIpAccess allowing no VM an external IP), a node
+that asks for external IPs is refused as its VMs are made, with Compute Engine's words: its create
+operation fails FAILED_PRECONDITION and the node is gone; a queued resource goes FAILED with that error.
+Like a TPU VM's guest agent too, the `ssh-keys` metadata of a node is written to its hosts'
+authorized_keys (see `on_ssh_keys`), unless OS Login governs the node (`enable-oslogin` TRUE in its
+metadata, else in its project's, `project_metadata`, which compute's `projects.get` serves): then those
+keys count for nothing, and its hosts take keys only from the OS Login stand-in (tests/oslogin_stand_in.py).
 Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create. Who sent
 each request (its client address and bearer token) is kept too (`received`, `callers()`): served on the
 lab's bridge (`serve(BRIDGE_IP)`), a request from a lab host comes from that host's address.
@@ -70,6 +76,7 @@ EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 QUEUED_RESOURCE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 NODE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+PROJECT_NUMBER = "4815162342"  # every project's number here (Compute Engine's projects.get `id`)
 # the zone's acceleratorTypes and how many hosts (workers) each has
 ACCELERATOR_HOSTS = {
     **{f"v2-{cores}": cores // 8 for cores in (8, 32, 128, 256, 512)},
@@ -183,6 +190,8 @@ class TpuStandIn:
         # each project's metadata (compute projects.get's commonInstanceMetadata): `enable-oslogin`, ...
         self.project_metadata: dict[str, dict[str, str]] = {}
         self.quota_exhausted_projects: set[str] = set()
+        # projects whose organization policy constraints/compute.vmExternalIpAccess allows no VM an external IP
+        self.external_ips_denied_projects: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
         self.bodies: list[tuple[str, str, dict, dict]] = []  # (method, path, query, JSON body) as received
         self.received: list[Received] = []  # every request, answered or refused, with who sent it
@@ -390,6 +399,10 @@ class TpuStandIn:
                 if method != "GET":
                     raise ApiError("NOT_FOUND", f"{method} {path} not found")
                 return self._compute_project(compute[1])
+            if instance := re.fullmatch(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)", path):
+                if method != "GET":
+                    raise ApiError("NOT_FOUND", f"{method} {path} not found")
+                return self._compute_instance(*instance.groups())
             match = re.fullmatch(r"/v2/(projects/([^/]+)/locations/([^/]+))/(nodes|operations|queuedResources)"
                                  r"(?:/([^/:]+))?(:\w+)?", path)
             if not match:
@@ -442,6 +455,9 @@ class TpuStandIn:
         def finish() -> dict | ApiError:
             if name not in self.nodes:  # deleted while it was being created
                 return {"@type": NODE_TYPE, **node}
+            if refusal := self._external_ips_refused(parent, zone, node["id"], node["networkConfig"]):
+                del self.nodes[name]
+                return refusal
             if zone in self.exhausted_zones or len(self.free) < hosts:
                 del self.nodes[name]
                 return ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone \"{zone}\"; you can "
@@ -659,8 +675,13 @@ class TpuStandIn:
                 if (now < self.capacity_withheld_until or now < queued.not_before or queued.zone in self.exhausted_zones
                         or len(self.free) < queued.hosts):
                     continue
-                self._set_state(queued, "PROVISIONING", "USER")
                 parent = name.rsplit("/queuedResources/", 1)[0]
+                refusals = [self._external_ips_refused(parent, queued.zone, str(next(self.ids) + 4_000_000_000_000_000_000),
+                                                       body.get("networkConfig") or {}) for _, body in queued.specs]
+                if refusal := next(filter(None, refusals), None):
+                    self._set_state(queued, "FAILED", "SERVICE", refusal)
+                    continue
+                self._set_state(queued, "PROVISIONING", "USER")
                 scheduling = {**({"spot": True} if "spot" in queued.resource else {}),
                               **({"reserved": True} if queued.resource.get("reservationName") else {})}
                 for node_name, body in queued.specs:
@@ -678,15 +699,45 @@ class TpuStandIn:
     def _guest_attributes(self, name: str, worker_ids: list[str]) -> dict:
         """What each worker's guest agent published (those of `worker_ids`, else all); gcloud's
         `tpu-vm ssh` reads the `hostkeys`, podrun too."""
-        def items(endpoint: LabEndpoint) -> list[dict]:
-            if not endpoint.host_key or not self.publishes_host_keys:
-                return []
-            key_type, key = endpoint.host_key.split()[:2]
-            return [{"namespace": "hostkeys", "key": key_type, "value": key}]
+        node_id = self.nodes[name]["id"]
 
-        return {"guestAttributes": [{"queryPath": "", "workerId": str(worker), "queryValue": {"items": items(endpoint)}}
+        def items(worker: int, endpoint: LabEndpoint) -> list[dict]:
+            if not self.publishes_host_keys:
+                return []
+            hostname = [{"namespace": "", "key": "hostname", "value": instance_name(node_id, worker)}]
+            if not endpoint.host_key:
+                return hostname
+            key_type, key = endpoint.host_key.split()[:2]
+            return [{"namespace": "hostkeys", "key": key_type, "value": key}, *hostname]
+
+        return {"guestAttributes": [{"queryPath": "", "workerId": str(worker),
+                                     "queryValue": {"items": items(worker, endpoint)}}
                                     for worker, endpoint in enumerate(self.node_endpoints.get(name, []))
                                     if not worker_ids or str(worker) in worker_ids]}
+
+    def _external_ips_refused(self, parent: str, zone: str, node_id: str, network: dict) -> ApiError | None:
+        """Google's refusal of a VM with external IPs in a project under constraints/compute.vmExternalIpAccess
+        (Compute Engine's 412 conditionNotMet, FAILED_PRECONDITION in the operation), naming worker 0's
+        instance as Compute Engine does; None where the policy allows it."""
+        project = parent.split("/")[1]
+        if not network.get("enableExternalIps") or project not in self.external_ips_denied_projects:
+            return None
+        return ApiError("FAILED_PRECONDITION", f"Constraint constraints/compute.vmExternalIpAccess violated for project "
+                                               f"{PROJECT_NUMBER}. Add instance projects/{project}/zones/{zone}/instances/"
+                                               f"{instance_name(node_id, 0)} to the constraint to use external IP with it.")
+
+    def _compute_instance(self, project: str, zone: str, instance: str) -> dict:
+        """Compute Engine's `instances.get` of a TPU worker's VM (its instance name, as its guest attributes
+        publish it): what IAP resolves a tunnel's instance to, its nic0 address."""
+        for name, endpoints in self.node_endpoints.items():
+            node = self.nodes[name]
+            if name.startswith(f"projects/{project}/locations/{zone}/nodes/") and node["state"] == "READY":
+                for worker, endpoint in enumerate(endpoints):
+                    if instance_name(node["id"], worker) == instance and endpoint not in self.vanished:
+                        return {"kind": "compute#instance", "name": instance, "status": "RUNNING",
+                                "zone": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
+                                "networkInterfaces": [{"name": "nic0", "networkIP": endpoint.internal_ip}]}
+        raise ApiError("NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/instances/{instance}' was not found")
 
     def _compute_project(self, project: str) -> dict:
         """Compute Engine's `projects.get` (compute/v1), which gcloud's `tpu-vm ssh` reads to see
@@ -694,7 +745,7 @@ class TpuStandIn:
         if project in self.denied_projects:
             raise ApiError("PERMISSION_DENIED", f"Compute Engine API has not been used in project {project} before "
                                                 f"or it is disabled.")
-        return {"kind": "compute#project", "id": "4815162342", "name": project,
+        return {"kind": "compute#project", "id": PROJECT_NUMBER, "name": project,
                 "creationTimestamp": "2026-01-05T09:00:00.000-08:00",
                 "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "c3RhbmQtaW4=",
                                            "items": [{"key": key, "value": value} for key, value
@@ -762,6 +813,11 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, answer: dict) -> Non
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+def instance_name(node_id: str, worker: int) -> str:
+    """The Compute Engine instance a TPU worker is, named as Google names them: t1v-n-<8 hex digits>-w-<worker>."""
+    return f"t1v-n-{int(node_id) % 16 ** 8:08x}-w-{worker}"
 
 
 def _timestamp() -> str:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from podrun import interrupts
+from podrun.cloud.no_external_ips import ExternalIpsRefused, external_ips_refused, refuses_external_ips
 from podrun.cloud.request import duration_text
 from podrun.cloud.settings import WAIT_TIMEOUT
 from podrun.errors import PodrunError, WaitTimedOut
@@ -78,7 +79,7 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
                 f"billing")
             release(api, request.name)
             raise
-        except RequestFailed:
+        except (RequestFailed, ExternalIpsRefused):
             release(api, request.name, quiet=True)
             raise
         except WaitTimedOut:
@@ -117,6 +118,8 @@ def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: 
         queued = api.get_queued(name)
         if queued is None:
             raise PodrunError(f"queued resource {name} was deleted while podrun waited for it")
+        if queued.state == "FAILED" and refuses_external_ips(queued.error):
+            raise external_ips_refused(f"queued resource {name} FAILED", api.location.project)
         if queued.state == "FAILED":
             raise RequestFailed(f"queued resource {name} FAILED: {queued.error or 'Google gave no reason'}; podrun "
                               f"deleted the request")

@@ -32,6 +32,7 @@ from google.auth.exceptions import DefaultCredentialsError, RefreshError, Transp
 from google.auth.transport.urllib3 import AuthorizedHttp
 from google.oauth2.credentials import Credentials
 
+from podrun.cloud import no_external_ips
 from podrun.cloud.settings import (
     ACCESS_TOKEN_FILE,
     API_TIMEOUT,
@@ -95,6 +96,14 @@ class TpuNode:
     @property
     def full_name(self) -> str:
         return f"{self.location.parent}/nodes/{self.name}"
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a TPU worker's guest agent published about its VM (the node's guest attributes)."""
+
+    host_keys: tuple[str, ...] = ()  # its sshd's keys, "ssh-ed25519 AAAA..."
+    instance: str | None = None  # its Compute Engine instance's name (t1v-n-...-w-0), which IAP tunnels to
 
 
 @dataclass(frozen=True)
@@ -209,25 +218,27 @@ class TpuApi:
                                                            force=True), timeout=self.timeout_s)
         return Pending(operation.operation.name, doing, name)
 
-    def host_keys(self, name: str) -> list[tuple[str, ...]]:
-        """Each worker's SSH host keys ("ssh-ed25519 AAAA..."), in worker order, as its guest agent
-        published them (guest attributes, namespace `hostkeys`); none for a worker, or for all when
-        Google refuses to say (as gcloud's `tpu-vm ssh`, podrun then goes on without them)."""
-        with self._errors(f"reading the host keys of TPU VM {name}", name):
+    def guest_attributes(self, name: str) -> list[Published]:
+        """What each worker's guest agent published, in worker order (guest attributes): its SSH host
+        keys ("ssh-ed25519 AAAA...", namespace `hostkeys`) and its VM's instance name (key `hostname`,
+        which gcloud's `tpu-vm ssh --tunnel-through-iap` reads in any namespace); nothing for a worker,
+        or for all when Google refuses to say (as gcloud's `tpu-vm ssh`, podrun then goes on without them)."""
+        with self._errors(f"reading the guest attributes of TPU VM {name}", name):
             try:
                 # gcloud's body: workerIds [""] (every worker)
                 answer = self._request("POST", f"nodes/{name}:getGuestAttributes", {"workerIds": [""]})
             except ApiCallError:
                 return []
-        published = answer.get("guestAttributes", [])
-        keys: list[tuple[str, ...]] = []
-        for position, worker in enumerate(published):
+        workers: list[Published] = []
+        for position, worker in enumerate(answer.get("guestAttributes", [])):
             index = int(worker.get("workerId") or position)
-            keys += [()] * (index + 1 - len(keys))
+            workers += [Published()] * (index + 1 - len(workers))
             items = worker.get("queryValue", {}).get("items", [])
-            keys[index] = tuple(f"{item['key']} {item['value']}" for item in items if item.get("namespace") == "hostkeys"
-                                and item.get("key", "").startswith(("ssh-", "ecdsa-")))
-        return keys
+            keys = tuple(f"{item['key']} {item['value']}" for item in items if item.get("namespace") == "hostkeys"
+                         and item.get("key", "").startswith(("ssh-", "ecdsa-")))
+            workers[index] = Published(keys, next((item.get("value") for item in items if item.get("key") == "hostname"),
+                                                  None))
+        return workers
 
     def state(self, name: str) -> str:
         """The node's state, or `gone` once it no longer exists."""
@@ -378,6 +389,8 @@ class TpuApi:
             with self.credential_errors(doing):
                 yield
         except ApiCallError as error:
+            if no_external_ips.refuses_external_ips(error.message):
+                raise no_external_ips.external_ips_refused(doing, self.location.project) from None
             raise PodrunError(f"{doing}: {self._advice(error, name, kind)}") from None
         except ApiUnreachable as error:
             raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "

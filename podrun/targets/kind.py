@@ -16,16 +16,21 @@ class AdhocFlag:
     """A command-line flag of `exec`, `ssh` and `cp` (argparse's add_argument, with its dest from the name)."""
 
     name: str  # "--slurm"
-    metavar: str
+    metavar: str  # "": a switch, which takes no value (True when given)
     help: str
     type: Callable[[str], Any] | None = None
+    # the kind's option it sets, with a spec too (`exec job.yaml --tunnel-through-iap`); None: ad-hoc targets only
+    spec_field: str | None = None
 
     @property
     def dest(self) -> str:
         return self.name.removeprefix("--").replace("-", "_")
 
     def add_to(self, group: argparse._ArgumentGroup) -> None:
-        group.add_argument(self.name, metavar=self.metavar, help=self.help, type=self.type or str)
+        if not self.metavar:
+            group.add_argument(self.name, action="store_const", const=True, help=self.help)
+        else:
+            group.add_argument(self.name, metavar=self.metavar, help=self.help, type=self.type or str)
 
 
 def whole_number(text: str) -> int:

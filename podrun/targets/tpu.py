@@ -6,10 +6,14 @@ Workers come in the order of the node's `networkEndpoints` (that order is the TP
 internal IP with `internal_ip: true` (from a VM in the same network); the workers reach each other
 on their internal IPs. A TPU podrun creates asks for external IPs unless `internal_ip: true`, as
 gcloud does unless --internal-ips (the API's default is none); a node without them is named before
-podrun falls back to its internal IPs. Access works as gcloud's: the key ~/.ssh/google_compute_engine
-(made on first use) and the local user name, added to the node's `ssh-keys` metadata, which the TPU
-VM's guest agent installs on every worker; or, where OS Login governs the node (cloud/oslogin.py),
-that key imported into the account's OS Login profile and its POSIX user, with no `ssh-keys` written.
+podrun falls back to its internal IPs. A spec may name the way to the workers instead: through IAP
+(`iap: true`: each worker through `gcloud compute start-iap-tunnel`, to the instance name its guest
+agent published, as gcloud's `tpu-vm ssh --tunnel-through-iap`), or a bastion (`ssh.proxy_command`);
+then podrun connects to the internal IPs, which the far end reaches. Access works as gcloud's: the
+key ~/.ssh/google_compute_engine (made on first use) and the local user name, added to the node's
+`ssh-keys` metadata, which the TPU VM's guest agent installs on every worker; or, where OS Login
+governs the node (cloud/oslogin.py), that key imported into the account's OS Login profile and its
+POSIX user, with no `ssh-keys` written.
 
 Host keys too are gcloud's: each worker is known by gcloud's alias for it (HostKeyAlias
 `tpu.<node id>-<worker>[-<last 6 characters of its ed25519 key>]`, from command_lib/compute/tpus/
@@ -28,12 +32,15 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podrun.cloud import accelerators
+from podrun.cloud.no_external_ips import WAYS_IN, unreachable_hint
 from podrun.cloud.settings import location
 from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
@@ -47,6 +54,8 @@ if TYPE_CHECKING:
     from podrun.cloud.tpu_api import TpuApi, TpuNode
 
 GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
+# what gcloud lets into an IAP tunnel's ProxyCommand as an instance name (ssh.py, _BuildIapTunnelProxyCommandArgs)
+IAP_INSTANCE = re.compile(r"^[A-Za-z0-9._-]+\Z")
 # right after a key is added, the guest agents need a few seconds to install it on every worker
 KEY_PROPAGATION_S = 60
 # libtpu's DCN port between slices, as the queued-resource service sets it for a multislice (README)
@@ -267,19 +276,23 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
     node's metadata where it is not there yet. Logins refused right after the key reached the
     metadata (just now, or as the node was `just_created`) are retried while the workers install it.
     The workers' published host keys are read too, except for --dry-run, which connects nowhere."""
+    from podrun.cloud.tpu_api import Published
     from podrun.transport.ssh import SshTransport
 
     tpu: TpuOptions = spec.target.options
     names = tpu.node_names
     authorize = oslogin is not None
     key_line = ssh_key_line(spec) if authorize else None
-    # the slices' reads, key updates and host keys at once
+    if tpu.iap and authorize:
+        _require_gcloud()
+    # the slices' reads, key updates and guest attributes (host keys, instance names) at once
     with ThreadPoolExecutor(max_workers=min(2 * len(names), 32)) as pool:
-        published = [pool.submit(api.host_keys, name) if authorize and spec.ssh.check_host_keys else None
-                     for name in names]
+        published = [pool.submit(api.guest_attributes, name) if tpu.iap or (authorize and spec.ssh.check_host_keys)
+                     else None for name in names]
         reached = list(pool.map(lambda name: _reach(api, name, key_line, oslogin), names))
-        host_keys = [future.result() if future else [] for future in published]
-    if not tpu.internal_ip:
+        attributes = [future.result() if future else [] for future in published]
+    routed = tpu.iap or bool(spec.ssh.proxy_command)  # the spec names how the workers are reached
+    if not tpu.internal_ip and not routed:
         _say_if_internal_only([node for node, _ in reached], tpu.label)
     # OS Login's guest asks the API at each login: a key it took works at once, a refusal is final
     logins = {node.name: oslogin.login(node.metadata, key_line.partition(":")[2])
@@ -293,20 +306,53 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
         say(f"OS Login governs TPU VM {', '.join(logins)}: logging in as {login.user} ({login.account}), "
             f"not as ssh.user {spec.ssh.user}, as gcloud does")
     workers: list[Worker] = []
-    for slice_id, ((node, _), node_keys) in enumerate(zip(reached, host_keys)):
+    for slice_id, ((node, _), node_attributes) in enumerate(zip(reached, attributes)):
         login = logins.get(node.name)
         for in_slice, address in enumerate(node.workers):
-            host = address.internal_ip if tpu.internal_ip or not address.external_ip else address.external_ip
-            keys = node_keys[in_slice] if in_slice < len(node_keys) else ()
+            # through a route, the far end (a bastion, IAP) reaches the internal IP
+            host = address.external_ip if address.external_ip and not (routed or tpu.internal_ip) else address.internal_ip
+            internal = host == address.internal_ip
+            worker_published = node_attributes[in_slice] if in_slice < len(node_attributes) else Published()
+            keys = worker_published.host_keys if spec.ssh.check_host_keys else ()
             transport = SshTransport(host, spec.ssh.port, login.user if login else user, str(key_path),
                                      spec.ssh.check_host_keys,
                                      refused_retry_s=KEY_PROPAGATION_S if node.name in installing else 0,
                                      host_key_alias=host_key_alias(node, in_slice, keys), host_keys=keys,
-                                     known_hosts_file=spec.ssh.known_hosts, proxy_command=spec.ssh.proxy_command,
-                                     refused_advice=login.refused_advice() if login else "")
+                                     known_hosts_file=spec.ssh.known_hosts,
+                                     proxy_command=(iap_tunnel(node, in_slice, worker_published.instance) if tpu.iap
+                                                    else spec.ssh.proxy_command),
+                                     refused_advice=login.refused_advice() if login else "",
+                                     unreachable_hint=unreachable_hint(host) if internal and not routed else None)
             workers.append(Worker(len(workers), host, address.internal_ip, transport,
                                   (slice_id, in_slice) if len(names) > 1 else None))
     return [node for node, _ in reached], workers
+
+
+def iap_tunnel(node: TpuNode, worker: int, instance: str | None) -> str:
+    """The ProxyCommand that reaches the worker through IAP, as gcloud's `tpu-vm ssh --tunnel-through-iap`
+    builds it (command_lib/util/ssh/ssh.py, _BuildIapTunnelProxyCommandArgs): `gcloud compute
+    start-iap-tunnel INSTANCE %p --listen-on-stdin --project=P --zone=Z`, INSTANCE its VM's name from the
+    node's guest attributes (key `hostname`). The project and zone are spelled out, so that a job's record
+    reaches it from a shell with other gcloud defaults."""
+    if instance is None:
+        raise PodrunError(
+            f"TPU VM {node.name}: worker {worker} published no instance name (guest attributes, key hostname), which "
+            f"an IAP tunnel needs; check that the organization policy constraints/compute.disableGuestAttributesAccess "
+            f"is not enforced in project {node.location.project} and that the TPU VM is READY and HEALTHY (as gcloud's "
+            f"tpu-vm ssh --tunnel-through-iap says)")
+    if not IAP_INSTANCE.match(instance):  # it becomes part of a shell command (OpenSSH runs ProxyCommand with sh -c)
+        raise PodrunError(f"TPU VM {node.name}: worker {worker} published the instance name {instance!r}, which is not "
+                          f"a Compute Engine instance name; refusing to tunnel to it")
+    where = node.location
+    return (f"gcloud compute start-iap-tunnel {instance} %p --listen-on-stdin --project={where.project} "
+            f"--zone={where.zone} --verbosity=warning")
+
+
+def _require_gcloud() -> None:
+    if shutil.which("gcloud") is None:
+        raise PodrunError("target.tpu.iap (--tunnel-through-iap): an IAP tunnel is opened by the gcloud CLI (`gcloud "
+                          "compute start-iap-tunnel`), which is not on PATH; install the Google Cloud CLI "
+                          "(https://cloud.google.com/sdk/docs/install) and `gcloud auth login`")
 
 
 def host_key_alias(node: TpuNode, worker: int, host_keys: tuple[str, ...]) -> str | None:
@@ -329,8 +375,7 @@ def _say_if_internal_only(nodes: list[TpuNode], label: str) -> None:
     shown = ", ".join(internal[:3]) + (f" and {len(internal) - 3} more" if len(internal) > 3 else "")
     what = f"TPU VM {lacking[0].name} has" if len(lacking) == 1 else f"TPU VMs {', '.join(n.name for n in lacking)} have"
     say(f"{what} no external IPs: connecting to internal IPs {shown}, which only a machine in its VPC network "
-        f"reaches; from there, set target.tpu.internal_ip: true, else make it again with external IPs "
-        f"(`podrun delete {label} {lacking[0].location.flags}`, then create it without --internal-ips)")
+        f"(or on a VPN to it) reaches; from there, set target.tpu.internal_ip: true; from elsewhere, go {WAYS_IN}")
 
 
 def _reach(api: TpuApi, name: str, key_line: str | None, oslogin: OsLogin | None) -> tuple[TpuNode, bool]:

@@ -23,6 +23,7 @@ EXPECTED = {
     "zone": "a zone such as us-central2-b",
     "project": "a project id such as my-project",
     "internal_ip": "true or false",
+    "iap": "true or false",
     "accelerator_type": "an accelerator type such as v4-8, v5p-8, v5litepod-16 or v6e-8",
     "runtime_version": "a runtime version such as tpu-ubuntu2204-base",
     "queued": "true or false",
@@ -71,6 +72,8 @@ class TpuOptions(Model):
     zone: str | None = None
     project: str | None = None
     internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
+    iap: bool = Field(False, description="reach each worker through an IAP tunnel (`gcloud compute start-iap-tunnel`), "
+                                         "as gcloud's tpu-vm ssh --tunnel-through-iap does: no external IP needed")
     accelerator_type: Annotated[str, BeforeValidator(_accelerator_type)] | None = Field(
         None, description="e.g. v4-32, v5litepod-16: `podrun exec` creates the TPU VM when it does not exist")
     runtime_version: str | None = Field(None, min_length=1, description="default: the generation's runtime")
@@ -134,7 +137,8 @@ def _worker_count(tpu: TpuOptions) -> int | None:
 def _from_flags(value: str, extras: Any) -> dict:
     names = value.split(",")
     where = {key: extras[key] for key in ("zone", "project") if extras.get(key)}
-    return {**({"names": names} if len(names) > 1 else {"name": value}), **where}
+    iap = {"iap": True} if extras.get("tunnel_through_iap") else {}
+    return {**({"names": names} if len(names) > 1 else {"name": value}), **where, **iap}
 
 
 KIND = TargetKind(
@@ -142,6 +146,8 @@ KIND = TargetKind(
     implementation="podrun.targets.tpu:TpuVm", expected=EXPECTED, nothing="the TPU VM's fields (at least name)",
     flag=AdhocFlag("--tpu", "NAME", "a TPU VM (slices created separately: NAME,NAME,...)"),
     extra_flags=(AdhocFlag("--zone", "Z", "the TPU's zone (default: gcloud's)"),
-                 AdhocFlag("--project", "P", "the TPU's project (default: gcloud's)")),
+                 AdhocFlag("--project", "P", "the TPU's project (default: gcloud's)"),
+                 AdhocFlag("--tunnel-through-iap", "", "reach the TPU's workers through IAP, as gcloud's tpu-vm ssh "
+                           "does: no external IP needed (target.tpu.iap: true; with a spec too)", spec_field="iap")),
     to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=_worker_count,
     recreates=lambda tpu: bool(tpu.accelerator_type), deletes=True, default_restart_on=("preemption",))

@@ -142,7 +142,8 @@ class SshTransport(Transport):
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
                  host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None,
-                 proxy_command: str | None = None, refused_advice: str = ""):
+                 proxy_command: str | None = None, refused_advice: str = "",
+                 unreachable_hint: str | None = None):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
         self.check_host_keys = check_host_keys
@@ -153,6 +154,7 @@ class SshTransport(Transport):
         # OpenSSH's ProxyCommand: its stdin and stdout carry the connection (%h, %p, %r, %% as OpenSSH expands them)
         self.proxy_command = proxy_command
         self.refused_advice = refused_advice  # why the key may be refused and what to do (OS Login's roles)
+        self.unreachable_hint = unreachable_hint  # added where the host cannot be reached: the ways in (TPU internal IPs)
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
         self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
@@ -200,12 +202,15 @@ class SshTransport(Transport):
                               + (f"; {self.refused_advice}" if self.refused_advice else "")) from None
         except (asyncio.TimeoutError, TimeoutError):
             raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s "
-                              f"(host down or unreachable?)") from None
+                              f"(host down or unreachable?){self._hint()}") from None
         except (OSError, asyncssh.Error) as error:
-            raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}") from None
+            raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}{self._hint()}") from None
         host_key = self.connection.get_server_host_key()
         if self.check_host_keys and not known and host_key is not None:
             known_hosts.remember(self.known_as, [host_key.export_public_key().decode().strip()])
+
+    def _hint(self) -> str:
+        return f"; {self.unreachable_hint}" if self.unreachable_hint else ""
 
     def _key_refused(self, users: list[known_hosts.KnownLine]) -> str:
         """Why the host's key was refused, and what to do: one line."""
@@ -250,7 +255,7 @@ class SshTransport(Transport):
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
                 "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys),
                 "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command,
-                "refused_advice": self.refused_advice}
+                "refused_advice": self.refused_advice, "unreachable_hint": self.unreachable_hint}
 
     def _expanded(self, command: str) -> str:
         """OpenSSH's tokens in a ProxyCommand: %h the host, %p the port, %r the user, %% a percent sign."""
@@ -372,7 +377,8 @@ def from_endpoint(endpoint: dict) -> SshTransport:
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
                         endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
                         host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"),
-                        proxy_command=endpoint.get("proxy_command"), refused_advice=endpoint.get("refused_advice", ""))
+                        proxy_command=endpoint.get("proxy_command"), refused_advice=endpoint.get("refused_advice", ""),
+                        unreachable_hint=endpoint.get("unreachable_hint"))
 
 
 def host_transport(ssh: SshOptions, user: str | None, host: str, port: int | None) -> SshTransport:

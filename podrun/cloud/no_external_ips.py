@@ -1,0 +1,33 @@
+"""TPU VMs without external IPs (README: Company projects): the organization policy that refuses
+them external IPs, and the ways a launcher outside their VPC network reaches their workers anyway,
+each said in one line."""
+
+from __future__ import annotations
+
+from podrun.errors import PodrunError
+
+# the list constraint that, enforced with no VM allowed, makes Google refuse any VM an external IP
+EXTERNAL_IP_CONSTRAINT = "constraints/compute.vmExternalIpAccess"
+WAYS_IN = ("through IAP (target.tpu.iap: true, or --tunnel-through-iap) or a bastion (ssh.proxy_jump or "
+           "ssh.proxy_command), or run podrun on a host inside the VPC (a supervisor host there, or over a VPN)")
+
+
+class ExternalIpsRefused(PodrunError):
+    """Google refused to create a TPU VM with external IPs, under the organization policy."""
+
+
+def refuses_external_ips(message: str | None) -> bool:
+    """Whether Google's error (a call's or an operation's message) is the policy's refusal."""
+    return EXTERNAL_IP_CONSTRAINT in (message or "")
+
+
+def external_ips_refused(doing: str, project: str) -> ExternalIpsRefused:
+    return ExternalIpsRefused(
+        f"{doing}: the organization policy {EXTERNAL_IP_CONSTRAINT} of project {project} allows no VM an external "
+        f"IP; create it with internal IPs only (`podrun create ... --internal-ips`, or target.tpu.internal_ip: true) "
+        f"and reach its workers {WAYS_IN}; podrun left nothing of it in the API")
+
+
+def unreachable_hint(host: str) -> str:
+    """What a failed connection to a worker's internal IP adds: the ways in from outside the VPC."""
+    return f"{host} is an internal IP of a TPU VM, which only its VPC network reaches: from elsewhere, go {WAYS_IN}"
