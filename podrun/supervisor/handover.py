@@ -31,8 +31,9 @@ from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
 from podrun.spec_fields import HOST_FORMS, parse_host
-from podrun.supervisor import install, remote
+from podrun.supervisor import answers, install, remote
 from podrun.targets.base import Worker
+from podrun.transport import past_login
 from podrun.transport.base import ChannelLost
 from podrun.transport.ssh import SshTransport, host_transport
 
@@ -77,18 +78,19 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         podrun = await install.podrun_on_host(transport, host, spec.supervisor.podrun if spec.supervisor else None)
         if tree is not None:
             await _ship(transport, host, tree, spec.name)
-        channel = await transport.start(f"exec {shlex.quote(podrun)} _supervise")
+        channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
         channel.stdin.write(json.dumps(payload).encode() + b"\n")
         if options.dry_run:
             return await remote.relay(channel)
+        said = await past_login.past_login(channel.stdout)
         started = await channel.stdout.readline()
-        if not started:  # it refused the job before starting it: its one line says why
-            return await remote.relay(channel)
-        accepted = json.loads(started)
-        job_id = accepted["job"]
+        if not started:  # it refused the job before starting it (its one line says why), or its shell failed
+            sys.stdout.buffer.write(said)
+            return await remote.relay(channel, stdout_begun=True)
+        job_id, console = answers.started(started, host, spec.name)
         record = _pointer(spec, job_id, host, transport, podrun, options.detach)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
-            f"there: {os.path.join(accepted['console'], 'stderr')}); this machine may close once it runs")
+            f"there: {os.path.join(console, 'stderr')}); this machine may close once it runs")
         code = await _follow(channel, host, job_id)
         if code is None:  # the link broke: the job goes on there, as far as anyone here knows
             return exits.LOST
@@ -138,7 +140,7 @@ async def _follow(channel, host: str, job_id: str) -> int | None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupt)
     try:
-        return await remote.relay(channel)
+        return await remote.relay(channel, stdout_begun=True)
     except ChannelLost as lost:
         say(f"the link to the supervisor {host} broke ({lost}); job {job_id} goes on there: `podrun logs -f {job_id}` "
             f"follows it, `podrun stop {job_id}` stops it")

@@ -1,7 +1,8 @@
 """A supervised job from the laptop: `podrun logs`, `stop` and `stacks` run the same command on the
 job's supervisor host (its podrun, over SSH) and show what it prints; `podrun jobs` reads the state
 there, within REFRESH_TIMEOUT_S, and keeps it in the laptop's pointer record: a supervisor that does
-not answer leaves its jobs shown as last known, with one line."""
+not answer leaves its jobs shown as last known, with one line. Its podrun runs past what the host's
+login prints (transport/past_login.py), and what it says is checked (answers.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import sys
 from podrun import jobstore
 from podrun.errors import PodrunError
 from podrun.output import counted, say
-from podrun.transport import transport_for
+from podrun.supervisor import answers
+from podrun.transport import past_login, transport_for
 from podrun.transport.base import Channel, ChannelLost, Transport
 
 REFRESH_TIMEOUT_S = 10  # as for a detached job's workers (launch/detached.py)
@@ -48,14 +50,19 @@ def forward(record: jobstore.JobRecord, argv: list[str]) -> int:
     return asyncio.run(run())
 
 
-async def relay(channel: Channel) -> int:
-    """Copy the channel's stdout and stderr to ours as they come; its exit code."""
-    async def copy(source, target) -> None:
-        while chunk := await source.read(READ_SIZE):
+async def relay(channel: Channel, stdout_begun: bool = False) -> int:
+    """Copy a begun() command's stdout and stderr to ours as they come, past what the host's login printed
+    (stdout's from where it is, if `stdout_begun`); its exit code."""
+    async def copy(source, target, begun: bool) -> None:
+        chunk = b"" if begun else await past_login.past_login(source)
+        while True:
             target.write(chunk)
             target.flush()
+            if not (chunk := await source.read(READ_SIZE)):
+                break
 
-    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer), copy(channel.stderr, sys.stderr.buffer))
+    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, stdout_begun),
+                         copy(channel.stderr, sys.stderr.buffer, False))
     return await channel.wait()
 
 
@@ -85,6 +92,8 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
         transport = transport_for(_by(pointers[0])["endpoint"])
         try:
             await asyncio.wait_for(_refresh_all(transport, host, pointers), REFRESH_TIMEOUT_S)
+        except answers.Refused as refused:
+            say(f"{refused}, shown as last known")
         except (PodrunError, ChannelLost, asyncio.TimeoutError) as error:
             say(f"supervisor {host}: {counted(len(pointers), 'job')} shown as last known; it could not be asked "
                 f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
@@ -109,15 +118,19 @@ async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
     if it keeps none (yet)."""
     channel = await transport.start(_podrun_command(record, ["jobs", "--json", record.id]))
     channel.stdin.write_eof()
-    output, _, _ = await asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait())
+
+    async def output() -> bytes:
+        await past_login.past_login(channel.stdout)
+        return await channel.stdout.read()
+
+    printed, _, _ = await asyncio.gather(output(), channel.stderr.read(), channel.wait())
     try:
-        listed = [job for job in json.loads(output) if job["id"] == record.id]
+        listed = [job for job in json.loads(printed) if job["id"] == record.id]
     except (ValueError, TypeError, KeyError):
         raise PodrunError(f"supervisor {_by(record)['host']}: `podrun jobs --json` gave no job list") from None
     if not listed:  # not recorded yet: its TPU is being created, or the handover failed before the job began
         return False
-    kept = jobstore.from_dict({**listed[0], "supervised_by": record.supervised_by, "detached": record.detached})
-    vars(record).update(vars(kept))
+    vars(record).update(vars(answers.record(listed[0], record)))
     record.save()
     return True
 
@@ -129,4 +142,4 @@ def _by(record: jobstore.JobRecord) -> dict:
 
 
 def _podrun_command(record: jobstore.JobRecord, argv: list[str]) -> str:
-    return " ".join(map(shlex.quote, [_by(record)["podrun"], *argv]))
+    return past_login.begun("exec " + " ".join(map(shlex.quote, [_by(record)["podrun"], *argv])))
