@@ -8,7 +8,8 @@ What travels: the spec's fields, the exec flags, and from this machine's environ
 job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
 endpoint podrun resolved here, and podrun's own settings. Never an access token, a key or a gcloud
 credential: HOST uses its own. Everything goes over the channel's stdin, never in a file or on a
-command line.
+command line. With it go the public host keys this machine's known-hosts files hold for the spec's
+SSH hosts: HOST checks them against these, not trusting on first use what this machine knows.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
 from podrun.spec_fields import HOST_FORMS, parse_host
 from podrun.supervisor import answers, install, remote
-from podrun.targets.base import Worker
-from podrun.transport import past_login
+from podrun.targets.base import Worker, target_for
+from podrun.transport import known_hosts, past_login
 from podrun.transport.base import ChannelLost
 from podrun.transport.ssh import SshTransport, host_transport
 
@@ -68,7 +69,13 @@ def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOpti
                **{f"CLOUDSDK_{section}_{key}".upper(): value for section, key in GCLOUD_SETTINGS
                   if (value := gcloud_property((section, key)))}}
     return {"host": host, "spec": fields, "spec_path": str(spec.path), "ships_code": tree is not None,
-            "options": {**vars(options), "supervisor": None}, "environ": environ}
+            "options": {**vars(options), "supervisor": None}, "environ": environ,
+            "known_hosts": known_hosts.for_handover(_known_as(spec), spec.ssh.known_hosts)}
+
+
+def _known_as(spec: JobSpec) -> list[str]:
+    """The names the known-hosts files know the spec's SSH hosts by (a TPU's workers publish their keys)."""
+    return [host_transport(spec.ssh, *parse_host(entry)).known_as for entry in target_for(spec).ssh_hosts()]
 
 
 async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: scan.Tree | None, payload: dict,
