@@ -194,6 +194,20 @@ def test_a_record_with_a_bad_field_is_refused_in_one_line_and_jobs_lists_the_oth
         [good["started_at"]]
 
 
+def test_a_record_refused_leaves_the_other_jobs_of_that_supervisor_read(home, lab, hosts_spec, hostile):
+    refused, read = "job-20260101-000000-abcd", "job-20260101-000001-abcd"
+    for job_id in (read, refused):  # `jobs` asks for the newest first
+        assert handed_over(hosts_spec, hostile, job_id).returncode == 0
+    hostile.answer(read, [supervised_record(refused, lab, started_at="soon"),
+                          supervised_record(read, lab, state="succeeded", exit_code=0, ended_at=1_790_000_060.0)])
+    listed = podrun("jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert stderr_lines_without_traceback(listed.stderr) == [
+        f"podrun: supervisor {hostile.host.address}: job {refused}: its started_at is 'soon'; expected epoch seconds; "
+        f"refused, shown as last known"]
+    assert {job["id"]: job["state"] for job in json.loads(listed.stdout)} == {refused: "running", read: "succeeded"}
+
+
 def test_the_laptop_never_connects_to_workers_a_supervisor_names(home, lab, hosts_spec, hostile, tmp_path):
     """A supervised job's workers are the supervisor's to reach: an endpoint it sends (here one whose
     ProxyCommand would run on this machine) is kept as nothing, and `jobs` and `report` use none."""

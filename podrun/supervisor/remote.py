@@ -92,8 +92,6 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
         transport = transport_for(_by(pointers[0])["endpoint"])
         try:
             await asyncio.wait_for(_refresh_all(transport, host, pointers), REFRESH_TIMEOUT_S)
-        except answers.Refused as refused:
-            say(f"{refused}, shown as last known")
         except (PodrunError, ChannelLost, asyncio.TimeoutError) as error:
             say(f"supervisor {host}: {counted(len(pointers), 'job')} shown as last known; it could not be asked "
                 f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
@@ -110,7 +108,10 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
 async def _refresh_all(transport: Transport, host: str, pointers: list[jobstore.JobRecord]) -> None:
     await connect(transport, host)
     for record in pointers:
-        await refresh_one(record, transport)
+        try:
+            await refresh_one(record, transport)
+        except answers.Refused as refused:  # that job stays as last known; the others are read on
+            say(f"{refused}, shown as last known")
 
 
 async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
