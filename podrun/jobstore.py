@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import time
 
 from podrun import paths
@@ -21,6 +22,7 @@ STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED, STALLED)
 STACKS_DIR = "stacks"
 RECORD_FILE = "job.json"
 AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
+JOB_ID_TAIL = r"-\d{8}-\d{6}-[0-9a-f]{4}"  # after the job's name: new_job_id's stamp and suffix
 
 
 # plain classes: importing dataclasses (it loads inspect) made `podrun jobs` start 15 ms slower,
@@ -177,6 +179,11 @@ class JobRecord:
         self.state, self.exit_code, self.summary = state, exit_code, summary
         self.ended_at = ended_at or time.time()
         self.save()
+
+
+def is_job_id(text: str, name: str) -> bool:
+    """Whether `text` is an id that new_job_id could have given a job of this name."""
+    return re.fullmatch(re.escape(name) + JOB_ID_TAIL, text) is not None
 
 
 def new_job_id(name: str) -> str:

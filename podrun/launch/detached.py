@@ -21,7 +21,7 @@ from podrun.launch import stacks, stall
 from podrun.launch.steps import StepResult, count_down
 from podrun.output import Terminal, WorkerOutput, counted, grace_announcement, say
 from podrun.remote import vm_notice
-from podrun.transport import transport_for
+from podrun.transport import past_login, transport_for
 from podrun.transport.base import ChannelLost, Transport
 
 # an agent's stop_reason when podrun stop (or a user) signalled it, and the signal's number (the same on
@@ -58,8 +58,9 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
             say(f"job {record.id}: shown as last recorded; what its workers sent could not be read "
                 f"({type(error).__name__}: {error})")
 
+    # a supervisor keeps its record current, and a supervisor host its jobs' (supervisor/remote.py)
     running = [r for r in records if r.detached and r.state == jobstore.RUNNING
-               and not r.supervised()]  # a supervisor keeps its record current
+               and not r.supervised() and not r.supervised_by]
     if running:
         asyncio.run(_gather(refresh_one(record) for record in running))
 
@@ -167,19 +168,16 @@ class WorkerReport:
     """What log_follower tells of one worker besides its output: its run.exit (None while it runs),
     when its output last came (epoch seconds), and the stacks its agent saved on a stall.
 
-    Its stderr may begin with what the host's login printed there (a motd, a warning from ~/.bashrc):
-    the report is its first line that is one, and lines before it are left out."""
+    Its stderr may begin with what the host's login printed there (transport/past_login.py)."""
 
     def __init__(self, text: str, worker: jobstore.WorkerRecord):
-        lines = text.split("\n")
-        for number, line in enumerate(lines):
-            fields = _report_fields(line)
-            if fields is not None:
-                self.exit: dict | None = fields["exit"]
-                self.output_at: float | None = fields["output_at"]
-                self.stacks = "\n".join(lines[number + 1:])
-                return
-        said = next((line.strip() for line in reversed(lines) if line.strip()), "nothing")
+        found = past_login.report_in(text, _report_fields)
+        if found is not None:
+            fields, self.stacks = found
+            self.exit: dict | None = fields["exit"]
+            self.output_at: float | None = fields["output_at"]
+            return
+        said = next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "nothing")
         raise PodrunError(f"worker {worker.index} ({worker.address}): no report on the job's log came back; "
                           f"the worker said: {said[:200]}")
 

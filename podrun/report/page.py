@@ -107,7 +107,8 @@ def _frame(analysis: Analysis, height: float) -> list[str]:
     for attempt in analysis.attempts:
         x = _x(analysis, attempt["started_at"])
         parts.append(f'<line x1="{x}" y1="4" x2="{x}" y2="{height}" stroke="#555" stroke-dasharray="3,3"/>'
-                     f'<text x="{x + 3}" y="12">attempt {attempt["attempt"]}: {html.escape(attempt["state"])}</text>')
+                     f'<text x="{x + 3}" y="12">attempt {html.escape(str(attempt["attempt"]))}: '
+                     f'{html.escape(attempt["state"])}</text>')
     return parts
 
 

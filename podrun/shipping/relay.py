@@ -25,6 +25,7 @@ from podrun.errors import PodrunError, UsageError
 from podrun.output import say, size_text
 from podrun.remote import framing
 from podrun.targets.base import Worker
+from podrun.transport import past_login
 from podrun.transport.base import Channel, ChannelLost, script_command, script_source
 
 # children per receiver (PODRUN_RELAY_FANOUT; 0: the launcher feeds every worker itself);
@@ -179,14 +180,12 @@ class Receiver:
                                                                             "relay_node"))
             if not await self.send(script_source("relay_node") + framing.message(config)):
                 return
-            answer = await asyncio.wait_for(self.channel.stdout.readline(), RECEIVER_STALL_S)
+            # past what the host's login printed (past_login.py)
+            self.port = await asyncio.wait_for(past_login.read_report(self.channel.stdout, _port), RECEIVER_STALL_S)
         except ChannelLost as lost:
             self.problem = f"lost its connection ({lost})"
         except asyncio.TimeoutError:
             self._give_up(f"did not answer within {RECEIVER_STALL_S}s")
-        else:
-            if answer.startswith(b"port "):
-                self.port = int(answer.split()[1])
 
     async def tell_children(self, addresses: list[tuple[str, int]]) -> None:
         if self.answered:
@@ -245,6 +244,12 @@ class Receiver:
     def _give_up(self, reason: str) -> None:
         self.given_up = self.problem = self.given_up or reason
         self.end_input()
+
+
+def _port(line: bytes) -> int | None:
+    """The port in relay_node's answer `port N`; None for any other line."""
+    words = line.split()
+    return int(words[1]) if len(words) == 2 and words[0] == b"port" and words[1].isdigit() else None
 
 
 class Progress:

@@ -1,9 +1,11 @@
 """The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
 
-It reads the job from stdin (one JSON line: the spec's fields, the exec flags, and the environment the
+It reads the job from stdin (one JSON line: the spec's fields, the exec flags, the environment the
 job needs from the launcher: secret values, the API endpoint, podrun's settings; none of it is written
-to disk) and forks the job's launcher into a session of its own, so that it outlives the SSH session:
-the laptop may close. That launcher is a plain attached `podrun exec` of this host's: it creates the
+to disk) with the launcher's known-hosts lines for the job's hosts (public keys: a host's key that
+matched one is kept in this host's podrun known-hosts file, as one seen on first use would be), and
+forks the job's launcher into a session of its own, so that it outlives the SSH session: the laptop
+may close. That launcher is a plain attached `podrun exec` of this host's: it creates the
 TPU, runs, watches, restarts and deletes as the spec says, and keeps the job's record and every
 worker's log in this host's job store. What it prints goes to files under PODRUN_HOME/supervised/<id>/.
 
@@ -29,6 +31,7 @@ from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError
 from podrun.output import say
 from podrun.spec import FieldProblems, JobSpec, SpecProblems, validate_fields
+from podrun.transport import known_hosts
 
 INTERRUPT = b"interrupt\n"
 RUNNING = b"r"  # the launcher tells the relay that run has started everywhere
@@ -45,6 +48,7 @@ def main() -> int:
     options = ExecOptions(**{**payload["options"], "env": tuple(payload["options"]["env"]), "supervisor": None,
                              "detach": False})
     os.environ.update(payload["environ"])
+    known_hosts.take_handed_over(payload["known_hosts"])
     if options.dry_run:
         return execute(spec, payload["ships_code"], options)
     job_id = jobstore.new_job_id(spec.name)
@@ -78,6 +82,9 @@ def _spec(payload: dict) -> JobSpec:
         say(f"ssh.identity_file: {key} is not on the supervisor {payload['host']}; it uses a key of its own "
             f"(a TPU's is added to the TPU's metadata; hosts must accept the supervisor's ~/.ssh/id_* keys)")
         spec = spec.model_copy(update={"ssh": spec.ssh.model_copy(update={"identity_file": None})})
+    known = spec.ssh.known_hosts
+    if known and not os.path.exists(os.path.expanduser(known)):  # what it holds for the job's hosts came along
+        spec = spec.model_copy(update={"ssh": spec.ssh.model_copy(update={"known_hosts": None})})
     spec._path = path
     return spec
 

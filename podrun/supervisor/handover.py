@@ -8,7 +8,9 @@ What travels: the spec's fields, the exec flags, and from this machine's environ
 job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
 endpoints (TPU, Compute, OS Login) podrun resolved here, and podrun's own settings. Never an access
 token, a key, a gcloud credential or account: HOST uses its own. Everything goes over the channel's
-stdin, never in a file or on a command line.
+stdin, never in a file or on a command line. With it go the public host keys this machine's
+known-hosts files hold for the spec's SSH hosts: HOST checks them against these, not trusting on
+first use what this machine knows.
 """
 
 from __future__ import annotations
@@ -21,18 +23,19 @@ import shutil
 import signal
 import sys
 
-from podrun import exits, jobstore
+from podrun import escapes, exits, jobstore
 from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError, UsageError
-from podrun.output import say, say_success
+from podrun.output import colour_wanted, say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
 from podrun.spec_fields import HOST_FORMS, parse_host
-from podrun.supervisor import install, remote
-from podrun.targets.base import Worker
+from podrun.supervisor import answers, install, remote
+from podrun.targets.base import Worker, target_for
+from podrun.transport import known_hosts, past_login
 from podrun.transport.base import ChannelLost
 from podrun.transport.ssh import SshTransport, host_transport
 
@@ -68,7 +71,13 @@ def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOpti
                **{f"CLOUDSDK_{section}_{key}".upper(): value for section, key in GCLOUD_SETTINGS
                   if (value := gcloud_property((section, key)))}}
     return {"host": host, "spec": fields, "spec_path": str(spec.path), "ships_code": tree is not None,
-            "options": {**vars(options), "supervisor": None}, "environ": environ}
+            "options": {**vars(options), "supervisor": None}, "environ": environ,
+            "known_hosts": known_hosts.for_handover(_known_as(spec), spec.ssh.known_hosts)}
+
+
+def _known_as(spec: JobSpec) -> list[str]:
+    """The names the known-hosts files know the spec's SSH hosts by (a TPU's workers publish their keys)."""
+    return [host_transport(spec.ssh, *parse_host(entry)).known_as for entry in target_for(spec).ssh_hosts()]
 
 
 async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: scan.Tree | None, payload: dict,
@@ -78,18 +87,19 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         podrun = await install.podrun_on_host(transport, host, spec.supervisor.podrun if spec.supervisor else None)
         if tree is not None:
             await _ship(transport, host, tree, spec.name)
-        channel = await transport.start(f"exec {shlex.quote(podrun)} _supervise")
+        channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
         channel.stdin.write(json.dumps(payload).encode() + b"\n")
         if options.dry_run:
             return await remote.relay(channel, options.raw)
+        said = await past_login.past_login(channel.stdout)
         started = await channel.stdout.readline()
-        if not started:  # it refused the job before starting it: its one line says why
-            return await remote.relay(channel)
-        accepted = json.loads(started)
-        job_id = accepted["job"]
+        if not started:  # it refused the job before starting it (its one line says why), or its shell failed
+            sys.stdout.buffer.write(escapes.shown(said, colour_wanted(sys.stdout.buffer)))
+            return await remote.relay(channel, stdout_begun=True)
+        job_id, console = answers.started(started, host, spec.name)
         record = _pointer(spec, job_id, host, transport, podrun, options.detach)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
-            f"there: {os.path.join(accepted['console'], 'stderr')}); this machine may close once it runs")
+            f"there: {os.path.join(console, 'stderr')}); this machine may close once it runs")
         code = await _follow(channel, host, job_id, options.raw)
         if code is None:  # the link broke: the job goes on there, as far as anyone here knows
             return exits.LOST
@@ -139,7 +149,7 @@ async def _follow(channel, host: str, job_id: str, raw: bool) -> int | None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupt)
     try:
-        return await remote.relay(channel, raw)
+        return await remote.relay(channel, raw, stdout_begun=True)
     except ChannelLost as lost:
         say(f"the link to the supervisor {host} broke ({lost}); job {job_id} goes on there: `podrun logs -f {job_id}` "
             f"follows it, `podrun stop {job_id}` stops it")

@@ -23,9 +23,9 @@ from podrun.errors import PodrunError
 from podrun.output import say
 from podrun.supervisor.wheel import build_wheel, wheel_name
 from podrun.transport.base import ChannelLost, Transport
+from podrun.transport.past_login import MARK  # what the scripts report starts lines with
 
 VENV = "~/.podrun/venv"
-MARK = "@podrun:"  # what the scripts report starts lines with; a login profile may print lines of its own
 # `found KIND PATH` reports a podrun found: its path and what its --version printed (also left in $v)
 FOUND = """\
 found() {{

@@ -2,7 +2,8 @@
 job's supervisor host (its podrun, over SSH) and show what it prints, made harmless for the terminal
 as the workers' output is (escapes.py: a host's word is not trusted); `podrun jobs` reads the state
 there, within REFRESH_TIMEOUT_S, and keeps it in the laptop's pointer record: a supervisor that does
-not answer leaves its jobs shown as last known, with one line."""
+not answer leaves its jobs shown as last known, with one line. Its podrun runs past what the host's
+login prints (transport/past_login.py), and what it says is checked (answers.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 from podrun import escapes, jobstore
 from podrun.errors import PodrunError
 from podrun.output import colour_wanted, counted, say
-from podrun.transport import transport_for
+from podrun.supervisor import answers
+from podrun.transport import past_login, transport_for
 from podrun.transport.base import Channel, ChannelLost, Transport
 
 REFRESH_TIMEOUT_S = 10  # as for a detached job's workers (launch/detached.py)
@@ -50,20 +52,24 @@ def forward(record: jobstore.JobRecord, argv: list[str], raw: bool = False) -> i
     return asyncio.run(run())
 
 
-async def relay(channel: Channel, raw: bool = False) -> int:
-    """Copy the channel's stdout and stderr to ours as they come, made harmless for the terminal (stdout
-    as it is, with `raw`: the workers' output the user asked for so; stderr is podrun's words, never raw);
-    its exit code."""
-    async def copy(source, target, raw: bool) -> None:
+async def relay(channel: Channel, raw: bool = False, stdout_begun: bool = False) -> int:
+    """Copy a begun() command's stdout and stderr to ours as they come, past what the host's login printed
+    (stdout's from where it is, if `stdout_begun`), made harmless for the terminal (stdout as it is, with
+    `raw`: the workers' output the user asked for so; stderr is podrun's words, never raw); its exit code."""
+    async def copy(source, target, begun: bool, raw: bool) -> None:
         shown = None if raw else escapes.Stream(colour_wanted(target))
-        while chunk := await source.read(READ_SIZE):
+        chunk = b"" if begun else await past_login.past_login(source)
+        while True:
             target.write(shown.feed(chunk) if shown else chunk)
             target.flush()
+            if not (chunk := await source.read(READ_SIZE)):
+                break
         if shown:
             target.write(shown.end())
             target.flush()
 
-    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, raw), copy(channel.stderr, sys.stderr.buffer, False))
+    await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, stdout_begun, raw),
+                         copy(channel.stderr, sys.stderr.buffer, False, False))
     return await channel.wait()
 
 
@@ -109,7 +115,10 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
 async def _refresh_all(transport: Transport, host: str, pointers: list[jobstore.JobRecord]) -> None:
     await connect(transport, host)
     for record in pointers:
-        await refresh_one(record, transport)
+        try:
+            await refresh_one(record, transport)
+        except answers.Refused as refused:  # that job stays as last known; the others are read on
+            say(f"{refused}, shown as last known")
 
 
 async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
@@ -117,15 +126,19 @@ async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
     if it keeps none (yet)."""
     channel = await transport.start(_podrun_command(record, ["jobs", "--json", record.id]))
     channel.stdin.write_eof()
-    output, _, _ = await asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait())
+
+    async def output() -> bytes:
+        await past_login.past_login(channel.stdout)
+        return await channel.stdout.read()
+
+    printed, _, _ = await asyncio.gather(output(), channel.stderr.read(), channel.wait())
     try:
-        listed = [job for job in json.loads(output) if job["id"] == record.id]
+        listed = [job for job in json.loads(printed) if job["id"] == record.id]
     except (ValueError, TypeError, KeyError):
         raise PodrunError(f"supervisor {_by(record)['host']}: `podrun jobs --json` gave no job list") from None
     if not listed:  # not recorded yet: its TPU is being created, or the handover failed before the job began
         return False
-    kept = jobstore.from_dict({**listed[0], "supervised_by": record.supervised_by, "detached": record.detached})
-    vars(record).update(vars(kept))
+    vars(record).update(vars(answers.record(listed[0], record)))
     record.save()
     return True
 
@@ -137,4 +150,4 @@ def _by(record: jobstore.JobRecord) -> dict:
 
 
 def _podrun_command(record: jobstore.JobRecord, argv: list[str]) -> str:
-    return " ".join(map(shlex.quote, [_by(record)["podrun"], *argv]))
+    return past_login.begun("exec " + " ".join(map(shlex.quote, [_by(record)["podrun"], *argv])))

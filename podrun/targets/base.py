@@ -54,6 +54,11 @@ class Target(ABC):
     def workers(self, dry_run: bool) -> list[Worker]:
         """The workers in rank order, ready to connect to. With dry_run nothing changes anywhere."""
 
+    def ssh_hosts(self) -> list[str]:
+        """The SSH hosts the spec names (`user@host:port` entries) that a supervisor host would connect to:
+        the keys this machine holds for them travel with a handover (supervisor/handover.py)."""
+        return []
+
     def record_label(self, workers: list[Worker]) -> str:
         """What `podrun jobs` shows it as: its kind and worker count, and what the kind adds (a Slurm job id)."""
         return f"{self.spec.target.kind}:{len(workers)}"

@@ -25,6 +25,9 @@ class SshHosts(Target):
             workers.append(Worker(index, entry, self._internal_ip(host, index), transport))
         return workers
 
+    def ssh_hosts(self) -> list[str]:
+        return list(self.options)
+
     def describe(self, workers: list[Worker]) -> str:
         return f"{counted(len(workers), self.worker_noun)}: {', '.join(worker.address for worker in workers)}"
 

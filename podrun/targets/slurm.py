@@ -88,6 +88,9 @@ class SlurmCluster(Target):
     def options(self) -> SlurmOptions:
         return self.spec.target.options
 
+    def ssh_hosts(self) -> list[str]:
+        return [self.options.login] if self.options.login else []
+
     def _login_transport(self):
         login = self.options.login
         if not login:

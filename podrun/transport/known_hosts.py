@@ -7,6 +7,10 @@ A host is known by the name podrun uses for it: `host`, `[host]:port` off port 2
 TPU worker's, as gcloud names it). In the user's files, a line names it as OpenSSH matches one:
 comma-separated patterns with `*` and `?`, a `!` pattern that excludes, case-insensitive, or a hashed
 name (`|1|salt|hash`, HMAC-SHA1, as HashKnownHosts writes it).
+
+A job handed to a supervisor host carries the lines this machine's files hold for the job's hosts
+(for_handover); the supervisor checks those hosts against them as against its own files (handed_over),
+so that it does not trust on first use a host this machine already knows.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class KnownLine(NamedTuple):
     number: int
     marker: str  # "" or "@cert-authority " / "@revoked "
     key: str  # "ssh-ed25519 AAAA..."
+    elsewhere: bool = False  # a line of the machine that handed the job over (path and number are there)
 
     def as_known(self, known_as: str) -> str:
         """The line with the host's own name in place of the patterns that matched it (asyncssh matches
@@ -68,14 +73,18 @@ def _lines(path: str) -> list[tuple[KnownLine, str]]:
             text = handle.read().decode(errors="replace")
     except OSError as error:
         raise PodrunError(f"{path}: cannot read it ({error.strerror or error}); expected a known-hosts file") from None
+    return _parsed(text.splitlines(), path, 1)
+
+
+def _parsed(lines: list[str], path: str, first_number: int, elsewhere: bool = False) -> list[tuple[KnownLine, str]]:
     entries = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines, first_number):
         fields = line.split()
         if not fields or fields[0].startswith("#"):
             continue
         marker = f"{fields.pop(0)} " if fields[0].startswith("@") else ""
         if len(fields) >= 3:
-            entries.append((KnownLine(path, number, marker, " ".join(fields[1:3])), fields[0]))
+            entries.append((KnownLine(path, number, marker, " ".join(fields[1:3]), elsewhere), fields[0]))
     return entries
 
 
@@ -106,7 +115,32 @@ def _wildcard(pattern: str) -> re.Pattern[str]:
 
 def where(lines: list[KnownLine]) -> str:
     """`FILE line N` for each line."""
-    return " and ".join(f"{line.path} line {line.number}" for line in lines)
+    return " and ".join(f"{line.path} line {line.number}" + (" on the machine that handed this job over"
+                                                              if line.elsewhere else "") for line in lines)
+
+
+def for_handover(hosts: list[str], spec_file: str | None) -> list[dict]:
+    """The lines that the user's files and podrun's own hold for these hosts (as SshTransport.known_as
+    names them), each as {path, number, line}: public keys only, for a job's handover to carry."""
+    files = user_files(spec_file)
+    if podrun_known_hosts().is_file():
+        files.append(str(podrun_known_hosts()))
+    return [{"path": line.path, "number": line.number, "line": line.as_known(known_as).strip()}
+            for known_as in dict.fromkeys(hosts) for line in lines_for(known_as, files)]
+
+
+_handed_over: list[tuple[KnownLine, str]] = []  # on a supervisor host: the lines the job came with, by host
+
+
+def take_handed_over(entries: list[dict]) -> None:
+    """Keep the lines a handed-over job carries (for_handover) for this process and those it forks."""
+    _handed_over[:] = [(line, patterns) for entry in entries
+                       for line, patterns in _parsed([entry["line"]], entry["path"], entry["number"], elsewhere=True)]
+
+
+def handed_over(known_as: str) -> list[KnownLine]:
+    """The lines the handed-over job carries for this host."""
+    return [line for line, patterns in _handed_over if patterns == known_as]
 
 
 def podrun_lines(known_as: str) -> bytes:

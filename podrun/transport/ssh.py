@@ -168,17 +168,20 @@ class SshTransport(Transport):
         """Its name in known-hosts lines: the alias (OpenSSH's HostKeyAlias, which takes no port), or host[:port]."""
         return self.host_key_alias or _host_pattern(self.host, self.port or 22)
 
-    def _keys_on_record(self) -> tuple[str, list[known_hosts.KnownLine]]:
+    def _keys_on_record(self) -> tuple[str, list[known_hosts.KnownLine], bool]:
         """The known-hosts lines the host's key must match ("": none knows the host, trust it on first
-        contact), and those of them that the user's files hold (named if the key matches none)."""
+        contact), those of them that the user's files hold or a handed-over job carried (named if the
+        key matches none), and whether a file on this machine holds any (else the key, once it matched,
+        is kept in podrun's)."""
         if self.host_keys:
-            return "".join(f"{self.known_as} {key}\n" for key in self.host_keys), []
-        users = known_hosts.lines_for(self.known_as, known_hosts.user_files(self.known_hosts_file))
+            return "".join(f"{self.known_as} {key}\n" for key in self.host_keys), [], True
+        here = known_hosts.lines_for(self.known_as, known_hosts.user_files(self.known_hosts_file))
+        users = here + known_hosts.handed_over(self.known_as)
         own = known_hosts.podrun_lines(self.known_as).decode()
-        return "".join(line.as_known(self.known_as) for line in users) + own, users
+        return "".join(line.as_known(self.known_as) for line in users) + own, users, bool(here or own)
 
     async def connect(self) -> None:
-        known, users = self._keys_on_record() if self.check_host_keys else ("", [])
+        known, users, recorded = self._keys_on_record() if self.check_host_keys else ("", [], True)
         options: dict[str, object] = {"known_hosts": asyncssh.import_known_hosts(known) if known else None,
                                       "host_key_alias": self.host_key_alias,
                                       "connect_timeout": CONNECT_TIMEOUT_S, "encryption_algs": ENCRYPTION_ALGS,
@@ -206,7 +209,7 @@ class SshTransport(Transport):
         except (OSError, asyncssh.Error) as error:
             raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}{self._hint()}") from None
         host_key = self.connection.get_server_host_key()
-        if self.check_host_keys and not known and host_key is not None:
+        if self.check_host_keys and not recorded and host_key is not None:
             known_hosts.remember(self.known_as, [host_key.export_public_key().decode().strip()])
 
     def _hint(self) -> str:
@@ -220,8 +223,9 @@ class SshTransport(Transport):
         if users:
             removals = "; ".join(f"ssh-keygen -R {shlex.quote(self.known_as)} -f {shlex.quote(path)}"
                                  for path in dict.fromkeys(line.path for line in users))
+            there = " there" if all(line.elsewhere for line in users) else ""
             return (f"{self.label}: host key differs from the one recorded for it in {known_hosts.where(users)}; "
-                    f"if the host was rebuilt, remove that record ({removals})")
+                    f"if the host was rebuilt, remove that record{there} ({removals})")
         alias = f" as {self.host_key_alias}" if self.host_key_alias else ""
         return (f"{self.label}: host key changed since podrun first connected (recorded in "
                 f"{known_hosts.podrun_known_hosts()}{alias}); if the host was rebuilt, remove its line there")
