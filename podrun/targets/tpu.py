@@ -275,7 +275,8 @@ def tpu_workers(spec: JobSpec, api: TpuApi, authorize: bool, just_created: bool 
             transport = SshTransport(host, spec.ssh.port, user, str(key_path), spec.ssh.check_host_keys,
                                      refused_retry_s=KEY_PROPAGATION_S if just_added or just_created else 0,
                                      host_key_alias=host_key_alias(node, in_slice, keys), host_keys=keys,
-                                     known_hosts_file=spec.ssh.known_hosts, proxy_command=spec.ssh.proxy_command)
+                                     known_hosts_file=spec.ssh.known_hosts, proxy_command=spec.ssh.proxy_command,
+                                     proxy_jump=spec.ssh.proxy_jump)
             workers.append(Worker(len(workers), host, address.internal_ip, transport,
                                   (slice_id, in_slice) if len(names) > 1 else None))
     return [node for node, _ in reached], workers
