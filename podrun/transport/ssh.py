@@ -17,7 +17,6 @@ are trusted as they are, with no first use to trust.
 from __future__ import annotations
 
 import asyncio
-import ctypes.util
 import getpass
 import os
 import random
@@ -29,29 +28,15 @@ from typing import TYPE_CHECKING
 import podrun.transport.known_hosts as known_hosts
 from podrun import paths
 from podrun.errors import PodrunError, UsageError
-from podrun.transport import hops
+from podrun.transport import client_keys, hops
 from podrun.transport.base import Channel, ChannelLost, Transport, loop_gate
-
-
-def _import_asyncssh():
-    """asyncssh looks for liboqs (for the sntrup761 key exchange) with ctypes.util.find_library,
-    which runs `ldconfig -p` and gcc: 30 ms of every `podrun exec`. podrun does not offer sntrup761
-    (curve25519 and ML-KEM, through OpenSSL, cost less), so the search is skipped."""
-    find_library = ctypes.util.find_library
-    ctypes.util.find_library = lambda name: None if name in ("oqs", "liboqs") else find_library(name)
-    try:
-        import asyncssh
-    finally:
-        ctypes.util.find_library = find_library
-    return asyncssh
-
 
 if TYPE_CHECKING:
     import asyncssh
 
     from podrun.spec import SshOptions
 else:
-    asyncssh = _import_asyncssh()
+    from podrun.transport.ssh_library import asyncssh
 
 CONNECT_TIMEOUT_S = 10
 MAX_JUMP_HOSTS = 8  # more on the way to one host is a ProxyJump loop in ~/.ssh/config
@@ -241,8 +226,7 @@ class SshTransport(Transport):
             options["port"] = self.port
         if self.user:
             options["username"] = self.user
-        if self.identity_file:
-            options["client_keys"] = [os.path.expanduser(self.identity_file)]
+        options.update(await client_keys.auth_options(self.identity_file))
         if tunnel is not None:
             options["tunnel"] = tunnel
         elif self.proxy_command:
@@ -420,7 +404,10 @@ def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
     try:
         key = asyncssh.read_private_key(str(path))
     except (OSError, ValueError, asyncssh.KeyImportError) as error:
-        raise PodrunError(f"cannot read the SSH key {path}: {error}") from None
+        public = client_keys.public_half(str(path))  # passphrase-protected: its public half says the same
+        if public is None:
+            raise PodrunError(f"cannot read the SSH key {path}: {error}") from None
+        key = public
     key_type, blob = key.export_public_key().decode().split()[:2]
     return f"{key_type} {blob} {comment}"
 
