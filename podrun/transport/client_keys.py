@@ -41,7 +41,8 @@ async def auth_options(identity_file: str | None) -> dict:
 
 async def _choose(path: str) -> dict:
     try:
-        return {"client_keys": [asyncssh.read_private_key(path)]}
+        asyncssh.read_private_key(path)
+        return {"client_keys": [path]}  # the path, not the key read: asyncssh then finds a certificate beside it too
     except FileNotFoundError:
         raise PodrunError(f"ssh.identity_file {path} does not exist") from None
     except OSError as error:
