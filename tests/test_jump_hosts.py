@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import REPO, Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
-from helpers import dropped_from_launcher, new_ssh_connections, ps_on_every_host
+from helpers import create, dropped_from_launcher, new_ssh_connections, ps_on_every_host
 
 BASTION = 3  # the lab host that plays the bastion; the workers are hosts 0, 1 and 2
 RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) ")
@@ -147,6 +149,8 @@ def test_a_proxy_jump_in_ssh_config_follows_podruns_host_key_rules(home, lab, ho
             assert not (home / "known_hosts").exists()
             return
         assert f"{bastion.ip} {' '.join(bastion.host_key().split()[:2])}\n" in (home / "known_hosts").read_text()
+        shell = podrun("ssh", spec, "--worker", "2", "--", "hostname")  # OpenSSH, with podrun's rules for the jump
+        assert (shell.returncode, shell.stdout) == (0, "podrun-lab2\n"), shell.stderr
         # the user's own known_hosts are read as OpenSSH reads them: a key there that differs is refused
         (home / "known_hosts").unlink()
         (user_home / ".ssh" / "known_hosts").write_text(f"{bastion.ip} {other_key(lab)}\n")
@@ -195,4 +199,30 @@ def test_a_detached_job_behind_a_bastion_is_followed_and_stopped_the_same_way(ho
         assert follower.finish() == 143
         assert ps_on_every_host(lab, job_id) == []
         shell = podrun("ssh", spec, "--worker", "1", "--", "hostname; exit 7")
-    assert (shell.returncode, shell.stdout) == (7, "podrun-lab1\n"), shell.stderr
+        assert (shell.returncode, shell.stdout) == (7, "podrun-lab1\n"), shell.stderr
+        bastion = lab.hosts[BASTION].ip
+        recorded = (home / "known_hosts").read_text().splitlines()
+        (home / "known_hosts").write_text("".join(f"{line}\n" for line in recorded if not line.startswith(f"{bastion} "))
+                                          + f"{bastion} {other_key(lab)}\n")
+        refused = podrun("ssh", spec, "--worker", "1", "--", "hostname")
+    # OpenSSH's jump, run with podrun's known-hosts options, refuses the changed bastion itself
+    assert refused.returncode == 255 and refused.stdout == ""
+    assert f"Host key for {bastion} has changed" in refused.stderr or "Host key verification failed" in refused.stderr
+
+
+def test_a_tpu_with_internal_ips_only_is_reached_through_a_bastion_in_its_vpc(home, tpu_api_on_lab, lab, job_file):
+    key = Path(os.environ["HOME"]) / ".ssh" / "google_compute_engine"  # gcloud's key, which the bastion takes too
+    key.parent.mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    lab.authorize(BASTION, key.with_suffix(".pub").read_text())  # the fixture gives every host its keys back
+    create("inside", "v4-16", "--internal-ips")  # before the drop: the stand-in waits for its sshds from here
+    spec = job_file(f"target: {{tpu: {{name: inside, internal_ip: true}}}}\n"
+                    f"ssh: {{user: root, proxy_jump: 'root@{lab.hosts[BASTION].ip}'}}\n"
+                    f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n"
+                    f"run: echo from $(hostname)\ndelete_after: always\n")
+    others = [host for host in lab.hosts if host.index != BASTION]
+    with dropped_from_launcher([host.ip for host in others] + [host.external_ip for host in others]):
+        result = podrun("exec", spec, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert sorted(line.split(" from ")[0] for line in result.stdout.splitlines()) == ["[w0]", "[w1]"], result.stdout
+    assert processes_of_job(job_id_in(result.stderr)) == []

@@ -208,6 +208,7 @@ class SshTransport(Transport):
             await hops.close_hop(hop)
 
     async def connect(self) -> None:
+        await self._close_route()  # connected again after a loss: the hop it went through is given back first
         tunnel = await self._open_route()  # before the handshake gate: a worker's place there waits on no hop
         try:
             await self._connect_through(tunnel)
