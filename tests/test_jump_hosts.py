@@ -186,7 +186,8 @@ def test_workers_behind_one_bastion_share_one_connection_opened_once_and_closed_
         assert bastion_connections() == 1
 
 
-def test_a_detached_job_behind_a_bastion_is_followed_and_stopped_the_same_way(home, lab, hosts_spec):
+def test_a_detached_job_behind_a_bastion_is_followed_inspected_copied_to_and_stopped_the_same_way(home, lab, hosts_spec,
+                                                                                              tmp_path):
     spec = through_bastion(hosts_spec('run: echo "up on $PODRUN_WORKER"; exec sleep 600'), lab)
     with dropped_from_launcher(worker_ips(lab)):
         started = podrun("exec", spec, "--detach")
@@ -194,6 +195,13 @@ def test_a_detached_job_behind_a_bastion_is_followed_and_stopped_the_same_way(ho
         job_id = job_id_in(started.stderr)
         follower = Background("logs", job_id, "-f")
         follower.wait_for(r"up on 2$")
+        stacks = podrun("stacks", job_id)
+        assert stacks.returncode == 0, stacks.stderr
+        assert f"── worker 2 ({lab.hosts[2].ip}) ──" in stacks.stdout and "sleep 600" in stacks.stdout
+        (tmp_path / "notes.txt").write_text("through the bastion\n")
+        copied = podrun("cp", spec, tmp_path / "notes.txt", ":jump-notes.txt")
+        assert copied.returncode == 0, copied.stderr
+        assert [(host.home / "jump-notes.txt").read_text() for host in lab.hosts[:3]] == ["through the bastion\n"] * 3
         stopped = podrun("stop", job_id)
         assert stopped.returncode == 0, stopped.stderr
         assert follower.finish() == 143
@@ -226,3 +234,20 @@ def test_a_tpu_with_internal_ips_only_is_reached_through_a_bastion_in_its_vpc(ho
     assert result.returncode == 0, result.stderr
     assert sorted(line.split(" from ")[0] for line in result.stdout.splitlines()) == ["[w0]", "[w1]"], result.stdout
     assert processes_of_job(job_id_in(result.stderr)) == []
+
+
+def test_a_slurm_login_node_is_reached_through_a_bastion(home, slurm_lab, job_file):
+    bastion = slurm_lab.nodes[-1]  # a compute node, which the login node's network reaches, plays the bastion
+    spec = job_file(f"target: {{slurm: {{login: {slurm_lab.login_address}, nodes: 2}}}}\n"
+                    f"ssh: {{identity_file: {slurm_lab.client_key}, proxy_jump: 'root@{bastion.ip}'}}\n"
+                    f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\nrun: hostname\n")
+    slurm_lab.cancel_all()
+    try:
+        with dropped_from_launcher([slurm_lab.login.ip]):
+            result = podrun("exec", spec, timeout=120)
+    finally:
+        slurm_lab.cancel_all()
+        slurm_lab.wait_until_idle()
+    assert result.returncode == 0, result.stderr
+    assert sorted(line.split()[0] for line in result.stdout.splitlines()) == ["[w0]", "[w1]"], result.stdout
+    assert f"{bastion.ip} ssh-ed25519 " in (home / "known_hosts").read_text()
