@@ -17,12 +17,9 @@ import os
 import weakref
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from podrun.spec_fields import parse_jumps
-
-if TYPE_CHECKING:
-    from podrun.transport.ssh import SshTransport
 
 USER_CONFIG = "~/.ssh/config"
 
@@ -51,10 +48,23 @@ def hops_of(proxy_jump: str) -> list[tuple[str | None, str, int | None]]:
         raise UsageError(f"{USER_CONFIG}: ProxyJump: {error}") from None
 
 
+class HopTransport(Protocol):
+    """What a hop is here: transport/ssh.py's SshTransport, to a jump host."""
+
+    connection: Any  # asyncssh's SSHClientConnection once connected, else None
+
+    @property
+    def label(self) -> str: ...  # host[:port], for the errors of the hosts behind it
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class Hop:
     """A hop's connection, and how many transports go through it."""
 
-    def __init__(self, key: Hashable, transport: SshTransport):
+    def __init__(self, key: Hashable, transport: HopTransport):
         self.key, self.transport = key, transport
         self.users = 0
         self.opened: asyncio.Future[None] = asyncio.ensure_future(transport.connect())
@@ -75,7 +85,7 @@ class Hop:
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, Hop]] = weakref.WeakKeyDictionary()
 
 
-async def open_hop(key: Hashable, make: Callable[[], SshTransport]) -> Hop:
+async def open_hop(key: Hashable, make: Callable[[], HopTransport]) -> Hop:
     """The hop known by `key`, connected: opened by the first caller (`make` builds its transport), shared by
     the others; each caller gives it back with close_hop()."""
     hops = _open.setdefault(asyncio.get_running_loop(), {})
