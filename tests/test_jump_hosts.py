@@ -80,7 +80,8 @@ def test_torchrun_ddp_runs_through_a_bastion_never_seen_before_and_a_changed_bas
     assert processes_of_job(job_id_in(result.stderr)) == []
 
 
-@pytest.mark.parametrize("fault", ["bastion unreachable", "bastion refuses the key", "bastion key changed"])
+@pytest.mark.parametrize("fault", ["bastion unreachable", "bastion does not resolve", "bastion refuses the key",
+                                   "bastion key changed"])
 def test_a_bastion_that_fails_is_one_line_naming_it_and_nothing_starts_anywhere(home, lab, hosts_spec, fault):
     spec = through_bastion(hosts_spec("run: echo started; sleep 300"), lab,
                            user="nobody" if fault == "bastion refuses the key" else "root")
@@ -88,11 +89,16 @@ def test_a_bastion_that_fails_is_one_line_naming_it_and_nothing_starts_anywhere(
     if fault == "bastion unreachable":
         bastion = "10.99.0.9"  # in the lab's network, where no host answers
         spec.write_text(spec.read_text().replace(lab.hosts[BASTION].ip, bastion))
+    if fault == "bastion does not resolve":
+        bastion = "bastion.invalid"
+        spec.write_text(spec.read_text().replace(lab.hosts[BASTION].ip, bastion))
     if fault == "bastion key changed":
         home.mkdir(parents=True, exist_ok=True)
         (home / "known_hosts").write_text(f"{bastion} {other_key(lab)}\n")
     expected = {
-        "bastion unreachable": f"podrun: error: {bastion} (jump host for {first}): ",
+        "bastion unreachable": f"podrun: error: {bastion} (jump host for {first}): cannot connect: ",
+        "bastion does not resolve": f"podrun: error: {bastion} (jump host for {first}): cannot connect: the name does "
+                                    f"not resolve (",
         "bastion refuses the key": f"podrun: error: {bastion} (jump host for {first}): key refused for user nobody "
                                    f"(identity file: {lab.client_key})",
         "bastion key changed": f"podrun: error: {bastion} (jump host for {first}): host key changed since podrun "
@@ -251,3 +257,24 @@ def test_a_slurm_login_node_is_reached_through_a_bastion(home, slurm_lab, job_fi
     assert result.returncode == 0, result.stderr
     assert sorted(line.split()[0] for line in result.stdout.splitlines()) == ["[w0]", "[w1]"], result.stdout
     assert f"{bastion.ip} ssh-ed25519 " in (home / "known_hosts").read_text()
+
+
+@pytest.mark.parametrize("where", ["spec", "~/.ssh/config"])
+def test_a_proxy_command_carries_the_connection_from_the_spec_or_ssh_config(home, lab, hosts_spec, tmp_path, monkeypatch,
+                                                                            where):
+    bastion = lab.hosts[BASTION].ip
+    # OpenSSH's own client as the proxy, as a user writes it; %h and %p are the worker's
+    command = (f"ssh -i {lab.client_key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes "
+               f"-W %h:%p root@{bastion}")
+    spec = hosts_spec("run: hostname")
+    if where == "spec":
+        spec.write_text(spec.read_text().replace("ssh: {", f"ssh: {{proxy_command: '{command}', ", 1))
+        config = ""
+    else:
+        config = f"Host {' '.join(worker_ips(lab))}\n  ProxyCommand {command}\n"
+    with user_ssh_config(tmp_path, monkeypatch, config), dropped_from_launcher(worker_ips(lab)):
+        result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[w0] podrun-lab0", "[w1] podrun-lab1", "[w2] podrun-lab2"]
+    # the workers' keys, reached through the proxy, are trusted on first use as any worker's
+    assert {line.split()[0] for line in (home / "known_hosts").read_text().splitlines()} == set(worker_ips(lab))

@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shlex
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -429,6 +430,8 @@ def _host_pattern(host: str, port: int) -> str:
 
 
 def _reason(error: BaseException) -> str:
+    if isinstance(error, socket.gaierror):  # its errno is getaddrinfo's, which os.strerror does not know
+        return f"the name does not resolve ({error.strerror})"
     if isinstance(error, OSError) and error.errno:  # asyncio words it "Connect call failed (...)"
         return os.strerror(error.errno)
     text = getattr(error, "reason", None) or str(error) or type(error).__name__
