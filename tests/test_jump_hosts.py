@@ -278,3 +278,20 @@ def test_a_proxy_command_carries_the_connection_from_the_spec_or_ssh_config(home
     assert sorted(result.stdout.splitlines()) == ["[w0] podrun-lab0", "[w1] podrun-lab1", "[w2] podrun-lab2"]
     # the workers' keys, reached through the proxy, are trusted on first use as any worker's
     assert {line.split()[0] for line in (home / "known_hosts").read_text().splitlines()} == set(worker_ips(lab))
+
+
+def test_a_supervisor_host_behind_the_bastion_reaches_the_workers_through_it_too(home, lab, hosts_spec, supervisor):
+    bastion = lab.hosts[2]  # host 3 is the supervisor (conftest.SUPERVISOR_HOST), hosts 0 and 1 the workers
+    spec = hosts_spec(supervisor.spec + 'run: echo "hello from worker $PODRUN_WORKER on $(hostname)"\n', hosts=(0, 1))
+    spec.write_text(spec.read_text().replace("ssh: {", f"ssh: {{proxy_jump: 'root@{bastion.ip}', ", 1))
+    cut_off = [lab.hosts[0].ip, lab.hosts[1].ip, supervisor.ip]
+    with dropped_from_launcher(cut_off), new_ssh_connections(lab, 2) as bastion_connections:
+        result = podrun("exec", spec, timeout=180)
+        assert result.returncode == 0, result.stderr
+        # the laptop's to the supervisor, the supervisor's to its workers (one for both)
+        assert bastion_connections() == 2
+    for worker in range(2):
+        assert f"[w{worker}] hello from worker {worker} on podrun-lab{worker}" in result.stdout
+    assert supervisor.record(job_id_in(result.stderr))["state"] == "succeeded"
+    # the supervisor trusted the bastion on first use into its own podrun's file
+    assert f"{bastion.ip} ssh-ed25519 " in (supervisor.home / ".podrun" / "known_hosts").read_text()
