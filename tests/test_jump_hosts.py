@@ -295,3 +295,13 @@ def test_a_supervisor_host_behind_the_bastion_reaches_the_workers_through_it_too
     assert supervisor.record(job_id_in(result.stderr))["state"] == "succeeded"
     # the supervisor trusted the bastion on first use into its own podrun's file
     assert f"{bastion.ip} ssh-ed25519 " in (supervisor.home / ".podrun" / "known_hosts").read_text()
+
+
+def test_a_malformed_proxy_jump_in_ssh_config_is_one_line_naming_the_file(home, tmp_path, monkeypatch, job_file):
+    spec = job_file("target: {hosts: [10.99.0.10, 10.99.0.11]}\nrun: hostname\n")
+    with user_ssh_config(tmp_path, monkeypatch, "Host 10.99.0.*\n  ProxyJump root@@bastion\n"):
+        result = podrun("exec", spec)
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        "podrun: error: ~/.ssh/config: ProxyJump: expected user@bastion[:port], several joined by commas (the first "
+        "is reached first), or none, got 'root@@bastion'")
