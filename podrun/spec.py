@@ -33,10 +33,12 @@ from podrun.spec_fields import (
     DURATION,
     DURATION_SCHEMA,
     HOST_FORMS,
+    JUMP_FORMS,
     HostEntry,
     Model,
     duration_s,
     got,
+    parse_jumps,
     yaml_kind,
 )
 from podrun.targets import registry
@@ -114,6 +116,11 @@ Target = create_model(  # type: ignore[call-overload]
        for declared in registry.kinds()})
 
 
+def _jump_hosts(value: str) -> str:
+    parse_jumps(value)
+    return value
+
+
 class SshOptions(Model):
     """Defaults for every host; a host entry's own user@ and :port win. Unset: ~/.ssh/config, then ssh's defaults."""
 
@@ -125,6 +132,16 @@ class SshOptions(Model):
                                                       "it knows must present a key it holds for it")
     proxy_command: str | None = Field(None, min_length=1, description="OpenSSH's ProxyCommand: a command whose stdin and "
                                       "stdout reach the host (%h host, %p port, %r user)")
+    proxy_jump: Annotated[str, AfterValidator(_jump_hosts)] | None = Field(
+        None, description="OpenSSH's ProxyJump: user@bastion[:port][,next], the jump hosts to reach every host through")
+
+    @model_validator(mode="after")
+    def _one_route(self) -> SshOptions:
+        if self.proxy_jump is not None and self.proxy_command is not None:
+            # OpenSSH too takes only one of them (whichever it reads first)
+            raise ValueError("expected proxy_jump or proxy_command, not both: proxy_jump is OpenSSH's "
+                             "ProxyCommand \"ssh -W %h:%p bastion\" with podrun's host-key rules for the bastion")
+        return self
 
 
 def _nproc_per_node(value: Any) -> Any:
@@ -306,6 +323,7 @@ EXPECTED = {
     "ssh.identity_file": "the path of a private key such as ~/.ssh/id_ed25519",
     "ssh.check_host_keys": "true or false",
     "ssh.known_hosts": "the path of a known-hosts file such as ~/.ssh/cluster_known_hosts",
+    "ssh.proxy_jump": JUMP_FORMS,
     "ssh.proxy_command": "a command whose stdin and stdout reach the host, such as \"ssh -W %h:%p bastion\"",
     "workdir": "a directory (relative to the spec file)",
     "setup": "a shell command such as pip install -r requirements.txt",

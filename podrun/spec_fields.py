@@ -39,6 +39,20 @@ def parse_host(entry: str) -> tuple[str | None, str, int | None]:
     return match["user"], match["ipv6"] or match["host"], int(match["port"]) if match["port"] else None
 
 
+JUMP_FORMS = "user@bastion[:port], several joined by commas (the first is reached first), or none"
+
+
+def parse_jumps(text: str) -> list[tuple[str | None, str, int | None]]:
+    """OpenSSH's ProxyJump, `user@bastion:port,user@inner` -> [(user, host, port), ...] in the order they are
+    reached; `none` (no jump host, whatever ~/.ssh/config says) -> []."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [parse_host(entry.strip()) for entry in text.split(",")]
+    except ValueError:
+        raise ValueError(f"expected {JUMP_FORMS}, got {got(text)}") from None
+
+
 def _host_entry(entry: str) -> str:
     parse_host(entry)
     return entry

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ def ps_on_every_host(lab, job_id: str) -> list[str]:
 def packets_dropped(match: str, table: str = "podrun_lab_cut"):
     """Every packet this machine sends that `match` (an nft rule's match, e.g. `ip daddr 10.99.0.10 tcp
     dport 22`) dropped until the block ends; the lab hosts' own packets, in their namespaces, go on."""
+    require_nft()
     subprocess.run(["nft", "add", "table", "ip", table], check=True)
     try:
         subprocess.run(["nft", f"add chain ip {table} out {{ type filter hook output priority 0; }}"], check=True)
@@ -73,6 +75,41 @@ def bridge_sent_bytes() -> int:
     from lab import BRIDGE
 
     return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
+
+
+def require_nft() -> None:
+    """Skip (fail where CI requires every facility) in one line without nft, before the test starts a job."""
+    import pytest
+
+    if shutil.which("nft") is None:
+        missing = "a test that drops packets needs nft: apt-get install nftables"
+        if os.environ.get("PODRUN_TESTS_REQUIRE_ALL"):
+            pytest.fail(missing, pytrace=False)
+        pytest.skip(missing)
+
+
+def dropped_from_launcher(addresses: list[str]):
+    """Every packet this machine (the launcher) sends to `addresses` dropped until the block ends; the lab
+    hosts still reach each other (their traffic crosses the bridge without passing this machine's stack)."""
+    return packets_dropped(f"ip daddr {{ {', '.join(addresses)} }}", "podrun_lab_drop")
+
+
+@contextlib.contextmanager
+def new_ssh_connections(lab, index: int):
+    """Counts the TCP connections opened to host `index`'s sshd while the block runs (an nft counter in its
+    own namespace); the block gets a function that reads the count."""
+    require_nft()
+    # each connection's source address and port, once: a SYN sent again is no new connection
+    nft = ("nft add table ip podrun_count && "
+           "nft 'add set ip podrun_count seen { type ipv4_addr . inet_service; size 65535; flags dynamic; }' && "
+           "nft 'add chain ip podrun_count in { type filter hook input priority 0; }' && "
+           "nft 'add rule ip podrun_count in tcp dport 22 tcp flags & (syn | ack) == syn "
+           "add @seen { ip saddr . tcp sport }'")
+    assert lab.run(index, nft).returncode == 0
+    try:
+        yield lambda: len(re.findall(r"[\d.]+ \. \d+", lab.run(index, "nft list set ip podrun_count seen").stdout))
+    finally:
+        lab.run(index, "nft delete table ip podrun_count")
 
 
 def podrun_on_this_machine(home: Path) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -31,7 +30,7 @@ from conftest import (
     processes_of_job,
     wait_until,
 )
-from helpers import left_in_api, lifecycle_spec, packets_dropped, podrun_on_this_machine
+from helpers import left_in_api, lifecycle_spec, packets_dropped, podrun_on_this_machine, require_nft
 
 # --- the lab itself: what the tests below stand on
 
@@ -218,15 +217,6 @@ def test_ctrl_c_on_the_laptop_stops_a_supervised_job_everywhere(home, lab, hosts
     assert anything_of_the_job(job_id) == []
     assert supervisor.record(job_id)["state"] == "stopped"
     assert listed_as_json(job_id)["state"] == "stopped"
-
-
-def require_nft() -> None:
-    """Skip (fail where CI requires every facility) in one line without nft, before the test starts a job."""
-    if shutil.which("nft") is None:
-        missing = "the supervisor cut off by dropped packets needs nft: apt-get install nftables"
-        if os.environ.get("PODRUN_TESTS_REQUIRE_ALL"):
-            pytest.fail(missing, pytrace=False)
-        pytest.skip(missing)
 
 
 @contextlib.contextmanager

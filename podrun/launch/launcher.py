@@ -479,7 +479,7 @@ def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan], doing: st
     for _, error in failed:
         if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
             raise error
-    if len(failed) == 1:
+    if len({str(error) for _, error in failed}) == 1:  # one error for all (a jump host they share): said once
         raised = PodrunError(_worker_error(*failed[0]))
     else:
         room = _screen_rows() - 2  # the heading, and the line that counts the rest

@@ -291,7 +291,7 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
                      else None for name in names]
         reached = list(pool.map(lambda name: _reach(api, name, key_line, oslogin), names))
         attributes = [future.result() if future else [] for future in published]
-    routed = tpu.iap or bool(spec.ssh.proxy_command)  # the spec names how the workers are reached
+    routed = tpu.iap or bool(spec.ssh.proxy_command or spec.ssh.proxy_jump)  # the spec names how the workers are reached
     if not tpu.internal_ip and not routed:
         _say_if_internal_only([node for node, _ in reached], tpu.label)
     # OS Login's guest asks the API at each login: a key it took works at once, a refusal is final
@@ -321,6 +321,7 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
                                      known_hosts_file=spec.ssh.known_hosts,
                                      proxy_command=(iap_tunnel(node, in_slice, worker_published.instance) if tpu.iap
                                                     else spec.ssh.proxy_command),
+                                     proxy_jump=None if tpu.iap else spec.ssh.proxy_jump,
                                      refused_advice=login.refused_advice() if login else "",
                                      unreachable_hint=unreachable_hint(host) if internal and not routed else None)
             workers.append(Worker(len(workers), host, address.internal_ip, transport,

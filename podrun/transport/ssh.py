@@ -17,42 +17,30 @@ are trusted as they are, with no first use to trust.
 from __future__ import annotations
 
 import asyncio
-import ctypes.util
 import getpass
 import os
 import random
 import re
 import shlex
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import podrun.transport.known_hosts as known_hosts
 from podrun import paths
 from podrun.errors import PodrunError, UsageError
+from podrun.transport import client_keys, hops
 from podrun.transport.base import Channel, ChannelLost, Transport, loop_gate
-
-
-def _import_asyncssh():
-    """asyncssh looks for liboqs (for the sntrup761 key exchange) with ctypes.util.find_library,
-    which runs `ldconfig -p` and gcc: 30 ms of every `podrun exec`. podrun does not offer sntrup761
-    (curve25519 and ML-KEM, through OpenSSL, cost less), so the search is skipped."""
-    find_library = ctypes.util.find_library
-    ctypes.util.find_library = lambda name: None if name in ("oqs", "liboqs") else find_library(name)
-    try:
-        import asyncssh
-    finally:
-        ctypes.util.find_library = find_library
-    return asyncssh
-
 
 if TYPE_CHECKING:
     import asyncssh
 
     from podrun.spec import SshOptions
 else:
-    asyncssh = _import_asyncssh()
+    from podrun.transport.ssh_library import asyncssh
 
 CONNECT_TIMEOUT_S = 10
+MAX_JUMP_HOSTS = 8  # more on the way to one host is a ProxyJump loop in ~/.ssh/config
 # a dead link or host is noticed within 15 s: asyncssh sends a keepalive after 5 s of silence and
 # gives up when the next timer finds COUNT_MAX of them unanswered, i.e. after 5 s x (2 + 1)
 KEEPALIVE_INTERVAL_S = 5
@@ -142,7 +130,7 @@ class SshTransport(Transport):
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
                  host_keys: tuple[str, ...] = (), known_hosts_file: str | None = None,
-                 proxy_command: str | None = None, refused_advice: str = "",
+                 proxy_command: str | None = None, proxy_jump: str | None = None, refused_advice: str = "",
                  unreachable_hint: str | None = None):
         self.host, self.port, self.user = host, port, user
         self.identity_file = identity_file
@@ -155,6 +143,11 @@ class SshTransport(Transport):
         self.proxy_command = proxy_command
         self.refused_advice = refused_advice  # why the key may be refused and what to do (OS Login's roles)
         self.unreachable_hint = unreachable_hint  # added where the host cannot be reached: the ways in (TPU internal IPs)
+        # OpenSSH's ProxyJump (hops.py): "user@bastion:port,..." or "none"; unset: ~/.ssh/config's, as OpenSSH reads it
+        self.proxy_jump = proxy_jump
+        self.jump_host_for: str | None = None  # set on a jump host: the host it leads to, for its errors
+        self.jumps_before = 0  # jump hosts on the way to this one, when it is a jump host itself
+        self.hop: hops.Hop | None = None  # the jump host this host is reached through, once connected
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
         self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
@@ -162,6 +155,11 @@ class SshTransport(Transport):
     @property
     def label(self) -> str:
         return self.host if self.port in (None, 22) else f"{self.host}:{self.port}"
+
+    @property
+    def named(self) -> str:
+        """The host as its errors name it: a jump host says which host it leads to."""
+        return f"{self.label} (jump host for {self.jump_host_for})" if self.jump_host_for else self.label
 
     @property
     def known_as(self) -> str:
@@ -180,7 +178,52 @@ class SshTransport(Transport):
         own = known_hosts.podrun_lines(self.known_as).decode()
         return "".join(line.as_known(self.known_as) for line in users) + own, users, bool(here or own)
 
+    def jumps(self) -> list[tuple[str | None, str, int | None]]:
+        """(user, host, port) of each jump host on the way, the first reached first: the spec's proxy_jump,
+        else ~/.ssh/config's ProxyJump unless the spec names a proxy_command (as `ssh -o` wins over the file)."""
+        jump = self.proxy_jump
+        if jump is None and self.proxy_command is None:
+            jump = hops.config_proxy_jump(self.host, self.port, self.user)
+        return hops.hops_of(jump) if jump else []
+
+    def _jump_host(self, jumps: list[tuple[str | None, str, int | None]]) -> SshTransport:
+        """The last of `jumps`, as a host of its own: the spec's key and host-key rules, its own user and port
+        (else ~/.ssh/config's, else ssh's defaults, as OpenSSH's -J does), reached through the ones before it."""
+        user, host, port = jumps[-1]
+        before = ",".join(map(_jump_entry, jumps[:-1])) or None  # None: the first one's own ProxyJump applies
+        jump_host = SshTransport(host, port, user, self.identity_file, self.check_host_keys,
+                                 known_hosts_file=self.known_hosts_file, proxy_jump=before)
+        jump_host.jump_host_for, jump_host.jumps_before = self.label, self.jumps_before + 1
+        return jump_host
+
+    async def _open_route(self) -> asyncssh.SSHClientConnection | None:
+        """The connection to the last jump host on the way, shared with every other host behind it; None
+        where the host is reached without one."""
+        jumps = self.jumps()
+        if not jumps:
+            return None
+        if self.jumps_before >= MAX_JUMP_HOSTS:
+            raise PodrunError(f"{self.named}: more than {MAX_JUMP_HOSTS} jump hosts on the way; is there a "
+                              f"ProxyJump loop in {hops.USER_CONFIG}?")
+        key = (tuple(jumps), self.identity_file, self.check_host_keys, self.known_hosts_file)
+        self.hop = await hops.open_hop(key, lambda: self._jump_host(jumps))
+        return self.hop.transport.connection
+
+    async def _close_route(self) -> None:
+        hop, self.hop = self.hop, None
+        if hop:
+            await hops.close_hop(hop)
+
     async def connect(self) -> None:
+        await self._close_route()  # connected again after a loss: the hop it went through is given back first
+        tunnel = await self._open_route()  # before the handshake gate: a worker's place there waits on no hop
+        try:
+            await self._connect_through(tunnel)
+        except BaseException:
+            await self._close_route()
+            raise
+
+    async def _connect_through(self, tunnel: asyncssh.SSHClientConnection | None) -> None:
         known, users, recorded = self._keys_on_record() if self.check_host_keys else ("", [], True)
         options: dict[str, object] = {"known_hosts": asyncssh.import_known_hosts(known) if known else None,
                                       "host_key_alias": self.host_key_alias,
@@ -191,23 +234,28 @@ class SshTransport(Transport):
             options["port"] = self.port
         if self.user:
             options["username"] = self.user
-        if self.identity_file:
-            options["client_keys"] = [os.path.expanduser(self.identity_file)]
-        if self.proxy_command:
-            options["proxy_command"] = self._expanded(self.proxy_command)
+        options.update(await client_keys.auth_options(self.identity_file))
+        if tunnel is not None:
+            options["tunnel"] = tunnel
+        elif self.proxy_command:
+            # the spec's, expanded here; it wins over a ProxyJump in ~/.ssh/config, as `ssh -o ProxyCommand=` does
+            options.update(tunnel=None, proxy_command=self._expanded(self.proxy_command))
+        elif self.proxy_jump is not None:  # "none": straight to the host, whatever ~/.ssh/config says
+            options.update(tunnel=None, proxy_command=None)
+        through = f" through {self.hop.transport.label}" if self.hop else ""
         try:
             self.connection = await self._connect(options)
         except asyncssh.HostKeyNotVerifiable:
             raise PodrunError(self._key_refused(users)) from None
         except asyncssh.PermissionDenied:
-            raise PodrunError(f"{self.label}: key refused for user {self.user or 'default'} "
+            raise PodrunError(f"{self.named}: key refused for user {self.user or 'default'} "
                               f"(identity file: {self.identity_file or 'ssh defaults'})"
                               + (f"; {self.refused_advice}" if self.refused_advice else "")) from None
         except (asyncio.TimeoutError, TimeoutError):
-            raise PodrunError(f"{self.label}: no answer within {CONNECT_TIMEOUT_S}s "
+            raise PodrunError(f"{self.named}: no answer{through} within {CONNECT_TIMEOUT_S}s "
                               f"(host down or unreachable?){self._hint()}") from None
         except (OSError, asyncssh.Error) as error:
-            raise PodrunError(f"{self.label}: cannot connect: {_reason(error)}{self._hint()}") from None
+            raise PodrunError(f"{self.named}: cannot connect{through}: {_reason(error)}{self._hint()}") from None
         host_key = self.connection.get_server_host_key()
         if self.check_host_keys and not recorded and host_key is not None:
             known_hosts.remember(self.known_as, [host_key.export_public_key().decode().strip()])
@@ -218,16 +266,16 @@ class SshTransport(Transport):
     def _key_refused(self, users: list[known_hosts.KnownLine]) -> str:
         """Why the host's key was refused, and what to do: one line."""
         if self.host_keys:
-            return (f"{self.label}: its host key is not one of those its TPU VM published (guest attributes, "
+            return (f"{self.named}: its host key is not one of those its TPU VM published (guest attributes, "
                     f"namespace hostkeys); refusing to connect")
         if users:
             removals = "; ".join(f"ssh-keygen -R {shlex.quote(self.known_as)} -f {shlex.quote(path)}"
                                  for path in dict.fromkeys(line.path for line in users))
             there = " there" if all(line.elsewhere for line in users) else ""
-            return (f"{self.label}: host key differs from the one recorded for it in {known_hosts.where(users)}; "
+            return (f"{self.named}: host key differs from the one recorded for it in {known_hosts.where(users)}; "
                     f"if the host was rebuilt, remove that record{there} ({removals})")
         alias = f" as {self.host_key_alias}" if self.host_key_alias else ""
-        return (f"{self.label}: host key changed since podrun first connected (recorded in "
+        return (f"{self.named}: host key changed since podrun first connected (recorded in "
                 f"{known_hosts.podrun_known_hosts()}{alias}); if the host was rebuilt, remove its line there")
 
     async def _connect(self, options: dict) -> asyncssh.SSHClientConnection:
@@ -247,7 +295,7 @@ class SshTransport(Transport):
                 pause_s = random.uniform(0, backoff_s)  # full jitter: the dropped ones do not come back together
                 if loop.time() + pause_s - started > self.connect_retry_s:
                     raise PodrunError(
-                        f"{self.label}: the connection was closed before authentication, "
+                        f"{self.named}: the connection was closed before authentication, "
                         f"{counted_times(self.handshake_attempts)} in {loop.time() - started:.0f}s (sshd's MaxStartups "
                         f"drops handshakes beyond its limit: raise it there, or lower PODRUN_SSH_HANDSHAKES "
                         f"(now {self.handshakes}); PODRUN_SSH_CONNECT_RETRY sets the seconds to keep trying)") from None
@@ -259,7 +307,8 @@ class SshTransport(Transport):
                 "identity_file": self.identity_file, "check_host_keys": self.check_host_keys,
                 "host_key_alias": self.host_key_alias, "host_keys": list(self.host_keys),
                 "known_hosts_file": self.known_hosts_file, "proxy_command": self.proxy_command,
-                "refused_advice": self.refused_advice, "unreachable_hint": self.unreachable_hint}
+                "proxy_jump": self.proxy_jump, "refused_advice": self.refused_advice,
+                "unreachable_hint": self.unreachable_hint}
 
     def _expanded(self, command: str) -> str:
         """OpenSSH's tokens in a ProxyCommand: %h the host, %p the port, %r the user, %% a percent sign."""
@@ -271,6 +320,11 @@ class SshTransport(Transport):
         the remote program) for free, with podrun's keys and its host-key rules (its known-hosts file
         and the user's, trust on first use, a changed key refused; published keys written there and required)."""
         argv = ["ssh", "-t"] if terminal else ["ssh"]
+        return [*argv, *self._client_options(), "--", self.host, *([command] if command else [])], None
+
+    def _client_options(self) -> list[str]:
+        """OpenSSH client options that reach this host with podrun's key, host-key rules and route."""
+        argv = []
         if self.check_host_keys:
             own = known_hosts.podrun_known_hosts()
             paths.make_private_dir(str(own.parent))
@@ -293,9 +347,17 @@ class SshTransport(Transport):
             argv += ["-l", self.user]
         if self.identity_file:
             argv += ["-i", os.path.expanduser(self.identity_file)]
-        if self.proxy_command:
+        if jumps := self.jumps():
+            # not -J: OpenSSH's jump runs `ssh -W` without this command's -o options, so the jump host's key would
+            # go unchecked by podrun's rules; the jump host's own options are expanded once more by this ssh: %% keeps them
+            jump_host = self._jump_host(jumps)
+            reach = [word.replace("%", "%%") for word in [*jump_host._client_options(), "--", jump_host.host]]
+            argv += ["-o", f"ProxyCommand=ssh -W %h:%p {shlex.join(reach)}"]
+        elif self.proxy_command:
             argv += ["-o", f"ProxyCommand={self.proxy_command}"]  # OpenSSH expands its tokens itself
-        return [*argv, "--", self.host, *([command] if command else [])], None
+        elif self.proxy_jump is not None:  # "none"
+            argv += ["-o", "ProxyJump=none"]
+        return argv
 
     def starting_environment(self) -> str:
         who = f"{self.user}@{self.label}" if self.user else self.label
@@ -312,6 +374,7 @@ class SshTransport(Transport):
         if self.connection:
             self.connection.close()
             await self.connection.wait_closed()
+        await self._close_route()
 
 
 def connect_settings() -> tuple[int, float]:
@@ -355,7 +418,10 @@ def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
     try:
         key = asyncssh.read_private_key(str(path))
     except (OSError, ValueError, asyncssh.KeyImportError) as error:
-        raise PodrunError(f"cannot read the SSH key {path}: {error}") from None
+        public = client_keys.public_half(str(path))  # passphrase-protected: its public half says the same
+        if public is None:
+            raise PodrunError(f"cannot read the SSH key {path}: {error}") from None
+        key = public
     key_type, blob = key.export_public_key().decode().split()[:2]
     return f"{key_type} {blob} {comment}"
 
@@ -365,11 +431,19 @@ def _quoted_for_ssh_config(path: str) -> str:
     return f'"{path}"' if " " in path else path
 
 
+def _jump_entry(jump: tuple[str | None, str, int | None]) -> str:
+    """(user, host, port) as a ProxyJump entry: user@host:port, an IPv6 address in brackets."""
+    user, host, port = jump
+    return (f"{user}@" if user else "") + (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+
+
 def _host_pattern(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
 def _reason(error: BaseException) -> str:
+    if isinstance(error, socket.gaierror):  # its errno is getaddrinfo's, which os.strerror does not know
+        return f"the name does not resolve ({error.strerror})"
     if isinstance(error, OSError) and error.errno:  # asyncio words it "Connect call failed (...)"
         return os.strerror(error.errno)
     text = getattr(error, "reason", None) or str(error) or type(error).__name__
@@ -381,12 +455,12 @@ def from_endpoint(endpoint: dict) -> SshTransport:
     return SshTransport(endpoint["host"], endpoint["port"], endpoint["user"], endpoint["identity_file"],
                         endpoint["check_host_keys"], host_key_alias=endpoint.get("host_key_alias"),
                         host_keys=tuple(endpoint.get("host_keys", ())), known_hosts_file=endpoint.get("known_hosts_file"),
-                        proxy_command=endpoint.get("proxy_command"), refused_advice=endpoint.get("refused_advice", ""),
-                        unreachable_hint=endpoint.get("unreachable_hint"))
+                        proxy_command=endpoint.get("proxy_command"), proxy_jump=endpoint.get("proxy_jump"),
+                        refused_advice=endpoint.get("refused_advice", ""), unreachable_hint=endpoint.get("unreachable_hint"))
 
 
 def host_transport(ssh: SshOptions, user: str | None, host: str, port: int | None) -> SshTransport:
     """An SSH host of the spec's (a worker, a login node, the supervisor): its own user@ and :port
     win over the spec's ssh: settings, which apply to everything else."""
     return SshTransport(host, port or ssh.port, user or ssh.user, ssh.identity_file, ssh.check_host_keys,
-                        known_hosts_file=ssh.known_hosts, proxy_command=ssh.proxy_command)
+                        known_hosts_file=ssh.known_hosts, proxy_command=ssh.proxy_command, proxy_jump=ssh.proxy_jump)
