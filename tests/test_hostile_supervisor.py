@@ -258,3 +258,25 @@ def test_a_worker_whose_key_differs_from_the_laptops_pin_is_refused_by_the_super
                       f"the host was rebuilt, remove that record there (ssh-keygen -R {lab.hosts[1].ip} -f {known})"]
     there = supervisor.home / ".podrun" / "known_hosts"
     assert not there.exists() or lab.hosts[1].ip + " " not in there.read_text()  # not trusted on first use
+
+
+@pytest.mark.parametrize("target", ["hosts: [10.0.0.2, 'root@10.0.0.3:2222']", "tpu: {name: my-pod, zone: z, project: p}"])
+def test_the_keys_the_laptop_pins_for_the_jump_hosts_on_the_way_travel_too(home, job_file, tmp_path, monkeypatch,
+                                                                           target):
+    """The supervisor reaches the workers through the spec's jump hosts as the laptop does: what the laptop
+    knows of them goes with the job, a TPU's jump hosts too (its workers publish their own keys)."""
+    from podrun.spec import load_spec
+    from podrun.supervisor.handover import _known_as
+    from podrun.transport import known_hosts
+
+    laptop_home = tmp_path / "laptop"
+    (laptop_home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(laptop_home))
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    key = " ".join((tmp_path / "key.pub").read_text().split()[:2])
+    pinned = [f"bastion.example {key}", f"[inner.example]:2200 {key}", f"elsewhere.example {key}"]
+    (laptop_home / ".ssh" / "known_hosts").write_text("".join(line + "\n" for line in pinned))
+    spec = load_spec(job_file(f"target: {{{target}}}\nssh: {{proxy_jump: 'alice@bastion.example,inner.example:2200'}}\n"
+                              "run: 'true'\n"))
+    carried = [entry["line"] for entry in known_hosts.for_handover(_known_as(spec), spec.ssh.known_hosts)]
+    assert carried == pinned[:2]

@@ -32,12 +32,12 @@ from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
-from podrun.spec_fields import HOST_FORMS, parse_host
+from podrun.spec_fields import HOST_FORMS, parse_host, parse_jumps
 from podrun.supervisor import answers, install, remote
 from podrun.targets.base import Worker, target_for
 from podrun.transport import known_hosts, past_login
 from podrun.transport.base import ChannelLost
-from podrun.transport.ssh import SshTransport, host_transport
+from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
 SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
@@ -76,8 +76,11 @@ def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOpti
 
 
 def _known_as(spec: JobSpec) -> list[str]:
-    """The names the known-hosts files know the spec's SSH hosts by (a TPU's workers publish their keys)."""
-    return [host_transport(spec.ssh, *parse_host(entry)).known_as for entry in target_for(spec).ssh_hosts()]
+    """The names the known-hosts files know the spec's SSH hosts and the jump hosts on their way by (a
+    TPU's workers publish their keys; the jump hosts of spec.ssh.proxy_jump on the way to them do not)."""
+    hosts = [host_transport(spec.ssh, *parse_host(entry)) for entry in target_for(spec).ssh_hosts()]
+    jumps = parse_jumps(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else []
+    return [*(name for host in hosts for name in host.route_known_as()), *known_as_of(jumps)]
 
 
 async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: scan.Tree | None, payload: dict,

@@ -178,6 +178,10 @@ class SshTransport(Transport):
         own = known_hosts.podrun_lines(self.known_as).decode()
         return "".join(line.as_known(self.known_as) for line in users) + own, users, bool(here or own)
 
+    def route_known_as(self) -> list[str]:
+        """The names this host and each jump host on its way go by in known-hosts files."""
+        return [self.known_as, *known_as_of(self.jumps())]
+
     def jumps(self) -> list[tuple[str | None, str, int | None]]:
         """(user, host, port) of each jump host on the way, the first reached first: the spec's proxy_jump,
         else ~/.ssh/config's ProxyJump unless the spec names a proxy_command (as `ssh -o` wins over the file)."""
@@ -435,6 +439,11 @@ def _jump_entry(jump: tuple[str | None, str, int | None]) -> str:
     """(user, host, port) as a ProxyJump entry: user@host:port, an IPv6 address in brackets."""
     user, host, port = jump
     return (f"{user}@" if user else "") + (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+
+
+def known_as_of(hosts: list[tuple[str | None, str, int | None]]) -> list[str]:
+    """The names (user, host, port) entries go by in known-hosts files."""
+    return [_host_pattern(host, port or 22) for _, host, port in hosts]
 
 
 def _host_pattern(host: str, port: int) -> str:
