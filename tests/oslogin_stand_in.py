@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote
 
-from tpu_stand_in import INVALID_CREDENTIALS, ApiError, error_body, send_json
+from tpu_stand_in import INVALID_CREDENTIALS, ApiError, JsonHandler, error_body, send_json
 
 GUEST_PREFIX = "/computeMetadata/v1/oslogin/"
 FIRST_UID = 3_100_000  # OS Login's uids are large numbers, clear of the machine's own users
@@ -119,20 +118,8 @@ class OsLoginStandIn:
     def serve(self, address: str) -> str:
         stand_in = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self._answer("GET")
-
-            def do_POST(self):
-                self._answer("POST")
-
-            def do_DELETE(self):
-                self._answer("DELETE")
-
-            def _answer(self, method: str) -> None:
-                url = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else {}
+        class Handler(JsonHandler):
+            def answer(self, method: str, url: SplitResult, body: dict) -> None:
                 query = {key: values[0] for key, values in parse_qs(url.query).items()}
                 try:
                     with stand_in.lock:
@@ -148,9 +135,6 @@ class OsLoginStandIn:
                 except ApiError as error:
                     status, answer = error_body(error)
                 send_json(self, status, answer)
-
-            def log_message(self, *args):
-                pass
 
         self.server = ThreadingHTTPServer((address, 0), Handler)
         self.server.daemon_threads = True

@@ -69,7 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
@@ -258,23 +258,8 @@ class TpuStandIn:
         """Start answering on `address` (the lab's BRIDGE_IP: lab hosts reach it too); returns its URL."""
         stand_in = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self._answer("GET")
-
-            def do_POST(self):
-                self._answer("POST")
-
-            def do_PATCH(self):
-                self._answer("PATCH")
-
-            def do_DELETE(self):
-                self._answer("DELETE")
-
-            def _answer(self, method: str) -> None:
-                url = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+        class Handler(JsonHandler):
+            def answer(self, method: str, url: SplitResult, body: dict) -> None:
                 authorization = self.headers.get("Authorization", "")
                 with stand_in.lock:
                     stand_in.received.append(Received(method, url.path, self.client_address[0],
@@ -290,9 +275,6 @@ class TpuStandIn:
                 except ApiError as error:
                     status, answer = error_body(error)
                 send_json(self, status, answer)
-
-            def log_message(self, *args):
-                pass
 
         self.server = ThreadingHTTPServer((address, port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -804,6 +786,33 @@ def error_body(error: ApiError) -> tuple[int, dict]:
     """Google's answer to a refused call: the HTTP status and the google.rpc.Status body."""
     status = CODES[error.status][1]
     return status, {"error": {"code": status, "message": error.message, "status": error.status}}
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """An API's HTTP face, as the stand-ins' handlers share it: each method's request goes to answer(),
+    with its URL and JSON body; nothing is logged."""
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PATCH(self):
+        self._dispatch("PATCH")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.answer(method, urlsplit(self.path), json.loads(self.rfile.read(length) or b"{}") if length else {})
+
+    def answer(self, method: str, url: SplitResult, body: dict) -> None:
+        raise NotImplementedError
+
+    def log_message(self, *args):
+        pass
 
 
 def send_json(handler: BaseHTTPRequestHandler, status: int, answer: dict) -> None:
