@@ -7,6 +7,9 @@ class PodrunError(Exception):
     """A problem the user can fix; `str(error)` is the whole message, one line."""
 
     exit_code = exits.FAILURE
+    # the message without the host it names, where the cause is none of the host's (an account that every
+    # worker refuses alike): the workers that fail alike are said in one line (launch/launcher.py)
+    alike: str | None = None
 
 
 class SpecError(PodrunError):

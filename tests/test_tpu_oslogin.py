@@ -158,6 +158,21 @@ def test_what_podrun_cannot_do_under_os_login_is_one_line_saying_what_to_do(
     assert who_ran(podrun("exec", spec).stdout) == [(0, os_login.user.username)]  # gcloud's configuration's account
 
 
+def test_an_account_every_worker_refuses_is_one_line_for_all_of_them(home, tpu_api, os_login, lab, job_file):
+    """The guest asks whether the account may log in: without the role, every worker refuses it alike."""
+    create("olfour", "v4-32")
+    os_login.set_project_metadata(enable_oslogin="TRUE")
+    os_login.user.login_role = False
+    result = podrun("exec", oslogin_spec(job_file, WHO, tpu="name: olfour"))
+    assert result.returncode == 1
+    assert one_error_line(result) == (
+        f"podrun: error: 4 of 4 workers (w0-3) failed to connect: key refused for user {os_login.user.username} "
+        f"(identity file: {Path(os.environ['HOME'])}/.ssh/google_compute_engine); OS Login took the key of "
+        f"alice@example.com, so most likely the account lacks roles/compute.osLogin (or roles/compute.osAdminLogin) "
+        f"in project podrun-test: `gcloud projects add-iam-policy-binding podrun-test "
+        f"--member=user:alice@example.com --role=roles/compute.osLogin`")
+
+
 @pytest.mark.slow
 def test_a_preempted_multislice_recovers_with_every_worker_of_every_slice_as_the_os_login_user(
         home, tpu_api, os_login, lab, job_file):

@@ -479,8 +479,13 @@ def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan], doing: st
     for _, error in failed:
         if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
             raise error
+    alike = {error.alike if isinstance(error, PodrunError) else None for _, error in failed}
     if len({str(error) for _, error in failed}) == 1:  # one error for all (a jump host they share): said once
         raised = PodrunError(_worker_error(*failed[0]))
+    elif len(alike) == 1 and None not in alike:  # a cause none of the hosts' own (an account refused): said once
+        raised = PodrunError(f"{len(failed)} of {counted(len(plans), 'worker')} "
+                             f"({worker_ranges([worker.index for worker, _ in failed])}) failed to {doing}: "
+                             f"{alike.pop()}")
     else:
         room = _screen_rows() - 2  # the heading, and the line that counts the rest
         shown = failed if len(failed) <= room + 1 else failed[:room]

@@ -252,9 +252,13 @@ class SshTransport(Transport):
         except asyncssh.HostKeyNotVerifiable:
             raise PodrunError(self._key_refused(users)) from None
         except asyncssh.PermissionDenied:
-            raise PodrunError(f"{self.named}: key refused for user {self.user or 'default'} "
-                              f"(identity file: {self.identity_file or 'ssh defaults'})"
-                              + (f"; {self.refused_advice}" if self.refused_advice else "")) from None
+            refused = (f"key refused for user {self.user or 'default'} (identity file: "
+                       f"{self.identity_file or 'ssh defaults'})")
+            refused += f"; {self.refused_advice}" if self.refused_advice else ""
+            error = PodrunError(f"{self.named}: {refused}")
+            if self.refused_advice:  # the account's refusal (OS Login's roles), not this host's
+                error.alike = refused
+            raise error from None
         except (asyncio.TimeoutError, TimeoutError):
             raise PodrunError(f"{self.named}: no answer{through} within {CONNECT_TIMEOUT_S}s "
                               f"(host down or unreachable?){self._hint()}") from None
