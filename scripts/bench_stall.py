@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from benchlib import print_table  # noqa: E402
-from conftest import processes_of_job  # noqa: E402
+from helpers import processes_of_job  # noqa: E402
 
 HANG = """\
 import time

@@ -1,0 +1,32 @@
+"""The README's main command: configs/cpu-smoke.yaml, real torchrun, 2 workers x 2 ranks, gloo DDP."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from helpers import job_id_in, podrun, processes_of_job
+
+RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
+
+
+@pytest.mark.slow
+def test_cpu_smoke_config_trains_ddp_across_two_local_workers(home):
+    result = podrun("exec", "configs/cpu-smoke.yaml", timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
+    assert sorted(int(rank) for _, rank, *_ in ranks) == [0, 1, 2, 3], result.stdout
+    for prefix_worker, rank, world_size, local_rank, env_worker, _ in ranks:
+        assert world_size == "4"
+        assert prefix_worker == env_worker == str(int(rank) // 2)  # ranks 0 and 1 live on worker 0
+        assert local_rank == str(int(rank) % 2)
+    assert len({checksum for *_, checksum in ranks}) == 1  # DDP kept every rank's parameters identical
+    job_id = job_id_in(result.stderr)
+    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    assert record["state"] == "succeeded" and [w["exit_code"] for w in record["workers"]] == [0, 0]
+    for worker in (0, 1):
+        log = (home / "jobs" / job_id / f"w{worker}.log").read_text()
+        assert f"rank {2 * worker} world_size 4" in log and f"rank {2 * worker + 1} world_size 4" in log
+    assert processes_of_job(job_id) == []

@@ -1,0 +1,146 @@
+"""A hung job is caught (`stall`): the silence named, every worker's stacks saved, the job stopped or
+restarted; `podrun stacks` of a running job; how long ago a running job's last line came."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+
+# worker 1 hangs where a rank stuck in a collective would; worker 0 waits for it, as every other rank does
+HANG = """\
+import os, sys, time
+
+def hang_in_collective():
+    time.sleep(300)
+
+def wait_for_peers():
+    time.sleep(300)
+
+print("step 1", flush=True)
+hang_in_collective() if os.environ["PODRUN_WORKER"] == "1" else wait_for_peers()
+"""
+STALLED = 124
+
+
+def stacks_of(home: Path, job_id: str, dump: int = 1) -> dict[str, str]:
+    folder = home / "jobs" / job_id / "stacks" / str(dump)
+    return {path.name: path.read_text() for path in sorted(folder.iterdir())}
+
+
+@pytest.mark.slow
+def test_a_stall_is_named_its_stacks_saved_for_every_worker_and_the_job_stopped(home, job_file):
+    spec = job_file("run: python3 hang.py\nstall: 3s\nstop_grace: 2s\ntarget: {local: {workers: 2}}\n",
+                    {"hang.py": HANG})
+    result = podrun("exec", spec)
+    assert result.returncode == STALLED, result.stderr
+    job_id = job_id_in(result.stderr)
+    (stall_line,) = [line for line in stderr_lines_without_traceback(result.stderr) if "stalled:" in line
+                     and "saving" in line]
+    assert re.search(r"no output from any worker for 3\.\ds \(w0-1 silent 3\.\ds\)", stall_line), stall_line
+    saved = stacks_of(home, job_id)
+    assert sorted(saved) == ["w0.txt", "w1.txt"]
+    assert "py-spy dump" in saved["w1.txt"] and "hang_in_collective (hang.py:4)" in saved["w1.txt"]
+    assert "wait_for_peers (hang.py:7)" in saved["w0.txt"]
+    assert not processes_of_job(job_id)
+    (job,) = json.loads(podrun("jobs", "--json").stdout)
+    assert (job["state"], job["exit_code"]) == ("stalled", STALLED)
+
+
+@pytest.mark.slow
+def test_without_py_spy_the_stacks_say_what_the_kernel_shows(home, job_file):
+    spec = job_file("run: python3 hang.py\nstall: 1s\nstop_grace: 1s\ntarget: {local: {workers: 1}}\n"
+                    "env: {PATH: /usr/bin:/bin}\n", {"hang.py": HANG})
+    result = podrun("exec", spec)
+    assert result.returncode == STALLED, result.stderr
+    (text,) = stacks_of(home, job_id_in(result.stderr)).values()
+    assert "=== pid " in text and "python3 hang.py" in text
+    assert "py-spy is not on the job's PATH" in text
+    assert "wchan" in text and "hrtimer_nanosleep" in text
+
+
+@pytest.mark.slow
+def test_a_stall_restarts_the_job_when_restarts_on_holds_stall(home, job_file):
+    spec = job_file("run: |\n  echo \"attempt $PODRUN_ATTEMPT\"\n  [ \"$PODRUN_ATTEMPT\" = 1 ] || exec sleep 300\n"
+                    "stall: 1s\nstop_grace: 1s\nrestarts: {max: 1, on: [stall]}\ntarget: {local: {workers: 2}}\n")
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    job_id = job_id_in(result.stderr)
+    assert "restart 1 of 1 in 1s: running again on the same workers (no output from any worker for 1." in result.stderr
+    (job,) = json.loads(podrun("jobs", "--json").stdout)
+    assert (job["state"], job["attempt"], job["attempts"][0]["state"]) == ("succeeded", 1, "stalled")
+    assert sorted(stacks_of(home, job_id)) == ["w0.txt", "w1.txt"]
+    assert not processes_of_job(job_id)
+
+
+@pytest.mark.slow
+def test_a_detached_job_is_caught_by_its_agents_with_no_launcher_and_its_stacks_fetched(home, job_file):
+    spec = job_file("run: python3 hang.py\nstall: 2s\nstop_grace: 1s\ntarget: {local: {workers: 2}}\n",
+                    {"hang.py": HANG})
+    launched = podrun("exec", "--detach", spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=20)
+    followed = podrun("logs", "-f", job_id)
+    assert followed.returncode == STALLED, followed.stderr
+    assert re.search(r"stalled: no output from any worker for 2\.\ds \(w0-1 silent 2\.\ds\)", followed.stderr)
+    saved = stacks_of(home, job_id)
+    assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "wait_for_peers (hang.py:7)" in saved["w0.txt"]
+    assert "stalled" in podrun("jobs").stdout
+
+
+@pytest.mark.slow
+def test_podrun_stacks_shows_a_detached_jobs_stacks_per_worker_and_process_and_saves_them(home, job_file):
+    spec = job_file("run: python3 hang.py\ntarget: {local: {workers: 2}}\n", {"hang.py": HANG})
+    job_id = job_id_in(podrun("exec", "--detach", spec).stderr)
+    try:
+        wait_until(lambda: "step 1" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line")
+        shown = podrun("stacks", "--worker", "1")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("── worker 1 (local/w1) ──\n=== pid ")
+        assert "python3 hang.py ===\npy-spy dump --pid" in shown.stdout and "hang_in_collective" in shown.stdout
+        assert sorted(stacks_of(home, job_id)) == ["w1.txt"]
+        both = podrun("stacks", job_id)
+        assert "── worker 0 (local/w0) ──" in both.stdout and "wait_for_peers" in both.stdout
+        assert sorted(stacks_of(home, job_id, dump=2)) == ["w0.txt", "w1.txt"]
+        assert f"saved in {home / 'jobs' / job_id / 'stacks' / '2'}" in both.stderr
+    finally:
+        podrun("stop", job_id)
+    assert not processes_of_job(job_id)
+    ended = podrun("stacks", job_id)
+    assert ended.returncode == 1 and "is stopped: stacks come from a running job's processes" in ended.stderr
+
+
+def test_jobs_shows_how_long_ago_a_running_jobs_last_line_came(home, job_file, tmp_path):
+    release = tmp_path / "release"
+    spec = job_file(f"run: |\n  echo up\n  while [ ! -e {release} ]; do sleep 0.05; done\n")
+    job = Background("exec", spec)
+    try:
+        job.wait_for(r"\[w0-1\] up")
+        wait_until(lambda: re.search(r"running \(idle [1-9]\d*s\)", podrun("jobs").stdout), "an idle time of 1s")
+        (listed,) = json.loads(podrun("jobs", "--json").stdout)
+        assert all(listed["started_at"] < worker["output_at"] <= listed["started_at"] + 60
+                   for worker in listed["workers"])
+    finally:
+        release.touch()
+        assert job.finish() == 0
+
+
+def test_on_ssh_hosts_podrun_stacks_and_a_detached_stall_name_where_each_worker_hangs(home, lab, hosts_spec):
+    spec = hosts_spec("run: python3 hang.py\nstall: 5s\nstop_grace: 1s\n", hosts=(0, 1), files={"hang.py": HANG})
+    launched = podrun("exec", "--detach", spec)
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    wait_until(lambda: "step 1" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line")
+    shown = podrun("stacks", job_id)  # within the 5 s: the job still runs
+    assert shown.returncode == 0, shown.stderr
+    assert "hang_in_collective (hang.py:4)" in shown.stdout.split("── worker 1")[1]
+    wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=20)
+    followed = podrun("logs", "-f", job_id)
+    assert followed.returncode == STALLED, followed.stderr
+    saved = stacks_of(home, job_id, dump=2)
+    assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "wait_for_peers (hang.py:7)" in saved["w0.txt"]

@@ -1,0 +1,281 @@
+"""`target: slurm` against a real Slurm cluster (tests/slurm_lab.py: slurmctld on a login node, slurmd
+on 3 compute nodes, one shared home): an allocation per job, one srun step per node with podrun's
+agent as its task, and nothing left in squeue or on any node after the job, a failure, Ctrl-C or stop."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, job_id_in, live_processes, podrun, processes_of_job, run_in_terminal, wait_until
+
+pytestmark = pytest.mark.lab
+
+RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host (\S+) checksum (\S+)$")
+
+
+@pytest.fixture
+def cluster(slurm_lab):
+    """The lab's cluster, with no job in squeue before or after the test."""
+    slurm_lab.cancel_all()
+    yield slurm_lab
+    slurm_lab.cancel_all()
+    slurm_lab.wait_until_idle()  # no node left `plnd` (planned for a job that pended) for the next test
+
+
+@pytest.fixture
+def slurm_spec(cluster, job_file):
+    """A job spec on the lab's cluster, reached through its login node."""
+
+    def write(body: str, nodes: int = 2, options: str = "", files: dict[str, str] | None = None) -> Path:
+        header = (f"target: {{slurm: {{login: {cluster.login_address}, nodes: {nodes}{options}}}}}\n"
+                  f"ssh: {{identity_file: {cluster.client_key}}}\n"
+                  f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n")
+        return job_file(header + textwrap.dedent(body), files=files)
+
+    return write
+
+
+def slurm_jobs(cluster) -> list[tuple[int, str, str]]:
+    """(job id, name, state) of every job `squeue` shows (`squeue --json` also lists ended ones for a while)."""
+    shown = cluster.slurm("squeue --noheader --format='%i|%j|%T'")
+    assert shown.returncode == 0, shown.stderr
+    return [(int(job_id), name, state) for job_id, name, state in
+            (line.split("|") for line in shown.stdout.splitlines() if line.strip())]
+
+
+def left_on_nodes(marker: str) -> list[str]:
+    """The processes whose command line holds `marker`, on any node: the lab's nodes share this machine's
+    pid namespace, so `ps` here shows every node's."""
+    return [f"{pid} {command}" for pid, command, _ in live_processes() if marker in command]
+
+
+def test_torchrun_ddp_on_two_nodes_from_the_example_config(home, cluster, tmp_path):
+    spec = yaml.safe_load((REPO / "configs" / "slurm-ddp.yaml").read_text())
+    assert spec["target"]["slurm"]["login"] == cluster.login_address
+    spec["ssh"]["identity_file"] = str(cluster.client_key)
+    spec["workdir"] = str(REPO / "examples" / "ddp")
+    spec["env"]["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    (tmp_path / "slurm-ddp.yaml").write_text(yaml.safe_dump(spec))
+    result = podrun("exec", tmp_path / "slurm-ddp.yaml", "--no-collapse", timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    ranks = [RANK_LINE.match(line).groups() for line in result.stdout.splitlines() if RANK_LINE.match(line)]
+    assert sorted(int(rank) for _, rank, *_ in ranks) == list(range(4)), result.stdout
+    for prefix_worker, rank, world_size, _local_rank, env_worker, host, _ in ranks:
+        assert world_size == "4" and prefix_worker == env_worker == str(int(rank) // 2)
+        assert host == cluster.nodes[int(env_worker)].name  # worker i on the i-th node of the allocation
+    assert len({checksum for *_, checksum in ranks}) == 1
+    assert "shipped code (1 file) to 1 worker" in result.stderr  # once, to the shared home
+    job_id = job_id_in(result.stderr)
+    slurm_job = re.search(r"^podrun: Slurm job (\d+) released$", result.stderr, re.M)
+    assert slurm_job, result.stderr
+    assert slurm_jobs(cluster) == []
+    assert processes_of_job(job_id) == []
+    listed = podrun("jobs").stdout
+    assert re.search(rf"^{job_id} +ddp-slurm +slurm:2 job {slurm_job.group(1)} +succeeded ", listed, re.M), listed
+
+
+def test_every_worker_gets_its_node_and_worker_0_is_master_addr(home, cluster, slurm_spec):
+    spec = slurm_spec("run: echo \"worker $PODRUN_WORKER of $PODRUN_NUM_WORKERS on $(hostname) master $MASTER_ADDR "
+                      "ips $PODRUN_WORKER_IPS in $PWD\"", nodes=3)
+    result = podrun("exec", spec, "--no-collapse")
+    assert result.returncode == 0, result.stderr
+    ips = ",".join(node.ip for node in cluster.nodes)
+    for index, node in enumerate(cluster.nodes):
+        assert (f"[w{index}] worker {index} of 3 on {node.name} master {cluster.nodes[0].ip} ips {ips} "
+                f"in /root/podrun/job/run") in result.stdout
+    assert slurm_jobs(cluster) == []
+
+
+def test_a_rank_that_fails_stops_the_other_node_and_podrun_exits_with_its_code(home, cluster, slurm_spec):
+    spec = slurm_spec("""
+        run: fail.py
+        torchrun: {nproc_per_node: 2}
+        device: CPU
+        """, files={"fail.py": "import os, sys, time\n"
+                               "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                               "if os.environ['RANK'] == '3':\n"
+                               "    time.sleep(1); sys.exit(7)\n"
+                               "time.sleep(300)\n"})
+    started = time.monotonic()
+    result = podrun("exec", spec, timeout=120)
+    assert result.returncode == 7, result.stderr
+    assert time.monotonic() - started < 60  # not the other ranks' 300 s
+    assert "worker 1 (slurm-node2) rank 3 exited with code 7 in run" in result.stderr
+    assert "every other worker was stopped" in result.stderr
+    assert slurm_jobs(cluster) == []
+    assert processes_of_job(job_id_in(result.stderr)) == []
+    assert left_on_nodes("fail.py") == []
+
+
+def start_podrun(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "podrun", *map(str, args)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def read_until(stream, wanted: str, timeout: float = 60) -> str:
+    """What `stream` says up to the first line holding `wanted`."""
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen += line
+        if wanted in line:
+            return seen
+    raise AssertionError(f"no {wanted!r} in:\n{seen}")
+
+
+def test_ctrl_c_stops_every_node_and_releases_the_allocation(home, cluster, slurm_spec):
+    spec = slurm_spec("run: echo up on $(hostname); python3 -c 'import time; time.sleep(300)' slurm-ctrl-c")
+    process = start_podrun("exec", spec, "--no-collapse")
+    read_until(process.stdout, "[w1] up on")
+    assert [state for _, _, state in slurm_jobs(cluster)] == ["RUNNING"]
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert re.search(r"^podrun: Slurm job \d+ released$", err, re.M), err
+    assert slurm_jobs(cluster) == []
+    assert left_on_nodes("slurm-ctrl-c") == []
+
+
+def test_detached_job_runs_until_stop_which_releases_the_allocation(home, cluster, slurm_spec):
+    spec = slurm_spec("run: echo up on $(hostname); python3 -c 'import time; time.sleep(300)' slurm-detached")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 0, result.stderr
+    job_id = job_id_in(result.stderr)
+    ((slurm_job, name, state),) = slurm_jobs(cluster)
+    assert (name, state) == ("podrun-job", "RUNNING")
+    wait_until(lambda: len(left_on_nodes("slurm-detached")) == 2, "the job on both nodes")
+    listed = podrun("jobs").stdout
+    assert re.search(rf"^{job_id} +job +slurm:2 job {slurm_job} +running", listed, re.M), listed
+    # podrun ssh and cp reach the nodes of the running job
+    shell = podrun("ssh", spec, "--worker", "1", "--", "hostname")
+    assert (shell.returncode, shell.stdout) == (0, "slurm-node2\n"), shell.stderr
+    # at a terminal: srun --pty, through OpenSSH's own terminal on the login node
+    code, written = run_in_terminal(["ssh", spec, "--worker", "0", "--", "tty; hostname"], rows=24, columns=80)
+    assert code == 0, written
+    assert re.search(rb"/dev/pts/\d+\r?\nslurm-node1\r?\n", written), written
+    (home.parent / "note.txt").write_text("copied\n")
+    copied = podrun("cp", spec, home.parent / "note.txt", ":note.txt")
+    assert copied.returncode == 0, copied.stderr
+    assert (cluster.home / "note.txt").read_text() == "copied\n"
+    # podrun stacks: each node's Python processes of the job, through a step on it
+    stacks = podrun("stacks", job_id)
+    assert stacks.returncode == 0, stacks.stderr
+    assert "── worker 0 (slurm-node1) ──" in stacks.stdout and "── worker 1 (slurm-node2) ──" in stacks.stdout
+    assert len(re.findall(r"^=== pid \d+: python3 -c .* slurm-detached ===$", stacks.stdout, re.M)) == 2, stacks.stdout
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: slurm_jobs(cluster) == [], "squeue to show nothing of the job", timeout=60)
+    assert left_on_nodes("slurm-detached") == []
+    assert processes_of_job(job_id) == []
+
+
+def test_a_detached_job_that_ends_by_itself_gives_its_allocation_back(home, cluster, slurm_spec):
+    """Nobody stops it: the lifecycle's supervisor follows the job and cancels the allocation at its end."""
+    spec = slurm_spec("run: sleep 2; echo done on $(hostname)")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"a supervisor \(pid \d+\) watches it and gives back its Slurm allocation \(job \d+\) when it "
+                     r"ends", result.stderr), result.stderr
+    job_id = job_id_in(result.stderr)
+    assert len(slurm_jobs(cluster)) == 1
+    wait_until(lambda: slurm_jobs(cluster) == [], "squeue to show nothing of the job", timeout=60)
+    wait_until(lambda: "succeeded" in podrun("jobs").stdout, "the job's record to say it succeeded", timeout=30)
+    assert "done on slurm-node2" in podrun("logs", job_id, "--no-collapse").stdout
+    assert processes_of_job(job_id) == []
+
+
+def test_a_pending_allocation_says_why_and_ctrl_c_cancels_it(home, cluster, slurm_spec):
+    held = cluster.slurm(f"sbatch --parsable --exclusive --nodelist={cluster.nodes[2].name} --output=/dev/null "
+                         f"--job-name=holder --wrap='sleep 300'")
+    assert held.returncode == 0, held.stderr
+    wait_until(lambda: ("holder", "RUNNING") in [(name, state) for _, name, state in slurm_jobs(cluster)],
+               "the holder to run")
+    spec = slurm_spec("run: echo never", nodes=3, options=", sbatch_args: [--exclusive]")
+    process = start_podrun("exec", spec)
+    said = read_until(process.stderr, "pending")
+    assert re.search(r"^podrun: Slurm job \d+ pending \(Resources\): waiting for 3 nodes \(Ctrl-C cancels it\)$",
+                     said, re.M), said
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "never" not in out
+    assert [name for _, name, _ in slurm_jobs(cluster)] == ["holder"]
+
+
+@pytest.mark.parametrize(("nodes", "options", "line"), [
+    (2, ", partition: gpu", "target.slurm.partition: no partition 'gpu' on the cluster; it has debug, short"),
+    (1, ", partition: short, time: '10:00'", "target.slurm.time: 10:00 is over partition short's limit, "
+                                             "MaxTime=00:02:00"),
+    (2, ", partition: short", "target.slurm.nodes: 2 nodes, but partition short has 1; partition debug has enough"),
+    (2, ", sbatch_args: [--no-such-option]", "target.slurm: salloc refused the allocation: salloc: unrecognized "
+                                             "option '--no-such-option'"),
+])
+def test_what_the_cluster_cannot_give_is_one_line_before_anything_runs(home, cluster, slurm_spec, nodes, options, line):
+    spec = slurm_spec("run: echo never", nodes=nodes, options=options)
+    result = podrun("exec", spec)
+    assert result.returncode == 2, result.stderr
+    (said,) = result.stderr.splitlines()
+    assert said.startswith(f"podrun: error: {spec}: {line}"), said
+    assert slurm_jobs(cluster) == []
+
+
+def test_too_many_nodes_for_any_partition(home, cluster, slurm_spec):
+    result = podrun("exec", slurm_spec("run: echo never", nodes=5))
+    assert result.returncode == 2
+    assert result.stderr.endswith("target.slurm.nodes: 5 nodes, but partition debug has 3; "
+                                  "no partition has that many\n"), result.stderr
+
+
+def test_without_login_the_slurm_commands_run_here(home, cluster, job_file, tmp_path):
+    """On the login node itself (podrun run there, in its namespaces): no `login`, no SSH."""
+    spec = job_file(f"target: {{slurm: {{nodes: 2}}}}\n"
+                    f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n"
+                    f"run: echo on $(hostname)\n")
+    result = cluster.run(cluster.login, f"cd {REPO} && PODRUN_HOME={home} {sys.executable} -m podrun exec "
+                                        f"--no-collapse {spec}", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[w0] on slurm-node1" in result.stdout and "[w1] on slurm-node2" in result.stdout
+    assert slurm_jobs(cluster) == []
+
+
+def test_nodes_that_do_not_share_the_home_are_one_line(home, cluster, slurm_spec):
+    """The code ships once, to the first node; a node that does not see it there is named, and nothing runs."""
+    node = cluster.nodes[1]
+    (cluster.home / "podrun").mkdir(exist_ok=True)
+    hidden = cluster.run(node, "mount -t tmpfs podrun-not-shared /root/podrun")  # node 2's own, empty, ~/podrun
+    assert hidden.returncode == 0, hidden.stderr
+    try:
+        spec = slurm_spec("run: echo ran", files={"data.txt": f"{time.time_ns()}\n"})  # code no node has yet
+        result = podrun("exec", spec)
+    finally:
+        assert cluster.run(node, "umount /root/podrun").returncode == 0
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"^podrun: error: slurm-node2 do\(es\) not see the code shipped to slurm-node1 \(podrun/job/\w+ "
+                     r"in ~\): its workers must share one home directory, where podrun ships the code once, and they "
+                     r"do not$", result.stderr, re.M), result.stderr
+    assert "ran" not in result.stdout
+    assert slurm_jobs(cluster) == []
+
+
+@pytest.mark.slow
+def test_a_job_past_its_time_limit_is_said_to_be(home, cluster, slurm_spec):
+    """Slurm ends the steps at the allocation's time limit (1 minute, its shortest): podrun says why."""
+    spec = slurm_spec("run: echo up; python3 -c 'import time; time.sleep(300)' slurm-time-limit", options=", time: '1'")
+    result = podrun("exec", spec, timeout=180)
+    assert result.returncode == 143, result.stderr
+    assert re.search(r"^podrun: Slurm job \d+ reached its time limit \(00:01:00\): Slurm ended its steps$",
+                     result.stderr, re.M), result.stderr
+    assert slurm_jobs(cluster) == []
+    assert left_on_nodes("slurm-time-limit") == []

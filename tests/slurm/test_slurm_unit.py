@@ -1,0 +1,151 @@
+"""The `slurm` target without a cluster: its options, Slurm's time forms, the commands it builds,
+what it reads from scontrol, the checks made before allocating, and --dry-run."""
+
+from __future__ import annotations
+
+import pytest
+
+from podrun.errors import SpecError
+from podrun.spec import load_spec
+from podrun.targets.base import target_for
+from podrun.targets.slurm import SlurmCluster, ended_by_slurm, parse_records
+from podrun.targets.slurm_options import slurm_time_s
+from podrun.transport.slurm import srun_command
+
+from helpers import podrun
+
+# as `scontrol show partition --oneliner` prints them (Slurm 22.05, the lab's partitions), shortened
+PARTITIONS = (
+    "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=01:00:00 Nodes=slurm-node[1-3] State=UP TotalNodes=3\n"
+    "PartitionName=short Default=NO MaxNodes=UNLIMITED MaxTime=00:02:00 Nodes=slurm-node1 State=UP TotalNodes=1\n"
+    "PartitionName=big Default=NO MaxNodes=2 MaxTime=UNLIMITED Nodes=slurm-node[1-3] State=UP TotalNodes=3\n")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30", 1800), ("5:30", 330), ("4:00:00", 14400), ("1-0", 86400), ("1-2:30", 95400), ("2-00:00:10", 172810),
+    ("UNLIMITED", None), ("INFINITE", None)])
+def test_slurm_time_forms(text, seconds):
+    assert slurm_time_s(text) == seconds
+
+
+def slurm_spec(job_file, options: str):
+    return job_file(f"target: {{slurm: {{{options}}}}}\nrun: echo hi\n")
+
+
+@pytest.mark.parametrize(("options", "line"), [
+    ("nodes: 0", "target.slurm.nodes: expected a number of nodes from 1, such as 2, got 0"),
+    ("time: '4 hours'", "target.slurm.time: expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, such as "
+                        "4:00:00, got '4 hours'"),
+    ("partition: 'gpu; rm -rf ~'", "target.slurm.partition: expected a Slurm name without blanks or shell syntax"),
+    ("sbatch_args: [exclusive]", "target.slurm.sbatch_args.0: expected an sbatch option starting with -"),
+    ("login: 'a b'", "target.slurm.login: expected host, user@host, host:port or user@host:port"),
+    ("nodes: 2, gpus: 8", "target.slurm.gpus: unknown field; expected one of: login, nodes, partition, time, "
+                          "account, gpus_per_node, constraint, qos, sbatch_args"),
+])
+def test_bad_options_are_one_line_naming_the_field(home, job_file, options, line):
+    result = podrun("validate", slurm_spec(job_file, options))
+    assert result.returncode == 2
+    (said,) = result.stderr.splitlines()
+    assert line in said, said
+
+
+def test_validate_names_the_cluster(home, job_file):
+    result = podrun("validate", slurm_spec(job_file, "login: me@login1, nodes: 4, partition: gpu"))
+    assert result.returncode == 0, result.stderr
+    assert "on 4 Slurm nodes of partition gpu via me@login1" in result.stderr
+
+
+def cluster(job_file, options: str) -> SlurmCluster:
+    target = target_for(load_spec(str(slurm_spec(job_file, options))))
+    assert isinstance(target, SlurmCluster)
+    return target
+
+
+def test_every_option_maps_to_salloc(home, job_file):
+    target = cluster(job_file, "nodes: 2, partition: gpu, time: '4:00:00', account: proj, gpus_per_node: 8, "
+                               "constraint: a100&ib, qos: high, sbatch_args: [--exclusive, --mem=0]")
+    argv = target.salloc_argv()
+    assert argv[:2] == ["salloc", "--no-shell"]
+    for option in ("--nodes=2", "--ntasks-per-node=1", "--partition=gpu", "--time=4:00:00", "--account=proj",
+                   "--gpus-per-node=8", "--constraint=a100&ib", "--qos=high", "--exclusive", "--mem=0",
+                   "--job-name=podrun-job"):
+        assert option in argv
+    assert argv[-2:] == ["--exclusive", "--mem=0"]
+
+
+def test_the_worker_step_is_the_agent_alone_on_its_node():
+    line = srun_command("42", "gpu-7", "exec python3 -c 'x'")
+    assert line.startswith("srun --jobid=42 --nodelist=gpu-7 --nodes=1 --ntasks=1 --overlap --whole ")
+    assert line.endswith("/bin/sh -c 'exec python3 -c '\"'\"'x'\"'\"''")
+
+
+@pytest.mark.parametrize(("options", "field", "message"), [
+    ("partition: gpu", "target.slurm.partition", "no partition 'gpu' on the cluster; it has debug, short, big"),
+    ("partition: short, time: '10:00'", "target.slurm.time", "10:00 is over partition short's limit, MaxTime=00:02:00"),
+    ("nodes: 4", "target.slurm.nodes", "4 nodes, but partition debug has 3; no partition has that many"),
+    ("nodes: 2, partition: short", "target.slurm.nodes",
+     "2 nodes, but partition short has 1; partition debug, big has enough"),
+    ("nodes: 3, partition: big", "target.slurm.nodes", "3 nodes, but partition big gives a job at most 2 (MaxNodes)"),
+])
+def test_what_no_partition_can_give_is_refused_before_allocating(home, job_file, options, field, message):
+    target = cluster(job_file, options)
+    with pytest.raises(SpecError) as raised:
+        target.check_options(parse_records(PARTITIONS))
+    assert str(raised.value).endswith(f"{field}: {message}")
+    assert raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("options", ["nodes: 3", "partition: big, time: '7-0', nodes: 2", "time: '1:00:00'"])
+def test_what_a_partition_gives_passes(home, job_file, options):
+    cluster(job_file, options).check_options(parse_records(PARTITIONS))
+
+
+def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_file):
+    spec = job_file("target: {slurm: {login: me@login1, nodes: 2, partition: gpu, time: '1:00:00'}}\n"
+                    "run: echo hi\n")
+    result = podrun("exec", "--dry-run", spec)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "# target: 2 Slurm nodes, allocated for the job; Slurm's commands run via me@login1:" in out
+    assert ("allocate: salloc --no-shell --job-name=podrun-job --nodes=2 --ntasks-per-node=1 --partition=gpu "
+            "--time=1:00:00\n") in out
+    assert "worker 1: srun '--jobid=<job id>' '--nodelist=<node 1>' --nodes=1 --ntasks=1 --overlap" in out
+    assert "release:  scancel <job id>" in out
+    assert "# worker 0: node 0 of the allocation" in out and "# worker 1: node 1 of the allocation" in out
+    assert out.count("echo hi") == 2
+    assert not (home / "jobs").exists()  # touched nothing
+
+
+def test_exec_slurm_names_an_adhoc_cluster(home):
+    result = podrun("exec", "--slurm", "me@login1", "--nodes", "3", "--partition", "gpu", "--time", "30",
+                    "--gpus-per-node", "8", "--dry-run", "--", "hostname")
+    assert result.returncode == 0, result.stderr
+    assert ("allocate: salloc --no-shell --job-name=podrun-exec --nodes=3 --ntasks-per-node=1 --partition=gpu --time=30 "
+            "--gpus-per-node=8\n") in result.stdout
+    here = podrun("exec", "--slurm", ".", "--dry-run", "--", "hostname")
+    assert "Slurm's commands run on this machine (the login node)" in here.stdout, here.stderr
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--slurm", ".", "--time", "4h"], "--time: expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, "
+                                       "such as 4:00:00, got '4h'"),
+    (["--slurm", "a b"], "--slurm: expected host, user@host, host:port or user@host:port, got 'a b'"),
+    (["--hosts", "a", "--nodes", "2"], "--nodes: goes with --slurm"),
+])
+def test_bad_adhoc_flags_are_named(home, flags, line):
+    result = podrun("exec", *flags, "--dry-run", "--", "hostname")
+    assert result.returncode == 2
+    assert result.stderr == f"podrun: error: {line}\n"
+
+
+@pytest.mark.parametrize(("shown", "said"), [
+    ("JobId=7 JobName=podrun-x JobState=TIMEOUT Reason=TimeLimit TimeLimit=00:01:00",
+     "reached its time limit (00:01:00): Slurm ended its steps"),
+    ("JobId=7 JobState=COMPLETING Reason=TimeLimit TimeLimit=00:01:00",
+     "reached its time limit (00:01:00): Slurm ended its steps"),
+    ("JobId=7 JobState=NODE_FAIL Reason=NodeDown", "ended NODE_FAIL (NodeDown) before podrun released it"),
+    ("JobId=7 JobState=RUNNING Reason=None TimeLimit=00:10:00", None),
+    ("", None),
+])
+def test_an_allocation_slurm_ended_is_named(shown, said):
+    assert ended_by_slurm(parse_records(shown)) == said

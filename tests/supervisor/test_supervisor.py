@@ -1,0 +1,269 @@
+"""Close the laptop (README: Close the laptop): with `supervisor: {host, podrun}` in the spec, `podrun exec`
+hands the job over to that host, which runs its whole life (create the TPU, run, recover preemptions,
+delete it) with its own credentials, and keeps its record and every worker's log; the laptop (this
+process) never runs any of it, and `podrun jobs`, `logs` and `stop` reach the job through the supervisor.
+
+A lab host plays the supervisor (the `supervisor` fixture: its own gcloud token, this checkout's
+podrun); the TPU API stand-in answers on the lab's network (`tpu_api_on_lab`), where it tells who sent
+each request. Run under `flock /tmp/podrun-lab.lock`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    LAPTOP_TOKEN,
+    SUPERVISOR_HOST,
+    SUPERVISOR_TOKEN,
+    Background,
+    job_id_in,
+    left_in_api,
+    lifecycle_spec,
+    live_processes,
+    packets_dropped,
+    podrun,
+    podrun_on_this_machine,
+    processes_of_job,
+    require_nft,
+    wait_until,
+)
+
+# --- the lab itself: what the tests below stand on
+
+def test_the_supervisor_host_reaches_the_api_on_the_labs_network_with_its_own_token(lab, tpu_api_on_lab, supervisor):
+    from lab import BRIDGE_IP
+
+    url = os.environ["CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"]
+    on_laptop = podrun("list")
+    assert on_laptop.returncode == 0, on_laptop.stderr
+    assert tpu_api_on_lab.callers() == {(BRIDGE_IP, LAPTOP_TOKEN)}
+    sent = len(tpu_api_on_lab.received)
+    # what the laptop would send it: the project, zone and endpoint; the token is the host's own
+    command = (f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={url} CLOUDSDK_CORE_PROJECT=podrun-test "
+               f"CLOUDSDK_COMPUTE_ZONE=us-central2-b {supervisor.podrun} list")
+    there = subprocess.run([*lab.ssh_args(SUPERVISOR_HOST), command], capture_output=True, text=True, timeout=60)
+    assert there.returncode == 0, there.stderr
+    assert tpu_api_on_lab.callers(since=sent) == {(supervisor.ip, SUPERVISOR_TOKEN)}
+
+
+def test_the_stand_in_on_the_labs_network_never_hands_out_the_supervisor_host(lab, tpu_api_on_lab, supervisor):
+    # four lab hosts, one of them the supervisor's: a v4-32 (4 hosts) does not fit
+    result = podrun("create", "v4-32", "--name", "big")
+    assert result.returncode != 0 and "no more capacity" in result.stderr, result.stderr
+    assert podrun("create", "v4-16", "--name", "life").returncode == 0
+    assert SUPERVISOR_HOST not in [e.host_index for e in tpu_api_on_lab.node_endpoints_of("life")]
+
+
+# --- handing jobs over
+
+def supervised_tpu_spec(job_file, lab, supervisor, run: str) -> Path:
+    """A spot v4-16 that exec creates (helpers.lifecycle_spec: `life`, two lab hosts), restarted after up
+    to two preemptions and deleted at the end, handed over to the supervisor; the lab's key reaches it."""
+    spec = lifecycle_spec(job_file, run, "spot: true", restarts="{max: 2, on: [preemption]}", delete_after="always")
+    text = spec.read_text().replace("ssh: {user: root}", f"ssh: {{user: root, identity_file: {lab.client_key}}}")
+    spec.write_text(text + supervisor.spec)
+    return spec
+
+
+def as_run(script: str) -> str:
+    """A spec's `run:` holding these lines."""
+    return "run: |\n" + "".join(f"  {line}\n" for line in script.splitlines())
+
+
+def row_of(job_id: str) -> str:
+    """The job's row in the laptop's `podrun jobs` (a pipe: whole rows)."""
+    listed = podrun("jobs")
+    assert listed.returncode == 0, listed.stderr
+    return next(line for line in listed.stdout.splitlines() if line.startswith(job_id))
+
+
+def listed_as_json(job_id: str) -> dict:
+    """The job as the laptop's `podrun jobs --json` gives it."""
+    listed = podrun("jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return next(job for job in json.loads(listed.stdout) if job["id"] == job_id)
+
+
+def worker_log_on_the_laptop(job_id: str, worker: int) -> str:
+    """What the laptop's `podrun logs ID --worker N` shows."""
+    return podrun("logs", job_id, "--worker", str(worker)).stdout
+
+
+def anything_of_the_job(job_id: str) -> list[str]:
+    """The job's processes on this machine and on every lab host (they share its pid namespace): its
+    workers (PODRUN_JOB_ID in their environment) and any process whose command line names the job."""
+    marker = f"PODRUN_JOB_ID={job_id}".encode()
+    return [f"{pid} {command}" for pid, command, environ in live_processes()
+            if pid != os.getpid() and (job_id in command or marker in environ)]
+
+
+@pytest.mark.slow
+def test_a_preempted_spot_job_is_recovered_by_its_supervisor_alone_and_stop_leaves_nothing(
+        home, lab, tpu_api_on_lab, supervisor, job_file):
+    run = 'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; exec sleep 600'
+    started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")
+    assert started.returncode == 0, started.stderr
+    handed_over = len(tpu_api_on_lab.received)
+    job_id = job_id_in(started.stderr)
+    assert supervisor.ip in started.stderr
+    assert podrun_on_this_machine(home) == []  # the laptop may close now
+    assert supervisor.record(job_id)["state"] == "running"
+    wait_until(lambda: "attempt 0 on worker 1" in worker_log_on_the_laptop(job_id, 1),
+               "the laptop's `podrun logs` to show the first attempt")
+
+    tpu_api_on_lab.preempt("life")
+    wait_until(lambda: "attempt 1 on worker 1" in worker_log_on_the_laptop(job_id, 1),
+               "the laptop's `podrun logs` to show the attempt on the TPU created again", timeout=90)
+    record = supervisor.record(job_id)
+    assert record["attempt"] == 1 and record["attempts"][0]["state"] == "preempted"
+    # the supervisor keeps every attempt's logs
+    assert "attempt 0 on worker 1" in (supervisor.job_dir(job_id) / "w1.log").read_text()
+    assert "attempt 1 on worker 1" in (supervisor.job_dir(job_id) / "attempt-1" / "w1.log").read_text()
+    row = row_of(job_id)
+    assert "running" in row and supervisor.ip in row
+    assert podrun_on_this_machine(home) == []
+
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert supervisor.record(job_id)["state"] == "stopped"
+    assert listed_as_json(job_id)["state"] == "stopped"
+    assert anything_of_the_job(job_id) == []
+    assert left_in_api(tpu_api_on_lab) == ([], [])
+    # the supervisor alone spoke to the API once it had the job, with its own token; every change was its
+    assert tpu_api_on_lab.callers(since=handed_over) == {(supervisor.ip, SUPERVISOR_TOKEN)}
+    changes = {(request.client, request.token) for request in tpu_api_on_lab.received if request.method != "GET"}
+    assert changes == {(supervisor.ip, SUPERVISOR_TOKEN)}
+
+
+# a run that prints, then waits until the test lets it go on (the lab hosts see this machine's /tmp)
+UNTIL_RELEASED = ('echo "started on worker $PODRUN_WORKER"\n'
+                  'until [ -e {release} ]; do sleep 0.1; done\n'
+                  'echo "finished on worker $PODRUN_WORKER"\n')
+
+
+@pytest.mark.slow
+def test_jobs_and_logs_on_the_laptop_show_a_detached_job_through_its_supervisor(home, lab, hosts_spec, supervisor,
+                                                                                tmp_path):
+    release = tmp_path / "release"
+    spec = hosts_spec(supervisor.spec + as_run(UNTIL_RELEASED.format(release=release)))
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    assert supervisor.ip in started.stderr
+    assert podrun_on_this_machine(home) == []
+
+    row = row_of(job_id)
+    assert "running" in row and supervisor.ip in row
+    listed = listed_as_json(job_id)
+    assert listed["state"] == "running" and supervisor.ip in listed["supervised_by"]["host"]
+    following = Background("logs", "-f", job_id)
+    following.wait_for(r"^\[w1\] started on worker 1$")
+    release.touch()
+    following.wait_for(r"^\[w2\] finished on worker 2$")
+    assert following.finish(timeout=60) == 0, following.text
+
+    everything = podrun("logs", job_id)
+    assert everything.returncode == 0, everything.stderr
+    for worker in range(3):
+        assert f"[w{worker}] started on worker {worker}" in everything.stdout
+        assert f"[w{worker}] finished on worker {worker}" in everything.stdout
+    one = podrun("logs", job_id, "--worker", "1")
+    assert one.stdout.splitlines() == ["started on worker 1", "finished on worker 1"], one.stdout
+    # what the laptop showed is the supervisor's copy
+    assert (supervisor.job_dir(job_id) / "w1.log").read_text().splitlines() == one.stdout.splitlines()
+    assert supervisor.record(job_id)["state"] == "succeeded"
+    listed = listed_as_json(job_id)
+    assert listed["state"] == "succeeded" and supervisor.ip in listed["supervised_by"]["host"]
+
+
+@pytest.mark.slow
+def test_an_attached_job_through_a_supervisor_streams_its_lines_and_exits_with_the_jobs_code(home, lab, hosts_spec,
+                                                                                           supervisor, tmp_path):
+    # worker 2 fails once the others are done (fail fast would stop them before they print)
+    run = (f'echo "hello from worker $PODRUN_WORKER on $(hostname)"\n'
+           f'touch {tmp_path}/done-$PODRUN_WORKER\n'
+           f'[ "$PODRUN_WORKER" = 2 ] || exit 0\n'
+           f'until [ -e {tmp_path}/done-0 ] && [ -e {tmp_path}/done-1 ]; do sleep 0.1; done\n'
+           f'exit 7\n')
+    spec = hosts_spec(supervisor.spec + as_run(run))
+    result = podrun("exec", spec)
+    assert result.returncode == 7, result.stderr
+    assert supervisor.ip in result.stderr
+    for worker in range(3):
+        assert f"[w{worker}] hello from worker {worker} on podrun-lab{worker}" in result.stdout
+    job_id = job_id_in(result.stderr)
+    assert supervisor.record(job_id)["state"] == "failed"
+    assert anything_of_the_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_laptop_stops_a_supervised_job_everywhere(home, lab, hosts_spec, supervisor):
+    spec = hosts_spec(supervisor.spec + 'run: echo "waiting on worker $PODRUN_WORKER"; exec sleep 600\n')
+    job = Background("exec", spec)
+    for worker in range(3):
+        job.wait_for(rf"^\[w{worker}\] waiting on worker {worker}$")
+    job_id = job_id_in(job.text)
+    # the laptop runs its own `exec` and nothing else of the job: the workers' and their watcher's
+    # processes are on the lab hosts
+    assert [line.split()[0] for line in podrun_on_this_machine(home)] == [str(job.process.pid)]
+    assert len(processes_of_job(job_id)) >= 3
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish(timeout=60) == 130, job.text
+    assert "Traceback" not in job.text
+    assert anything_of_the_job(job_id) == []
+    assert supervisor.record(job_id)["state"] == "stopped"
+    assert listed_as_json(job_id)["state"] == "stopped"
+
+
+@contextlib.contextmanager
+def cut_off(lab, supervisor, how: str):
+    """The supervisor out of the laptop's reach until the block ends, while it goes on with its jobs:
+    its sshd stopped (the host answers, its port refuses), or every packet from this machine to its
+    port 22 dropped (a host that does not answer at all; its own links to the workers stay up)."""
+    if how == "sshd stopped":
+        lab.stop_sshd(SUPERVISOR_HOST)
+        try:
+            yield
+        finally:
+            lab.start_sshd(SUPERVISOR_HOST)
+        return
+    with packets_dropped(f"ip daddr {supervisor.ip} tcp dport 22"):
+        yield
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sshd stopped", "packets dropped"])
+def test_jobs_says_in_one_line_that_the_supervisor_is_unreachable_and_keeps_the_last_known_state(
+        home, lab, hosts_spec, supervisor, how):
+    if how == "packets dropped":
+        require_nft()
+    spec = hosts_spec(supervisor.spec + 'run: echo "waiting on worker $PODRUN_WORKER"; exec sleep 600\n')
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    assert "running" in row_of(job_id)
+
+    with cut_off(lab, supervisor, how):
+        asked_at = time.monotonic()
+        listed = podrun("jobs", timeout=60)
+        took_s = time.monotonic() - asked_at
+    assert listed.returncode == 0, listed.stderr
+    assert took_s < 20, f"podrun jobs took {took_s:.1f}s with its supervisor unreachable ({how})"
+    said = listed.stderr.strip().splitlines()
+    assert len(said) == 1 and supervisor.ip in said[0], listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(job_id))
+    assert "running" in row  # as last read from the supervisor
+
+    again = podrun("jobs")
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert anything_of_the_job(job_id) == []

@@ -1,0 +1,170 @@
+"""Handing a job to a supervisor host (issue 28): bad input is one line, the secrets travel only as
+the workers' environment does, and a supervisor that dies leaves nothing running and says `lost`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+
+
+def supervised(hosts_spec, supervisor, body: str, env: str = "") -> Path:
+    """A spec on lab hosts 0 and 1 handed to the supervisor host."""
+    path_env = f"PATH: '{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin'"
+    return hosts_spec(f"{body}\nenv: {{{path_env}{', ' + env if env else ''}}}\n{supervisor.spec}", hosts=(0, 1))
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("not a host!", "--supervisor 'not a host!': expected host, user@host, host:port or user@host:port"),
+    ("me@host:99999", "--supervisor 'me@host:99999': expected host, user@host"),
+])
+def test_a_bad_supervisor_flag_is_one_line(home, job_file, flag, expected):
+    result = podrun("exec", job_file("run: 'true'\n"), "--supervisor", flag)
+    assert result.returncode == 2
+    assert stderr_lines_without_traceback(result.stderr) == [f"podrun: error: {expected}"] or \
+        expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def detached(spec: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """`exec SPEC --detach`, which succeeded: its result and the job's id."""
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    return started, job_id_in(started.stderr)
+
+
+def stop_leaves_nothing(job_id: str) -> None:
+    assert podrun("stop", job_id).returncode == 0
+    assert processes_of_job(job_id) == []
+
+
+def failed_handover(job_file, lab, supervisor, target: str):
+    """`exec --detach` of a job on `target` handed to the supervisor, which fails: the result and its error lines."""
+    spec = job_file(f"target: {target}\nssh: {{user: root, identity_file: {lab.client_key}}}\nrun: 'true'\n"
+                    f"{supervisor.spec}")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 1, result.stderr
+    return result, [line for line in stderr_lines_without_traceback(result.stderr) if "error" in line]
+
+
+def test_an_unreachable_supervisor_is_one_line_and_leaves_no_record(home, job_file):
+    with __import__("socket").socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = podrun("exec", job_file("run: 'true'\n"), "--supervisor", f"root@127.0.0.1:{port}")
+    assert result.returncode == 1
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"podrun: error: supervisor root@127.0.0.1:{port}: ") \
+        and "cannot connect" in lines[0], result.stderr
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())
+
+
+@pytest.mark.slow
+def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor(home, lab, hosts_spec,
+                                                                              supervisor, monkeypatch):
+    exported, written = "exported-" + os.urandom(8).hex(), "written-" + os.urandom(8).hex()
+    monkeypatch.setenv("HF_TOKEN", exported)
+    spec = supervised(hosts_spec, supervisor,
+                      "secret_env: [HF_TOKEN]\n"
+                      "run: 'echo got $(printf %s \"$HF_TOKEN$WANDB_API_KEY\" | sha256sum | cut -c1-16); exec sleep 600'",
+                      env=f"WANDB_API_KEY: {written}")
+    _, job_id = detached(spec)
+    digest = hashlib.sha256((exported + written).encode()).hexdigest()[:16]
+    wait_until(lambda: f"got {digest}" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's line", timeout=30)
+    command_lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
+                     and os.path.exists(f"/proc/{pid}/cmdline")]
+    assert not [line for line in command_lines if exported.encode() in line or written.encode() in line]
+    found = subprocess.run(["grep", "-rlF", "-e", exported, "-e", written, str(supervisor.home)],
+                           capture_output=True, text=True)
+    assert found.stdout == "", f"secret values in files on the supervisor: {found.stdout}"
+    stop_leaves_nothing(job_id)
+
+
+@pytest.mark.slow
+def test_a_supervisor_that_dies_leaves_its_workers_to_stop_on_their_own_and_reads_lost(home, lab, hosts_spec,
+                                                                                       supervisor):
+    spec = supervised(hosts_spec, supervisor, "run: 'echo up; exec sleep 600'")
+    _, job_id = detached(spec)
+    wait_until(lambda: processes_of_job(job_id), "the job's processes")
+    os.kill(supervisor.record(job_id)["launcher"]["pid"], signal.SIGKILL)  # as a reboot ends it
+    wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop without their launcher", timeout=45)
+    listing = podrun("jobs", "--json")
+    assert listing.returncode == 0, listing.stderr
+    assert next(job for job in json.loads(listing.stdout) if job["id"] == job_id)["state"] == "lost"
+
+
+def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(home, lab, job_file, supervisor):
+    result, error = failed_handover(job_file, lab, supervisor, f"{{hosts: [{lab.hosts[0].ip}, '{lab.hosts[1].ip}:2222']}}")
+    assert error == [f"podrun: error: on the supervisor root@{supervisor.ip}: {lab.hosts[1].ip}:2222: "
+                     f"cannot connect: Connection refused"], result.stderr
+    job_id = job_id_in(result.stderr)
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert [(job["id"], job["state"]) for job in listed] == [(job_id, "failed")]  # as the supervisor recorded it
+    assert processes_of_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, lab, tpu_api, job_file, supervisor):
+    shutil.rmtree(supervisor.home / ".config" / "gcloud")  # as on a VM whose service account has no TPU role
+    result, error = failed_handover(job_file, lab, supervisor, "{tpu: {name: life, accelerator_type: v4-16}}")
+    assert len(error) == 1 and error[0].startswith(f"podrun: error: on the supervisor root@{supervisor.ip}: ") \
+        and "gcloud auth application-default login" in error[0], result.stderr
+    assert podrun("jobs", "--json").stdout.strip() == "[]"  # nothing began: no pointer left behind
+    assert not tpu_api.nodes
+
+
+def test_a_key_the_supervisor_lacks_gives_way_to_its_own_and_a_refusal_names_the_supervisor(home, lab, job_file,
+                                                                                         supervisor, tmp_path,
+                                                                                         monkeypatch):
+    laptop_home = tmp_path / "laptop"
+    laptop_home.mkdir()
+    shutil.copy(lab.client_key, laptop_home / "lab-key")  # ~/lab-key here; the supervisor's ~ has none
+    monkeypatch.setenv("HOME", str(laptop_home))
+    spec = job_file(f"target: {{hosts: [{lab.hosts[0].ip}, {lab.hosts[1].ip}]}}\n"
+                    f"ssh: {{user: root, identity_file: ~/lab-key}}\nrun: 'true'\n{supervisor.spec}")
+    result = podrun("exec", spec)
+    assert result.returncode == 1, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert f"podrun: ssh.identity_file: ~/lab-key is not on the supervisor {supervisor.address}; it uses a key of " \
+           f"its own" in result.stderr
+    failure = lines[next(n for n, line in enumerate(lines) if "error" in line):]
+    assert failure == [f"podrun: error: on the supervisor {supervisor.address}: 2 of 2 workers failed to connect:",
+                       *(f"  {lab.hosts[i].ip}: key refused for user root (identity file: ssh defaults)" for i in (0, 1))
+                       ], result.stderr
+
+
+@pytest.mark.slow
+def test_stacks_of_a_supervised_job_come_through_its_supervisor_and_are_kept_there(home, lab, hosts_spec, supervisor):
+    spec = supervised(hosts_spec, supervisor, "run: python3 -c 'import time; print(\"up\", flush=True); time.sleep(600)'")
+    _, job_id = detached(spec)
+    wait_until(lambda: "up" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line", timeout=30)
+    shown = podrun("stacks", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "── worker 0 (" in shown.stdout and "── worker 1 (" in shown.stdout and "sleep" in shown.stdout, shown.stdout
+    assert (supervisor.job_dir(job_id) / "stacks" / "1" / "w1.txt").is_file()
+    stop_leaves_nothing(job_id)
+
+
+@pytest.mark.slow
+def test_a_detached_handover_keeps_what_podrun_says_there_but_not_a_second_copy_of_the_output(home, lab, hosts_spec,
+                                                                                            supervisor):
+    spec = supervised(hosts_spec, supervisor, "run: 'while true; do echo tick; sleep 0.05; done'")
+    started, job_id = detached(spec)
+    said_there = supervisor.home / ".podrun" / "supervised" / job_id / "stderr"
+    assert f"(what podrun says there: /root/.podrun/supervised/{job_id}/stderr)" in started.stderr
+    assert "── run (2 SSH hosts) ──" in said_there.read_text()
+    console = said_there.with_name("stdout")
+    size = console.stat().st_size
+    log = supervisor.job_dir(job_id) / "w1.log"
+    grown_from = log.stat().st_size
+    wait_until(lambda: log.stat().st_size > grown_from + 100, "worker 1's log to grow on the supervisor")
+    assert console.stat().st_size == size  # the workers' lines are in their logs, once
+    assert podrun("stop", job_id).returncode == 0

@@ -1,0 +1,148 @@
+"""The package's shape, checked: no import cycle anywhere in podrun/, and what is particular to one
+kind of target stays in podrun/targets/ (the spec's schema and the CLI name the kinds too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from podrun.targets import registry
+
+PACKAGE = Path(__file__).resolve().parents[2] / "podrun"
+TARGET_KINDS = set(registry.names())
+# where a target's kind may be named: the targets themselves; the Cloud TPU API's own code (gcloud's
+# `api_endpoint_overrides/tpu`); the transports' endpoint kinds (transport/, read back by transport_for),
+# which name a transport, not a target
+ALLOWED = {"targets", "cloud", "transport"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: Path) -> set[str]:
+    """The podrun modules a module imports, at its top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name in MODULES}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[str]:
+    cycles = []
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        for imported in sorted(graph[name]):
+            if imported in trail:
+                cycles.append(" -> ".join([*trail[trail.index(imported):], imported]))
+            elif imported not in done:
+                visit(imported, [*trail, imported])
+        done.add(name)
+
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    return cycles
+
+
+def test_no_import_cycle_in_podrun():
+    assert find_cycles({name: imports_of(path) - {name} for name, path in MODULES.items()}) == []
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
+    (tmp_path / "a.py").write_text("from podrun import b\n")
+    (tmp_path / "b.py").write_text("import podrun.a\n")
+    monkeypatch.setitem(MODULES, "podrun.a", tmp_path / "a.py")
+    monkeypatch.setitem(MODULES, "podrun.b", tmp_path / "b.py")
+    graph = {name: imports_of(MODULES[name]) - {"podrun"} for name in ("podrun.a", "podrun.b")}
+    assert find_cycles(graph) == ["podrun.a -> podrun.b -> podrun.a"]
+
+
+def test_target_kinds_are_named_only_by_the_targets_the_spec_and_the_cli():
+    named = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.split("/")[0] in ALLOWED or relative in ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in TARGET_KINDS:
+                named.append(f"{relative}:{node.lineno}: {node.value!r}")
+    assert named == []
+
+
+def options_read_outside_targets(tree: ast.AST) -> list[int]:
+    """The lines that read a kind's options (`spec.target.tpu`, `target.options.name`) in a module."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and ((node.value.attr == "target" and node.attr in TARGET_KINDS) or node.value.attr == "options")]
+
+
+def test_only_the_targets_read_a_kinds_options():
+    """Outside targets/, code asks the kind's declaration (`spec.target.declared.deletes`), never its options."""
+    read = [f"{path.relative_to(PACKAGE)}:{line}" for path in PACKAGE.rglob("*.py")
+            if path.relative_to(PACKAGE).parts[0] != "targets"
+            for line in options_read_outside_targets(ast.parse(path.read_text()))]
+    assert read == []
+
+
+def test_the_options_check_sees_a_read():
+    assert options_read_outside_targets(ast.parse("if spec.target.tpu and x.target.options.name: pass")) == [1, 1]
+    assert options_read_outside_targets(ast.parse("declared.summary(spec.target.options)")) == []
+
+
+REMOTE = sorted(name for name in MODULES if name.startswith("podrun.remote."))
+
+
+def test_worker_side_modules_use_the_standard_library_only():
+    """They run on the workers' own python3, where nothing but the standard library is installed
+    (framing.py travels with the scripts that import it)."""
+    import sys
+
+    foreign = []
+    for name in REMOTE:
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                       else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            foreign += [f"{name}: {module}" for module in modules
+                        if module.split(".")[0] not in sys.stdlib_module_names and module != "podrun.remote"]
+    assert foreign == []
+
+
+def test_worker_side_modules_do_nothing_when_imported():
+    import subprocess
+    import sys
+
+    imports = "; ".join(f"import {name}" for name in REMOTE)
+    result = subprocess.run([sys.executable, "-c", imports], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=30, cwd=PACKAGE.parent)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+TESTS = PACKAGE.parent / "tests"
+# the suite's areas, one folder each: what a test needs of the machine and what it is about
+TEST_AREAS = {"unit", "local", "ssh", "tpu", "slurm", "supervisor", "hostile", "docs"}
+
+
+def test_every_test_module_sits_in_its_areas_folder():
+    placed = {path.relative_to(TESTS).parts[0] for path in TESTS.rglob("test_*.py")}
+    assert sorted(placed - TEST_AREAS) == [], "test modules outside the area folders"
+    assert sorted(TEST_AREAS - placed) == [], "area folders without tests"
+
+
+def test_conftest_holds_fixtures_and_hooks_only():
+    """What test modules share is in helpers.py; conftest.py, which pytest loads itself, only provides."""
+    functions = [node for node in ast.parse((TESTS / "conftest.py").read_text()).body
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    other = [node.name for node in functions
+             if not node.name.startswith(("pytest_", "_"))  # a hook, or a part of the fixtures' own
+             and not any("fixture" in ast.unparse(decorator) for decorator in getattr(node, "decorator_list", []))]
+    assert other == [] and len(functions) > 5
