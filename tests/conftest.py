@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from helpers import LAPTOP_TOKEN, SUPERVISOR_HOST, SupervisorHost, live_processes
+from helpers import LAPTOP_TOKEN, SUPERVISOR_HOST, SupervisorHost, live_processes, network_of_its_own
 
 # CI's property tests are derandomized (a fixed seed, no example database), so a run's outcome
 # depends on the code alone; scripts/fuzz.py runs the same properties with random seeds and a
@@ -167,6 +167,21 @@ def pytest_terminal_summary(terminalreporter):
                                         f"{ordered[-1]:.2f} s over {len(times)} runs")
 
 
+# Parallel workers (pytest-xdist, `-n`) each run in a network namespace of their own, so that what one binds
+# or builds on the network is its alone: its lab's bridge (tests/lab.py gives each worker a site of its own,
+# for the names of its network namespaces, which are global), its stand-ins on 127.0.0.1 and the rendezvous
+# port (29500) of its local jobs.
+def pytest_xdist_auto_num_workers(config):
+    """Two workers per core, at most 7 (a lab site each): most of a test's time is spent waiting for the
+    processes, hosts and networks it started, and on 2 cores 4 workers took 7.7 minutes where 1 took 23."""
+    return min(7, 2 * (os.cpu_count() or 1))
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") and os.geteuid() == 0:
+        network_of_its_own()
+
+
 # A shell starts its background jobs (`cmd &`, no job control) with SIGINT ignored, and an ignored signal
 # stays ignored across exec: podrun would then start with Ctrl-C ignored, and every test that presses it
 # (SIGINT to podrun) would wait in vain. podrun gets SIGINT as a terminal gives it, however pytest started.
@@ -180,6 +195,11 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # one otherwise carry the marker themselves. Where the facility is missing they skip, in one line per
 # facility; CI sets PODRUN_TESTS_REQUIRE_ALL=1, so that there a missing facility fails instead.
 FACILITY_OF_FIXTURE = {"lab": "lab", "slurm_lab": "lab", "docker_engine": "docker"}
+# Under parallel workers (`-n`), what uses something of the whole machine runs on one worker, as in a serial run:
+# docker tests one dockerd's data root (tests/docker_lab.py), OS Login tests accounts in /etc/passwd and a
+# program under /run (tests/oslogin_lab.py), Slurm tests one cluster at a time (a second one beside it fails
+# to launch steps). Tests that add accounts otherwise carry xdist_group("accounts") themselves.
+XDIST_GROUP_OF_FIXTURE = {"os_login": "accounts", "os_login_on_lab": "accounts", "slurm_lab": "slurm"}
 
 
 @functools.cache
@@ -200,6 +220,22 @@ def pytest_collection_modifyitems(items):
         for fixture, facility in FACILITY_OF_FIXTURE.items():
             if fixture in item.fixturenames:
                 item.add_marker(facility)
+        if item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.xdist_group("docker"))
+        for fixture, group in XDIST_GROUP_OF_FIXTURE.items():
+            if fixture in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session):
+    """A worker whose scheduler would spread a group's tests over several workers stops before any runs."""
+    if not (hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup")):
+        return
+    ungrouped = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if ungrouped:
+        pytest.exit(f"pytest-xdist ignored the xdist_group of {len(ungrouped)} tests ({ungrouped[0]}, ...): this pytest "
+                    "and pytest-xdist do not keep groups together (pytest-dev/pytest-xdist#1386); install the test "
+                    "extra's versions (pip install '.[test]')", returncode=3)
 
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture is set up

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import io
@@ -17,6 +18,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -28,6 +30,53 @@ from pathlib import Path
 from podrun import jobstore
 from podrun.cli import main
 from podrun.shipping.scan import scan
+
+# --- a parallel test worker's network
+
+CLONE_NEWNET = 0x40000000
+_machines_network: int | None = None  # the machine's network namespace, open, once this worker left it
+
+
+def network_of_its_own() -> None:
+    """This process's main thread, which runs the tests and starts their processes and threads, in a new
+    network namespace with its loopback up; the machine's stays reachable (`on_the_machines_network`)."""
+    global _machines_network
+    _machines_network = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) for a test worker's network of its own")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    resolv_conf = Path("/etc/resolv.conf").read_text() if Path("/etc/resolv.conf").exists() else ""
+    for nameserver in re.findall(r"^nameserver\s+(\d+\.\d+\.\d+\.\d+)", resolv_conf, re.MULTILINE):
+        _answer_no_such_name(nameserver)
+
+
+def _answer_no_such_name(address: str) -> None:
+    """The machine's name server, here, knowing no name: NXDOMAIN for every query, as the machine's answers a
+    name it does not know, where an unreachable one would make every lookup outside /etc/hosts a temporary
+    failure that only this network sees (and, under torchrun, a warning from every worker)."""
+    subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"], check=True)
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind((address, 53))
+
+    def serve() -> None:
+        while True:
+            query, sender = server.recvfrom(512)
+            question_end = query.index(b"\0", 12) + 5  # the name's labels, their end, its type and class
+            flags = 0x8000 | (int.from_bytes(query[2:4], "big") & 0x7900) | 0x0080 | 3  # a reply: no such name
+            header = query[:2] + flags.to_bytes(2, "big") + (1).to_bytes(2, "big") + bytes(6)
+            server.sendto(header + query[12:question_end], sender)
+
+    threading.Thread(target=serve, daemon=True, name="no-such-name").start()
+
+
+def on_the_machines_network(argv: list[str]) -> list[str]:
+    """`argv` as a command that runs in the machine's network namespace, where its package index is
+    reachable, also from a test worker with a network of its own."""
+    if _machines_network is None:
+        return argv
+    return ["nsenter", f"--net=/proc/{os.getpid()}/fd/{_machines_network}", *argv]
+
 
 # --- podrun as a user runs it: a process, its output, its job's processes
 
@@ -277,7 +326,10 @@ def ps_on_every_host(lab, job_id: str) -> list[str]:
 def packets_dropped(match: str, table: str = "podrun_lab_cut"):
     """Every packet this machine sends that `match` (an nft rule's match, e.g. `ip daddr 10.99.0.10 tcp
     dport 22`) dropped until the block ends; the lab hosts' own packets, in their namespaces, go on."""
+    from lab import SITE
+
     require_nft()
+    table = f"{table}{SITE}"  # a table per lab site: parallel test workers add and delete their own
     subprocess.run(["nft", "add", "table", "ip", table], check=True)
     try:
         subprocess.run(["nft", f"add chain ip {table} out {{ type filter hook output priority 0; }}"], check=True)
@@ -289,10 +341,15 @@ def packets_dropped(match: str, table: str = "podrun_lab_cut"):
 
 def bridge_sent_bytes() -> int:
     """Bytes this machine (the launcher's side) sent into the lab's bridge; traffic between lab
-    hosts crosses the bridge without passing this machine's network stack."""
+    hosts crosses the bridge without passing this machine's network stack. From /proc/net/dev, which
+    shows this process's network namespace (/sys/class/net shows the one /sys was mounted in)."""
     from lab import BRIDGE
 
-    return int(Path(f"/sys/class/net/{BRIDGE}/statistics/tx_bytes").read_text())
+    for line in Path("/proc/self/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == BRIDGE:
+            return int(counters.split()[8])  # 8 received counters, then the bytes sent
+    raise AssertionError(f"no device {BRIDGE} in /proc/self/net/dev")
 
 
 def require_nft() -> None:

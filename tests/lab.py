@@ -1,7 +1,7 @@
 """The test lab (docs/design.md: How it is tested): N real SSH hosts on this machine.
 
 Each host is a network namespace on one bridge with its own address (10.99.0.10 for host 0, 200
-hosts per /24 of 10.99.0.0/20), its own sshd
+hosts per /24 of 10.99.0.0/20, in site 0 of up to 8 labs that run side by side: `SITE`), its own sshd
 and its own home directory (sshd runs under `unshare -m` with a directory bound over /root, and
 one over /home for other users), so a file shipped to one host is not on another. Each has its own
 hostname (`unshare -u`), which its own /etc/hosts maps to 127.0.0.1, as many cloud images do: the
@@ -27,15 +27,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-NETWORK = "10.99.0.0/20"  # room for 3,200 hosts (a v5p-12288 has 1,536)
-BRIDGE_IP = "10.99.0.1"
+
+def _site() -> int:
+    """Which of up to 8 labs on this machine this process's is: a pytest-xdist worker's number plus one
+    (gw0 is site 1), else 0 (a serial run, a benchmark). Each site has its own bridge, addresses and
+    namespace names, so the suite's parallel workers each run a lab of their own beside a serial one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    site = int(worker.removeprefix("gw")) + 1 if worker else 0
+    if site >= 8:
+        raise RuntimeError(f"lab: pytest-xdist worker {worker} has no lab site: run at most 7 workers (-n)")
+    return site
+
+
+SITE = _site()
+NETWORK = f"10.99.{32 * SITE}.0/20"  # room for 3,200 hosts (a v5p-12288 has 1,536)
+BRIDGE_IP = f"10.99.{32 * SITE}.1"
 # a second address per host, for the TPU stand-in's externalIp (podrun connects to it, while the
 # workers reach each other on the first, internal one)
-EXTERNAL_NETWORK = "10.99.16.0/20"
-EXTERNAL_BRIDGE_IP = "10.99.16.1"
+EXTERNAL_NETWORK = f"10.99.{32 * SITE + 16}.0/20"
+EXTERNAL_BRIDGE_IP = f"10.99.{32 * SITE + 16}.1"
 FIRST_HOST = 10
 HOSTS_PER_OCTET = 200
-BRIDGE = "podrunlab0"
+BRIDGE = f"podrunlab{SITE}"
+NAMESPACE_PREFIX = "podrunlab" if SITE == 0 else f"podrun{SITE}lab"  # host i's network namespace: PREFIX + i
+VETH_PREFIX = "plv" if SITE == 0 else f"pl{SITE}v"  # host i's side of the bridge: PREFIX + i
 # an sshd's settings after its ListenAddress lines (`sshd_config`)
 SSHD_SETTINGS = """\
 Port 22
@@ -123,7 +138,7 @@ class Lab(StartStop):
         self.workdir = Path(workdir)
         self.sshd_extra = ""  # sshd_config lines after SSHD_SETTINGS (set_sshd_extra)
         self.client_key = self.workdir / "client_ed25519"
-        self.hosts = [LabHost(i, _address(NETWORK, i), _address(EXTERNAL_NETWORK, i), f"podrunlab{i}",
+        self.hosts = [LabHost(i, _address(NETWORK, i), _address(EXTERNAL_NETWORK, i), f"{NAMESPACE_PREFIX}{i}",
                               self.workdir / f"host{i}", self.workdir / f"host{i}" / "root")
                       for i in range(count)]
 
@@ -144,7 +159,7 @@ class Lab(StartStop):
         (ssh_dir / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text() + extra_keys)
 
     def _add_host(self, host: LabHost) -> None:
-        add_namespace(host.namespace, f"plv{host.index}", BRIDGE, [f"{host.ip}/20", f"{host.external_ip}/20"])
+        add_namespace(host.namespace, f"{VETH_PREFIX}{host.index}", BRIDGE, [f"{host.ip}/20", f"{host.external_ip}/20"])
         self.authorize(host.index)
         host.hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=host.hostname))
         _make_host_key(host)
@@ -280,9 +295,12 @@ def _address(network: str, index: int) -> str:
 def _raise_neighbour_limits(entries: int) -> None:
     """Room in this machine's ARP table for `entries` neighbours (each host's two addresses): past
     gc_thresh2 (512 by default) the kernel drops entries, and with 512 hosts, 38 of them were
-    "No route to host" ("neighbor table overflow" in dmesg). Limits are only ever raised."""
+    "No route to host" ("neighbor table overflow" in dmesg). Limits are only ever raised. They are the
+    machine's: a network namespace of its own (a parallel test worker's) shows none of them."""
     for name, wanted in (("gc_thresh1", entries), ("gc_thresh2", 2 * entries), ("gc_thresh3", 4 * entries)):
         path = Path(f"/proc/sys/net/ipv4/neigh/default/{name}")
+        if not path.exists():
+            return
         if int(path.read_text()) < wanted:
             path.write_text(str(wanted))
 

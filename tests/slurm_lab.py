@@ -29,12 +29,25 @@ from pathlib import Path
 
 import pytest
 
-from lab import StartStop, _sh, _wait_for_port, add_bridge, add_namespace, python_under_root, remove_namespace, sshd_config
+from lab import (
+    SITE,
+    StartStop,
+    _sh,
+    _wait_for_port,
+    add_bridge,
+    add_namespace,
+    python_under_root,
+    remove_namespace,
+    sshd_config,
+)
 
-BRIDGE = "podrunslurm0"
-BRIDGE_IP = "10.97.0.1"
+# one cluster per lab site (tests/lab.py SITE): its own bridge, /24 and namespace names
+BRIDGE = f"podrunslurm{SITE}"
+BRIDGE_IP = f"10.97.{SITE}.1"
 PREFIX = 24
-LOGIN_IP = "10.97.0.10"  # compute node i (from 1) is 10.97.0.10+i
+LOGIN_IP = f"10.97.{SITE}.10"  # compute node i (from 1) is 10.97.SITE.10+i
+NAMESPACE_PREFIX = "podrunslurm" if SITE == 0 else f"podrunslurm{SITE}"
+VETH_PREFIX = "psv" if SITE == 0 else f"ps{SITE}v"
 LOGIN = "slurm-login"
 NODE = "slurm-node{}"  # Slurm's NodeName and the node's host name
 CLUSTER = "podrunlab"
@@ -125,8 +138,8 @@ class SlurmLab(StartStop):
         self.workdir = Path(self.workdir)
         base = LOGIN_IP.rsplit(".", 1)
         first = int(base[1])
-        self.login = SlurmNode(LOGIN, LOGIN_IP, "podrunslurm-login", "psv0", self.workdir / "login")
-        self.nodes = [SlurmNode(NODE.format(i), f"{base[0]}.{first + i}", f"podrunslurm-node{i}", f"psv{i}",
+        self.login = SlurmNode(LOGIN, LOGIN_IP, f"{NAMESPACE_PREFIX}-login", f"{VETH_PREFIX}0", self.workdir / "login")
+        self.nodes = [SlurmNode(NODE.format(i), f"{base[0]}.{first + i}", f"{NAMESPACE_PREFIX}-node{i}", f"{VETH_PREFIX}{i}",
                                 self.workdir / f"node{i}") for i in range(1, self.compute_nodes + 1)]
         names = tuple(node.name for node in self.nodes)
         self.partitions = [Partition("debug", names, "1:00:00", 3600, default=True),

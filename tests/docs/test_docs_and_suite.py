@@ -63,8 +63,8 @@ def test_no_source_cites_a_guide_the_repository_does_not_ship():
 
 
 def test_test_modules_do_not_import_from_each_other():
-    """What several test modules use lives in tests/helpers.py (or a lab or stand-in module beside it): importing a test module
-    runs its module-level code and makes its helpers look like its own."""
+    """What several test modules use lives in tests/helpers.py (or a lab or stand-in module beside it):
+    importing a test module runs its module-level code and makes its helpers look like its own."""
     importing = []
     for path in sorted((REPO / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -99,7 +99,7 @@ def run_pytest_without_tools(tmp_path, **env: str) -> subprocess.CompletedProces
     (tmp_path / "test_needs.py").write_text(textwrap.dedent(NEEDS_EVERY_FACILITY))
     (tmp_path / "bin").mkdir()
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "conftest", "-p", "no:cacheprovider",
          "-c", str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_needs.py")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
         env={**{name: value for name, value in os.environ.items() if name != "PODRUN_TESTS_REQUIRE_ALL"},

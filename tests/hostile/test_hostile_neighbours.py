@@ -39,6 +39,8 @@ while not os.path.exists(sys.argv[1]):
 hang_in_collective()
 """
 STRANGER_SAYS = "a stranger's py-spy ran"
+# a stranger is an account made for the test: with parallel workers, on the one that adds accounts (conftest.py)
+ADDS_AN_ACCOUNT = pytest.mark.xdist_group("accounts")
 
 
 class Strangers:
@@ -106,6 +108,7 @@ def stacks_of(home: Path, job_id: str, dump: int = 1) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@ADDS_AN_ACCOUNT
 def test_podrun_stacks_as_root_dumps_the_jobs_own_processes_only_and_runs_no_strangers_py_spy(home, job_file,
                                                                                               tmp_path):
     released = tmp_path / "released"
@@ -127,6 +130,7 @@ def test_podrun_stacks_as_root_dumps_the_jobs_own_processes_only_and_runs_no_str
     assert not processes_of_job(job_id)
 
 
+@ADDS_AN_ACCOUNT
 def test_on_ssh_hosts_as_root_podrun_stacks_runs_no_strangers_py_spy(home, lab, hosts_spec, tmp_path):
     released = tmp_path / "released"  # the lab's hosts share this machine's files but /root
     released.touch()
@@ -145,6 +149,7 @@ def test_on_ssh_hosts_as_root_podrun_stacks_runs_no_strangers_py_spy(home, lab, 
 
 
 @pytest.mark.slow
+@ADDS_AN_ACCOUNT
 def test_a_stalls_dump_as_root_leaves_strangers_alone(home, job_file, tmp_path):
     released = tmp_path / "released"
     spec = job_file(f"run: python3 hang.py {released}\nstall: 2s\nstop_grace: 1s\ntarget: {{local: {{workers: 2}}}}\n",

@@ -42,9 +42,11 @@ def test_the_lab_comes_up_with_every_node_idle(cluster, capsys):
               f"{len(cluster.nodes)} slurmd, every node idle in sinfo)")
 
 
-def test_a_new_lab_comes_up_again_in_the_same_session(slurm_lab, tmp_path, capsys):
+def test_a_new_lab_comes_up_again_in_the_same_session(slurm_lab, tmp_path_factory, capsys):
     """Made again (a second lab object, same names), it comes up, serves a job, and leaves nothing behind."""
-    from slurm_lab import SlurmLab
+    # a short directory: slurmd's step sockets live under it, and a socket's path has 108 bytes at most
+    tmp_path = tmp_path_factory.mktemp("again")
+    from slurm_lab import BRIDGE, NAMESPACE_PREFIX, VETH_PREFIX, SlurmLab
 
     slurm_lab.stop()
     try:
@@ -55,9 +57,9 @@ def test_a_new_lab_comes_up_again_in_the_same_session(slurm_lab, tmp_path, capsy
                 hostnames = again.slurm("srun -N3 hostname")
                 assert sorted(hostnames.stdout.split()) == ["slurm-node1", "slurm-node2", "slurm-node3"], hostnames
             namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-            assert "podrunslurm" not in namespaces
+            assert f"{NAMESPACE_PREFIX}-" not in namespaces
             links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-            assert "podrunslurm0" not in links and "psv" not in links
+            assert BRIDGE not in links and VETH_PREFIX not in links
             daemons = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout
             assert daemons == ""
         with capsys.disabled():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import re
 import subprocess
@@ -27,6 +28,7 @@ from helpers import (
     ps_on_every_host,
     stderr_lines_without_traceback,
 )
+from lab import NETWORK
 
 BASTION = 3  # the lab host that plays the bastion; the workers are hosts 0, 1 and 2
 RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) ")
@@ -59,6 +61,7 @@ def user_ssh_config(tmp_path: Path, monkeypatch, text: str):
 @pytest.mark.slow
 def test_torchrun_ddp_runs_through_a_bastion_never_seen_before_and_a_changed_bastion_key_is_refused(home, lab, tmp_path):
     spec = yaml.safe_load((REPO / "configs" / "ssh-hosts.yaml").read_text())
+    spec["target"]["hosts"] = [host.ip for host in lab.hosts[:3]]  # the example's are lab site 0's
     spec["ssh"].update(identity_file=str(lab.client_key), proxy_jump=f"root@{lab.hosts[BASTION].ip}")
     spec["workdir"] = str(REPO / "examples" / "ddp")
     spec["env"]["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
@@ -97,7 +100,7 @@ def test_a_bastion_that_fails_is_one_line_naming_it_and_nothing_starts_anywhere(
                            user="nobody" if fault == "bastion refuses the key" else "root")
     bastion, first = lab.hosts[BASTION].ip, lab.hosts[0].ip
     if fault == "bastion unreachable":
-        bastion = "10.99.0.9"  # in the lab's network, where no host answers
+        bastion = str(ipaddress.ip_network(NETWORK)[9])  # in the lab's network, where no host answers
         spec.write_text(spec.read_text().replace(lab.hosts[BASTION].ip, bastion))
     if fault == "bastion does not resolve":
         bastion = "bastion.invalid"

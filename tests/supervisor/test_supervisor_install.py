@@ -26,7 +26,7 @@ from podrun.supervisor.install import podrun_on_host
 from podrun.supervisor.wheel import build_wheel
 from podrun.transport.ssh import SshTransport
 
-from helpers import podrun
+from helpers import on_the_machines_network, podrun
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = 3  # a lab host the other tests leave alone
@@ -56,8 +56,9 @@ def requirement_wheels(tmp_path_factory, lab) -> Path:
     directory = tmp_path_factory.mktemp("requirement_wheels")
     python = lab.run(HOST, "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'").stdout.strip()
     requirements = requirements_of(build_wheel(str(tmp_path_factory.mktemp("podrun_wheel"))))
-    subprocess.run([sys.executable, "-m", "pip", "download", "-qq", "--only-binary=:all:", "--python-version", python,
-                    "--dest", str(directory), *requirements], check=True, timeout=300)
+    subprocess.run(on_the_machines_network([sys.executable, "-m", "pip", "download", "-qq", "--only-binary=:all:",
+                                            "--python-version", python, "--dest", str(directory), *requirements]),
+                   check=True, timeout=300)
     return directory
 
 

@@ -11,6 +11,7 @@ and connects from a network namespace of its own, as IAP connects from Google's 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -35,11 +36,12 @@ from helpers import (
     processes_of_job,
     stderr_lines_without_traceback,
 )
+from lab import BRIDGE, NAMESPACE_PREFIX, NETWORK, VETH_PREFIX, add_namespace, remove_namespace
 
 PATH = f"{Path(sys.executable).parent}:/usr/bin:/bin"
 PROJECT = "podrun-test"
-IAP_NAMESPACE = "podrunlabiap"  # IAP's forwarders (35.235.240.0/20 at Google), on the lab's bridge
-IAP_ADDRESS = "10.99.15.250"
+IAP_NAMESPACE = f"{NAMESPACE_PREFIX}iap"  # IAP's forwarders (35.235.240.0/20 at Google), on the lab's bridge
+IAP_ADDRESS = str(ipaddress.ip_network(NETWORK)[15 * 256 + 250])  # 10.99.15.250 in site 0
 BASTION = 3  # the lab host that plays a bastion inside the VPC (a v4-16 takes hosts 0 and 1)
 
 
@@ -60,15 +62,13 @@ class Iap:
 
 @pytest.fixture
 def iap(lab, tmp_path, monkeypatch):
-    from lab import BRIDGE, add_namespace, remove_namespace
-
     real = shutil.which("gcloud") or "/nonexistent/gcloud"
     bin_dir = tmp_path / "iap-bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "gcloud"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests" / "gcloud_iap_stand_in.py"} "$@"\n')
     wrapper.chmod(0o755)
-    add_namespace(IAP_NAMESPACE, "plviap", BRIDGE, [f"{IAP_ADDRESS}/20"])
+    add_namespace(IAP_NAMESPACE, f"{VETH_PREFIX}iap", BRIDGE, [f"{IAP_ADDRESS}/20"])
     for name, value in {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PODRUN_TEST_REAL_GCLOUD": real,
                         "PODRUN_TEST_IAP_NETNS": f"/run/netns/{IAP_NAMESPACE}",
                         "PODRUN_TEST_IAP_LOG": str(tmp_path / "iap.log")}.items():
