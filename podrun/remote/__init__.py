@@ -14,8 +14,10 @@ imported (each runs its main() only as __main__).
   rendezvous_connector.py  connect to it from every worker (launch/preflight.py)
   log_follower.py          a detached job's output and exit (launch/detached.py)
   detached_stopper.py      stop a detached job's step (launch/detached.py)
-  checkout.py              the run directory: check a code version out there, prune old versions (agent.py);
-                           as a script, the disk podrun uses for a name (commands/disk.py)
+  checkout.py              the run directory: check a code version out there, verify it first (agent.py)
+  run_dirs.py              run/'s directories, never through a job's link, and the files placed in them (checkout.py)
+  versions.py              a name's code versions: list them, prune old ones (checkout.py, disk.py)
+  disk.py                  the disk podrun uses for a name, measured and freed (commands/disk.py)
   code_record.py           what each file of a code version held, so a job's write into it is found (checkout.py)
   rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
