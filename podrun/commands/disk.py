@@ -1,6 +1,6 @@
 """`podrun disk JOB.yaml [--free]`: the disk podrun uses on each worker for a job's name, and freeing it.
 
-One connection per worker, all at once; each runs remote/checkout.py as a script, which measures
+One connection per worker, all at once; each runs remote/disk.py as a script, which measures
 (and with --free removes) the name's old code versions and old finished jobs' files, never the run
 directory: it holds the jobs' checkpoints.
 """
@@ -43,7 +43,7 @@ async def _usage(worker: Worker, name: str, free: bool) -> dict:
     transport = worker.transport
     try:
         await transport.connect()
-        channel = await transport.start_python("checkout", paths.remote_name_dir(name), paths.remote_jobs_dir(),
+        channel = await transport.start_python("disk", paths.remote_name_dir(name), paths.remote_jobs_dir(),
                                                "1" if free else "0", str(JOB_FILES_KEPT_S))
         channel.stdin.write_eof()
         report, errors, code = await asyncio.gather(channel.stdout.read(), channel.stderr.read(), channel.wait())

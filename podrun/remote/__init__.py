@@ -4,18 +4,25 @@ module here uses the standard library only, runs on any Python >= 3.8, and does 
 imported (each runs its main() only as __main__).
 
   agent.py                 one step of a job: start it, report, stop its whole tree (launch/steps.py)
+  agent_io.py              the agent's stdin (the step, control lines) and stderr (events) (agent.py)
+  step.py                  the user's command: start it, pump its output, stop its whole tree (agent.py)
+  processes.py             the step's processes: spawn, exit, group and ancestry (step.py)
+  hub.py                   a watched job's agents, connected, stopping each other (agent.py)
+  tpu_holders.py           the processes holding a TPU VM's accelerator (agent.py's probe)
   relay_node.py            receive the shipped code, unpack it, pass it on (shipping/relay.py)
   rendezvous_listener.py   hold the rendezvous port on worker 0 (launch/preflight.py)
   rendezvous_connector.py  connect to it from every worker (launch/preflight.py)
   log_follower.py          a detached job's output and exit (launch/detached.py)
   detached_stopper.py      stop a detached job's step (launch/detached.py)
-  checkout.py              the run directory: check a code version out there, prune old versions (agent.py);
-                           as a script, the disk podrun uses for a name (commands/disk.py)
+  checkout.py              the run directory: check a code version out there, verify it first (agent.py)
+  run_dirs.py              run/'s directories, never through a job's link, and the files placed in them (checkout.py)
+  versions.py              a name's code versions: list them, prune old ones (checkout.py, disk.py)
+  disk.py                  the disk podrun uses for a name, measured and freed (commands/disk.py)
   code_record.py           what each file of a code version held, so a job's write into it is found (checkout.py)
   rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
   interfaces.py            the rendezvous doctor: a hostname that resolves to loopback (agent.py's probe)
   placement.py             put `podrun cp`'s files in place from their staging directory (commands/copy.py)
-  stacks.py                the job's Python processes and their stacks (agent.py, launch/stacks.py)
-  vm_notice.py             a TPU VM's own preemption and maintenance notice (agent.py)
+  stacks.py                the job's Python processes and their stacks (step.py, launch/stacks.py)
+  vm_notice.py             a TPU VM's own preemption and maintenance notice (step.py)
 """

@@ -24,7 +24,7 @@ is published, its key is trusted on first use under the alias.
 
 A process left from an earlier run that still holds /dev/accel* (or /dev/vfio/*, or libtpu's
 lockfile) makes the next run die with "TPU in use". Every worker's agent looks for such processes in
-its probe (remote/agent.py, tpu_holders); they are named with their PIDs and command lines, and killed only
+its probe (remote/tpu_holders.py); they are named with their PIDs and command lines, and killed only
 when the user asks (exec --kill-stale).
 """
 

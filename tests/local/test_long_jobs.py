@@ -265,7 +265,7 @@ def test_a_detached_torchrun_job_records_the_failed_ranks_own_code(home, job_fil
 
 
 def test_torchruns_failure_summary_names_the_rank_and_its_code():
-    from podrun.remote.agent import torchrun_root_cause
+    from podrun.remote.step import torchrun_root_cause
 
     summary = (b"[rank1]:Traceback ...\nFailures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 7)\n"
                b"------\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-11-23_20:12:54\n"

@@ -159,7 +159,7 @@ def test_a_host_whose_link_goes_down_fails_the_job_and_stops_on_its_own(home, la
 
 
 def test_a_detached_job_whose_host_loses_its_link_stops_everywhere_with_no_launcher(home, lab, hosts_spec, fault_time):
-    """The agents' watch (agent.Hub) notices a host gone silent by TCP keepalive: the others stop the
+    """The agents' watch (hub.Hub) notices a host gone silent by TCP keepalive: the others stop the
     job, and the cut-off host stops its own part, as no word comes from worker 0's agent."""
     launched = podrun("exec", "--detach", hosts_spec('run: |\n  echo "up $PODRUN_WORKER"\n  exec sleep 300\n'))
     assert launched.returncode == 0, launched.stderr

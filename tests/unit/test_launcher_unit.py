@@ -328,7 +328,7 @@ def test_detach_runs_setup_attached_first(tmp_path):
 
 
 def test_a_detached_run_on_several_workers_is_watched_from_the_first_worker(tmp_path):
-    """The agents of a detached run watch each other (agent.Hub): the first worker's agent says where
+    """The agents of a detached run watch each other (hub.Hub): the first worker's agent says where
     it listens, and every agent is told that address with "go", after the setup step too."""
     code, job = run_job(tmp_path, [Script(), Script(), Script()], detach=True,
                         spec="setup: ./prepare.sh\nrun: python3 train.py\n")

@@ -9,7 +9,7 @@ import pytest
 from metadata_stand_in import MetadataStandIn
 
 from podrun.remote import vm_notice
-from podrun.remote.agent import Poller
+from podrun.remote.agent_io import Poller
 
 
 @pytest.fixture

@@ -1,0 +1,298 @@
+"""The line between the agents of a watched job (agent.py's "watch"): worker 0's Hub, which every
+other worker's agent reaches through its HubLink, so that a failure or a stall stops them all with no
+launcher left. Standard library only, Python 3.8+, nothing done at import (only watched jobs import
+socket).
+"""
+
+import os
+import sys
+import time
+
+try:  # on a worker, sent ahead of this file (transport/base.py, script_modules)
+    agent_io = sys.modules["podrun_remote_agent_io"]
+except KeyError:  # imported on the launcher, by tests and type checks
+    from podrun.remote import agent_io
+try:  # hmac.compare_digest, without the 6.7 ms of imports (_hashlib) that hmac brings
+    from _operator import _compare_digest as same_secret
+except ImportError:  # not CPython
+    from hmac import compare_digest as same_secret  # type: ignore[no-redef]
+
+LOST = 255  # the code of a worker whose agent is gone (as podrun.exits.LOST)
+
+
+class Hub:
+    """Worker 0's side of a watched job (a detached run on several workers, where no launcher
+    stays to fail fast): every other worker's agent connects here, says hello with the job's token
+    and, when its step ends, its exit code. The first failure (a non-zero code, or a connection
+    that breaks before its code arrived: an agent killed, a host gone) is sent to every agent as
+    "stop WORKER CODE", and this worker stops too. Worker 0 stays until every other agent is done.
+
+    Anyone who reaches worker 0's internal address may connect: a connection that has not said
+    hello with the token within HELLO_WITHIN_S, or sends a longer line than Link.LONGEST_LINE, is
+    dropped; beyond STRANGERS_KEPT such connections (and one per agent still to come) the oldest
+    goes; an accept() that fails (out of descriptors) halves that number for good and pauses
+    accepting for ACCEPT_PAUSE_S. So
+    strangers cost a bounded number of descriptors, never the agent, and never keep it waiting."""
+
+    HELLO_WAIT_S = 30  # how long a finished worker 0 waits for agents that never said hello
+    HELLO_WITHIN_S = 5  # an agent says hello as soon as it connected
+    STRANGERS_KEPT = 16
+    ACCEPT_PAUSE_S = 1.0
+
+    def __init__(self, config):
+        import socket  # only watched jobs pay for it (it imports enum)
+
+        self.token = config["token"].encode()
+        self.worker = config["worker"]
+        self.workers = config["workers"]
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # the internal address only: the watch is for the workers' network, not every interface
+        self.listener.bind((config["bind"], 0))
+        self.listener.listen(self.workers)
+        self.port = self.listener.getsockname()[1]
+        self.links = {}  # descriptor: Link of an agent that said hello
+        self.strangers = {}  # descriptor: Link of a connection that has not yet, oldest first
+        self.accepting_at = None  # when accepting resumes, after accept() failed
+        self.strangers_kept = self.workers + self.STRANGERS_KEPT  # fewer once descriptors ran out
+        self.ended = set()  # workers whose step ended (their code arrived)
+        self.failure = None
+        self.poller = None
+        self.on_failure = None
+        self.on_stall = None
+        self.hello_deadline = None
+        self.stall = config.get("stall")  # seconds without output from any worker that stop the job
+        self.stalled = False
+        self.started_at = None  # when the step started: the stall clock's start
+        self.heard_at = {}  # each worker's last output (time.monotonic()), as far as the hub knows
+
+    def attach(self, poller, on_failure, on_stall):
+        self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
+        if self.started_at is None:
+            self.started_at = self.heard_at[self.worker] = time.monotonic()
+        if self.accepting_at is None:
+            poller.register(self.listener.fileno(), "watch")
+        for fd in (*self.links, *self.strangers):
+            poller.register(fd, "watch")
+
+    def ready(self, fd):
+        if fd == self.listener.fileno():
+            self._accept()
+            return
+        link = self.links.get(fd) or self.strangers.get(fd)
+        if link is None:
+            return  # dropped earlier in the same round of events
+        lines = link.read_lines()
+        for words in (line.split() for line in lines or ()):
+            if link.worker is None:
+                if len(words) != 3 or words[0] != "hello" or not words[2].isdigit() \
+                        or not same_secret(words[1].encode(), self.token):
+                    lines = None  # not one of the job's agents: hang up
+                    break
+                link.worker = int(words[2])
+                self.links[fd] = self.strangers.pop(fd)
+                self.heard_at.setdefault(link.worker, self.started_at)
+            elif words == ["alive"]:
+                self.heard_at[link.worker] = time.monotonic()
+            elif len(words) == 2 and words[0] == "exit":
+                self.ended.add(link.worker)
+                if int(words[1]) != 0:
+                    self.fail(link.worker, int(words[1]))
+        if lines is None:
+            self._hang_up(fd)
+
+    def _accept(self):
+        try:
+            connection, _ = self.listener.accept()
+            _keep_alive(connection)
+        except OSError:  # out of descriptors (EMFILE, ENFILE), or the connection already reset
+            # keep half as many strangers from now on: the job's own files must still open
+            self.strangers_kept = max(1, len(self.strangers) // 2)
+            while len(self.strangers) > self.strangers_kept:
+                self._hang_up(next(iter(self.strangers)))
+            self.poller.unregister(self.listener.fileno())
+            self.accepting_at = time.monotonic() + self.ACCEPT_PAUSE_S
+            return
+        self.strangers[connection.fileno()] = Link(connection)
+        self.poller.register(connection.fileno(), "watch")
+        if len(self.strangers) > min(self.strangers_kept, self.STRANGERS_KEPT + self.workers - 1 - len(self.links)):
+            self._hang_up(next(iter(self.strangers)))
+
+    def _hang_up(self, fd):
+        link = self.links.pop(fd, None) or self.strangers.pop(fd)
+        self.poller.unregister(fd)
+        link.connection.close()
+        if link.worker is not None and link.worker not in self.ended:
+            self.fail(link.worker, LOST)
+
+    def fail(self, worker, code):
+        if self.failure is not None or self.stalled:
+            return
+        self.failure = (worker, code)
+        for link in self.links.values():
+            link.send("stop %d %d\n" % (worker, code))
+        if worker != self.worker:
+            self.on_failure(worker, code)
+
+    def heard(self):
+        self.heard_at[self.worker] = time.monotonic()
+
+    def until_due(self, stall):
+        """Seconds until tick() has something to do (None: nothing to wait for): a stranger's hello
+        overdue, accepting again, and with `stall` the job's stall."""
+        dues = []
+        if self.strangers:
+            dues.append(next(iter(self.strangers.values())).since + self.HELLO_WITHIN_S - time.monotonic())
+        if self.accepting_at is not None:
+            dues.append(self.accepting_at - time.monotonic())
+        until_stall = self.until_stall() if stall else None
+        if until_stall is not None:
+            dues.append(until_stall)
+        return max(0.0, min(dues)) if dues else None
+
+    def tick(self, stall):
+        now = time.monotonic()
+        while self.strangers and next(iter(self.strangers.values())).since + self.HELLO_WITHIN_S <= now:
+            self._hang_up(next(iter(self.strangers)))
+        if self.accepting_at is not None and self.accepting_at <= now:
+            self.accepting_at = None
+            self.poller.register(self.listener.fileno(), "watch")
+        if stall:
+            self.check_stall()
+
+    def until_stall(self):
+        """Seconds until the job counts as stalled (None: it is not watched for one, or already did)."""
+        if not self.stall or self.stalled or self.failure is not None:
+            return None
+        return max(0.0, max(self.heard_at.values()) + self.stall - time.monotonic())
+
+    def check_stall(self):
+        """Once no worker printed anything for `stall`: every agent saves its stacks and stops."""
+        if self.until_stall() != 0.0:
+            return
+        self.stalled = True
+        now = time.monotonic()
+        for link in self.links.values():
+            link.send("stall %.3f\n" % (now - self.heard_at[link.worker]))
+        self.on_stall(now - self.heard_at[self.worker])
+
+    def step_ended(self, code):
+        self.ended.add(self.worker)
+        self.hello_deadline = time.monotonic() + self.HELLO_WAIT_S
+        if code != 0:
+            self.fail(self.worker, code)
+
+    def serve(self, step):
+        """Stay, after worker 0's own step, until every other agent is done (or podrun stop says so)."""
+        self.attach(agent_io.Poller(), lambda worker, code: None, lambda silent_s: None)
+        self.poller.register(step.wakeup, "signal")
+        while not step.stop_reason and self._waiting():
+            timeout = None if self.links else max(0.0, self.hello_deadline - time.monotonic())
+            until_due = self.until_due(stall=True)  # the other workers may still hang
+            if until_due is not None:
+                timeout = until_due if timeout is None else min(timeout, until_due)
+            for ready, fd in self.poller.poll(timeout):
+                if ready == "signal":
+                    os.read(fd, 512)
+                else:
+                    self.ready(fd)
+            self.tick(stall=True)
+
+    def _waiting(self):
+        """Whether an agent is still connected, or may yet connect (a stranger's connection is no reason)."""
+        return bool(self.links) or (len(self.ended) < self.workers and time.monotonic() < self.hello_deadline)
+
+
+class HubLink:
+    """Any other worker's side of a watched job: its line to worker 0's agent (see Hub)."""
+
+    def __init__(self, address, config):
+        import socket
+
+        host, _, port = address.rpartition(":")
+        self.connection = socket.create_connection((host, int(port)), timeout=10)
+        self.connection.settimeout(None)
+        _keep_alive(self.connection)
+        self.link = Link(self.connection)
+        self.link.send("hello %s %d\n" % (config["token"], config["worker"]))
+        self.hub_worker = config["hub_worker"]
+        self.on_failure = None
+        self.on_stall = None
+        # output is told to the hub as "alive", at most this often: never a message per line
+        self.alive_every = config.get("alive_every") if config.get("stall") else None
+        self.alive_due = 0.0
+
+    def attach(self, poller, on_failure, on_stall):
+        self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
+        poller.register(self.connection.fileno(), "watch")
+
+    def heard(self):
+        if self.alive_every is not None and time.monotonic() >= self.alive_due:
+            self.link.send("alive\n")
+            self.alive_due = time.monotonic() + self.alive_every
+
+    def until_due(self, stall):
+        return None  # the hub watches for a stall
+
+    def tick(self, stall):
+        pass
+
+    def ready(self, fd):
+        lines = self.link.read_lines()
+        for words in (line.split() for line in lines or ()):
+            if len(words) == 3 and words[0] == "stop":
+                self.on_failure(int(words[1]), int(words[2]))
+            elif len(words) == 2 and words[0] == "stall":
+                self.on_stall(float(words[1]))
+        if lines is None:
+            self.poller.unregister(fd)
+            self.on_failure(self.hub_worker, LOST)  # its agent, or its host, is gone
+
+    def step_ended(self, code):
+        self.link.send("exit %d\n" % code)
+        self.connection.close()
+
+    def serve(self, step):
+        pass
+
+
+class Link:
+    """One connection between agents of a watched job, in lines."""
+
+    LONGEST_LINE = 1024  # agents send short lines ("hello TOKEN WORKER", "exit CODE"): more is no agent
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.worker = None
+        self.since = time.monotonic()
+        self.pending = b""
+
+    def read_lines(self):
+        """The complete lines that arrived, or None once the connection is closed or broken, or sent
+        a line longer than LONGEST_LINE (so what is kept stays short, and splitting it stays linear)."""
+        try:
+            data = self.connection.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            return None
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        if len(self.pending) > self.LONGEST_LINE or any(len(line) > self.LONGEST_LINE for line in lines):
+            return None
+        return [line.decode(errors="replace") for line in lines]
+
+    def send(self, text):
+        try:
+            self.connection.sendall(text.encode())
+        except OSError:
+            pass  # it is gone: reading says so
+
+
+def _keep_alive(connection):
+    """Notice a host that vanished without closing the connection within about 20 s."""
+    import socket
+
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            connection.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
