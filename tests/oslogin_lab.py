@@ -48,7 +48,7 @@ def os_login_on_lab(lab, tpu_api_on_lab, monkeypatch):
 
 
 def _os_login(lab, tpu_api, monkeypatch):
-    from conftest import LAPTOP_TOKEN, SUPERVISOR_TOKEN
+    from helpers import LAPTOP_TOKEN, SUPERVISOR_TOKEN
     from lab import BRIDGE_IP
 
     stand_in = OsLoginStandIn()
