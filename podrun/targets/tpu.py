@@ -412,7 +412,7 @@ def _user_and_key(spec: JobSpec) -> tuple[str, Path]:
 def ssh_key_line(spec: JobSpec) -> str:
     """`user:ssh-ed25519 AAAA... user` for the node's `ssh-keys` metadata; the key pair is made
     (~/.ssh/google_compute_engine) when the spec names none and it does not exist yet."""
-    from podrun.transport.ssh import ensure_key_pair  # asyncssh loads only here
+    from podrun.transport.client_keys import ensure_key_pair  # asyncssh loads only here
 
     user, key_path = _user_and_key(spec)
     return f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"
