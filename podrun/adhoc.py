@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import UsageError
-from podrun.spec import NAME_PATTERN, FieldProblems, JobSpec, load_spec, validate_fields
+from podrun.spec import NAME_PATTERN, JobSpec
+from podrun.spec_loading import load_spec
+from podrun.spec_problems import FieldProblems, validate_fields
 from podrun.targets import registry
 from podrun.targets.kind import AdhocFlag, TargetKind
 

@@ -1,6 +1,6 @@
 """Identical lines from several workers, shown once: `[w0-511,513-1023] Epoch 3 loss 1.23`.
 
-A finished line (output.Terminal.print_line) joins the open group of lines with the same text, or
+A finished line (terminal.Terminal.print_line) joins the open group of lines with the same text, or
 opens a group of its own. A group is held for WINDOW_S from its first line, then goes out once, with
 the range of the workers (and, under torchrun, of the ranks: `[w0-3 r0-31]`) that printed it. A
 worker's own lines and its ranks' lines never share a group. A group of a worker's own lines that

@@ -1,5 +1,5 @@
 """What others wrote (the workers' output, their stacks, a supervisor host's words), made harmless for
-the user's terminal: what every path to it (output.Terminal, say(), `podrun stacks`, a supervisor's
+the user's terminal: what every path to it (terminal.Terminal, say(), `podrun stacks`, a supervisor's
 relay) passes its text through.
 
 A terminal acts on control characters. ESC begins sequences that set the window's title (OSC 0),

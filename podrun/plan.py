@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from podrun import paths
 from podrun.errors import SpecError
 from podrun.remote import interfaces
-from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec, check_command_size
+from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
+from podrun.spec_commands import check_command_size
 from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"

@@ -31,7 +31,8 @@ from podrun.output import say
 
 if TYPE_CHECKING:
     from podrun.cloud.request import TpuRequest
-    from podrun.cloud.tpu_api import QueuedResource, TpuApi, TpuNode
+    from podrun.cloud.tpu_api import TpuApi
+    from podrun.cloud.tpu_resources import QueuedResource, TpuNode
 
 POLL_FIRST_S = 0.5
 POLL_GROWTH = 1.5

@@ -24,8 +24,9 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from podrun.cloud.api_errors import ApiCallError, ApiTimeout, ApiUnreachable
 from podrun.cloud.settings import ACCOUNT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, config_dir, gcloud_property
-from podrun.cloud.tpu_api import ApiCallError, ApiTimeout, ApiUnreachable, TpuApi
+from podrun.cloud.tpu_api import TpuApi
 from podrun.errors import PodrunError
 
 ENABLE = "enable-oslogin"
@@ -115,7 +116,7 @@ class OsLogin:
     def _call(self, doing: str, service: str, method: str, url: str, body: dict | None = None) -> dict:
         doing = f"{doing} {self.project}"
         try:
-            with self.api.credential_errors(doing):
+            with self.api.auth.errors(doing):
                 return self.api.call(method, url, body)
         except ApiCallError as error:
             raise PodrunError(f"{doing}: {self._advice(error, service)}") from None
@@ -127,7 +128,7 @@ class OsLogin:
 
     def _advice(self, error: ApiCallError, service: str) -> str:
         if error.code == 401:
-            return self.api.credentials_rejected(error.message)
+            return self.api.auth.rejected(error.message)
         if error.code == 403:
             api = "oslogin.googleapis.com" if service == "OS Login" else "compute.googleapis.com"
             return (f"permission denied ({error.message}); the {service} API must be enabled in the project "
@@ -137,7 +138,7 @@ class OsLogin:
 
 def account(api: TpuApi) -> str:
     """The Google account podrun acts as, as gcloud finds it (see the module's docstring)."""
-    if email := gcloud_property(ACCOUNT) or api.service_account():
+    if email := gcloud_property(ACCOUNT) or api.auth.service_account():
         return email
     raise PodrunError(f"OS Login needs your Google account, and none was found: not in CLOUDSDK_CORE_ACCOUNT, "
                       f"not as core/account in the active gcloud configuration (in {config_dir()}), and the "

@@ -15,7 +15,9 @@ from podrun.errors import SpecError, UsageError
 from podrun.output import ask, say
 from podrun.plan import render, secrets_from_launcher
 from podrun.shipping import scan
-from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, check_run_script, load_spec, parse_stall, parse_stop_grace
+from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV, JobSpec, parse_stall, parse_stop_grace
+from podrun.spec_commands import check_run_script
+from podrun.spec_loading import load_spec
 from podrun.targets.base import target_for
 
 

@@ -13,9 +13,6 @@ from podrun import exits, jobstore, paths
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError, UsageError
 from podrun.output import (
-    RANK_HEADER,
-    Terminal,
-    WorkerOutput,
     counted,
     duration_text,
     grace_announcement,
@@ -26,6 +23,8 @@ from podrun.output import (
     say_phase,
     say_success,
 )
+from podrun.terminal import Terminal
+from podrun.worker_output import RANK_HEADER, WorkerOutput
 
 DEFAULT_JOBS_SHOWN = 20
 HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")

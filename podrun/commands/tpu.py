@@ -18,7 +18,8 @@ from podrun.errors import PodrunError, UsageError
 from podrun.output import print_table, say
 
 if TYPE_CHECKING:
-    from podrun.cloud.tpu_api import QueuedResource, TpuApi
+    from podrun.cloud.tpu_api import TpuApi
+    from podrun.cloud.tpu_resources import QueuedResource
 
 @dataclass(frozen=True)
 class CreateOptions:

@@ -19,10 +19,12 @@ from podrun import exits, file_limit, jobstore, timeline
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
 from podrun.launch.steps import StepResult, count_down
-from podrun.output import Terminal, WorkerOutput, counted, grace_announcement, say
+from podrun.output import counted, grace_announcement, say
 from podrun.remote import vm_notice
+from podrun.terminal import Terminal
 from podrun.transport import past_login, transport_for
 from podrun.transport.base import ChannelLost, Transport
+from podrun.worker_output import WorkerOutput
 
 # an agent's stop_reason when podrun stop (or a user) signalled it, and the signal's number (the same on
 # Linux and macOS): a job stopped so exits 128 + N, as an attached job stopped by that signal does

@@ -32,8 +32,6 @@ from podrun.launch.steps import (
     stop_all,
 )
 from podrun.output import (
-    Terminal,
-    WorkerOutput,
     counted,
     grace_announcement,
     say,
@@ -46,7 +44,9 @@ from podrun.output import (
 from podrun.plan import JobPlan, WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.targets.base import Target, Worker
+from podrun.terminal import Terminal
 from podrun.transport.base import ChannelLost
+from podrun.worker_output import WorkerOutput
 
 # worker exits reach job.json at most this often while a step runs (each save writes every
 # worker, so saving on every exit would cost O(N^2) on a big pod); a step's end always saves

@@ -26,11 +26,12 @@ from podrun.collapse import Collapse
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
-from podrun.output import Terminal, counted, say, say_failure
+from podrun.output import counted, say, say_failure
 from podrun.plan import JobPlan, job_plan
 from podrun.shipping import scan
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
+from podrun.terminal import Terminal
 
 SUPERVISOR_LOG = "supervisor.log"
 # what a launch runs on each worker at once, at most: a step's agent, and while it waits for go, what

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 
 from podrun import exits, timeline
 from podrun.errors import PodrunError
-from podrun.output import RANK_HEADER, Terminal, WorkerOutput, counted, grace_left, say, worker_ranges
+from podrun.output import counted, grace_left, say, worker_ranges
 from podrun.plan import FILE_VARIABLES, WorkerPlan, job_files
 from podrun.remote import framing
 from podrun.targets.base import Worker
+from podrun.terminal import Terminal
 from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
+from podrun.worker_output import RANK_HEADER, WorkerOutput
 
 # the launcher says something to every agent this often; an agent that hears nothing for
 # HEARTBEAT_TIMEOUT_S (a link that died without closing) stops its job by itself

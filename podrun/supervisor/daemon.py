@@ -30,7 +30,8 @@ from podrun.commands.exec import execute
 from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError
 from podrun.output import say
-from podrun.spec import FieldProblems, JobSpec, SpecProblems, validate_fields
+from podrun.spec import JobSpec
+from podrun.spec_problems import FieldProblems, SpecProblems, validate_fields
 from podrun.transport import known_hosts
 
 INTERRUPT = b"interrupt\n"

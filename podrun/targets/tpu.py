@@ -51,7 +51,8 @@ from podrun.targets.tpu_options import TpuOptions
 if TYPE_CHECKING:
     from podrun.cloud.oslogin import OsLogin
     from podrun.cloud.request import TpuRequest
-    from podrun.cloud.tpu_api import TpuApi, TpuNode
+    from podrun.cloud.tpu_api import TpuApi
+    from podrun.cloud.tpu_resources import TpuNode
 
 GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
 # what gcloud lets into an IAP tunnel's ProxyCommand as an instance name (ssh.py, _BuildIapTunnelProxyCommandArgs)
@@ -276,7 +277,7 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
     node's metadata where it is not there yet. Logins refused right after the key reached the
     metadata (just now, or as the node was `just_created`) are retried while the workers install it.
     The workers' published host keys are read too, except for --dry-run, which connects nowhere."""
-    from podrun.cloud.tpu_api import Published
+    from podrun.cloud.tpu_resources import Published
     from podrun.transport.ssh import SshTransport
 
     tpu: TpuOptions = spec.target.options
@@ -411,7 +412,7 @@ def _user_and_key(spec: JobSpec) -> tuple[str, Path]:
 def ssh_key_line(spec: JobSpec) -> str:
     """`user:ssh-ed25519 AAAA... user` for the node's `ssh-keys` metadata; the key pair is made
     (~/.ssh/google_compute_engine) when the spec names none and it does not exist yet."""
-    from podrun.transport.ssh import ensure_key_pair  # asyncssh loads only here
+    from podrun.transport.client_keys import ensure_key_pair  # asyncssh loads only here
 
     user, key_path = _user_and_key(spec)
     return f"{user}:{ensure_key_pair(key_path, user, create=not spec.ssh.identity_file)}"

@@ -2,7 +2,8 @@
 else the key of ssh-agent's (SSH_AUTH_SOCK) whose public half is the file's, as users keep a
 passphrase-protected key: loaded once into their agent with `ssh-add`. A key that cannot be used is
 one line that says why and what to do. Each identity file is looked at once per launcher, however many
-hosts it signs in to.
+hosts it signs in to. ensure_key_pair gives a key's public line for a TPU VM, the pair made first where
+gcloud would make one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import struct
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podrun.errors import PodrunError
@@ -100,3 +102,31 @@ def public_half(path: str) -> asyncssh.SSHKey | None:
         return asyncssh.public_key.decode_ssh_public_key(data[offset + 4:offset + 4 + size])
     except (OSError, ValueError, struct.error, asyncssh.KeyImportError):
         return None
+
+
+def ensure_key_pair(path: Path, comment: str, create: bool) -> str:
+    """The public key of the private key at `path` as an authorized_keys line; with `create`, an
+    ed25519 key pair is made there first if there is none (as gcloud makes google_compute_engine)."""
+    if not path.exists():
+        if not create:
+            raise PodrunError(f"ssh.identity_file {path} does not exist")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)
+        # created 0600, never readable by others for a moment (asyncssh's writer makes it 0644 first)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as error:
+            raise PodrunError(f"cannot create the SSH key {path}: {error.strerror or error}") from None
+        with os.fdopen(descriptor, "wb") as private:
+            private.write(key.export_private_key())
+        key.write_public_key(str(path) + ".pub")
+    try:
+        key = asyncssh.read_private_key(str(path))
+    except (OSError, ValueError, asyncssh.KeyImportError) as error:
+        public = public_half(str(path))  # passphrase-protected: its public half says the same
+        if public is None:
+            raise PodrunError(f"cannot read the SSH key {path}: {error}") from None
+        key = public
+    key_type, blob = key.export_public_key().decode().split()[:2]
+    return f"{key_type} {blob} {comment}"
+

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from podrun.output import WorkerOutput
+from podrun.worker_output import WorkerOutput
 
 from helpers import (
     REPO,

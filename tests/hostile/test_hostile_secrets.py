@@ -24,7 +24,7 @@ from helpers import REPO, lab_flags, podrun, stderr_lines_without_traceback
 KEY_MODES_WATCHED = """
 import os, sys
 from pathlib import Path
-from podrun.transport.ssh import ensure_key_pair
+from podrun.transport.client_keys import ensure_key_pair
 key = Path(sys.argv[1])
 seen = set()
 def watch(event, args):

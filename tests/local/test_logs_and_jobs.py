@@ -303,7 +303,7 @@ def test_logs_tail_counts_lines_as_a_person_sees_them(home, job_file):
 
     assert tail(0) == []
     assert tail(1) == ["last"]  # a last line without a newline counts
-    two = tail(2)  # the redrawn bar is one line: shown in its final state, or as its redraws (output.py's choice)
+    two = tail(2)  # the redrawn bar is one line: shown in its final state, or as its redraws (worker_output.py's choice)
     assert "second" not in two and "100%|###|" in two and two[-1] == "last"
     assert tail(3)[0] == "second"
     assert tail(4) == tail(100)  # more than the log has: all of it

@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from podrun import output
-from podrun.output import PIPE_PROGRESS_S, Terminal, WorkerOutput, say, say_failure, say_phase, say_success
+from podrun import terminal, worker_output
+from podrun.output import say, say_failure, say_phase, say_success
+from podrun.terminal import Terminal
+from podrun.worker_output import PIPE_PROGRESS_S, WorkerOutput
 
 from helpers import podrun, run_in_terminal
 
@@ -103,7 +105,8 @@ def colour_terminal(monkeypatch):
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(output, "time", fake)
+    monkeypatch.setattr(terminal, "time", fake)
+    monkeypatch.setattr(worker_output, "time", fake)
     return fake
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from podrun.errors import SpecError
-from podrun.spec import load_spec
+from podrun.spec_loading import load_spec
 from podrun.targets.base import target_for
 from podrun.targets.slurm import SlurmCluster, ended_by_slurm, parse_records
 from podrun.targets.slurm_options import slurm_time_s

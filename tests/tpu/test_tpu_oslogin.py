@@ -228,7 +228,7 @@ def test_the_account_is_gclouds_else_the_credentials_service_account_else_the_vm
     api = TpuApi(Location("proj", "us-central2-b"))
     try:
         assert oslogin.account(api) == "vm-sa@proj.iam.gserviceaccount.com"
-        api.credentials.service_account_email = "key-sa@proj.iam.gserviceaccount.com"  # as a key file's have
+        api.auth.credentials.service_account_email = "key-sa@proj.iam.gserviceaccount.com"  # as a key file's have
         assert oslogin.account(api) == "key-sa@proj.iam.gserviceaccount.com"
         monkeypatch.setenv("CLOUDSDK_CORE_ACCOUNT", "alice@example.com")
         assert oslogin.account(api) == "alice@example.com"

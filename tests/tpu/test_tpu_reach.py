@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from podrun.cloud.settings import Location
-from podrun.cloud.tpu_api import TpuNode, WorkerAddress
+from podrun.cloud.tpu_resources import TpuNode, WorkerAddress
 from podrun.targets.tpu import host_key_alias
 
 from helpers import REPO, ZONE, create, gcloud, job_id_in, podrun, processes_of_job

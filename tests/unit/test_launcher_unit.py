@@ -17,11 +17,11 @@ from podrun import jobstore, paths
 from podrun.errors import PodrunError
 from podrun.launch import steps
 from podrun.launch.launcher import Launch
-from podrun.output import Terminal
 from podrun.plan import job_plan
 from podrun.shipping import scan
-from podrun.spec import load_spec
+from podrun.spec_loading import load_spec
 from podrun.targets.base import Target, Worker
+from podrun.terminal import Terminal
 
 GUARD_S = 5  # only a broken launcher gets near this: it would otherwise hang the test
 

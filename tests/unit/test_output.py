@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 
-from podrun.output import MAX_LINE, Terminal, WorkerOutput
+from podrun.terminal import Terminal
+from podrun.worker_output import MAX_LINE, WorkerOutput
 
 
 def split(*chunks: bytes, index: int = 2) -> tuple[bytes, bytes]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from podrun.errors import PodrunError
-from podrun.spec import EXPECTED, FieldProblems, validate_fields
+from podrun.spec_messages import EXPECTED
+from podrun.spec_problems import FieldProblems, validate_fields
 from podrun.targets import registry
 from podrun.transport import TRANSPORTS, transport_for
 

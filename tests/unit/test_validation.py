@@ -10,7 +10,9 @@ import re
 import pytest
 import yaml
 
-from podrun.spec import EXPECTED, NAME_RULES, JobSpec, _model_in, parse_stop_grace
+from podrun.spec import JobSpec, parse_stop_grace
+from podrun.spec_messages import EXPECTED, NAME_RULES
+from podrun.spec_problems import _model_in
 
 from helpers import PYDANTIC_WORDS, podrun, run_cli, stderr_lines_without_traceback
 

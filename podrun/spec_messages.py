@@ -1,0 +1,59 @@
+"""What each field of the job spec expects, in the words of its error messages: "expected ...".
+
+Light (no model in it): the models' own checks (spec.py) and the error messages (spec_problems.py) share it.
+"""
+
+from __future__ import annotations
+
+from podrun.spec_fields import HOST_FORMS, JUMP_FORMS
+from podrun.targets import registry
+
+DURATION_EXAMPLES = "30s, 2m, 90 (seconds) or 1m30s"
+VARIABLE_NAME = ("a variable name", "use letters, digits and '_', not starting with a digit")
+# (what it is not, the rule) for the fields with a pattern; `*` is any list index or env key, `[key]` the key itself
+NAME_RULES = {
+    "name": ("a valid name", "use letters, digits, '.', '_' and '-', starting with a letter or digit"),
+    "env.*.[key]": VARIABLE_NAME,
+    "secret_env.*": VARIABLE_NAME,
+}
+PORT = "a port number from 1 to 65535"
+# what every other field takes, as an error message says it: "expected ..."
+EXPECTED = {
+    "target": f"a mapping with one of {', '.join(registry.names())}, such as {{local: {{workers: 2}}}}",
+    **{key: text for declared in registry.kinds() for key, text in declared.expected_at().items()},
+    "ssh": "a mapping such as {user: root, port: 22, identity_file: ~/.ssh/id_ed25519}",
+    "ssh.user": "a user name such as root",
+    "ssh.port": PORT,
+    "ssh.identity_file": "the path of a private key such as ~/.ssh/id_ed25519",
+    "ssh.check_host_keys": "true or false",
+    "ssh.known_hosts": "the path of a known-hosts file such as ~/.ssh/cluster_known_hosts",
+    "ssh.proxy_jump": JUMP_FORMS,
+    "ssh.proxy_command": "a command whose stdin and stdout reach the host, such as \"ssh -W %h:%p bastion\"",
+    "workdir": "a directory (relative to the spec file)",
+    "setup": "a shell command such as pip install -r requirements.txt",
+    "run": "the command to run, such as python3 train.py (with torchrun: the script and its arguments)",
+    "env": "a mapping of variable names to values, such as {WANDB_MODE: offline}",
+    "env.*": "a string or number",
+    "secret_env": "a list of variable names such as [WANDB_API_KEY]",
+    "device": "TPU, CUDA, ROCM or CPU (in any case)",
+    "torchrun": "a mapping such as {nproc_per_node: 4, port: 29500}",
+    "torchrun.nproc_per_node": "a number of processes >= 1, or auto, gpu or cpu",
+    "torchrun.port": PORT,
+    "docker": "a mapping such as {image: us-docker.pkg.dev/my-proj/repo/xla:r2.5, args: [--shm-size=16g]}",
+    "docker.image": "an image such as us-docker.pkg.dev/my-proj/repo/xla:r2.5",
+    "docker.args": "a list of `docker run` arguments such as [--shm-size=16g]",
+    "docker.args.*": "a `docker run` argument such as --shm-size=16g",
+    "stop_grace": f"a duration from 0s to 1h such as {DURATION_EXAMPLES}",
+    "stall": "a duration above 0 such as 15m, 90 (seconds) or 1h30m",
+    "delete_after": "never, success or always",
+    "restarts": "a mapping such as {max: 3, on: [preemption]}",
+    "restarts.max": "a number of restarts from 0 to 100",
+    "restarts.on": "a list of preemption, failure and/or stall",
+    "restarts.on.*": "preemption, failure or stall",
+    "restarts.exit_codes": "a list of exit codes such as [42, 75]",
+    "restarts.exit_codes.*": "an exit code from 1 to 255",
+    "supervisor": "a mapping such as {host: me@supervisor-vm, podrun: /opt/podrun/bin/podrun}",
+    "supervisor.host": HOST_FORMS,
+    "supervisor.podrun": "the path of podrun on the supervisor host, such as /opt/podrun/bin/podrun",
+}
+

@@ -1,0 +1,162 @@
+"""Worker output: every byte to the worker's log; to the terminal, what a person would see of it.
+
+A worker's stream is cut into lines at newlines. A carriage return starts the line over, as it does
+on a terminal, so a progress bar is one line whose text changes; the line is printed once, with its
+final text, when its newline arrives. On a live terminal (a tty), the unfinished lines that were
+redrawn (one per worker, or per rank) stay in a region at the bottom of the screen, redrawn in place,
+and whole lines print above it. In a pipe, such a line also prints its latest text once every
+PIPE_PROGRESS_S: a short bar costs one line, and a bar that runs for an hour still shows, in
+`podrun exec job.yaml | tee run.txt` or a CI log, that the job is alive.
+
+Under torchrun, each rank's lines and redraws arrive behind a header, `[rankN]:text`
+(remote/rank_output.py): they are kept apart per rank and shown as `[w1 r3] text`, each rank with
+its own live line; a blank rank line is left out. A header may also come in the middle of a line (as
+torchrun's own --tee writes a line it read before its end): the line goes on after the next header
+of its rank.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from collections import deque
+
+# mypy reads the import below; Python skips it
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from podrun.terminal import Terminal
+
+# a rank's header (remote/rank_output.py), `[rank3]:`; more digits than any world size has make it text, not a
+# header: Python refuses to read an integer of 4,301 digits, and each header names a rank to keep apart
+RANK_HEADER = r"\[rank(\d{1,7})\]:"
+LINE_BREAK = re.compile(rb"\r\n|\n|\r|" + RANK_HEADER.encode())
+# a worker's ranks with an unfinished line at once (each costs a line's state, and a live row); a stream
+# naming ever new ranks finishes the oldest one's line as it goes, so memory stays bounded
+MAX_OPEN_RANKS = 1024
+MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
+PIPE_PROGRESS_S = 30.0
+
+
+class _Line:
+    """An unfinished line: the text since its last carriage return, and what it showed before that."""
+
+    __slots__ = ("text", "shown", "redrawn", "since")
+
+    def __init__(self) -> None:
+        self.text = b""
+        self.shown = b""
+        self.redrawn = False
+        self.since = time.monotonic()  # its start, or when a pipe last saw its progress
+
+    def final(self) -> bytes:
+        return self.text or self.shown  # an empty last segment (`bar\r\r\n`) leaves the bar on screen
+
+
+class WorkerOutput:
+    """One worker's stream: logged byte for byte, cut into lines, shown prefixed, its last lines kept.
+
+    tail() is the worker's last finished lines as a person sees them: a redrawn line once, with its
+    final text; a rank's line with torchrun's prefix, `[rank3]:text`, so a failure report can pick
+    the failed rank's lines; blank lines of ranks and of redrawn lines left out."""
+
+    def __init__(self, index: int, terminal: Terminal | None, log: io.RawIOBase | None, keep: int = 50):
+        self.index = index
+        self.terminal = terminal
+        self.log = log
+        self.pending = b""  # bytes after the last line break or rank header
+        self.lines: dict[int | None, _Line] = {}  # unfinished lines by rank; None: the worker's own
+        self.rank: int | None = None  # the rank whose line the next bytes continue
+        self.last_lines: deque[bytes] = deque(maxlen=keep)
+
+    def feed(self, data: bytes) -> None:
+        if self.log:
+            self.log.write(data)
+        self.pending += data
+        consumed = 0
+        for match in LINE_BREAK.finditer(self.pending):
+            if match.end() == len(self.pending) and match[0] == b"\r":
+                break  # it may be the first half of \r\n: wait for the next byte
+            self._add(self.pending[consumed:match.start()])
+            self._take(match)
+            consumed = match.end()
+        self.pending = self.pending[consumed:]
+        while len(self.pending) >= MAX_LINE:
+            self._add(self.pending[:MAX_LINE])
+            self.pending = self.pending[MAX_LINE:]
+            self._end_line()
+        if self.terminal:
+            self._show_unfinished()
+            self.terminal.flush()
+
+    def close(self) -> None:
+        """Show what is left of the unfinished lines, each with its final text."""
+        self._add(self.pending.rstrip(b"\r"))
+        if self.pending.endswith(b"\r"):
+            self._carriage_return()
+        self.pending = b""
+        for rank in list(self.lines):
+            self.rank = rank
+            self._end_line()
+        if self.terminal:
+            self.terminal.flush()
+
+    def tail(self) -> list[str]:
+        return [line.decode(errors="replace") for line in self.last_lines]
+
+    def _current(self) -> _Line:
+        return self.lines.setdefault(self.rank, _Line())
+
+    def _add(self, text: bytes) -> None:
+        if text:
+            self._current().text += text
+
+    def _take(self, match: re.Match[bytes]) -> None:
+        if match[0] == b"\r":
+            self._carriage_return()
+        elif match[1] is None:
+            self._end_line()
+        elif self.rank is None and None in self.lines:  # `[rank3]:` inside a line of the worker's own
+            self._add(match[0])
+        else:
+            self.rank = int(match[1])
+            if self.rank not in self.lines and len(self.lines) >= MAX_OPEN_RANKS:
+                self._end_line_of(next(rank for rank in self.lines if rank is not None))
+
+    def _show_unfinished(self) -> None:
+        """On a live terminal, the current line's text as the terminal would show it: what was written
+        since its last carriage return (tqdm writes `\r` then the new state), or else the state before."""
+        line = self.lines.get(self.rank)
+        if self.terminal and self.terminal.live and line and line.redrawn:
+            self.terminal.show_live(self.index, self.rank, line.text + self.pending.rstrip(b"\r") or line.shown)
+
+    def _carriage_return(self) -> None:
+        line = self._current()
+        line.redrawn = True
+        if line.text:
+            line.shown, line.text = line.text, b""
+        if not self.terminal or not line.shown:
+            return
+        if self.terminal.live:
+            self.terminal.show_live(self.index, self.rank, line.shown)
+        elif time.monotonic() - line.since >= PIPE_PROGRESS_S and line.shown.strip():
+            line.since = time.monotonic()
+            self.terminal.print_line(self.index, self.rank, line.shown)
+
+    def _end_line_of(self, rank: int) -> None:
+        """Finish rank `rank`'s line as it stands, then go on with the current rank's."""
+        current, self.rank = self.rank, rank
+        self._end_line()
+        self.rank = current
+
+    def _end_line(self) -> None:
+        line, rank = self.lines.pop(self.rank, _Line()), self.rank
+        self.rank = None
+        text = line.final()
+        # a redrawn line left blank was erased; a rank's blank line is mostly a \r that torchrun's
+        # --tee turned into a newline
+        shown = text if text.strip() or not (line.redrawn or rank is not None) else None
+        if shown is not None:
+            self.last_lines.append(shown if rank is None else b"[rank%d]:%s" % (rank, shown))
+        if self.terminal:
+            self.terminal.print_line(self.index, rank, shown)
