@@ -13,28 +13,60 @@ import sys
 from collections.abc import Callable
 
 from podrun import __version__, exits
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, UsageError
 
 SUPERVISE = "_supervise"  # the hidden command a supervisor host runs (supervisor/daemon.py)
 
 
 def _exec(args: argparse.Namespace) -> int:
     # everything start-up allocates (modules, the spec) lives until exit: collecting it is wasted
-    # work (~50 ms with asyncssh and pydantic loaded); commands.exec.execute freezes it and turns the collector
+    # work (~50 ms with asyncssh and pydantic loaded); launch/lifecycle.py freezes it and turns the collector
     # back on before the launch
     gc.disable()
     try:
         from podrun.adhoc import job_spec
         from podrun.commands.exec import execute
-        from podrun.commands.exec_options import ExecOptions
 
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
-        options = ExecOptions(args.dry_run, args.worker, tuple(args.env), args.detach, args.kill_stale,
-                              args.allow_large_workdir, args.grace, args.down, args.restarts, args.stall,
-                              args.supervisor, args.collapse, args.raw)
-        return execute(spec, args.spec is not None or args.workdir is not None, options)
+        return execute(spec, args.spec is not None or args.workdir is not None, _exec_options(args))
     finally:
         gc.enable()
+
+
+def _exec_options(args: argparse.Namespace):
+    """exec's flags, parsed here once into the values a launch (and a supervisor host's) takes as they are."""
+    from podrun.launch.exec_options import ExecOptions
+    from podrun.spec import parse_stall, parse_stop_grace
+
+    return ExecOptions(args.dry_run, args.worker, _env_overrides(args.env), args.detach, args.kill_stale,
+                       args.allow_large_workdir, _seconds("--grace", args.grace, parse_stop_grace), args.down,
+                       args.restarts, _seconds("--stall", args.stall, parse_stall), args.supervisor, args.collapse,
+                       args.raw)
+
+
+def _seconds(flag: str, duration: str | None, parse: Callable[[str], float]) -> float | None:
+    if duration is None:
+        return None
+    try:
+        return parse(duration)
+    except ValueError as error:
+        raise UsageError(f"{flag} {duration!r}: {error}") from None
+
+
+def _env_overrides(assignments: list[str]) -> dict[str, str]:
+    import re
+
+    from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV
+
+    env = {}
+    for assignment in assignments:
+        key, equals, value = assignment.partition("=")
+        if not equals or not re.match(ENV_KEY_PATTERN, key):
+            raise UsageError(f"--env {assignment!r}: expected KEY=VALUE with KEY a variable name")
+        if key in RESERVED_ENV:
+            raise UsageError(f"--env {key}: set by podrun on every worker and cannot be overridden")
+        env[key] = value
+    return env
 
 
 def _ssh(args: argparse.Namespace) -> int:
@@ -104,7 +136,6 @@ def _disk(args: argparse.Namespace) -> int:
 def _create(args: argparse.Namespace) -> int:
     from podrun.cloud.gcloud_flags import refusal
     from podrun.commands.tpu import CreateOptions, create
-    from podrun.errors import UsageError
 
     if args.gcloud_only:
         raise UsageError(refusal(args.gcloud_only[0]))

@@ -1,6 +1,7 @@
 """The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
 
-It reads the job from stdin (one JSON line: the spec's fields, the exec flags, the environment the
+It reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
+parsed them (launch/exec_options.py), the environment the
 job needs from the launcher: secret values, the API endpoint, podrun's settings; none of it is written
 to disk) with the launcher's known-hosts lines for the job's hosts (public keys: a host's key that
 matched one is kept in this host's podrun known-hosts file, as one seen on first use would be), and
@@ -26,9 +27,9 @@ import sys
 from pathlib import Path
 
 from podrun import jobstore, paths
-from podrun.commands.exec import execute
-from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError
+from podrun.launch.exec_options import ExecOptions
+from podrun.launch.run_here import run_here
 from podrun.output import say
 from podrun.spec import FieldProblems, JobSpec, SpecProblems, validate_fields
 from podrun.transport import known_hosts
@@ -45,12 +46,11 @@ def main() -> int:
     spec = _spec(payload)
     # the launcher here runs attached, whatever the laptop asked: detached is how long the laptop waits
     detach = payload["options"]["detach"]
-    options = ExecOptions(**{**payload["options"], "env": tuple(payload["options"]["env"]), "supervisor": None,
-                             "detach": False})
+    options = ExecOptions(**{**payload["options"], "supervisor": None, "detach": False})
     os.environ.update(payload["environ"])
     known_hosts.take_handed_over(payload["known_hosts"])
     if options.dry_run:
-        return execute(spec, payload["ships_code"], options)
+        return run_here(spec, payload["ships_code"], options)
     job_id = jobstore.new_job_id(spec.name)
     console = console_dir(job_id)
     paths.make_private_dir(console)
@@ -110,7 +110,7 @@ def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, 
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
     try:
-        return execute(spec, ships_code, options, job_id, on_running)
+        return run_here(spec, ships_code, options, job_id, on_running)
     except PodrunError as error:  # the laptop shows it: where it happened is not where it was said
         error.args = (f"on the supervisor {host}: {error}",)
         raise
