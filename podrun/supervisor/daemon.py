@@ -1,14 +1,14 @@
 """The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
 
 It reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
-parsed them (launch/exec_options.py), the environment the
-job needs from the launcher: secret values, the API endpoint, podrun's settings; none of it is written
-to disk) with the launcher's known-hosts lines for the job's hosts (public keys: a host's key that
-matched one is kept in this host's podrun known-hosts file, as one seen on first use would be), and
-forks the job's launcher into a session of its own, so that it outlives the SSH session: the laptop
-may close. That launcher is a plain attached `podrun exec` of this host's: it creates the
-TPU, runs, watches, restarts and deletes as the spec says, and keeps the job's record and every
-worker's log in this host's job store. What it prints goes to files under PODRUN_HOME/supervised/<id>/.
+parsed them (launch/exec_options.py), the environment the job needs from the launcher: secret values,
+the API endpoint, podrun's settings; none of it is written to disk) with the launcher's known-hosts
+lines for the job's hosts (public keys: a host's key that matched one is kept in this host's podrun
+known-hosts file, as one seen on first use would be), and forks the job's launcher into a session of
+its own, so that it outlives the SSH session: the laptop may close. That launcher is a plain attached
+`podrun exec` of this host's (launch/run_here.py): it creates the TPU, runs, watches, restarts and
+deletes as the spec says, and keeps the job's record and every worker's log in this host's job store.
+What it prints goes to files under PODRUN_HOME/supervised/<id>/.
 
 The process started over SSH relays those files to the laptop (stdout to stdout, stderr to stderr),
 after a first stdout line `{"job": ID}`, until the run has started (--detach) or the job has ended;
