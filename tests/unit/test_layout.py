@@ -1,5 +1,5 @@
 """The package's shape, checked: no import cycle anywhere in podrun/, no import of a module on a higher
-layer, and what is particular to one kind of target stays in podrun/targets/
+layer, no module over 450 lines, and what is particular to one kind of target stays in podrun/targets/
 (the spec's schema and the CLI name the kinds too)."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from fnmatch import fnmatchcase
 from pathlib import Path
+
+import pytest
 
 from podrun.targets import registry
 
@@ -92,7 +94,7 @@ LAYERS = {
     "handles": ("podrun.handles", "podrun.handles.*"),  # a job's handle, wherever it runs (being added)
     "report": ("podrun.report", "podrun.report.*"),
     "commands": ("podrun.commands", "podrun.commands.*"),
-    "cli": ("podrun.cli", "podrun.__main__"),
+    "cli": ("podrun.cli", "podrun.cli_arguments", "podrun.__main__"),
 }
 LAYER_NAMES = list(LAYERS)
 
@@ -123,6 +125,26 @@ def test_the_layer_check_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "podrun.plan", tmp_path / "plan.py")
     assert upward_imports({"podrun.plan": imports_of(MODULES["podrun.plan"])}) == [
         "podrun.plan (plan) imports podrun.commands.exec (commands)"]
+
+
+LINE_LIMIT = 450
+# modules over LINE_LIMIT that others are splitting now: this set must shrink to empty. Each is expected to
+# fail, strictly: once it is short enough its test fails too, until it leaves the set.
+STILL_TOO_LONG = {"remote/agent.py", "remote/checkout.py", "spec.py", "output.py", "cloud/tpu_api.py",
+                  "transport/ssh.py", "commands/jobs.py"}
+SOURCES = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("source", [
+    pytest.param(source, marks=pytest.mark.xfail(strict=True, reason="being split: STILL_TOO_LONG"))
+    if source in STILL_TOO_LONG else source for source in SOURCES])
+def test_no_module_is_over_450_lines(source):
+    lines = len((PACKAGE / source).read_text().splitlines())
+    assert lines <= LINE_LIMIT, f"{source}: {lines} lines"
+
+
+def test_the_modules_still_too_long_exist():
+    assert sorted(STILL_TOO_LONG - set(SOURCES)) == []
 
 
 def test_target_kinds_are_named_only_by_the_targets_the_spec_and_the_cli():
