@@ -8,7 +8,7 @@ class PodrunError(Exception):
 
     exit_code = exits.FAILURE
     # the message without the host it names, where the cause is none of the host's (an account that every
-    # worker refuses alike): the workers that fail alike are said in one line (launch/launcher.py)
+    # worker refuses alike): the workers that fail alike are said in one line (launch/endings.py)
     alike: str | None = None
 
 

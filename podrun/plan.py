@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podrun import paths
-from podrun.errors import SpecError
+from podrun.errors import SpecError, UsageError
 from podrun.remote import interfaces
 from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
 from podrun.spec_commands import check_command_size
@@ -77,6 +77,23 @@ class JobPlan:
 CHECKS = {"docker": "every worker has docker",
           "torchrun": "every worker finds torchrun, of one torch version",
           "rendezvous": "worker 0's rendezvous port is free and every worker reaches it"}
+
+
+def parse_worker_selection(selection: str | None, count: int) -> set[int]:
+    """`--worker` as gcloud takes it: "all", or indexes and ranges such as 0,2-3, of `count` workers."""
+    if selection is None or selection == "all":
+        return set(range(count))
+    chosen: set[int] = set()
+    for part in selection.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise UsageError(f"--worker {selection!r}: expected 'all' or indexes like 0,2-3") from None
+        if not 0 <= first <= last < count:
+            raise UsageError(f"--worker {selection!r}: this target has workers 0 to {count - 1}")
+        chosen.update(range(first, last + 1))
+    return chosen
 
 
 def job_plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,

@@ -12,7 +12,8 @@ import inspect
 import io
 import time
 
-from podrun.output import Terminal, WorkerOutput
+from podrun.terminal import Terminal
+from podrun.worker_output import WorkerOutput
 
 WORKERS = 1000
 LINES = 200  # per worker

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from podrun import file_limit
 from podrun.adhoc import TargetFlags, target_spec
-from podrun.commands.exec import parse_worker_selection
 from podrun.errors import PodrunError, UsageError
 from podrun.output import counted, say, size_text
+from podrun.plan import parse_worker_selection
 from podrun.remote import placement
 from podrun.shipping import archive, relay
 from podrun.shipping.scan import Tree

@@ -6,11 +6,11 @@ import os
 import sys
 
 from podrun import escapes, jobstore
-from podrun.commands.exec import parse_worker_selection
 from podrun.commands.jobs import newest_running_or_newest
 from podrun.errors import PodrunError, UsageError
 from podrun.launch import detached, stacks
 from podrun.output import colour_wanted, say
+from podrun.plan import parse_worker_selection
 
 
 def show_stacks(job: str | None, worker_selection: str | None, raw: bool = False) -> int:

@@ -6,13 +6,12 @@ them to check (Target.probe: on a TPU VM, what holds the TPU); they wait while t
 to the workers without it and the workers are checked, then all start at once.
 The first worker to fail is reported with its last lines and every other worker is told to stop;
 Ctrl-C and SIGTERM do the same. The agents themselves stop their process trees, also when podrun
-dies without telling them.
+dies without telling them. How each ending is recorded and said is endings.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import signal
 import sys
@@ -21,7 +20,7 @@ from collections.abc import Callable
 
 from podrun import exits, jobstore, timeline
 from podrun.errors import PodrunError
-from podrun.launch import preflight, stacks, stall
+from podrun.launch import endings, preflight, stall
 from podrun.launch.steps import (
     TAIL_LINES_KEPT,
     StepResult,
@@ -31,21 +30,11 @@ from podrun.launch.steps import (
     heartbeats,
     stop_all,
 )
-from podrun.output import (
-    counted,
-    grace_announcement,
-    say,
-    say_failure,
-    say_phase,
-    say_success,
-    size_text,
-    worker_ranges,
-)
+from podrun.output import counted, grace_announcement, say, say_phase, size_text
 from podrun.plan import JobPlan, WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.targets.base import Target, Worker
 from podrun.terminal import Terminal
-from podrun.transport.base import ChannelLost
 from podrun.worker_output import WorkerOutput
 
 # worker exits reach job.json at most this often while a step runs (each save writes every
@@ -55,9 +44,6 @@ RECORD_SAVE_INTERVAL_S = 0.5
 # (5 ms in compact JSON), so every 0.5 s at 12,000 workers the launcher would do little else
 RECORD_SAVE_SHARE = 0.1
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-SHOWN_TAIL_LINES = 20
-DEFAULT_SCREEN_ROWS = 24
-MIN_ERROR_ROWS = 5  # a failure names at least this many workers, however small the terminal
 
 
 class Launch:
@@ -97,7 +83,7 @@ class Launch:
         try:
             connected = await self._until_interrupted(
                 asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
-            _raise_first_error(connected, self.plans, "connect")  # before anything started anywhere
+            endings.raise_first_error(connected, self.plans, "connect")  # before anything started anywhere
             steps = self.job.steps
             for step in steps:
                 if step != steps[0]:
@@ -108,22 +94,17 @@ class Launch:
                 if failure:
                     return await self._finish_failed(step, failure)
                 if self.preempted:
-                    return self._finish_preempted(self.preempted)
+                    return endings.preempted(self.record, self.preempted)
                 if self.stalled:
-                    return self._finish_stalled()
+                    return endings.stalled(self.record, self.stalled)
                 if step == "run" and self.detach and not self.interrupted.is_set():
-                    return self._finish_detached()
+                    return endings.detached(self.record)
             if self.interrupted.is_set():
-                return self._finish_interrupted()
-            self.record.finish(jobstore.SUCCEEDED, 0)
-            took_s = time.time() - self.record.started_at
-            say_success(f"job {self.record.id} succeeded " + (
-                f"after {counted(self.record.attempt, 'restart')}, {took_s:.1f}s in all" if self.record.attempt
-                else f"in {took_s:.1f}s"))
-            return 0
+                return endings.interrupted(self.record, self.interrupt_signal)
+            return endings.succeeded(self.record)
         except PodrunError as error:
             if self.target.departs and (reason := await asyncio.to_thread(self.target.departure)):
-                return self._finish_preempted(reason)  # a worker unreachable because the TPU is gone
+                return endings.preempted(self.record, reason)  # a worker unreachable because the TPU is gone
             self.record.finish(jobstore.FAILED, error.exit_code, str(error))
             raise
         except Exception as error:  # a bug: the CLI prints it as an internal error; the record says so too
@@ -161,7 +142,7 @@ class Launch:
                                            return_exceptions=True)
             if any(isinstance(outcome, BaseException) for outcome in started):
                 await stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
-                _raise_first_error(started, self.plans, "start")
+                endings.raise_first_error(started, self.plans, "start")
             watching = asyncio.ensure_future(self._watch_capacity()) if step == "run" and not detach else None
             return await self._supervise_step(step, worker_steps, first)
         finally:
@@ -189,7 +170,7 @@ class Launch:
                 await stop_all(worker_steps)
                 if failure:
                     self._record_exit(failure)
-                    self._report_failure(step, failure)
+                    endings.report_failure(self.plans, step, failure)
                 return failure
         if first or worker_steps[0].watch:
             hub = await self._hub_address(worker_steps[0])
@@ -208,9 +189,9 @@ class Launch:
             asyncio.ensure_future(ws.finish()): ws for ws in worker_steps}
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         departure = asyncio.ensure_future(self.departed.wait())
-        watches_stall = step == "run" and self.job.stall_s and not self.detach  # detached: agent.Hub watches
+        stall_s = self.job.stall_s if step == "run" and not self.detach else None  # detached: agent.Hub watches
         silence: asyncio.Future = asyncio.ensure_future(
-            self._silence(worker_steps) if watches_stall else asyncio.Event().wait())
+            stall.silence(worker_steps, stall_s) if stall_s else asyncio.Event().wait())
         failure = None
         stopping = False
         countdown: asyncio.Future | None = None
@@ -218,7 +199,7 @@ class Launch:
             watched: list[asyncio.Future] = [*finishing, interrupt, departure, silence]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             if silence in done and not stopping:
-                await self._on_stall(silence.result(), worker_steps)
+                self.stalled = await stall.on_stall(self.record, silence.result(), worker_steps)
                 silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
                 ended = finishing.pop(task)
@@ -235,7 +216,7 @@ class Launch:
                 elif result.failed and not stopping:
                     failure = result
                     if not (self._judged(result) or self.preempted):  # a VM's notice: said already
-                        self._report_failure(step, result)
+                        endings.report_failure(self.plans, step, result)
             if time.monotonic() - self.record_saved_at > self.record_save_interval or not finishing:
                 saving = time.monotonic()
                 self.record.save()
@@ -261,26 +242,6 @@ class Launch:
         departure.cancel()
         silence.cancel()
         return failure
-
-    async def _silence(self, worker_steps: list[WorkerStep]) -> dict[int, float]:
-        """Returns once no worker has printed anything for the spec's `stall` (the clock starts now):
-        how long each worker has been silent."""
-        assert self.job.stall_s
-        started = time.monotonic()
-        while (left := max(started, *(ws.output_at for ws in worker_steps)) + self.job.stall_s
-               - time.monotonic()) > 0:
-            await asyncio.sleep(left)
-        now = time.monotonic()
-        return {ws.plan.worker.index: now - max(started, ws.output_at) for ws in worker_steps}
-
-    async def _on_stall(self, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> None:
-        """Say which workers were silent for how long, and save every worker's stacks, before the stop."""
-        self.stalled = stall.summary(silent_s)
-        timeline.begin(self.record, "stall", at=time.time() - min(silent_s.values()), why=self.stalled)
-        say(f"job {self.record.id} stalled: {self.stalled}; saving every worker's stacks, then stopping it")
-        texts = await stacks.collect([(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir)
-                                      for ws in worker_steps])
-        say(f"stacks of every worker saved in {stacks.save(self.record, texts)}")
 
     async def _hub_address(self, first: WorkerStep) -> str:
         """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
@@ -390,30 +351,16 @@ class Launch:
         worker = self.worker_records[result.index]
         worker.exit_code, worker.signal, worker.rank, worker.killed = result.code, result.signal, result.rank, result.killed
 
-    def _report_failure(self, step: str, result: StepResult) -> None:
-        plan = next(p for p in self.plans if p.worker.index == result.index)
-        lines = [f"worker {result.index} ({plan.worker.address}) {result.describe()} in {step}"]
-        if tail := result.shown_tail():
-            whose = f"worker {result.index}" if result.rank is None else f"rank {result.rank}"
-            lines.append(f"last lines of {whose}:")
-            lines += [f"  {line}" for line in tail[-SHOWN_TAIL_LINES:]]
-        say("\n".join(lines))
-
     async def _finish_failed(self, step: str, failure: StepResult) -> int:
         if self._judged(failure) and not (self.preempted or self.interrupted.is_set()):
             await self._judge_lost()
             if self.interrupted.is_set():
-                return self._finish_interrupted()
+                return endings.interrupted(self.record, self.interrupt_signal)
             if not self.preempted:
-                self._report_failure(step, failure)
+                endings.report_failure(self.plans, step, failure)
         if self.preempted:
-            return self._finish_preempted(self.preempted)
-        summary = f"worker {failure.index} {failure.describe()} in {step}"
-        if cause := failure.cause():
-            summary += f" ({cause})"
-        self.record.finish(jobstore.FAILED, failure.code, summary)
-        say_failure(f"job {self.record.id} failed: {summary}; every other worker was stopped")
-        return failure.code
+            return endings.preempted(self.record, self.preempted)
+        return endings.failed(self.record, step, failure)
 
     def _on_notice(self, index: int, reason: str) -> None:
         """A worker's VM announced it goes away: its agent stopped its run already; the others stop too."""
@@ -441,80 +388,6 @@ class Launch:
         timeline.end(judging)
         if self.preempted:
             timeline.end(timeline.begin(self.record, "preempted", why=self.preempted))
-
-    def _finish_preempted(self, reason: str) -> int:
-        self.record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
-        say_failure(f"job {self.record.id} preempted: {reason}")
-        return exits.PREEMPTED
-
-    def _finish_stalled(self) -> int:
-        assert self.stalled
-        self.record.finish(jobstore.STALLED, exits.STALLED, self.stalled)
-        say_failure(f"job {self.record.id} stalled: {self.stalled}; every worker was stopped")
-        return exits.STALLED
-
-    def _finish_detached(self) -> int:
-        self.record.detached = True
-        self.record.save()
-        job_id = self.record.id
-        say(f"job {job_id} runs on every worker without podrun; follow it with `podrun logs -f {job_id}`, "
-            f"stop it with `podrun stop {job_id}`")
-        return 0
-
-    def _finish_interrupted(self) -> int:
-        code = exits.stopped_by(self.interrupt_signal)
-        self.record.finish(jobstore.STOPPED, code, f"stopped by {self.interrupt_signal.name}")
-        say(f"job {self.record.id} stopped on every worker")
-        return code
-
-
-def _raise_first_error(outcomes: list | None, plans: list[WorkerPlan], doing: str) -> None:
-    """Raise the workers' errors as one PodrunError: one line for one worker; for several, one line
-    each, up to a screenful, then the rest by index. Anything else than a PodrunError (a connection
-    lost mid-start, a library's own exception) is named with its worker."""
-    failed = [(plan.worker, outcome) for plan, outcome in zip(plans, outcomes or ())
-              if isinstance(outcome, BaseException)]
-    if not failed:
-        return
-    for _, error in failed:
-        if isinstance(error, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
-            raise error
-    alike = {error.alike if isinstance(error, PodrunError) else None for _, error in failed}
-    if len({str(error) for _, error in failed}) == 1:  # one error for all (a jump host they share): said once
-        raised = PodrunError(_worker_error(*failed[0]))
-    elif len(alike) == 1 and None not in alike:  # a cause none of the hosts' own (an account refused): said once
-        raised = PodrunError(f"{len(failed)} of {counted(len(plans), 'worker')} "
-                             f"({worker_ranges([worker.index for worker, _ in failed])}) failed to {doing}: "
-                             f"{alike.pop()}")
-    else:
-        room = _screen_rows() - 2  # the heading, and the line that counts the rest
-        shown = failed if len(failed) <= room + 1 else failed[:room]
-        lines = [f"{len(failed)} of {counted(len(plans), 'worker')} failed to {doing}:"]
-        lines += [f"  {_worker_error(worker, error)}" for worker, error in shown]
-        if rest := [worker.index for worker, _ in failed[len(shown):]]:
-            lines.append(f"  and {len(rest)} more: {worker_ranges(rest)}")
-        raised = PodrunError("\n".join(lines))
-    first_error = failed[0][1]
-    if isinstance(first_error, PodrunError):  # an unusable PODRUN_HOME stays a usage error (exit 2)
-        raised.exit_code = first_error.exit_code
-    raise raised
-
-
-def _worker_error(worker: Worker, error: BaseException) -> str:
-    if isinstance(error, PodrunError):
-        return str(error)
-    if isinstance(error, ChannelLost):
-        return f"worker {worker.index} ({worker.address}) lost its connection ({error})"
-    return f"worker {worker.index} ({worker.address}): {type(error).__name__}: {error}"
-
-
-def _screen_rows() -> int:
-    """The rows of the terminal podrun's messages show on; a pipe's reader gets as many as a default terminal."""
-    try:
-        rows = os.get_terminal_size(sys.stderr.fileno()).lines
-    except (OSError, ValueError):
-        rows = DEFAULT_SCREEN_ROWS
-    return max(rows - 2, MIN_ERROR_ROWS)  # the shell's prompt, and the line before the error, stay on screen
 
 
 def changed_code_line(index: int, named: list[str], count: int) -> str:

@@ -27,7 +27,7 @@ from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.output import counted, say, say_failure
-from podrun.plan import JobPlan, job_plan
+from podrun.plan import JobPlan, job_plan, parse_worker_selection
 from podrun.shipping import scan
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
@@ -64,28 +64,28 @@ class Lifecycle:
         return job_plan(self.spec, self.target, workers, job_id, self.code_dir, self.extra_env, os.environ, attempt,
                         selected)
 
-    def run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None = None,
+    def run(self, selection: str | None, stop_grace_s: float, job_id: str | None = None,
             on_running: Callable[[], None] | None = None) -> int:
         """Create the TPU if the spec declares it and it does not exist, run the job (on the workers
-        `select` picks, given their count) until it ends, restarting it as asked, then delete the TPU
+        `selection` picks: --worker) until it ends, restarting it as asked, then delete the TPU
         if asked. Detached, this returns once the first attempt runs, leaving a supervisor if needed.
         `job_id`: the id chosen beforehand (a supervisor host's); `on_running`: called once the first
         attempt's run has started everywhere."""
         self.on_running = on_running
         with interrupts.interruptible_once(HANDLED_SIGNALS):  # a second interrupt cannot stop the cleanup
-            return self._run(select, stop_grace_s, job_id)
+            return self._run(selection, stop_grace_s, job_id)
 
-    def _run(self, select: Callable[[int], set[int]], stop_grace_s: float, job_id: str | None) -> int:
+    def _run(self, selection: str | None, stop_grace_s: float, job_id: str | None) -> int:
         record: jobstore.JobRecord | None = None
         declared = self.spec.target.declared
         if count := declared.worker_count(self.spec.target.options):  # nothing is made for a job that cannot run
-            self._make_room([declared.transport] * len(select(count)))
+            self._make_room([declared.transport] * len(parse_worker_selection(selection, count)))
         try:
             provision_started = time.time()
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
             provisioned = time.time()
-            self.selected = select(len(self.workers))
+            self.selected = parse_worker_selection(selection, len(self.workers))
             job_id = job_id or jobstore.new_job_id(self.spec.name)
             job = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             self._make_room([plan.worker.transport.endpoint()["kind"] for plan in job.workers])

@@ -1,6 +1,7 @@
-"""A stalled job (the spec's `stall`): how its silence is told, and how a detached job's agents watch it.
+"""A stalled job (the spec's `stall`): how its silence is told, and how it is watched.
 
-An attached job is watched by its launcher (Launch, which sees every worker's output); a detached one
+An attached job is watched by its launcher (Launch, which sees every worker's output: silence() and
+on_stall() here); a detached one
 by worker 0's agent (agent.Hub), which each other agent tells of its output as "alive", at most every
 alive_every(stall) seconds: a job's silence is seen that much late at most, and a chatty job costs
 one message per worker per interval, never one per line.
@@ -8,7 +9,13 @@ one message per worker per interval, never one per line.
 
 from __future__ import annotations
 
-from podrun.output import duration_text, worker_ranges
+import asyncio
+import time
+
+from podrun import jobstore, timeline
+from podrun.launch import stacks
+from podrun.launch.steps import WorkerStep
+from podrun.output import duration_text, say, worker_ranges
 
 ALIVE_EVERY_S = 5.0
 
@@ -27,3 +34,25 @@ def summary(silent_s: dict[int, float]) -> str:
     shortest = min(silent_s.values())
     return (f"no output from any worker for {duration_text(shortest)} ("
             + ", ".join(f"{worker_ranges(indexes)} silent {silence}" for silence, indexes in by_silence.items()) + ")")
+
+
+async def silence(worker_steps: list[WorkerStep], stall_s: float) -> dict[int, float]:
+    """Returns once no worker has printed anything for `stall_s` (the clock starts now): how long each
+    worker has been silent."""
+    started = time.monotonic()
+    while (left := max(started, *(ws.output_at for ws in worker_steps)) + stall_s - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+    now = time.monotonic()
+    return {ws.plan.worker.index: now - max(started, ws.output_at) for ws in worker_steps}
+
+
+async def on_stall(record: jobstore.JobRecord, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> str:
+    """Say which workers were silent for how long, and save every worker's stacks, before the stop;
+    returns the stall's summary."""
+    stalled = summary(silent_s)
+    timeline.begin(record, "stall", at=time.time() - min(silent_s.values()), why=stalled)
+    say(f"job {record.id} stalled: {stalled}; saving every worker's stacks, then stopping it")
+    texts = await stacks.collect([(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir)
+                                  for ws in worker_steps])
+    say(f"stacks of every worker saved in {stacks.save(record, texts)}")
+    return stalled

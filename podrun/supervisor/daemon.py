@@ -1,13 +1,14 @@
 """The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
 
-It reads the job from stdin (one JSON line: the spec's fields, the exec flags, the environment the
-job needs from the launcher: secret values, the API endpoint, podrun's settings; none of it is written
-to disk) with the launcher's known-hosts lines for the job's hosts (public keys: a host's key that
-matched one is kept in this host's podrun known-hosts file, as one seen on first use would be), and
-forks the job's launcher into a session of its own, so that it outlives the SSH session: the laptop
-may close. That launcher is a plain attached `podrun exec` of this host's: it creates the
-TPU, runs, watches, restarts and deletes as the spec says, and keeps the job's record and every
-worker's log in this host's job store. What it prints goes to files under PODRUN_HOME/supervised/<id>/.
+It reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
+parsed them (launch/exec_options.py), the environment the job needs from the launcher: secret values,
+the API endpoint, podrun's settings; none of it is written to disk) with the launcher's known-hosts
+lines for the job's hosts (public keys: a host's key that matched one is kept in this host's podrun
+known-hosts file, as one seen on first use would be), and forks the job's launcher into a session of
+its own, so that it outlives the SSH session: the laptop may close. That launcher is a plain attached
+`podrun exec` of this host's (launch/run_here.py): it creates the TPU, runs, watches, restarts and
+deletes as the spec says, and keeps the job's record and every worker's log in this host's job store.
+What it prints goes to files under PODRUN_HOME/supervised/<id>/.
 
 The process started over SSH relays those files to the laptop (stdout to stdout, stderr to stderr),
 after a first stdout line `{"job": ID}`, until the run has started (--detach) or the job has ended;
@@ -26,9 +27,9 @@ import sys
 from pathlib import Path
 
 from podrun import jobstore, paths
-from podrun.commands.exec import execute
-from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError
+from podrun.launch.exec_options import ExecOptions
+from podrun.launch.run_here import run_here
 from podrun.output import say
 from podrun.spec import JobSpec
 from podrun.spec_problems import FieldProblems, SpecProblems, validate_fields
@@ -46,12 +47,11 @@ def main() -> int:
     spec = _spec(payload)
     # the launcher here runs attached, whatever the laptop asked: detached is how long the laptop waits
     detach = payload["options"]["detach"]
-    options = ExecOptions(**{**payload["options"], "env": tuple(payload["options"]["env"]), "supervisor": None,
-                             "detach": False})
+    options = ExecOptions(**{**payload["options"], "supervisor": None, "detach": False})
     os.environ.update(payload["environ"])
     known_hosts.take_handed_over(payload["known_hosts"])
     if options.dry_run:
-        return execute(spec, payload["ships_code"], options)
+        return run_here(spec, payload["ships_code"], options)
     job_id = jobstore.new_job_id(spec.name)
     console = console_dir(job_id)
     paths.make_private_dir(console)
@@ -111,7 +111,7 @@ def _launch(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str, 
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
     try:
-        return execute(spec, ships_code, options, job_id, on_running)
+        return run_here(spec, ships_code, options, job_id, on_running)
     except PodrunError as error:  # the laptop shows it: where it happened is not where it was said
         error.args = (f"on the supervisor {host}: {error}",)
         raise

@@ -25,8 +25,8 @@ import sys
 
 from podrun import escapes, exits, jobstore
 from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
-from podrun.commands.exec_options import ExecOptions
 from podrun.errors import PodrunError, UsageError
+from podrun.launch.exec_options import ExecOptions
 from podrun.output import colour_wanted, say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
