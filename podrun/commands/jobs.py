@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import sys
 import time
 
 from podrun import exits, jobstore, paths
 from podrun.collapse import Collapse
+from podrun.countdown import Countdown
 from podrun.errors import PodrunError, UsageError
 from podrun.output import (
     RANK_HEADER,
@@ -18,8 +17,6 @@ from podrun.output import (
     WorkerOutput,
     counted,
     duration_text,
-    grace_announcement,
-    grace_left,
     print_table,
     say,
     say_failure,
@@ -206,15 +203,14 @@ def stop_job(job: str | None) -> int:
         raise PodrunError(f"job {record.id}: its launcher cannot be found on this system (stopping an attached job "
                           f"needs Linux's /proc); press Ctrl-C where it runs")
     os.kill(record.launcher["pid"], signal.SIGTERM)  # its launcher stops every worker, as on Ctrl-C
-    say(grace_announcement(record.stop_grace_s))
     wait_s = record.stop_grace_s + LAUNCHER_STOP_MARGIN_S
     deadline = time.monotonic() + wait_s
-    with counting_down(record.stop_grace_s) as tick:
+    with Countdown(record.stop_grace_s) as countdown:
         while (record := jobstore.load(record.id)).current_state() == jobstore.RUNNING:
             if time.monotonic() > deadline:
                 raise PodrunError(f"job {record.id}: its launcher (pid {record.launcher['pid']}) did not stop it "
                                   f"within {wait_s:g}s")
-            tick()
+            countdown.draw()
             time.sleep(FOLLOW_POLL_S)
     print(f"podrun: job {record.id} is {record.current_state()}")
     return 0
@@ -229,24 +225,12 @@ def _stop_supervised(record: jobstore.JobRecord) -> int:
     pid = record.supervisor["pid"]
     os.kill(pid, signal.SIGTERM)
     say(f"asked job {record.id}'s supervisor (pid {pid}) to stop it; waiting for it to finish")
-    say(grace_announcement(record.stop_grace_s))
-    with counting_down(record.stop_grace_s) as tick:
+    with Countdown(record.stop_grace_s) as countdown:
         while record.supervised():
-            tick()
+            countdown.draw()
             time.sleep(FOLLOW_POLL_S)
     print(f"podrun: job {record.id} is {jobstore.load(record.id).current_state()}")
     return 0
-
-
-@contextlib.contextmanager
-def counting_down(grace_s: float):
-    """A stop's countdown on stderr, if it is a terminal: the caller calls the function given now and then."""
-    status = Terminal(sys.stderr.buffer, prefixed=False)
-    ends_at = time.monotonic() + grace_s
-    try:
-        yield lambda: status.show_status(grace_left(ends_at))
-    finally:
-        status.show_status(None)
 
 
 def newest_running_or_newest() -> jobstore.JobRecord:

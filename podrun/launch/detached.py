@@ -12,14 +12,14 @@ import asyncio
 import fcntl
 import json
 import os
-import sys
 from collections.abc import Callable
 
 from podrun import exits, file_limit, jobstore, timeline
+from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
-from podrun.launch.steps import StepResult, count_down
-from podrun.output import Terminal, WorkerOutput, counted, grace_announcement, say
+from podrun.launch.steps import StepResult
+from podrun.output import WorkerOutput, counted, say
 from podrun.remote import vm_notice
 from podrun.transport import past_login, transport_for
 from podrun.transport.base import ChannelLost, Transport
@@ -81,17 +81,14 @@ def fetch_stacks(record: jobstore.JobRecord, indexes: list[int]) -> dict[int, st
 
 def stop(record: jobstore.JobRecord) -> None:
     """Stop every worker's run (saying how long the stop may take, counting down on a terminal) and record the end."""
-    say(grace_announcement(record.stop_grace_s))
-
     async def stop_counting_down() -> None:
-        again = asyncio.Event()  # the first worker's grace period starts once the others have stopped
-        countdown = asyncio.ensure_future(count_down(Terminal(sys.stderr.buffer, prefixed=False), record.stop_grace_s,
-                                                     again))
+        countdown = Countdown(record.stop_grace_s)
+        drawing = asyncio.ensure_future(countdown.run())
         try:
-            await stop_all(record, again.set if len(record.workers) > 1 else None)
+            await stop_all(record, countdown.again if len(record.workers) > 1 else None)
         finally:
-            countdown.cancel()
-            await asyncio.gather(countdown, return_exceptions=True)
+            drawing.cancel()
+            await asyncio.gather(drawing, return_exceptions=True)
 
     asyncio.run(stop_counting_down())
     fetch(record, [w.index for w in record.workers], None, follow=False)
