@@ -6,7 +6,7 @@ import os
 import sys
 
 from podrun import escapes, jobstore
-from podrun.commands.jobs import newest_running_or_newest
+from podrun.commands.logs import newest_running_or_newest
 from podrun.output import colour_wanted
 from podrun.report.analysis import Analysis
 from podrun.report.summary import summary

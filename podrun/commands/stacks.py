@@ -7,7 +7,7 @@ import sys
 
 from podrun import escapes, jobstore
 from podrun.commands.exec import parse_worker_selection
-from podrun.commands.jobs import newest_running_or_newest
+from podrun.commands.logs import newest_running_or_newest
 from podrun.errors import PodrunError, UsageError
 from podrun.launch import detached, stacks
 from podrun.output import colour_wanted, say
