@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from podrun import jobstore
+from podrun import handles, jobstore
 from podrun.output import counted, duration_text, print_table, say
 
 DEFAULT_JOBS_SHOWN = 20
@@ -27,14 +27,7 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     """Newest first: at most `count` jobs (default 20; with --json, all), of these states (any if none),
     whose id begins with `name_or_prefix` (an id begins with its job's name)."""
     records = [record for record in jobstore.all_jobs() if record.id.startswith(name_or_prefix or "")]
-    if any(record.supervised_by and record.state == jobstore.RUNNING for record in records):
-        from podrun.supervisor import remote  # asks their supervisors
-
-        remote.refresh(records)
-    if any(record.detached and record.state == jobstore.RUNNING for record in records):
-        from podrun.launch import detached  # asks their workers: a detached job that ended shows it now
-
-        detached.refresh(records)
+    handles.refresh(records)
     jobs = [(record, record.current_state()) for record in records]
     jobs = [(record, state) for record, state in jobs if not states or state in states]
     limit = None if show_all or (as_json and count is None) else DEFAULT_JOBS_SHOWN if count is None else count
@@ -65,15 +58,10 @@ def _row(record: jobstore.JobRecord, state: str, idle: bool) -> tuple[str, ...]:
 
 
 def _state_text(record: jobstore.JobRecord, state: str, idle: bool) -> str:
-    """The state, with the restarts it took (`restarts`) and, while it runs, its supervisor if it has one
-    and (with `idle`) how long ago its last output came."""
+    """The state, with the restarts it took (`restarts`), where it lives (a supervisor host; while it runs,
+    its supervisor here) and, while it runs (with `idle`), how long ago its last output came."""
     notes = [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] if record.attempt else []
-    if record.supervised_by:
-        notes.append(f"on {record.supervised_by['host']}")
-    if state == jobstore.RUNNING and record.supervised():
-        notes.append("supervised")
-    elif state == jobstore.RUNNING and record.supervisor_lost():
-        notes.append("supervisor lost")
+    notes += handles.handle_for(record).notes(state)
     if state == jobstore.RUNNING and idle:
         notes.append(_idle(record))
     return f"{state} ({', '.join(notes)})" if notes else state

@@ -1,5 +1,5 @@
-"""`podrun logs`: a job's output from the job store, now or while it runs (and from the workers, for a
-detached job)."""
+"""`podrun logs`: a job's output from the job store, now or while it runs (brought there from where it runs
+first: handles/)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from podrun import exits, jobstore, paths
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError, UsageError
+from podrun.handles import handle_for
 from podrun.output import (
     RANK_HEADER,
     Terminal,
@@ -43,49 +44,39 @@ def show_logs(job: str | None, worker: int | None, follow: bool, tail: int | Non
     `attempt`: an earlier attempt's output (kept locally), else the current attempt's. `collapse`: the
     same line of several workers shown once (collapse.py), unless one worker is shown. `raw`: the
     output as written, escape sequences and all (escapes.py)."""
-    record = jobstore.find(job) if job else newest_running_or_newest()
-    if record.supervised_by:
-        from podrun.supervisor import remote
-
-        flags = {"--worker": worker, "--tail": tail, "--attempt": attempt}
-        return remote.forward(record, ["logs", record.id, *(["--follow"] if follow else []),
-                                       *([] if collapse else ["--no-collapse"]), *(["--raw"] if raw else []),
-                                       *(word for flag, value in flags.items() if value is not None
-                                         for word in (flag, str(value)))], raw)
+    handle = handle_for(jobstore.find(job) if job else newest_running_or_newest())
+    record = handle.record
+    flags = {"--worker": worker, "--tail": tail, "--attempt": attempt}
+    there = handle.run_there(["logs", record.id, *(["--follow"] if follow else []), *([] if collapse else ["--no-collapse"]),
+                              *(["--raw"] if raw else []),
+                              *(word for flag, value in flags.items() if value is not None for word in (flag, str(value)))],
+                             raw)
+    if there is not None:
+        return there
     if attempt is not None and attempt != record.attempt:
         return _show_earlier_attempt(record, attempt, worker, tail, collapse, raw)
-    indexes = [w.index for w in record.workers]
-    if worker is not None and worker not in indexes:
-        raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
-    chosen = [worker] if worker is not None else indexes
+    chosen = _chosen(record, worker)
     terminal = _replay_terminal(record, chosen, worker, collapse, raw)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
-    # a detached job's workers have what is new, unless its supervisor (lifecycle.py) fetches it already
-    supervised = record.supervised()
-    on_workers = record.detached and record.state == jobstore.RUNNING and not supervised
-    if on_workers:
-        from podrun.launch import detached
-
-        detached.fetch(record, chosen, outputs=None, follow=False)
+    handle.catch_up(chosen)
     offsets = _replay({index: record.log_path(index) for index in chosen}, tail, outputs, terminal)
     if terminal.collapse:  # what comes next, as it comes: lines of the same moment meet within WINDOW_S
         terminal.collapse = Collapse(chosen)
-    if follow and on_workers and record.state == jobstore.RUNNING:  # the fetch may have seen it end
+    if follow:  # what came meanwhile; then, where the job's output comes from where it runs, the rest from there
         for index in chosen:
-            _copy_new(record.log_path(index), offsets[index], outputs[index])
-        detached.fetch(record, chosen, outputs, follow=True)
-        return _ended(jobstore.load(record.id))
+            offsets[index] = _copy_new(record.log_path(index), offsets[index], outputs[index])
+        if handle.follow_there(chosen, outputs):
+            return _ended(handle.reload())
     attempt = record.attempt
     while True:
-        # read before the logs: no lost tail
-        finished = record.current_state() != jobstore.RUNNING or (supervised and not record.supervised())
+        finished = not handle.writing()  # read before the logs: no lost tail
         for index in chosen:
             offsets[index] = _copy_new(record.log_path(index, attempt), offsets[index], outputs[index])
         if not follow or finished:
             break
         terminal.flush()  # lines held whose window ended while nothing new came
         time.sleep(FOLLOW_POLL_S)
-        record = jobstore.load(record.id)
+        record = handle.reload()
         if record.attempt != attempt:  # the job restarted: the rest of this attempt's output, then the next's
             for index in chosen:
                 _copy_new(record.log_path(index, attempt), offsets[index], outputs[index])
@@ -101,10 +92,7 @@ def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int 
                           collapse: bool, raw: bool) -> int:
     if attempt > record.attempt:
         raise UsageError(f"--attempt {attempt}: job {record.id} has attempts 0 to {record.attempt}")
-    indexes = [w.index for w in record.workers]
-    if worker is not None and worker not in indexes:
-        raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
-    chosen = [worker] if worker is not None else indexes
+    chosen = _chosen(record, worker)
     terminal = _replay_terminal(record, chosen, worker, collapse, raw)
     outputs = {index: WorkerOutput(index, terminal, log=None) for index in chosen}
     _replay({index: record.log_path(index, attempt) for index in chosen}, tail, outputs, terminal)
@@ -114,6 +102,14 @@ def _show_earlier_attempt(record: jobstore.JobRecord, attempt: int, worker: int 
     ended = record.attempts[attempt]
     say(f"attempt {attempt} of job {record.id} {ended['state']}" + (f": {ended['summary']}" if ended["summary"] else ""))
     return 0
+
+
+def _chosen(record: jobstore.JobRecord, worker: int | None) -> list[int]:
+    """The workers whose logs are shown: `worker` (--worker), else every one."""
+    indexes = [w.index for w in record.workers]
+    if worker is not None and worker not in indexes:
+        raise UsageError(f"--worker {worker}: job {record.id} has workers {', '.join(map(str, indexes))}")
+    return [worker] if worker is not None else indexes
 
 
 def _ended(record: jobstore.JobRecord) -> int:

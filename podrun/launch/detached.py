@@ -44,9 +44,9 @@ async def follow(record: jobstore.JobRecord) -> None:
 
 
 def refresh(records: list[jobstore.JobRecord]) -> None:
-    """Bring running detached jobs' records up to date from their workers (`podrun jobs`): a job that
-    ended meanwhile shows its true state and duration. A job whose workers cannot be reached stays as
-    it was recorded."""
+    """Bring running detached jobs' records up to date from their workers (`podrun jobs`; those that
+    nothing here watches: handles/on_workers.py): a job that ended meanwhile shows its true state and
+    duration. A job whose workers cannot be reached stays as it was recorded."""
     async def refresh_one(record: jobstore.JobRecord) -> None:
         try:
             await asyncio.wait_for(_fetch_all(record, [w.index for w in record.workers], None, follow=False),
@@ -58,11 +58,7 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
             say(f"job {record.id}: shown as last recorded; what its workers sent could not be read "
                 f"({type(error).__name__}: {error})")
 
-    # a supervisor keeps its record current, and a supervisor host its jobs' (supervisor/remote.py)
-    running = [r for r in records if r.detached and r.state == jobstore.RUNNING
-               and not r.supervised() and not r.supervised_by]
-    if running:
-        asyncio.run(_gather(refresh_one(record) for record in running))
+    asyncio.run(_gather(refresh_one(record) for record in records))
 
 
 async def _gather(work) -> None:

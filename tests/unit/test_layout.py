@@ -1,11 +1,13 @@
-"""The package's shape, checked: no import cycle anywhere in podrun/, and what is particular to one
-kind of target stays in podrun/targets/ (the spec's schema and the CLI name the kinds too)."""
+"""The package's shape, checked: no import cycle anywhere in podrun/, what is particular to one kind of
+target stays in podrun/targets/ (the spec's schema and the CLI name the kinds too), and where a job
+lives is read in podrun/handles/ alone."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+from podrun import jobstore
 from podrun.targets import registry
 
 PACKAGE = Path(__file__).resolve().parents[2] / "podrun"
@@ -97,6 +99,35 @@ def test_only_the_targets_read_a_kinds_options():
 def test_the_options_check_sees_a_read():
     assert options_read_outside_targets(ast.parse("if spec.target.tpu and x.target.options.name: pass")) == [1, 1]
     assert options_read_outside_targets(ast.parse("declared.summary(spec.target.options)")) == []
+
+
+# where a job lives: the record's fields (jobstore.RESIDENCE) and its own answers about them
+RESIDENCE = {*jobstore.RESIDENCE, "supervised", "supervisor_lost"}
+# names that hold something else with a field so named: the spec and the CLI's options (`supervisor:`,
+# `--supervisor`), a step's result (`detached`)
+NOT_RECORDS = {"spec", "options", "args", "result"}
+
+
+def residence_read(tree: ast.AST) -> list[int]:
+    """The lines that read where a job lives (`record.supervised_by`, `record.supervised()`) in a module."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in RESIDENCE and isinstance(node.ctx, ast.Load)
+            and not (isinstance(node.value, ast.Name) and node.value.id in NOT_RECORDS)]
+
+
+def test_only_the_handles_read_where_a_job_lives():
+    """Outside handles/ (and jobstore.py, which keeps it), code asks the job's handle (handles.handle_for),
+    never the record; setting where a job lives is the launch's and the supervisor's, and reads nothing."""
+    read = [f"{path.relative_to(PACKAGE)}:{line}" for path in PACKAGE.rglob("*.py")
+            if path.relative_to(PACKAGE).parts[0] != "handles" and path.relative_to(PACKAGE).as_posix() != "jobstore.py"
+            for line in residence_read(ast.parse(path.read_text()))]
+    assert read == []
+
+
+def test_the_residence_check_sees_a_read():
+    assert residence_read(ast.parse("if record.supervised_by or r.supervised() or self.record.launcher['pid']: pass")) \
+        == [1, 1, 1]
+    assert residence_read(ast.parse("record.detached = True\nif spec.supervisor or result.detached: pass")) == []
 
 
 REMOTE = sorted(name for name in MODULES if name.startswith("podrun.remote."))
