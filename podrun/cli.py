@@ -114,7 +114,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from podrun.commands.jobs import show_logs
+    from podrun.commands.logs import show_logs
 
     return show_logs(args.job, args.worker, args.follow, args.tail, args.attempt, args.collapse, args.raw)
 
@@ -126,7 +126,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from podrun.commands.jobs import stop_job
+    from podrun.commands.stop import stop_job
 
     return stop_job(args.job)
 

@@ -20,7 +20,7 @@ level above a line's previous group cannot be before it, and the search for a cy
 few groups between the two levels.
 
 The clock is whatever the caller counts in: time.monotonic() while a job runs; rounds of reading for
-`podrun logs`, which replays logs faster than they were written (commands/jobs.py).
+`podrun logs`, which replays logs faster than they were written (commands/logs.py).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ STACKS_DIR = "stacks"
 RECORD_FILE = "job.json"
 AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 JOB_ID_TAIL = r"-\d{8}-\d{6}-[0-9a-f]{4}"  # after the job's name: new_job_id's stamp and suffix
+# where a job lives, kept here and read only by its handle (handles/), which chooses by them where each
+# verb reaches the job
+RESIDENCE = ("launcher", "detached", "supervisor", "cleanup", "supervised_by")
 
 
 # plain classes: importing dataclasses (it loads inspect) made `podrun jobs` start 15 ms slower,
@@ -78,6 +81,11 @@ class JobRecord:
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
+
+    def take_fields(self, kept: JobRecord) -> None:
+        """This record's fields as `kept` has them (the record a supervisor host keeps of the job this one
+        points at), but where the job lives: this record's own."""
+        vars(self).update({name: value for name, value in vars(kept).items() if name not in RESIDENCE})
 
     def remote_job_dir(self, worker: WorkerRecord) -> str:
         """The current attempt's directory on the worker (paths.remote_job_dir)."""

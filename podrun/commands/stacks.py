@@ -6,9 +6,10 @@ import os
 import sys
 
 from podrun import escapes, jobstore
-from podrun.commands.jobs import newest_running_or_newest
+from podrun.commands.logs import newest_running_or_newest
 from podrun.errors import PodrunError, UsageError
-from podrun.launch import detached, stacks
+from podrun.handles import handle_for
+from podrun.launch import stacks
 from podrun.output import colour_wanted, say
 from podrun.plan import parse_worker_selection
 
@@ -16,12 +17,12 @@ from podrun.plan import parse_worker_selection
 def show_stacks(job: str | None, worker_selection: str | None, raw: bool = False) -> int:
     """`job`: as for `podrun logs` (default: the newest running job, else the newest job). `raw`: the
     stacks as the workers gave them, escape sequences and all (escapes.py); they are saved so anyway."""
-    record = jobstore.find(job) if job else newest_running_or_newest()
-    if record.supervised_by:
-        from podrun.supervisor import remote
-
-        return remote.forward(record, ["stacks", record.id, *(["--worker", worker_selection] if worker_selection else []),
-                                       *(["--raw"] if raw else [])], raw)
+    handle = handle_for(jobstore.find(job) if job else newest_running_or_newest())
+    record = handle.record
+    there = handle.run_there(["stacks", record.id, *(["--worker", worker_selection] if worker_selection else []),
+                              *(["--raw"] if raw else [])], raw)
+    if there is not None:
+        return there
     if (state := record.current_state()) != jobstore.RUNNING:
         raise PodrunError(f"job {record.id} is {state}: stacks come from a running job's processes"
                           f"{_saved_note(record)}")
@@ -30,7 +31,7 @@ def show_stacks(job: str | None, worker_selection: str | None, raw: bool = False
     if missing := sorted(set(chosen) - set(indexes)):
         raise UsageError(f"--worker {worker_selection}: job {record.id} has no worker {missing[0]} "
                          f"(its workers: {', '.join(map(str, indexes))})")
-    texts = detached.fetch_stacks(record, chosen)
+    texts = handle.stacks(chosen)
     colour = colour_wanted(sys.stdout)
     for index in chosen:
         address = next(w.address for w in record.workers if w.index == index)

@@ -12,16 +12,15 @@ import asyncio
 import fcntl
 import json
 import os
-import sys
 from collections.abc import Callable
 
 from podrun import exits, file_limit, jobstore, timeline
+from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
-from podrun.launch.steps import StepResult, count_down
-from podrun.output import counted, grace_announcement, say
+from podrun.launch.steps import StepResult
+from podrun.output import counted, say
 from podrun.remote import vm_notice
-from podrun.terminal import Terminal
 from podrun.transport import past_login, transport_for
 from podrun.transport.base import ChannelLost, Transport
 from podrun.worker_output import WorkerOutput
@@ -46,9 +45,9 @@ async def follow(record: jobstore.JobRecord) -> None:
 
 
 def refresh(records: list[jobstore.JobRecord]) -> None:
-    """Bring running detached jobs' records up to date from their workers (`podrun jobs`): a job that
-    ended meanwhile shows its true state and duration. A job whose workers cannot be reached stays as
-    it was recorded."""
+    """Bring running detached jobs' records up to date from their workers (`podrun jobs`; those that
+    nothing here watches: handles/on_workers.py): a job that ended meanwhile shows its true state and
+    duration. A job whose workers cannot be reached stays as it was recorded."""
     async def refresh_one(record: jobstore.JobRecord) -> None:
         try:
             await asyncio.wait_for(_fetch_all(record, [w.index for w in record.workers], None, follow=False),
@@ -60,11 +59,7 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
             say(f"job {record.id}: shown as last recorded; what its workers sent could not be read "
                 f"({type(error).__name__}: {error})")
 
-    # a supervisor keeps its record current, and a supervisor host its jobs' (supervisor/remote.py)
-    running = [r for r in records if r.detached and r.state == jobstore.RUNNING
-               and not r.supervised() and not r.supervised_by]
-    if running:
-        asyncio.run(_gather(refresh_one(record) for record in running))
+    asyncio.run(_gather(refresh_one(record) for record in records))
 
 
 async def _gather(work) -> None:
@@ -83,17 +78,14 @@ def fetch_stacks(record: jobstore.JobRecord, indexes: list[int]) -> dict[int, st
 
 def stop(record: jobstore.JobRecord) -> None:
     """Stop every worker's run (saying how long the stop may take, counting down on a terminal) and record the end."""
-    say(grace_announcement(record.stop_grace_s))
-
     async def stop_counting_down() -> None:
-        again = asyncio.Event()  # the first worker's grace period starts once the others have stopped
-        countdown = asyncio.ensure_future(count_down(Terminal(sys.stderr.buffer, prefixed=False), record.stop_grace_s,
-                                                     again))
+        countdown = Countdown(record.stop_grace_s)
+        drawing = asyncio.ensure_future(countdown.run())
         try:
-            await stop_all(record, again.set if len(record.workers) > 1 else None)
+            await stop_all(record, countdown.again if len(record.workers) > 1 else None)
         finally:
-            countdown.cancel()
-            await asyncio.gather(countdown, return_exceptions=True)
+            drawing.cancel()
+            await asyncio.gather(drawing, return_exceptions=True)
 
     asyncio.run(stop_counting_down())
     fetch(record, [w.index for w in record.workers], None, follow=False)

@@ -19,18 +19,18 @@ import time
 from collections.abc import Callable
 
 from podrun import exits, jobstore, timeline
+from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import endings, preflight, stall
 from podrun.launch.steps import (
     TAIL_LINES_KEPT,
     StepResult,
     WorkerStep,
-    count_down,
     first_contact,
     heartbeats,
     stop_all,
 )
-from podrun.output import counted, grace_announcement, say, say_phase, size_text
+from podrun.output import counted, say, say_phase, size_text
 from podrun.plan import JobPlan, WorkerPlan
 from podrun.shipping import archive, scan
 from podrun.targets.base import Target, Worker
@@ -233,8 +233,7 @@ class Launch:
                 if stall_entry := timeline.current(self.record, "stall"):
                     timeline.end(stall_entry)
                 if finishing:
-                    say(grace_announcement(self.record.stop_grace_s))
-                    countdown = asyncio.ensure_future(count_down(self.terminal, self.record.stop_grace_s))
+                    countdown = asyncio.ensure_future(Countdown(self.record.stop_grace_s, self.terminal).run())
         if countdown:
             countdown.cancel()
             await asyncio.gather(countdown, return_exceptions=True)

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 
 from podrun import exits, timeline
 from podrun.errors import PodrunError
-from podrun.output import counted, grace_left, say, worker_ranges
+from podrun.output import counted, say, worker_ranges
 from podrun.plan import FILE_VARIABLES, WorkerPlan, job_files
 from podrun.remote import framing
 from podrun.targets.base import Worker
-from podrun.terminal import Terminal
 from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
 from podrun.worker_output import RANK_HEADER, WorkerOutput
 
@@ -210,21 +209,6 @@ async def heartbeats(worker_steps: list[WorkerStep]) -> None:
         await asyncio.sleep(HEARTBEAT_S)
         for worker_step in worker_steps:
             worker_step.heartbeat()
-
-
-async def count_down(terminal: Terminal, grace_s: float, again: asyncio.Event | None = None) -> None:
-    """A stop's countdown on a live terminal, once a second, until cancelled (which takes it away); it
-    starts over when `again` is set."""
-    ends_at = time.monotonic() + grace_s
-    try:
-        while True:
-            if again and again.is_set():
-                again.clear()
-                ends_at = time.monotonic() + grace_s
-            terminal.show_status(grace_left(ends_at))
-            await asyncio.sleep(1)
-    finally:
-        terminal.show_status(None)
 
 
 async def first_contact(worker_steps: list[WorkerStep]) -> None:

@@ -48,22 +48,20 @@ class _Bad(Exception):
         self.path, self.value, self.expected = path, value, expected
 
 
-def record(fields: object, pointer: jobstore.JobRecord) -> jobstore.JobRecord:
-    """The record that `pointer`'s supervisor keeps (an entry of its `podrun jobs --json`), checked, as
-    the laptop keeps it: with the pointer's own id, supervisor, launcher and detachment."""
-    host = pointer.supervised_by["host"] if pointer.supervised_by else "?"
+def record(fields: object, job_id: str, host: str) -> jobstore.JobRecord:
+    """The record that the supervisor `host` keeps of job `job_id` (an entry of its `podrun jobs --json`),
+    checked, its workers' endpoints kept as nothing; the pointer takes its fields but where the job lives
+    (JobRecord.take_fields)."""
     try:
         _check_object(fields, RECORD, "")
         assert isinstance(fields, dict)
-        if fields["id"] != pointer.id:
-            raise _Bad("id", fields["id"], f"{pointer.id}, the job it was asked about")
+        if fields["id"] != job_id:
+            raise _Bad("id", fields["id"], f"{job_id}, the job it was asked about")
     except _Bad as bad:
-        raise Refused(f"supervisor {host}: job {pointer.id}: its {bad.path} is {_shown(bad.value)}; expected "
+        raise Refused(f"supervisor {host}: job {job_id}: its {bad.path} is {_shown(bad.value)}; expected "
                       f"{bad.expected}; refused") from None
     workers = [jobstore.WorkerRecord(**{**worker, "endpoint": {}}) for worker in fields["workers"]]
-    return jobstore.JobRecord(**{**fields, "workers": workers, "launcher": pointer.launcher, "supervisor": None,
-                                 "cleanup": None, "supervised_by": pointer.supervised_by,
-                                 "detached": pointer.detached})
+    return jobstore.JobRecord(**{**fields, "workers": workers})
 
 
 def _shown(value: object) -> str:

@@ -100,7 +100,8 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
             sys.stdout.buffer.write(escapes.shown(said, colour_wanted(sys.stdout.buffer)))
             return await remote.relay(channel, stdout_begun=True)
         job_id, console = answers.started(started, host, spec.name)
-        record = _pointer(spec, job_id, host, transport, podrun, options.detach)
+        supervisor = {"host": host, "endpoint": transport.endpoint(), "podrun": podrun}
+        record = _pointer(spec, job_id, supervisor, options.detach)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
             f"there: {os.path.join(console, 'stderr')}); this machine may close once it runs")
         code = await _follow(channel, host, job_id, options.raw)
@@ -110,7 +111,7 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
             say_success(f"job {job_id} runs under the supervisor {host}; follow it with `podrun logs -f {job_id}`, "
                         f"stop it with `podrun stop {job_id}`")
             return code
-        if not await remote.refresh_one(record, transport) and code != 0:
+        if not await remote.refresh_one(record, supervisor, transport) and code != 0:
             shutil.rmtree(record.dir)  # it failed before its job began there (no TPU API, a worker refused it)
         return code
     except ChannelLost as lost:  # before the job's console began (its check, its code, its start)
@@ -128,11 +129,10 @@ async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) 
         await archive.ship(tree, remote_code_dir(name, tree.digest), [Worker(0, host, "", transport)])
 
 
-def _pointer(spec: JobSpec, job_id: str, host: str, transport: SshTransport, podrun: str,
-             detached: bool) -> jobstore.JobRecord:
+def _pointer(spec: JobSpec, job_id: str, supervisor: dict, detached: bool) -> jobstore.JobRecord:
+    """The record here of a job handed to `supervisor` ({host, endpoint, podrun}: remote.forward)."""
     record = jobstore.JobRecord(id=job_id, name=spec.name, target=spec.target.kind, spec_path=str(spec.path),
-                                workers=[], detached=detached,
-                                supervised_by={"host": host, "endpoint": transport.endpoint(), "podrun": podrun})
+                                workers=[], detached=detached, supervised_by=supervisor)
     record.create()
     return record
 

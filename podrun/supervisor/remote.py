@@ -30,22 +30,22 @@ async def connect(transport: Transport, host: str) -> None:
         raise PodrunError(f"supervisor {host}: {error}") from None
 
 
-def forward(record: jobstore.JobRecord, argv: list[str], raw: bool = False) -> int:
-    """Run `podrun ARGV` on the record's supervisor, showing its output (its stdout as it is, with `raw`);
-    its exit code. A running job's record is read again afterwards (a stop or the end that `logs -f` saw
-    changed it)."""
+def forward(record: jobstore.JobRecord, supervisor: dict, argv: list[str], raw: bool = False) -> int:
+    """Run `podrun ARGV` on the record's `supervisor` ({host, endpoint, podrun}: handles/supervisor_host.py),
+    showing its output (its stdout as it is, with `raw`); its exit code. A running job's record is read again
+    afterwards (a stop or the end that `logs -f` saw changed it)."""
     async def run() -> int:
-        transport = transport_for(_by(record)["endpoint"])
+        transport = transport_for(supervisor["endpoint"])
         try:
-            await connect(transport, _by(record)["host"])
-            channel = await transport.start(_podrun_command(record, argv))
+            await connect(transport, supervisor["host"])
+            channel = await transport.start(_podrun_command(supervisor, argv))
             channel.stdin.write_eof()
             code = await relay(channel, raw)
             if record.state == jobstore.RUNNING:
-                await refresh_one(record, transport)
+                await refresh_one(record, supervisor, transport)
             return code
         except ChannelLost as lost:
-            raise PodrunError(f"supervisor {_by(record)['host']}: the link broke ({lost})") from None
+            raise PodrunError(f"supervisor {supervisor['host']}: the link broke ({lost})") from None
         finally:
             await transport.close()
 
@@ -73,30 +73,30 @@ async def relay(channel: Channel, raw: bool = False, stdout_begun: bool = False)
     return await channel.wait()
 
 
-def reread(record: jobstore.JobRecord) -> None:
+def reread(record: jobstore.JobRecord, supervisor: dict) -> None:
     """The pointer's fields as its supervisor keeps them now, whatever the job's state (`podrun report`)."""
     async def run() -> None:
-        transport = transport_for(_by(record)["endpoint"])
+        transport = transport_for(supervisor["endpoint"])
         try:
-            await connect(transport, _by(record)["host"])
-            await refresh_one(record, transport)
+            await connect(transport, supervisor["host"])
+            await refresh_one(record, supervisor, transport)
         except ChannelLost as lost:
-            raise PodrunError(f"supervisor {_by(record)['host']}: the link broke ({lost})") from None
+            raise PodrunError(f"supervisor {supervisor['host']}: the link broke ({lost})") from None
         finally:
             await transport.close()
 
     asyncio.run(run())
 
 
-def refresh(records: list[jobstore.JobRecord]) -> None:
-    """Bring running supervised jobs' pointers up to date from their supervisors, one connection each."""
-    by_host: dict[str, list[jobstore.JobRecord]] = {}
-    for record in records:
-        if record.supervised_by and record.state == jobstore.RUNNING:
-            by_host.setdefault(_by(record)["host"], []).append(record)
+def refresh(pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:
+    """Bring running supervised jobs' pointers up to date from their supervisors (each pointer with its
+    supervisor, as forward() takes it), one connection each."""
+    by_host: dict[str, list[tuple[jobstore.JobRecord, dict]]] = {}
+    for record, supervisor in pointers:
+        by_host.setdefault(supervisor["host"], []).append((record, supervisor))
 
-    async def refresh_host(host: str, pointers: list[jobstore.JobRecord]) -> None:
-        transport = transport_for(_by(pointers[0])["endpoint"])
+    async def refresh_host(host: str, pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:
+        transport = transport_for(pointers[0][1]["endpoint"])
         try:
             await asyncio.wait_for(_refresh_all(transport, host, pointers), REFRESH_TIMEOUT_S)
         except (PodrunError, ChannelLost, asyncio.TimeoutError) as error:
@@ -112,19 +112,19 @@ def refresh(records: list[jobstore.JobRecord]) -> None:
         asyncio.run(refresh_all())
 
 
-async def _refresh_all(transport: Transport, host: str, pointers: list[jobstore.JobRecord]) -> None:
+async def _refresh_all(transport: Transport, host: str, pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:
     await connect(transport, host)
-    for record in pointers:
+    for record, supervisor in pointers:
         try:
-            await refresh_one(record, transport)
+            await refresh_one(record, supervisor, transport)
         except answers.Refused as refused:  # that job stays as last known; the others are read on
             say(f"{refused}, shown as last known")
 
 
-async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
+async def refresh_one(record: jobstore.JobRecord, supervisor: dict, transport: Transport) -> bool:
     """The pointer's fields from the record its supervisor keeps (`podrun jobs --json ID` there); False
     if it keeps none (yet)."""
-    channel = await transport.start(_podrun_command(record, ["jobs", "--json", record.id]))
+    channel = await transport.start(_podrun_command(supervisor, ["jobs", "--json", record.id]))
     channel.stdin.write_eof()
 
     async def output() -> bytes:
@@ -135,19 +135,13 @@ async def refresh_one(record: jobstore.JobRecord, transport: Transport) -> bool:
     try:
         listed = [job for job in json.loads(printed) if job["id"] == record.id]
     except (ValueError, TypeError, KeyError):
-        raise PodrunError(f"supervisor {_by(record)['host']}: `podrun jobs --json` gave no job list") from None
+        raise PodrunError(f"supervisor {supervisor['host']}: `podrun jobs --json` gave no job list") from None
     if not listed:  # not recorded yet: its TPU is being created, or the handover failed before the job began
         return False
-    vars(record).update(vars(answers.record(listed[0], record)))
+    record.take_fields(answers.record(listed[0], record.id, supervisor["host"]))
     record.save()
     return True
 
 
-def _by(record: jobstore.JobRecord) -> dict:
-    """The record's supervisor: {host, endpoint, podrun}."""
-    assert record.supervised_by is not None, "a supervised job's pointer"
-    return record.supervised_by
-
-
-def _podrun_command(record: jobstore.JobRecord, argv: list[str]) -> str:
-    return past_login.begun("exec " + " ".join(map(shlex.quote, [_by(record)["podrun"], *argv])))
+def _podrun_command(supervisor: dict, argv: list[str]) -> str:
+    return past_login.begun("exec " + " ".join(map(shlex.quote, [supervisor["podrun"], *argv])))

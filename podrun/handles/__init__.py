@@ -1,0 +1,36 @@
+"""Where a job lives, decided once: `handle_for(record)` gives the job's handle, which `podrun logs`, `jobs`,
+`stop`, `stacks` and `report` ask; no other code reads where a record lives (jobstore.py keeps it). The
+read side's twin of `Target`: a target is chosen for a spec and starts the job, a handle is chosen for
+the job's record and reaches the job again.
+
+A job lives on a supervisor host (supervisor_host.py: the record here points at the one kept there), or
+here under a supervisor of its own (local_supervisor.py: a detached job that restarts or deletes its
+capacity), or detached on its workers (on_workers.py), or attached, in its launcher (attached.py)."""
+
+from __future__ import annotations
+
+from podrun import jobstore
+from podrun.handles.attached import Attached
+from podrun.handles.base import JobHandle
+from podrun.handles.local_supervisor import LocalSupervisor
+from podrun.handles.on_workers import OnWorkers
+from podrun.handles.supervisor_host import OnSupervisorHost
+
+
+def handle_for(record: jobstore.JobRecord) -> JobHandle:
+    if record.supervised_by:
+        return OnSupervisorHost(record)
+    if record.supervised():
+        return LocalSupervisor(record)
+    if record.detached:
+        return OnWorkers(record)
+    return Attached(record)
+
+
+def refresh(records: list[jobstore.JobRecord]) -> None:
+    """Bring running jobs' records up to date from where they live (`podrun jobs`): their supervisor hosts'
+    first, then detached jobs' workers; a job that ended meanwhile shows its true state and duration."""
+    running = [handle_for(record) for record in records if record.state == jobstore.RUNNING]
+    for residence in (OnSupervisorHost, OnWorkers):
+        if handles := [handle for handle in running if isinstance(handle, residence)]:
+            residence.refresh_all(handles)

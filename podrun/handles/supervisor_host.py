@@ -1,0 +1,36 @@
+"""A job handed to a supervisor host (supervisor/handover.py): the record here points at the one kept
+there, and every verb runs there (supervisor/remote.py)."""
+
+from __future__ import annotations
+
+from podrun import jobstore
+from podrun.handles.base import JobHandle
+
+
+class OnSupervisorHost(JobHandle):
+    def __init__(self, record: jobstore.JobRecord):
+        super().__init__(record)
+        assert record.supervised_by is not None
+        self.supervisor = record.supervised_by  # {host, endpoint: Transport.endpoint(), podrun: its command there}
+
+    def run_there(self, argv: list[str], raw: bool = False) -> int:
+        from podrun.supervisor import remote
+
+        return remote.forward(self.record, self.supervisor, argv, raw)
+
+    def notes(self, state: str) -> list[str]:
+        return [f"on {self.supervisor['host']}"]
+
+    def reread(self) -> None:
+        from podrun.supervisor import remote  # its phases are in the record its supervisor keeps
+
+        remote.reread(self.record, self.supervisor)
+
+    def stop(self) -> int:
+        return self.run_there(["stop", self.record.id])
+
+    @staticmethod
+    def refresh_all(handles: list) -> None:
+        from podrun.supervisor import remote  # asks their supervisors
+
+        remote.refresh([(handle.record, handle.supervisor) for handle in handles])
