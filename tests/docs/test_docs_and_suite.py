@@ -63,8 +63,8 @@ def test_no_source_cites_a_guide_the_repository_does_not_ship():
 
 
 def test_test_modules_do_not_import_from_each_other():
-    """What several test modules use lives in tests/helpers.py (or a lab or stand-in module beside it): importing a test module
-    runs its module-level code and makes its helpers look like its own."""
+    """What several test modules use lives in tests/helpers.py (or a lab or stand-in module beside it):
+    importing a test module runs its module-level code and makes its helpers look like its own."""
     importing = []
     for path in sorted((REPO / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
