@@ -66,7 +66,8 @@ def cli_reference() -> str:
     parser, every_command = build_parser([])  # without a command named: every command, without options
     parts = ["# Command-line reference", "",
              "Generated from podrun's own argument parser when this site is built: what `podrun COMMAND --help` "
-             "prints.", "",
+             "prints. [Running jobs](../running-jobs.md) says what the commands do; [exit codes](../exit-codes.md) "
+             "lists what they return.", "",
              "## podrun", "", "```text", parser.format_help().rstrip(), "```", ""]
     for name in every_command:
         _, commands = build_parser([name])
@@ -82,7 +83,8 @@ def spec_reference() -> str:
         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
     definitions = schema.get("$defs", {})
     parts = ["# Job spec reference", "",
-             "Generated from the spec's JSON Schema (`podrun schema`) when this site is built.", ""]
+             "Generated from the spec's JSON Schema (`podrun schema`) when this site is built. "
+             "[The job spec](../spec.md) explains each field, with examples.", ""]
     parts += object_table("The job spec (top level)", schema)
     for name in sorted(definitions):
         parts += object_table(f"`{name}`", definitions[name])
