@@ -59,8 +59,20 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 # --- the command-line reference ------------------------------------------------------------------------
 def cli_reference() -> str:
-    """Each command's --help as argparse prints it, at a fixed width."""
-    os.environ["COLUMNS"] = "102"  # the parser's formatter reads it: the same page on every machine
+    """Each command's --help as argparse prints it, at a fixed width (the parser's formatter reads COLUMNS):
+    the same page on every machine."""
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "102"
+    try:
+        return _cli_reference()
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+def _cli_reference() -> str:
     from podrun.cli import build_parser
 
     parser, every_command = build_parser([])  # without a command named: every command, without options
