@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -191,9 +192,10 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 # What a test needs of the machine, as markers: `lab` (root, network namespaces, a real sshd: tests/lab.py),
 # `docker` (a dockerd of the session's own: tests/docker_lab.py), `gcloud` (the real gcloud CLI reading the
-# TPU API stand-in). A fixture that needs one gives its marker to every test that uses it; tests that need
-# one otherwise carry the marker themselves. Where the facility is missing they skip, in one line per
-# facility; CI sets PODRUN_TESTS_REQUIRE_ALL=1, so that there a missing facility fails instead.
+# TPU API stand-in), `mkdocs` (mkdocs and its Material theme: the docs extra). A fixture that needs one gives
+# its marker to every test that uses it; tests that need one otherwise carry the marker themselves. Where the
+# facility is missing they skip, in one line per facility; CI sets PODRUN_TESTS_REQUIRE_ALL=1, so that there
+# a missing facility fails instead.
 FACILITY_OF_FIXTURE = {"lab": "lab", "slurm_lab": "lab", "docker_engine": "docker"}
 # Under parallel workers (`-n`), what uses something of the whole machine runs on one worker, as in a serial run:
 # docker tests one dockerd's data root (tests/docker_lab.py), OS Login tests accounts in /etc/passwd and a
@@ -211,6 +213,9 @@ def _missing(facility: str) -> str | None:
     if facility == "gcloud":
         return None if shutil.which("gcloud") else \
             "the gcloud CLI is not on PATH: https://cloud.google.com/sdk/docs/install"
+    if facility == "mkdocs":
+        return None if importlib.util.find_spec("mkdocs") and importlib.util.find_spec("material") else \
+            "mkdocs and its Material theme are not installed: pip install '.[docs]'"
     return {"lab": require_lab_tools, "docker": docker_problem}[facility]()
 
 
@@ -240,7 +245,7 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture is set up
 def pytest_runtest_setup(item):
-    for facility in ("lab", "docker", "gcloud"):
+    for facility in ("lab", "docker", "gcloud", "mkdocs"):
         if item.get_closest_marker(facility) and (problem := _missing(facility)):
             if os.environ.get("PODRUN_TESTS_REQUIRE_ALL"):
                 pytest.fail(f"{problem} (.ci/run installs it)", pytrace=False)

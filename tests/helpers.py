@@ -521,3 +521,29 @@ def jobs_on_a_terminal(columns: int, monkeypatch) -> str:
     code, written = run_in_terminal(["jobs"], rows=50, columns=columns)
     assert code == 0, written
     return written.decode().replace("\r\n", "\n")
+
+
+# --- the documentation: the README and the pages of docs/ (the site's), where its text moved
+
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def section(text: str, heading: str) -> str:
+    """The text under a markdown heading (`## Title`), up to the next heading of its level or above."""
+    level = heading.split(" ", 1)[0]
+    start = text.index(f"\n{heading}\n")
+    following = re.search(rf"\n#{{1,{len(level)}}} ", text[start + 1:])
+    return text[start:start + 1 + following.start()] if following else text[start:]
+
+
+def documented_section(title: str) -> str:
+    """The section titled `title`, at whatever level, in the one page of the README or docs/ that has it."""
+    found = [section(text, match[0].strip("\n")) for text in map(Path.read_text, DOC_PAGES)
+             for match in re.finditer(rf"\n#+ {re.escape(title)}\n", text)]
+    assert len(found) == 1, f"{len(found)} sections titled {title!r} in the README and docs/"
+    return found[0]
+
+
+def documentation() -> str:
+    """Everything the README and the pages of docs/ say."""
+    return "\n".join(page.read_text() for page in DOC_PAGES)

@@ -1,6 +1,6 @@
 """The docs and the suite tell the truth: docs/design.md names every module and only hooks that exist,
-no source cites a document the repository does not ship, the README's cleanup and test commands are
-what the code and CI do, test modules share helpers through tests/helpers.py rather than importing each
+no source cites a document the repository does not ship, the README's test commands and the docs' cleanup
+are what CI and the code do, test modules share helpers through tests/helpers.py rather than importing each
 other, and a test whose facility (root and sshd, docker, gcloud) is missing is skipped in one line."""
 
 from __future__ import annotations
@@ -16,19 +16,11 @@ from podrun.commands.disk import JOB_FILES_KEPT_S
 from podrun.remote.checkout import KEPT_VERSIONS
 from podrun.targets.base import Target
 
-from helpers import REPO
+from helpers import DOC_PAGES, REPO, documentation, documented_section, section
 
 PACKAGE = REPO / "podrun"
 DESIGN = (REPO / "docs" / "design.md").read_text()
 README = (REPO / "README.md").read_text()
-
-
-def section(text: str, heading: str) -> str:
-    """The text under a markdown heading, up to the next heading of its level or above."""
-    level = heading.split(" ", 1)[0]
-    start = text.index(f"\n{heading}\n")
-    following = re.search(rf"\n#{{1,{len(level)}}} ", text[start + 1:])
-    return text[start:start + 1 + following.start()] if following else text[start:]
 
 
 def owning_something(path) -> bool:
@@ -56,7 +48,7 @@ def test_design_md_names_only_target_hooks_that_exist():
 def test_no_source_cites_a_guide_the_repository_does_not_ship():
     this_file = REPO / "tests" / "docs" / "test_docs_and_suite.py"
     sources = [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "scripts").glob("*.py"),
-               *(REPO / "docs").glob("*.md"), REPO / "README.md"]
+               REPO / "docs_hooks.py", *DOC_PAGES]
     citing = [f"{path.relative_to(REPO)}:{number}" for path in sources if path != this_file
               for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bGUIDE\b", line)]
     assert citing == []
@@ -135,14 +127,15 @@ def test_the_readme_gives_the_test_tiers_and_ci_runs_its_full_command():
     assert ci_runs and all(command in commands for command in ci_runs), (ci_runs, commands)
 
 
-def test_the_readme_says_what_podrun_cleans_up_and_when():
-    assert f"podrun keeps the {KEPT_VERSIONS} most recently used code versions of a name" in README
-    assert f"finished jobs untouched for {JOB_FILES_KEPT_S // 86400} days" in README
-    assert "not cleaned up" not in README
+def test_the_docs_say_what_podrun_cleans_up_and_when():
+    docs = documentation()
+    assert f"podrun keeps the {KEPT_VERSIONS} most recently used code versions of a name" in docs
+    assert f"finished jobs untouched for {JOB_FILES_KEPT_S // 86400} days" in docs
+    assert "not cleaned up" not in docs
 
 
 def test_the_jax_example_leaves_the_cpu_collectives_to_jaxs_default():
     """gloo has been JAX's default for cross-process CPU collectives since 0.5.1 (test_jax.py runs the
     example without setting it)."""
     assert "jax_cpu_collectives_implementation" not in (REPO / "examples" / "jax" / "psum.py").read_text()
-    assert "gloo, JAX's default since 0.5.1" in " ".join(section(README, "### JAX").split())
+    assert "gloo, JAX's default since 0.5.1" in " ".join(documented_section("JAX").split())

@@ -3,7 +3,7 @@ flags that mean the same, and names podrun's equivalent for the others; accelera
 against each generation's real sizes; Google's refusals, podrun's waits and its advice say what is
 true (a rejected token file, a node still CREATING, a wrong project, a stockout, a timeout); a dry run
 refuses what exec refuses; a multislice missing a slice is not shown READY; MEGASCALE_PORT and the
-coordinator address agree; the README's whole-life example runs as written. Against the Cloud TPU
+coordinator address agree; the docs' whole-life example (the TPU page) runs as written. Against the Cloud TPU
 stand-in (the real gcloud reads it too); run under `flock /tmp/podrun-lab.lock`."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from podrun.cloud import accelerators
 from podrun.errors import UsageError
 
-from helpers import REPO, crashed, podrun, stderr_lines_without_traceback
+from helpers import crashed, documented_section, podrun, stderr_lines_without_traceback
 from tpu_stand_in import ACCELERATOR_HOSTS
 
 ZONE = "us-central2-b"
@@ -235,10 +235,9 @@ def test_megascale_port_and_the_coordinator_address_name_one_port(home, tpu_api,
     assert result.stdout.count(f"\nexport MEGASCALE_PORT={port}\n") == 2
 
 
-# --- the README ---------------------------------------------------------------------------------------
-def test_the_readmes_whole_life_example_runs_as_written(home, tpu_api, lab):
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## A TPU's whole life"):]
+# --- the docs: the TPU page ---------------------------------------------------------------------------
+def test_the_docs_whole_life_example_runs_as_written(home, tpu_api, lab):
+    section = documented_section("A TPU's whole life: queued resources, spot, preemption")
     block = section[section.index("```sh\n") + 6:section.index("```", section.index("```sh\n") + 6)]
     commands = [line.split("#")[0].split() for line in block.splitlines() if line.strip()]
     assert [command[:2] for command in commands] == [["podrun", "create"], ["podrun", "list"], ["podrun", "delete"]]
