@@ -1,4 +1,4 @@
-"""The command line (the README's "Commands"). Each command parses (what it takes: cli_arguments.py),
+"""The command line (docs/reference: generated from this parser). Each command parses (what it takes: cli_arguments.py),
 calls one function, and returns its exit code.
 
 Only argparse loads at start-up; each command imports what it needs, so `podrun --help`,

@@ -1,4 +1,4 @@
-"""Every exit code podrun gives, in one place (the README's "Exit codes" lists them).
+"""Every exit code podrun gives, in one place (docs/exit-codes.md lists them).
 
 A failed job exits with the code of the first worker that failed; podrun's own outcomes are these.
 Standard library only, and no `signal`: the CLI imports this for every command.

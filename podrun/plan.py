@@ -1,4 +1,4 @@
-"""What every worker runs: its environment and commands (the README's "What every worker gets"). Pure: no I/O.
+"""What every worker runs: its environment and commands (docs/spec.md, "What every worker gets"). Pure: no I/O.
 
 `podrun exec --dry-run` prints the plan; `podrun exec` executes the same plan.
 """

@@ -1,4 +1,4 @@
-"""The job spec (the README's "The job spec"): its pydantic models, JobSpec at their top, and its JSON Schema.
+"""The job spec (docs/spec.md): its pydantic models, JobSpec at their top, and its JSON Schema.
 
 spec_loading.py reads a YAML file into a JobSpec; spec_problems.py says what is wrong with one, a line each.
 """
@@ -30,7 +30,7 @@ from podrun.targets.kind import TargetKind
 DEFAULT_RDZV_PORT = 29500
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# Set by podrun on every worker (the README's "What every worker gets"); a spec may not override them through `env`.
+# Set by podrun on every worker (docs/spec.md, "What every worker gets"); a spec may not override them through `env`.
 RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WORKERS",
                 "PODRUN_WORKER_IPS", "PODRUN_WORKER_IPS_FILE", "MASTER_ADDR", "MASTER_PORT", "PODRUN_JOB_DIR",
                 "PODRUN_ATTEMPT", "PODRUN_SLICE", "PODRUN_NUM_SLICES", "PODRUN_WORKER_IN_SLICE")

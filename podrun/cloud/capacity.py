@@ -1,4 +1,4 @@
-"""TPU capacity, got and given back (README: A TPU's whole life): create a TPU VM directly or through
+"""TPU capacity, got and given back (docs/targets/tpu.md: A TPU's whole life): create a TPU VM directly or through
 a queued resource and wait until it is READY; tell a preempted one; delete one with whatever holds
 its name.
 

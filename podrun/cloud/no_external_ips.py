@@ -1,4 +1,4 @@
-"""TPU VMs without external IPs (README: Company projects): the organization policy that refuses
+"""TPU VMs without external IPs (docs/targets/company-projects.md): the organization policy that refuses
 them external IPs, and the ways a launcher outside their VPC network reaches their workers anyway,
 each said in one line."""
 

@@ -1,5 +1,5 @@
 """What podrun asks Google for: one TPU VM, directly or through a queued resource, or a multislice
-(README: A TPU's whole life, Multislice). Plain data, shared by cloud/capacity.py, which creates it,
+(docs/targets/tpu.md: A TPU's whole life, Multislice). Plain data, shared by cloud/capacity.py, which creates it,
 and cloud/tpu_api.py, which sends it."""
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def resumed_apart(record: jobstore.JobRecord) -> str | None:
             f"A checkpoint saved on one worker's disk only (by rank 0, say) resumes that worker where it stopped "
             f"while the others start over, and the first to finish leaves the others waiting. Save checkpoints "
             f"where every worker reads them (a shared file system, a bucket), or on every worker "
-            f"(README: Restarts and per-worker disks)")
+            f"(docs/targets/tpu.md: Restarts and per-worker disks)")
 
 
 def backoff_s(record: jobstore.JobRecord, first_s: float) -> float:

@@ -59,7 +59,7 @@ GCLOUD_KEY = Path("~/.ssh/google_compute_engine")
 IAP_INSTANCE = re.compile(r"^[A-Za-z0-9._-]+\Z")
 # right after a key is added, the guest agents need a few seconds to install it on every worker
 KEY_PROPAGATION_S = 60
-# libtpu's DCN port between slices, as the queued-resource service sets it for a multislice (README)
+# libtpu's DCN port between slices, as the queued-resource service sets it for a multislice (docs/targets/tpu.md)
 MEGASCALE_PORT = "8080"
 
 
