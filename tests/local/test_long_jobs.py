@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -230,10 +231,11 @@ def test_under_torchrun_a_ranks_progress_bar_is_one_line_and_ranks_never_share_o
         mine = [line for line in lines if line.startswith(f"[w{worker} r{rank}] ")]
         assert mine == [f"[w{worker} r{rank}] rank {rank} step 50/50 ##########", f"[w{worker} r{rank}] rank {rank} trained"]
     # no line per redraw, no empty line, nothing of two ranks in one line; torchrun's own lines are [wN]
+    # (its warnings; and, when worker 0's agent and its store leave first, worker 1's exit barrier's trace)
     assert len([line for line in lines if line.startswith(("[w0 r", "[w1 r"))]) == 8, result.stdout
-    assert all(line.startswith(("[w0 r", "[w1 r", "[w0] W", "[w1] W", "[w0-1] W"))
-               and "rank" not in line.partition("] ")[2][1:]
-               or "torch/distributed/run.py" in line for line in lines), result.stdout
+    assert all(re.fullmatch(r"\[w[01] r[0-3]\] rank [0-3] (step 50/50 #+|trained)", line)
+               or (re.match(r"\[w[01](-1)?\] ", line) and not re.search(r"rank [0-3] (step|trained)", line))
+               for line in lines), result.stdout
 
 
 @pytest.mark.slow
