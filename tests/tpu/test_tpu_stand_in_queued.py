@@ -79,6 +79,9 @@ def test_gcloud_spot_queued_resource_goes_active_is_preempted_and_force_deleted(
     ips = [endpoint["ipAddress"] for endpoint in node["networkEndpoints"]]
     assert ips == [lab.hosts[0].ip, lab.hosts[1].ip] and all(sshd_answers(ip) for ip in ips)
 
+    # Google's lag, long enough here for gcloud to start and read the node first on a loaded machine (1 s
+    # was not, under parallel test workers)
+    tpu_api.preemption_lag_s = 5.0
     tpu_api.preempt("spot-node")
     assert not any(sshd_answers(ip) for ip in ips)  # the VMs vanished at once, while the API lags:
     assert gcloud_json("tpu-vm", "describe", "spot-node")["state"] == "READY"
