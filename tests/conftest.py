@@ -174,7 +174,7 @@ def pytest_terminal_summary(terminalreporter):
 # port (29500) of its local jobs.
 def pytest_xdist_auto_num_workers(config):
     """Two workers per core, at most 7 (a lab site each): most of a test's time is spent waiting for the
-    processes, hosts and networks it started, and on 2 cores 4 workers took 7.7 minutes where 1 took 23."""
+    processes, hosts and networks it started, and on 2 cores 4 workers took 8.5 minutes where 1 took 23."""
     return min(7, 2 * (os.cpu_count() or 1))
 
 
@@ -199,8 +199,8 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 FACILITY_OF_FIXTURE = {"lab": "lab", "slurm_lab": "lab", "docker_engine": "docker"}
 # Under parallel workers (`-n`), what uses something of the whole machine runs on one worker, as in a serial run:
 # docker tests one dockerd's data root (tests/docker_lab.py), OS Login tests accounts in /etc/passwd and a
-# program under /run (tests/oslogin_lab.py), Slurm tests one cluster at a time (a second one beside it fails
-# to launch steps). Tests that add accounts otherwise carry xdist_group("accounts") themselves.
+# program under /run (tests/oslogin_lab.py). Tests that add accounts otherwise carry xdist_group("accounts")
+# themselves. The Slurm tests share one cluster a run (its daemons come up once, not on every worker).
 XDIST_GROUP_OF_FIXTURE = {"os_login": "accounts", "os_login_on_lab": "accounts", "slurm_lab": "slurm"}
 
 

@@ -62,6 +62,8 @@ def _answer_no_such_name(address: str) -> None:
     def serve() -> None:
         while True:
             query, sender = server.recvfrom(512)
+            if b"\0" not in query[12:]:
+                continue  # not a query: no name in it
             question_end = query.index(b"\0", 12) + 5  # the name's labels, their end, its type and class
             flags = 0x8000 | (int.from_bytes(query[2:4], "big") & 0x7900) | 0x0080 | 3  # a reply: no such name
             header = query[:2] + flags.to_bytes(2, "big") + (1).to_bytes(2, "big") + bytes(6)
