@@ -33,7 +33,8 @@ RESIDENCE = ("launcher", "detached", "supervisor", "cleanup", "supervised_by")
 class WorkerRecord:
     def __init__(self, index: int, address: str, exit_code: int | None = None, signal: str | None = None,
                  endpoint: dict | None = None, stop_reason: str | None = None, rank: int | None = None,
-                 output_at: float | None = None, killed: bool = False):
+                 output_at: float | None = None, killed: bool = False, step: int | None = None,
+                 step_at: float | None = None):
         self.index = index
         self.address = address
         self.exit_code = exit_code
@@ -45,6 +46,8 @@ class WorkerRecord:
         # attached job's is its log's mtime (last_output_at)
         self.output_at = output_at
         self.killed = killed  # a stop's SIGKILL ended it, after the grace period: no failure of its own
+        self.step = step  # its latest step in the current attempt (the spec's `progress`: progress.py)
+        self.step_at = step_at  # when that step was reached (epoch seconds)
 
 
 class JobRecord:
@@ -53,7 +56,8 @@ class JobRecord:
                  exit_code: int | None = None, summary: str | None = None, launcher: dict | None = None,
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
-                 supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False):
+                 supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False,
+                 steps: list[dict] | None = None, events: list[dict] | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -78,6 +82,8 @@ class JobRecord:
         self.supervised_by = supervised_by
         self.phases = phases or []  # where its time went: timeline.py
         self.shared_root = shared_root  # its workers share one home (Target.shares_root): a job directory each in it
+        self.steps = steps or []  # the job's steps in each attempt (the spec's `progress`): progress.py
+        self.events = events or []  # what happened to its notifications (the spec's `notify`): notify.py
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}

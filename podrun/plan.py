@@ -70,7 +70,8 @@ class JobPlan:
     steps: tuple[str, ...]  # ("setup", "run") or ("run",)
     checks: dict[str, tuple[str, ...]]  # what is checked on every worker before each step (CHECKS), in order
     rendezvous_port: int | None  # torchrun's, on worker 0
-    stall_s: float | None  # the spec's `stall`: the launcher watches run's output for silence this long
+    stall_s: float | str | None  # the spec's `stall`: seconds, or "auto" (launch/stall.py)
+    progress: dict | None = None  # the spec's `progress`: {"pattern": REGEX} or {"file": PATH}
 
 
 # what each check proves before a step (launch/preflight.py does them)
@@ -110,7 +111,8 @@ def job_plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, 
     checks = {steps[0]: ("docker",) * bool(spec.docker) + (rendezvous if spec.setup else torchrun + rendezvous)}
     if spec.setup:
         checks["run"] = torchrun + rendezvous
-    return JobPlan(plans, code_dir, steps, checks, spec.torchrun.port if spec.torchrun else None, spec.stall_s)
+    return JobPlan(plans, code_dir, steps, checks, spec.torchrun.port if spec.torchrun else None, spec.stall_s,
+                   spec.progress.model_dump(exclude_none=True) if spec.progress else None)
 
 
 def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,
@@ -205,8 +207,14 @@ def _steps_and_checks(job: JobPlan) -> list[str]:
         for check in job.checks.get(step, ()):
             port = f" (port {job.rendezvous_port})" if check == "rendezvous" else ""
             lines.append(f"# checked before {step}: {CHECKS[check]}{port}")
+    if job.progress:
+        source = f"lines matching '{job.progress['pattern']}'" if "pattern" in job.progress else \
+            f"the file {job.progress['file']} in the run directory"
+        lines.append(f"# each worker's step is read from {source} (progress)")
     if job.stall_s:
-        lines.append(f"# run stops if no worker prints a line for {job.stall_s:g}s (stall); stacks are saved first")
+        silence = "no worker's step advances" if job.progress else "no worker prints a line"
+        bound = "a multiple of the recent step time" if job.stall_s == "auto" else f"{job.stall_s:g}s"
+        lines.append(f"# run stops if {silence} for {bound} (stall); stacks are saved first")
     return lines
 
 

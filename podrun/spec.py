@@ -168,8 +168,14 @@ def parse_stop_grace(value: Any) -> float:
     return float(seconds)
 
 
-def parse_stall(value: Any) -> float:
-    """`stall` (and `exec --stall`): a duration above 0, a number being seconds -> seconds."""
+STALL_AUTO = "auto"
+
+
+def parse_stall(value: Any) -> float | str:
+    """`stall` (and `exec --stall`): a duration above 0, a number being seconds -> seconds; or `auto`
+    (launch/stall.py derives the bound from the job's step times)."""
+    if isinstance(value, str) and value.strip().lower() == STALL_AUTO:
+        return STALL_AUTO
     seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
     if seconds is None or not 0 < seconds < float("inf"):  # NaN fails the comparison too
         raise ValueError(f"expected {EXPECTED['stall']}, got {got(value)}")
@@ -178,7 +184,15 @@ def parse_stall(value: Any) -> float:
 
 DeleteAfter = Literal["never", "success", "always"]
 RestartCause = Literal["preemption", "failure", "stall"]
+NotifyEvent = Literal["failure", "preemption", "stall", "restart", "success"]
+NOTIFY_EVENTS: tuple[str, ...] = typing.get_args(NotifyEvent)
 RESTART_CAUSES: tuple[str, ...] = typing.get_args(RestartCause)
+
+
+def _http_url(url: str) -> str:
+    if not re.match(r"https?://[^/\s]+", url) or any(char.isspace() for char in url):
+        raise ValueError(f"expected {EXPECTED['notify.url']}, got {got(url)}")
+    return url
 
 
 def _lower_choice(field: str, choices: tuple[str, ...]):
@@ -189,7 +203,62 @@ def _lower_choice(field: str, choices: tuple[str, ...]):
     return parse
 
 
-class Restarts(Model):
+def _progress(value: Any) -> Any:
+    """`progress: 'step (\\d+)'` is short for {pattern: 'step (\\d+)'}."""
+    return {"pattern": value} if isinstance(value, str) else value
+
+
+def _step_pattern(pattern: str) -> str:
+    try:
+        compiled = re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"expected {EXPECTED['progress.pattern']}, got {got(pattern)} ({error})") from None
+    if compiled.groups < 1:
+        raise ValueError(f"expected {EXPECTED['progress.pattern']}, got {got(pattern)}, which has no group (...) for the step")
+    return pattern
+
+
+class Progress(Model):
+    """Where the job's step is read: its output lines (pattern), or a file it writes (file)."""
+
+    pattern: Annotated[str, AfterValidator(_step_pattern)] | None = Field(
+        None, min_length=1, description="a regular expression over each output line whose first group is the step")
+    file: str | None = Field(None, min_length=1, description="a file the job writes its step into (relative to "
+                                                            "the run directory), read every second")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Progress:
+        if (self.pattern is None) == (self.file is None):
+            raise ValueError(f"expected {EXPECTED['progress']}")
+        return self
+
+
+class WithOn(Model):
+    """A mapping with an `on` key, which YAML 1.1 (PyYAML) reads as the boolean true, as GitHub Actions
+    users know."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_as_written(cls, data: Any) -> Any:
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+
+class Notify(WithOn):
+    url: Annotated[str, AfterValidator(_http_url)] = Field(description="where each event is POSTed as JSON "
+                                                                       "(a Slack or Discord incoming webhook works)")
+    on: list[Annotated[NotifyEvent, BeforeValidator(_lower_choice("notify.on.*", NOTIFY_EVENTS))]] = Field(
+        default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,
+        description="which events: failure, preemption, stall, restart and/or success (default: all)")
+
+
+class Cost(Model):
+    per_hour: float = Field(gt=0, lt=1e6, description="what the job's accelerators cost per hour, all workers "
+                                                      "together; overrides podrun's Cloud TPU price table")
+
+
+class Restarts(WithOn):
     max: int = Field(1, ge=0, le=100, description="how many times the job may restart (default 1)")
     on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
         Field(None, min_length=1,
@@ -197,14 +266,9 @@ class Restarts(Model):
                           "workers); default: [preemption] on a tpu target, [failure] on hosts and local")
     exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
         None, min_length=1, description="failure restarts only for these exit codes (default: any)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _on_as_written(cls, data: Any) -> Any:
-        # YAML 1.1 (PyYAML) reads the key `on` as the boolean true, as GitHub Actions users know
-        if isinstance(data, dict) and True in data and "on" not in data:
-            data = {("on" if key is True else key): value for key, value in data.items()}
-        return data
+    until_no_progress: int | None = Field(
+        None, ge=1, le=100, description="stop restarting after this many attempts in a row that never got past the "
+                                        "best step reached before (needs progress)")
 
 
 StopGrace = Annotated[float, BeforeValidator(parse_stop_grace), WithJsonSchema({"anyOf": [
@@ -239,16 +303,38 @@ class JobSpec(Model):
         DEFAULT_STOP_GRACE_S, alias="stop_grace",
         description="how long a stopped job's processes get between SIGTERM and SIGKILL, to save a checkpoint: "
                     f"a duration such as {DURATION_EXAMPLES}, from 0s to 1h; default 30s")
-    stall_s: Annotated[float, BeforeValidator(parse_stall), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+    progress: Annotated[Progress, BeforeValidator(_progress)] | None = Field(
+        None, description="the job's step: a regular expression over its output lines whose first group is the step, "
+                          "such as 'step (\\d+)', or {file: PATH} that the job writes its step into")
+    stall_s: Annotated[float | Literal["auto"], BeforeValidator(parse_stall),
+                       WithJsonSchema({"anyOf": [*DURATION_SCHEMA["anyOf"], {"const": "auto"}]})] | None = Field(
         None, alias="stall",
-        description="stop the job (saving every worker's stacks) when no worker printed a line for this long "
-                    "while run runs, e.g. 15m; default: never")
+        description="stop the job (saving every worker's stacks) when no worker printed a line (with progress: no "
+                    "worker's step advanced) for this long while run runs, e.g. 15m, or auto (with progress: a "
+                    "multiple of the recent step time); default: never")
     delete_after: Annotated[DeleteAfter, BeforeValidator(_lower_choice("delete_after", ("never", "success", "always")))] \
         = Field("never", description="delete the TPU VM when the job ends: never, success or always")
     restarts: Restarts | None = Field(None, description="restart the job on preemption, failure and/or stall")
+    notify: Notify | None = Field(None, description="POST a JSON message to a URL on the job's events")
+    cost: Cost | None = Field(None, description="the job's accelerators' price per hour")
     supervisor: Supervisor | None = Field(None, description="a host that runs the job's whole life (exec "
                                                             "--supervisor HOST)")
     _path: Path = PrivateAttr(Path("job.yaml"))  # the file it came from, for error messages
+
+    @field_validator("stall_s")
+    @classmethod
+    def _auto_needs_progress(cls, value: Any, info: ValidationInfo) -> Any:
+        if value == STALL_AUTO and info.data.get("progress") is None:
+            raise ValueError("auto needs progress (the job's step) to measure its step time; add progress: "
+                             "'step (\\d+)' or give a duration such as 15m")
+        return value
+
+    @field_validator("restarts")
+    @classmethod
+    def _until_no_progress_needs_progress(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and value.until_no_progress and info.data.get("progress") is None:
+            raise ValueError("until_no_progress needs progress (the job's step): add progress: 'step (\\d+)'")
+        return value
 
     @property
     def path(self) -> Path:

@@ -1,0 +1,76 @@
+"""A job's progress (the spec's `progress`): the step each worker reached, and the job's steps over
+time in each attempt, kept in its record.
+
+A worker's agent reads its step (remote/step_reader.py) and reports it when it advances, at most once
+a second. The job's step is the highest any worker reached: a job whose rank 0 alone prints its step
+advances with it. record.steps holds an entry per attempt that reached a step:
+
+    {"attempt": 1, "first": 3, "first_at": T, "last": 9, "last_at": T,
+     "samples": [T, S, T, S, ...]}    # the job's step S as of epoch second T, in order
+
+`samples` holds at most MAX_SAMPLES pairs, however long the attempt: past that, every other pair goes
+(the first and the latest stay), so a week-long run keeps its shape at a coarser grain.
+"""
+
+from __future__ import annotations
+
+MAX_SAMPLES = 1024
+
+
+def entry_of(record, attempt: int | None = None) -> dict | None:
+    """The attempt's entry in record.steps (default: the current attempt's); None before its first step."""
+    attempt = record.attempt if attempt is None else attempt
+    return next((entry for entry in reversed(record.steps) if entry["attempt"] == attempt), None)
+
+
+def advance(record, worker, step: int, at: float) -> bool:
+    """Worker `worker` (a WorkerRecord) reached `step` at `at` (epoch seconds); whether the job's step rose."""
+    if worker.step is not None and step <= worker.step:
+        return False
+    worker.step, worker.step_at = step, at
+    entry = entry_of(record)
+    if entry is None:
+        record.steps.append({"attempt": record.attempt, "first": step, "first_at": at, "last": step, "last_at": at,
+                             "samples": [round(at, 3), step]})
+        return True
+    if step <= entry["last"]:
+        return False
+    entry["last"], entry["last_at"] = step, at
+    entry["samples"] += [round(at, 3), step]
+    if len(entry["samples"]) > 2 * MAX_SAMPLES:
+        pairs = samples(entry)
+        kept = pairs[::2] + ([pairs[-1]] if len(pairs) % 2 == 0 else [])
+        entry["samples"] = [number for pair in kept for number in pair]
+    return True
+
+
+def samples(entry: dict) -> list[tuple[float, int]]:
+    """The entry's (epoch seconds, job step) pairs, in order."""
+    pairs = entry["samples"]
+    return [(pairs[index], pairs[index + 1]) for index in range(0, len(pairs), 2)]
+
+
+def best_before(record, attempt: int) -> int | None:
+    """The highest step any attempt before `attempt` reached; None if none reached one."""
+    return max((entry["last"] for entry in record.steps if entry["attempt"] < attempt), default=None)
+
+
+def step_of(record) -> int | None:
+    """The job's step now: the highest its current attempt reached."""
+    entry = entry_of(record)
+    return entry["last"] if entry else None
+
+
+def steps_per_minute(record, now: float, window_s: float = 300.0) -> float | None:
+    """The current attempt's rate over its last `window_s` of samples (or all of them, if shorter); None
+    until it has two samples."""
+    entry = entry_of(record)
+    if entry is None:
+        return None
+    pairs = samples(entry)
+    recent = [pair for pair in pairs if pair[0] >= pairs[-1][0] - window_s] or pairs
+    first_at, first = recent[0] if len(recent) > 1 else pairs[0]
+    last_at, last = pairs[-1]
+    if last_at <= first_at:
+        return None
+    return (last - first) * 60 / (max(now, last_at) - first_at)
