@@ -24,7 +24,7 @@ from podrun.cli_arguments import (
     jobs_arguments,
     logs_arguments,
     one_positional,
-    report_arguments,
+    report_page_arguments,
     ssh_arguments,
     stacks_arguments,
     stop_arguments,
@@ -140,7 +140,9 @@ def _stacks(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from podrun.commands.report import report
 
-    return report(args.job)
+    if args.port is not None and not args.serve:
+        raise UsageError("--port: only with --serve")
+    return report(args.job, args.serve, args.port or 0)
 
 
 def _disk(args: argparse.Namespace) -> int:
@@ -205,7 +207,7 @@ COMMANDS = {
     "stacks": ("show every worker's Python stacks of a running job, now (saved in the job's stacks/)", _stacks,
                stacks_arguments, False),
     "report": ("where a job's time went: each phase per worker per attempt, goodput; writes report.html, a "
-               "timeline", _report, report_arguments, False),
+               "timeline (--serve: live, on 127.0.0.1)", _report, report_page_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, disk_arguments, False),
 }

@@ -14,6 +14,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _port(text: str) -> int:
+    if (port := _count(text)) > 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0 to 65535)")
+    return port
+
+
 def create_arguments(sub: argparse.ArgumentParser) -> None:
     from podrun.cloud import gcloud_flags
 
@@ -193,6 +199,13 @@ def report_arguments(sub: argparse.ArgumentParser) -> None:
     """A job, by default the newest running one, else the newest (as `logs` takes it)."""
     sub.add_argument("job", nargs="?", metavar="JOB_ID",
                      help=f"{JOB_HELP}; default: the newest running job, else the newest job")
+
+
+def report_page_arguments(sub: argparse.ArgumentParser) -> None:
+    report_arguments(sub)
+    sub.add_argument("--serve", action="store_true",
+                     help="serve the job's report page on 127.0.0.1, redrawn as the job goes, until Ctrl-C")
+    sub.add_argument("--port", type=_port, metavar="N", help="with --serve: listen on port N (default: a free one)")
 
 
 def logs_arguments(sub: argparse.ArgumentParser) -> None:

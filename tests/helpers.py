@@ -549,3 +549,103 @@ def documented_section(title: str) -> str:
 def documentation() -> str:
     """Everything the README and the pages of docs/ say."""
     return "\n".join(page.read_text() for page in DOC_PAGES)
+
+
+# --- a real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def require_chromium() -> None:
+    """Skip (fail where CI requires every facility) in one line without Chromium (Debian's, which .ci/run installs)."""
+    import pytest
+
+    if CHROMIUM is None:
+        missing = "chromium is not on PATH: apt-get install chromium"
+        if os.environ.get("PODRUN_TESTS_REQUIRE_ALL"):
+            pytest.fail(f"{missing} (.ci/run installs it)", pytrace=False)
+        pytest.skip(f"chromium: {missing}")
+
+
+class Browser:
+    """Headless Chromium driven through its DevTools pipe (--remote-debugging-pipe: JSON messages, each ended
+    by NUL, on its fds 3 and 4), so a test can watch one page while its script changes it. `errors`: what
+    the page's console said as errors, and its uncaught exceptions."""
+
+    def __init__(self, profile: Path):
+        require_chromium()
+        assert CHROMIUM
+        to_chromium, self._to = os.pipe()
+        self._from, from_chromium = os.pipe()
+        # above 3 and 4, so that putting them there cannot overwrite one with the other
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (to_chromium, from_chromium)]
+        for fd in (to_chromium, from_chromium):
+            os.close(fd)
+        self.process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--remote-debugging-pipe",
+             f"--user-data-dir={profile}", "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(3, 4), preexec_fn=lambda: (os.dup2(high[0], 3), os.dup2(high[1], 4)))
+        for fd in high:
+            os.close(fd)
+        self.errors: list[str] = []
+        self._answers: dict[int, dict] = {}
+        self._answered = threading.Condition()
+        self._next_id = 0
+        self._session: str | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        pending = b""
+        while chunk := os.read(self._from, 65536):
+            *messages, pending = (pending + chunk).split(b"\0")
+            for message in map(json.loads, messages):
+                if message.get("method") == "Runtime.exceptionThrown":
+                    self.errors.append(message["params"]["exceptionDetails"]["exception"]["description"])
+                elif message.get("method") == "Runtime.consoleAPICalled" and message["params"]["type"] == "error":
+                    self.errors.append(" ".join(str(arg.get("value")) for arg in message["params"]["args"]))
+                elif "id" in message:
+                    with self._answered:
+                        self._answers[message["id"]] = message
+                        self._answered.notify_all()
+
+    def send(self, method: str, timeout: float = 30, **params) -> dict:
+        """One DevTools command (to the page, once open() attached to it); its result."""
+        self._next_id += 1
+        number = self._next_id
+        command = {"id": number, "method": method, "params": params}
+        if self._session and not method.startswith("Target."):
+            command["sessionId"] = self._session
+        os.write(self._to, json.dumps(command).encode() + b"\0")
+        with self._answered:
+            assert self._answered.wait_for(lambda: number in self._answers, timeout), f"{method}: no answer"
+            answer = self._answers.pop(number)
+        assert "error" not in answer, f"{method}: {answer['error']}"
+        return answer["result"]
+
+    def open(self, url: str) -> None:
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self._session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.send("Runtime.enable")
+        self.send("Page.navigate", url=url)
+
+    def evaluate(self, expression: str):
+        """The expression's value in the page, now (None where it throws, as before the page has loaded)."""
+        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        return None if "exceptionDetails" in result else result["result"].get("value")
+
+    def wait_for(self, expression: str, what: str, timeout: float = 30):
+        """The expression's first truthy value in the page, polled until `timeout`."""
+        values = []
+        wait_until(lambda: values.append(self.evaluate(expression)) or values[-1], what, timeout)
+        return values[-1]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, AssertionError):
+            self.send("Browser.close", timeout=5)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._to)
+        os.close(self._from)

@@ -1,4 +1,5 @@
-"""`podrun report`: where a job's time went, in a terminal summary and a page (report.html) in its directory."""
+"""`podrun report`: where a job's time went, in a terminal summary and a page (report.html) in its directory;
+with `--serve`, that page served live (report/live.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,15 @@ from podrun.report.summary import summary
 PAGE = "report.html"
 
 
-def report(job: str | None) -> int:
-    """`job`: as for `podrun logs` (default: the newest running job, else the newest job)."""
-    handle = handle_for(jobstore.find(job) if job else newest_running_or_newest())
+def report(job: str | None, serve: bool = False, port: int = 0) -> int:
+    """`job`: as for `podrun logs` (default: the newest running job, else the newest job). `serve`: serve the
+    page on 127.0.0.1:`port` (0: a free one) until Ctrl-C, instead."""
+    record = jobstore.find(job) if job else newest_running_or_newest()
+    if serve:
+        from podrun.report import live
+
+        return live.serve(live.LiveReport(record.id), port)
+    handle = handle_for(record)
     handle.reread()
     record = handle.record
     analysis = Analysis(record)

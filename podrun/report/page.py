@@ -1,14 +1,18 @@
 """report.html: one self-contained page (inline CSS, SVG and a few lines of script; nothing from the
-network) with the job's summary, its timeline (a row per worker, or per band of workers that behaved
-alike, coloured bars per phase, the attempts one after another, preemptions and stalls marked, each
-bar's times on hover) and each row's lines per second over the run."""
+network) with the job's summary, its steps over time (the spec's `progress`), its stall verdicts, its
+timeline (a row per worker, or per band of workers that behaved alike, coloured bars per phase, the
+attempts one after another, preemptions and stalls marked, each bar's times on hover), each row's lines
+per second over the run, and the stacks of its last stop. `podrun report --serve` (live.py) serves the
+same page, redrawn as the job goes."""
 
 from __future__ import annotations
 
 import html
 import statistics
 
+from podrun import jobstore, progress
 from podrun.output import worker_ranges
+from podrun.report import stops
 from podrun.report.analysis import Analysis, Span
 from podrun.report.summary import summary
 
@@ -20,6 +24,8 @@ LABEL_W = 190
 ROW_H = 18
 TOP = 34  # room for the attempts' labels and the time axis
 RATE_LEVELS = 8  # a row's lines per second, drawn in this many shades
+STEPS_H = 120  # the steps figure's plot, below its axis
+STEP_COLOURS = ("#3182bd", "#31a354", "#756bb1", "#e6550d")  # an attempt's line each, in turn
 
 STYLE = """
 body{font:13px system-ui,sans-serif;margin:16px;color:#222}
@@ -29,17 +35,28 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto}
 svg text{font:11px system-ui,sans-serif}
 rect.bar:hover,rect.rate:hover{stroke:#000;stroke-width:1}
 """
-# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size
+# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size (live.py's
+# script marks it again after each redraw)
 SCRIPT = """
-window.addEventListener('load', function () {
+function markDrawn() {
   var svg = document.getElementById('timeline');
   var bars = svg.querySelectorAll('rect.bar').length;
   document.body.setAttribute('data-drawn', bars > 0 && svg.getBBox().width > 0 ? String(bars) : 'no');
-});
+}
+window.addEventListener('load', markDrawn);
 """
 
 
-def page(analysis: Analysis) -> str:
+def page(analysis: Analysis, live_script: str = "") -> str:
+    """The whole page; `live_script`: what redraws its content as the job goes (live.py)."""
+    title = html.escape(analysis.record.id)
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>podrun report: {title}</title>"
+            f"<style>{STYLE}</style><script>{SCRIPT}{live_script}</script></head><body>"
+            f"<div id=\"content\">{content(analysis)}</div></body></html>\n")
+
+
+def content(analysis: Analysis) -> str:
+    """What the page shows of the job: all of it but the page's head and script."""
     record = analysis.record
     rows = [_row(analysis, band) for band in analysis.bands()]
     legend = "".join(f'<span><i style="background:{colour}"></i>{phase}</span>' for phase, colour in COLOURS.items()
@@ -50,12 +67,11 @@ def page(analysis: Analysis) -> str:
                   "per chunk, in slots that widen as the run grows); red: no line in that slot."
                   if analysis.counted_lines() else
                   "No lines counted: the run went on without podrun receiving its output (a detached job).")
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>podrun report: {html.escape(record.id)}"
-            f"</title><style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
-            f"<h1>{html.escape(record.id)}</h1><pre>{html.escape(chr(10).join(summary(analysis)))}</pre>"
+    return (f"<h1>{html.escape(record.id)}</h1><pre>{html.escape(chr(10).join(summary(analysis)))}</pre>"
+            f"{_progress(analysis)}{stops.stall_verdicts(record)}"
             f"<h2>Timeline</h2><div class=\"legend\">{legend}</div>"
             f"{_timeline(analysis, rows)}"
-            f"<h2>Output</h2><p>{rates_note}</p>{_rates(analysis, rows)}</body></html>\n")
+            f"<h2>Output</h2><p>{rates_note}</p>{_rates(analysis, rows)}{stops.last_stacks(record)}")
 
 
 class Row:
@@ -135,6 +151,49 @@ def _timeline(analysis: Analysis, rows: list[Row]) -> str:
             parts.append(f'<line x1="{x}" y1="{TOP}" x2="{x}" y2="{height}" stroke="#d62728" stroke-width="2"/>'
                          f'<text x="{x}" y="{TOP + 2}" fill="#d62728" text-anchor="middle">▲{why}</text>')
     return (f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+            f'viewBox="0 0 {WIDTH} {height}">{"".join(parts)}</svg>')
+
+
+def _progress(analysis: Analysis) -> str:
+    """The job's step now and its rate, and each attempt's steps over time on the timeline's time axis."""
+    record = analysis.record
+    if not record.steps:
+        return ""
+    now, latest = progress.step_of(record), record.steps[-1]
+    rate = progress.steps_per_minute(record, analysis.now) if record.current_state() == jobstore.RUNNING else None
+    said = (f"step {now} in attempt {record.attempt}" if now is not None else
+            f"no step yet in attempt {record.attempt}; attempt {latest['attempt']} reached step {latest['last']}")
+    said += f", {rate:.1f} steps/min over the last 5 min" if rate is not None else ""
+    return f'<h2>Steps</h2><p id="step">{html.escape(said)}</p>{_steps(analysis)}'
+
+
+def _steps(analysis: Analysis) -> str:
+    """A line per attempt: the job's step (y) over time (x, as on the timeline), flat (dashed) from its last
+    step to the attempt's end, or now."""
+    entries = analysis.record.steps
+    low = min(entry["first"] for entry in entries)
+    high = max(max(entry["last"] for entry in entries), low + 1)
+    height = TOP + STEPS_H + 8
+    parts = _frame(analysis, height)
+    parts += [f'<text x="4" y="{TOP + 10}">step {high}</text>', f'<text x="4" y="{TOP + STEPS_H}">step {low}</text>']
+
+    def y(step: int) -> float:
+        return round(TOP + STEPS_H - (step - low) / (high - low) * STEPS_H, 1)
+
+    for number, entry in enumerate(entries):
+        colour = STEP_COLOURS[number % len(STEP_COLOURS)]
+        pairs = progress.samples(entry)
+        points = " ".join(f"{_x(analysis, at)},{y(step)}" for at, step in pairs)
+        attempt = entry["attempt"]
+        until = analysis.attempts[attempt]["ended_at"] if attempt < len(analysis.attempts) else None
+        last_x, last_y = _x(analysis, pairs[-1][0]), y(pairs[-1][1])
+        text = (f"attempt {attempt}: step {entry['first']} at {entry['first_at'] - analysis.start:.1f}s to step "
+                f"{entry['last']} at {entry['last_at'] - analysis.start:.1f}s")
+        parts.append(f'<polyline class="steps" points="{points}" fill="none" stroke="{colour}" stroke-width="2">'
+                     f'{_title(text)}</polyline><circle cx="{last_x}" cy="{last_y}" r="3" fill="{colour}"/>'
+                     f'<line x1="{last_x}" y1="{last_y}" x2="{_x(analysis, until or analysis.end)}" y2="{last_y}" '
+                     f'stroke="{colour}" stroke-dasharray="2,3"/>')
+    return (f'<svg id="steps" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
             f'viewBox="0 0 {WIDTH} {height}">{"".join(parts)}</svg>')
 
 

@@ -3,28 +3,21 @@ the page with no console error, and its script finds the timeline drawn (data-dr
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import job_id_in, podrun
+from helpers import CHROMIUM, job_id_in, podrun, require_chromium
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Chromium's --enable-logging=stderr prints what the page's console says: `...:CONSOLE(12)] "Uncaught ..."`
 CONSOLE_ERROR = re.compile(r"CONSOLE.*(Uncaught|Error)", re.IGNORECASE)
 
 
 @pytest.fixture(autouse=True)
 def chromium_needed():
-    if CHROMIUM is None:
-        problem = "chromium is not on PATH: apt-get install chromium"
-        if os.environ.get("PODRUN_TESTS_REQUIRE_ALL"):
-            pytest.fail(f"{problem} (.ci/run installs it)", pytrace=False)
-        pytest.skip(f"chromium: {problem}")
+    require_chromium()
 
 
 def load(page: Path, tmp_path: Path) -> tuple[str, list[str]]:

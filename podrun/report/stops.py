@@ -1,0 +1,70 @@
+"""What the report page says of a job's stops: each stall's verdict (why the job was judged stalled, as
+its record's `stall` phases keep it) and the stacks of its last stop (the newest `stacks/<n>/` in the
+job's directory: launch/stacks.py saves one on a stall and for each `podrun stacks`)."""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+
+from podrun import escapes, jobstore
+from podrun.output import worker_ranges
+
+
+def stall_verdicts(record: jobstore.JobRecord) -> str:
+    verdicts = [f"attempt {entry['attempt']}: {entry.get('why') or 'stalled'}"
+                for entry in record.phases if entry["phase"] == "stall"]
+    if not verdicts:
+        return ""
+    items = "".join(f"<li>{_shown(verdict)}</li>" for verdict in verdicts)
+    return f'<h2>Stalls</h2><ul id="stalls">{items}</ul>'
+
+
+def newest_stacks(record: jobstore.JobRecord) -> tuple[str, dict[int, str]] | None:
+    """The newest dump of the job's stacks here: its folder and each worker's text; None if none was saved."""
+    root = os.path.join(record.dir, jobstore.STACKS_DIR)
+    try:
+        numbers = [int(entry) for entry in os.listdir(root) if entry.isdigit()]
+    except FileNotFoundError:
+        return None
+    if not numbers:
+        return None
+    folder = os.path.join(root, str(max(numbers)))
+    texts = {}
+    for name in os.listdir(folder):
+        if name.startswith("w") and name.endswith(".txt") and name[1:-4].isdigit():
+            with open(os.path.join(folder, name), errors="replace") as file:
+                texts[int(name[1:-4])] = file.read()
+    return folder, dict(sorted(texts.items()))
+
+
+def stacks_summary(texts: dict[int, str]) -> list[str]:
+    """Lines that say which workers' stacks stand out. For now: which workers' stacks are the same; the
+    odd-one-out summary of stacks (a function of the same shape, being built beside this) takes its place."""
+    alike: dict[str, list[int]] = {}
+    for worker, text in texts.items():
+        alike.setdefault(text, []).append(worker)
+    if len(alike) == 1:
+        return [f"every worker's stacks are the same ({worker_ranges(list(texts))})"] if len(texts) > 1 else []
+    return [f"{worker_ranges(workers)}: {'the same stacks' if len(workers) > 1 else 'stacks of its own'}"
+            for workers in sorted(alike.values(), key=len, reverse=True)]
+
+
+def last_stacks(record: jobstore.JobRecord) -> str:
+    """The newest dump as a collapsed block, a worker's stacks each (escaped: they quote what the job's
+    processes hold), below the summary of them."""
+    newest = newest_stacks(record)
+    if newest is None:
+        return ""
+    folder, texts = newest
+    saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(folder).st_mtime))
+    lines = "".join(f"<li>{_shown(line)}</li>" for line in stacks_summary(texts))
+    workers = "".join(f'<details id="stacks-w{worker}"><summary>worker {worker}</summary><pre>{_shown(text)}</pre>'
+                      f'</details>' for worker, text in texts.items())
+    return (f'<h2>Stacks of the last stop</h2><details id="stacks"><summary>{_shown(folder)}, saved {saved}: '
+            f'{len(texts)} workers</summary><ul>{lines}</ul>{workers}</details>')
+
+
+def _shown(text: str) -> str:
+    return html.escape(escapes.shown_text(text, colour=False))

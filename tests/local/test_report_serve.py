@@ -1,0 +1,109 @@
+"""`podrun report --serve` with real local jobs, its page watched in headless Chromium (helpers.Browser): the
+page redraws itself as the job goes (its steps, its stall verdict, the stacks of its stop), Ctrl-C stops the
+server with exit 0, a port in use is one line."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import time
+
+import pytest
+
+from helpers import Background, Browser, job_id_in, podrun, wait_until
+from podrun import jobstore, progress
+
+STEP_SHOWN = "document.getElementById('step') && document.getElementById('step').textContent"
+STEP_POINTS = "document.querySelector('#steps polyline.steps').getAttribute('points').split(' ').length"
+LIVE_LINE = "document.getElementById('live') && document.getElementById('live').textContent"
+
+
+@pytest.fixture
+def browser(tmp_path):
+    browser = Browser(tmp_path / "chromium")
+    yield browser
+    browser.close()
+
+
+def started(spec) -> tuple[Background, str]:
+    """`podrun exec spec` running in the background, once its run has begun (as its record says); its id."""
+    job = Background("exec", spec)
+    job_id = job_id_in(job.wait_for(r"^podrun: job \S+: "))
+    wait_until(lambda: any(entry["phase"] == "run" for entry in jobstore.load(job_id).phases), "the run", 60)
+    return job, job_id
+
+
+def serving(job_id: str) -> tuple[Background, str]:
+    server = Background("report", job_id, "--serve")
+    return server, re.search(r"http://127\.0\.0\.1:\d+/", server.wait_for("http://"))[0]
+
+
+def record_steps(job_id: str, steps: range) -> None:
+    # until the launcher records the steps of a job's output itself: as it will (progress.advance)
+    record = jobstore.load(job_id)
+    for step in steps:
+        progress.advance(record, record.workers[0], step, time.time())
+    record.save()
+
+
+def test_the_page_redraws_the_steps_as_the_job_advances_and_ctrl_c_stops_serving(home, job_file, browser):
+    job, job_id = started(job_file("target: {local: {workers: 2}}\n"
+                                   "progress: 'step (\\d+)'\n"
+                                   "run: |\n"
+                                   "  i=0; while :; do i=$((i+1)); echo \"step $i\"; sleep 0.2; done\n"))
+    record_steps(job_id, range(1, 3))
+    server, url = serving(job_id)
+    browser.open(url)
+    assert browser.wait_for(STEP_SHOWN, "the step on the page").startswith("step 2 in attempt 0")
+    assert browser.evaluate(STEP_POINTS) == 2
+    browser.evaluate("window.sameDocument = true")
+    record_steps(job_id, range(3, 8))
+    shown = browser.wait_for(f"({STEP_SHOWN}).startsWith('step 7 ') && {STEP_SHOWN}", "step 7 on the page")
+    assert "steps/min" in shown
+    assert browser.evaluate(STEP_POINTS) == 7
+    assert browser.evaluate("window.sameDocument && document.body.getAttribute('data-drawn')").isdigit()
+    assert browser.evaluate(LIVE_LINE).startswith("live, as of ")
+    assert browser.errors == []
+
+    server.process.send_signal(signal.SIGINT)
+    assert server.finish() == 0
+    assert server.lines[1:] == [f"podrun: stopped serving job {job_id}'s report"]
+    browser.wait_for(f"({LIVE_LINE}).includes('does not answer')", "the page to say the server is gone")
+    assert podrun("stop", job_id).returncode == 0
+    job.finish()
+
+
+def test_the_page_shows_the_stall_verdict_and_the_stacks_of_the_stop_escaped(home, job_file, browser):
+    job, job_id = started(job_file("target: {local: {workers: 2}}\n"
+                                   "stall: 2s\n"
+                                   "run: |\n"
+                                   "  echo started\n"
+                                   "  exec python3 -c 'import time; time.sleep(600)' '<b>marked</b>'\n"))
+    server, url = serving(job_id)
+    browser.open(url)
+    browser.wait_for(f"({LIVE_LINE}).startsWith('the job has ended')", "the page to see the job's end", 60)
+    assert job.finish() == 124  # exits.STALLED
+    verdict = browser.evaluate("document.getElementById('stalls').textContent")
+    assert verdict.startswith("attempt 0: no output from any worker for 2"), verdict
+    stacks = browser.evaluate("document.getElementById('stacks').textContent")
+    assert "worker 0" in stacks and "worker 1" in stacks and "<b>marked</b>" in stacks, stacks
+    assert browser.evaluate("document.querySelector('#stacks b') === null")
+    assert browser.errors == []
+    server.process.send_signal(signal.SIGINT)
+    assert server.finish() == 0
+
+
+def test_a_port_in_use_is_one_line(home, job_file):
+    job_id = job_id_in(podrun("exec", job_file("target: {local: {workers: 1}}\nrun: echo done\n")).stderr)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = podrun("report", job_id, "--serve", "--port", port)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"podrun: error: --port {port}: cannot listen on 127.0.0.1:{port}: another program listens there"]
+    assert result.stdout == ""
+    usage = podrun("report", job_id, "--port", "8000")
+    assert (usage.returncode, usage.stderr.strip()) == (2, "podrun: error: --port: only with --serve")
