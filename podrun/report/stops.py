@@ -11,6 +11,8 @@ import time
 from podrun import escapes, jobstore
 from podrun.output import worker_ranges
 
+STACKS_SHOWN = 32  # workers whose stacks the page holds: a 1,024-worker dump is megabytes, redrawn every 2 s live
+
 
 def stall_verdicts(record: jobstore.JobRecord) -> str:
     verdicts = [f"attempt {entry['attempt']}: {entry.get('why') or 'stalled'}"
@@ -60,8 +62,11 @@ def last_stacks(record: jobstore.JobRecord) -> str:
     folder, texts = newest
     saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(folder).st_mtime))
     lines = "".join(f"<li>{_shown(line)}</li>" for line in stacks_summary(texts))
-    workers = "".join(f'<details id="stacks-w{worker}"><summary>worker {worker}</summary><pre>{_shown(text)}</pre>'
-                      f'</details>' for worker, text in texts.items())
+    shown = list(texts)[:STACKS_SHOWN]
+    workers = "".join(f'<details id="stacks-w{worker}"><summary>worker {worker}</summary><pre>{_shown(texts[worker])}'
+                      f'</pre></details>' for worker in shown)
+    if len(texts) > len(shown):
+        workers += f"<p>the other {len(texts) - len(shown)} workers' stacks: in the folder</p>"
     return (f'<h2>Stacks of the last stop</h2><details id="stacks"><summary>{_shown(folder)}, saved {saved}: '
             f'{len(texts)} workers</summary><ul>{lines}</ul>{workers}</details>')
 

@@ -39,7 +39,7 @@ def test_the_page_draws_each_attempts_steps_and_says_the_step_now(home):
     assert re.search(r'<p id="step">step 4 in attempt 1</p>', shown)  # one sample: no rate yet
 
 
-def test_the_stall_verdict_and_the_newest_stacks_are_shown_escaped(home):
+def test_the_stall_verdict_and_the_newest_stacks_are_shown_escaped_and_bounded(home):
     record = running_job()
     timeline.add(record, "stall", record.started_at + 5, record.started_at + 9, why="no output <i>for</i> 4s")
     stacks.save(record, {0: "old", 1: "old"})
@@ -49,6 +49,10 @@ def test_the_stall_verdict_and_the_newest_stacks_are_shown_escaped(home):
     assert "/stacks/2, saved " in shown and "old" not in shown
     assert "Thread &lt;b&gt;main&lt;/b&gt;" in shown and "<b>" not in shown
     assert "\x1b" not in shown
+    stacks.save(record, {worker: f"pid {worker}" for worker in range(stops.STACKS_SHOWN + 8)})
+    many = content(Analysis(record))
+    assert many.count('<details id="stacks-w') == stops.STACKS_SHOWN
+    assert "the other 8 workers' stacks: in the folder" in many
     assert stops.stacks_summary({0: "a", 1: "a", 2: "b"}) == ["w0-1: the same stacks", "w2: stacks of its own"]
     assert stops.stacks_summary({0: "a", 1: "a"}) == ["every worker's stacks are the same (w0-1)"]
 
