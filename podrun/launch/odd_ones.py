@@ -53,6 +53,7 @@ class Process:
     rank: int | None
     command: str
     place: Place
+    depth: int  # in the tree of the worker's Python processes: 0 for one with no parent among them
 
 
 def summary(texts: dict[int, str]) -> list[str]:
@@ -81,37 +82,37 @@ def summary(texts: dict[int, str]) -> list[str]:
 
 
 def _compared(texts: dict[int, str]) -> list[Process]:
-    parsed = {worker: _processes(worker, text) for worker, text in sorted(texts.items())}
-    depths = {(process.worker, process.pid): _depth(process, processes)
-              for processes in parsed.values() for process in processes}
-    ranked = [depths[process.worker, process.pid] for processes in parsed.values() for process in processes
-              if process.rank is not None and RANK_WRAPPER not in process.command + " "]
+    own = {}
+    for worker, text in sorted(texts.items()):
+        processes = _processes(worker, text)
+        own[worker] = [process for process in processes if RANK_WRAPPER not in process.command + " "] or processes
+    ranked = [process.depth for processes in own.values() for process in processes if process.rank is not None]
     compared = []
-    for worker, processes in parsed.items():
+    for worker, processes in own.items():
         if not processes:
-            compared.append(Process(worker, 0, None, None, "", _no_stacks(texts[worker])))
+            compared.append(Process(worker, 0, None, None, "", _no_stacks(texts[worker]), 0))
             continue
-        own = [process for process in processes if RANK_WRAPPER not in process.command + " "] or processes
-        at_depth = [process for process in own if ranked and depths[worker, process.pid] == min(ranked)]
-        outermost = min(depths[worker, process.pid] for process in own)
-        compared += at_depth or [process for process in own if depths[worker, process.pid] == outermost]
+        depth = min(ranked) if ranked and min(ranked) in {process.depth for process in processes} else \
+            min(process.depth for process in processes)
+        compared += [process for process in processes if process.depth == depth]
     return compared
 
 
 def _processes(worker: int, text: str) -> list[Process]:
+    """The processes of a worker's text, each with its depth in the tree of those (0: no parent among them)."""
     headers = list(SECTION.finditer(text))
-    return [Process(worker, int(header[1]), int(header[2]) if header[2] and header[2].isdigit() else None,
-                    int(header[3]) if header[3] else None, header[4],
-                    _place(text[header.end():following.start() if following else len(text)]))
+    parents = {int(header[1]): int(header[2]) if header[2] and header[2].isdigit() else None for header in headers}
+
+    def depth(pid: int) -> int:
+        ancestors, parent = 0, parents[pid]
+        while parent is not None and parent in parents and ancestors < len(parents):  # no loop, whatever the text
+            ancestors, parent = ancestors + 1, parents[parent]
+        return ancestors
+
+    return [Process(worker, int(header[1]), parents[int(header[1])], int(header[3]) if header[3] else None,
+                    header[4], _place(text[header.end():following.start() if following else len(text)]),
+                    depth(int(header[1])))
             for header, following in zip(headers, headers[1:] + [None])]
-
-
-def _depth(process: Process, processes: list[Process]) -> int:
-    by_pid = {other.pid: other for other in processes}
-    depth = 0
-    while process.parent in by_pid and depth < len(processes):
-        process, depth = by_pid[process.parent], depth + 1
-    return depth
 
 
 def _place(body: str) -> Place:
@@ -183,8 +184,8 @@ def _names(group: list[Process]) -> str:
     """`w17`, `w3-5`, `w1 r3`, `w0-1 r0-3`; `w2 pid 4242` where a worker has several processes unranked."""
     ranked = [process for process in group if process.rank is not None]
     plain = [process for process in group if process.rank is None]
-    names = [f"{worker_ranges([p.worker for p in ranked])} {worker_ranges([p.rank for p in ranked], 'r')}"
-             ] if ranked else []  # type: ignore[misc]
+    ranks = [process.rank for process in ranked if process.rank is not None]
+    names = [f"{worker_ranges(list({process.worker for process in ranked}))} {worker_ranges(ranks, 'r')}"] if ranked else []
     if len({process.worker for process in plain}) == len(plain):
         names += [worker_ranges([process.worker for process in plain])] if plain else []
     else:

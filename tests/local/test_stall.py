@@ -28,6 +28,22 @@ print("step 1", flush=True)
 hang_in_collective() if os.environ["PODRUN_WORKER"] == "1" else wait_for_peers()
 """
 STALLED = 124
+NEITHER_ALIKE = "podrun: w0 is in wait_for_peers (hang.py:7); w1 is in hang_in_collective (hang.py:4)"
+
+# workers 0 and 1 wait in one function, worker 2 hangs in another: the odd one out
+ODD_ONE_OUT = """\
+import os, time
+
+def all_reduce():
+    time.sleep(300)
+
+def load_batch():
+    time.sleep(300)
+
+print("step 1", flush=True)
+load_batch() if os.environ["PODRUN_WORKER"] == "2" else all_reduce()
+"""
+NAMED = "w2 is in load_batch (hang.py:7); the other 2 are in all_reduce (hang.py:4)"
 
 
 def stacks_of(home: Path, job_id: str, dump: int = 1) -> dict[str, str]:
@@ -52,6 +68,40 @@ def test_a_stall_is_named_its_stacks_saved_for_every_worker_and_the_job_stopped(
     assert not processes_of_job(job_id)
     (job,) = json.loads(podrun("jobs", "--json").stdout)
     assert (job["state"], job["exit_code"]) == ("stalled", STALLED)
+
+
+@pytest.mark.slow
+def test_a_stall_names_the_worker_whose_stack_differs_from_the_rest(home, job_file):
+    spec = job_file("run: python3 hang.py\nstall: 3s\nstop_grace: 1s\ntarget: {local: {workers: 3}}\n",
+                    {"hang.py": ODD_ONE_OUT})
+    result = podrun("exec", spec)
+    assert result.returncode == STALLED, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    said = lines.index(f"podrun: {NAMED}")
+    assert "stalled: no output from any worker for 3." in lines[said - 1]
+    saved_in = home / "jobs" / job_id_in(result.stderr) / "stacks" / "1"
+    assert lines[said + 1] == f"podrun: stacks of every worker saved in {saved_in}"
+
+
+@pytest.mark.slow
+def test_podrun_stacks_names_the_odd_one_out_and_all_shows_every_stack(home, job_file):
+    spec = job_file("run: python3 hang.py\ntarget: {local: {workers: 3}}\n", {"hang.py": ODD_ONE_OUT})
+    job_id = job_id_in(podrun("exec", "--detach", spec).stderr)
+    try:
+        wait_until(lambda: podrun("logs", job_id, "--no-collapse").stdout.count("step 1") == 3, "every worker's first line")
+        summed_up = podrun("stacks", job_id)
+        assert summed_up.returncode == 0, summed_up.stderr
+        assert summed_up.stdout == NAMED + "\n"
+        assert f"the stacks, whole, saved in {home / 'jobs' / job_id / 'stacks' / '1'}" in summed_up.stderr
+        whole = podrun("stacks", job_id, "--all")
+        assert whole.returncode == 0, whole.stderr
+        workers = whole.stdout.split("── worker ")[1:]
+        assert [section.split(" ", 1)[0] for section in workers] == ["0", "1", "2"]
+        assert all("all_reduce (hang.py:4)" in workers[index] for index in (0, 1))
+        assert "load_batch (hang.py:7)" in workers[2] and "all_reduce" not in workers[2]
+    finally:
+        podrun("stop", job_id)
+    assert not processes_of_job(job_id)
 
 
 @pytest.mark.slow
@@ -93,7 +143,12 @@ def test_a_detached_job_is_caught_by_its_agents_with_no_launcher_and_its_stacks_
     assert re.search(rf"stalled: no output from any worker for 2\.\ds \({BOTH_SILENT.format(s=2)}\)", followed.stderr)
     saved = stacks_of(home, job_id)
     assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "wait_for_peers (hang.py:7)" in saved["w0.txt"]
+    assert f"{NEITHER_ALIKE}\npodrun: stacks of every worker saved in " in followed.stderr
     assert "stalled" in podrun("jobs").stdout
+    later = podrun("stacks", job_id)  # the processes are gone: what the stall saved
+    assert later.returncode == 0, later.stderr
+    assert later.stdout == NEITHER_ALIKE.removeprefix("podrun: ") + "\n"
+    assert f"the stacks its stall saved in {home / 'jobs' / job_id / 'stacks' / '1'}:" in later.stderr
 
 
 @pytest.mark.slow
@@ -102,12 +157,12 @@ def test_podrun_stacks_shows_a_detached_jobs_stacks_per_worker_and_process_and_s
     job_id = job_id_in(podrun("exec", "--detach", spec).stderr)
     try:
         wait_until(lambda: "step 1" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line")
-        shown = podrun("stacks", "--worker", "1")
+        shown = podrun("stacks", "--worker", "1", "--all")
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.startswith("── worker 1 (local/w1) ──\n=== pid ")
         assert "python3 hang.py ===\npy-spy dump --pid" in shown.stdout and "hang_in_collective" in shown.stdout
         assert sorted(stacks_of(home, job_id)) == ["w1.txt"]
-        both = podrun("stacks", job_id)
+        both = podrun("stacks", job_id, "--all")
         assert "── worker 0 (local/w0) ──" in both.stdout and "wait_for_peers" in both.stdout
         assert sorted(stacks_of(home, job_id, dump=2)) == ["w0.txt", "w1.txt"]
         assert f"saved in {home / 'jobs' / job_id / 'stacks' / '2'}" in both.stderr
