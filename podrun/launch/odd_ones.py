@@ -129,7 +129,8 @@ def _place(body: str) -> Place:
         kept = frames[users[0]:] if users else frames
         shown = tuple(f"{function} ({file}:{line})" if line else f"{function} ({file})" for function, file, line in kept)
         return Place("python", shown, f"in {shown[0]}" if shown else "in no Python frame")
-    return _kernel_place(lines) or Place("none", (_first_line(body),), f"without a stack: {_first_line(body)}")
+    said = _first_line("\n".join(line for line in lines if not line.startswith("py-spy dump --pid ")))
+    return _kernel_place(lines) or Place("none", (said,), f"without a stack: {said}")
 
 
 def _kernel_place(lines: list[str]) -> Place | None:

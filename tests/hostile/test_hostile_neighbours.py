@@ -220,7 +220,7 @@ def test_the_follower_stopper_and_stacks_helpers_take_the_job_on_stdin_not_on_a_
     try:
         wait_until(lambda: helper_running("log_follower"), "the log followers")
         assert command_lines_naming(job_id, but=set()) == []
-        stacks = Background("stacks")
+        stacks = Background("stacks", "--all")
         wait_until(dumping.exists, "the stacks helper to start the job's py-spy")
         assert helper_running("stacks")
         assert command_lines_naming(job_id, but=set()) == []
