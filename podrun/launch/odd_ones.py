@@ -49,7 +49,6 @@ class Place:
 class Process:
     worker: int
     pid: int
-    parent: int | None
     rank: int | None
     command: str
     place: Place
@@ -90,7 +89,7 @@ def _compared(texts: dict[int, str]) -> list[Process]:
     compared = []
     for worker, processes in own.items():
         if not processes:
-            compared.append(Process(worker, 0, None, None, "", _no_stacks(texts[worker]), 0))
+            compared.append(Process(worker, 0, None, "", _no_stacks(texts[worker]), 0))
             continue
         depth = min(ranked) if ranked and min(ranked) in {process.depth for process in processes} else \
             min(process.depth for process in processes)
@@ -109,13 +108,13 @@ def _processes(worker: int, text: str) -> list[Process]:
             ancestors, parent = ancestors + 1, parents[parent]
         return ancestors
 
-    return [Process(worker, int(header[1]), parents[int(header[1])], int(header[3]) if header[3] else None,
-                    header[4], _place(text[header.end():following.start() if following else len(text)]),
+    return [Process(worker, int(header[1]), int(header[3]) if header[3] else None, header[4],
+                    _place(text[header.end():following.start() if following else len(text)], int(header[1])),
                     depth(int(header[1])))
             for header, following in zip(headers, headers[1:] + [None])]
 
 
-def _place(body: str) -> Place:
+def _place(body: str, pid: int) -> Place:
     lines = body.splitlines()
     threads = [(index, match[1]) for index, line in enumerate(lines) if (match := PY_SPY_THREAD.match(line))]
     if threads:
@@ -130,19 +129,19 @@ def _place(body: str) -> Place:
         shown = tuple(f"{function} ({file}:{line})" if line else f"{function} ({file})" for function, file, line in kept)
         return Place("python", shown, f"in {shown[0]}" if shown else "in no Python frame")
     said = _first_line("\n".join(line for line in lines if not line.startswith("py-spy dump --pid ")))
-    return _kernel_place(lines) or Place("none", (said,), f"without a stack: {said}")
+    return _kernel_place(lines, pid) or Place("none", (said,), f"without a stack: {said}")
 
 
-def _kernel_place(lines: list[str]) -> Place | None:
-    """The main thread's wait in remote/stacks.py's kernel view (the first thread listed: the kernel
-    lists a process's threads by id, the main thread's, the pid, lowest)."""
+def _kernel_place(lines: list[str], pid: int) -> Place | None:
+    """Where the main thread (its id is the pid) waits, in remote/stacks.py's kernel view."""
     state = next((match for line in lines if (match := KERNEL_STATE.match(line))), None)
     if state is None:
         return None
-    first = next((index for index, line in enumerate(lines) if KERNEL_THREAD.match(line)), None)
-    wchan = KERNEL_THREAD.match(lines[first])[2] if first is not None else state[2]  # type: ignore[index]
+    threads = [(index, match[2]) for index, line in enumerate(lines)
+               if (match := KERNEL_THREAD.match(line)) and match[1] == str(pid)]
+    start, wchan = threads[0] if threads else (len(lines), state[2])
     functions = []
-    for line in lines[first + 1:] if first is not None else []:
+    for line in lines[start + 1:]:
         if not (frame := KERNEL_FRAME.match(line)):
             break
         functions.append(frame[1])
