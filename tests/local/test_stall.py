@@ -117,12 +117,14 @@ def test_a_detached_job_is_caught_by_its_agents_with_no_launcher_and_its_stacks_
     assert launched.returncode == 0, launched.stderr
     job_id = job_id_in(launched.stderr)
     wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=20)
+    fetched = podrun("stacks", job_id)  # fetches the job's end first: the stacks its agents saved, summed up
+    assert fetched.returncode == 0 and fetched.stdout == "", fetched.stderr
+    assert f"{NEITHER_ALIKE}\npodrun: stacks of every worker saved in " in fetched.stderr
     followed = podrun("logs", "-f", job_id)
     assert followed.returncode == STALLED, followed.stderr
     assert re.search(rf"stalled: no output from any worker for 2\.\ds \({BOTH_SILENT.format(s=2)}\)", followed.stderr)
     saved = stacks_of(home, job_id)
     assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "wait_for_peers (hang.py:7)" in saved["w0.txt"]
-    assert f"{NEITHER_ALIKE}\npodrun: stacks of every worker saved in " in followed.stderr
     assert "stalled" in podrun("jobs").stdout
     later = podrun("stacks", job_id)  # the processes are gone: what the stall saved
     assert later.returncode == 0, later.stderr
