@@ -35,6 +35,22 @@ NEITHER_ALIKE = "podrun: w0 is in wait_for_peers (hang.py:7); w1 is in hang_in_c
 ODD_ONE_OUT = HANG.replace('os.environ["PODRUN_WORKER"] == "1"', 'os.environ["PODRUN_WORKER"] == "2"')
 NAMED = "w2 is in hang_in_collective (hang.py:4); the other 2 are in wait_for_peers (hang.py:7)"
 
+# a real gloo hang: rank 3 never comes to the all_reduce that ranks 0 to 2 wait in
+GLOO_HANG = """\
+import time
+import torch
+import torch.distributed as dist
+
+def load_batch():
+    time.sleep(300)
+
+dist.init_process_group("gloo")
+print("step 1", flush=True)
+if dist.get_rank() == 3:
+    load_batch()
+dist.all_reduce(torch.ones(1))
+"""
+
 
 def stacks_of(home: Path, job_id: str, dump: int = 1) -> dict[str, str]:
     folder = home / "jobs" / job_id / "stacks" / str(dump)
@@ -81,6 +97,18 @@ def test_podrun_stacks_names_the_odd_one_out_and_all_shows_every_stack(home, job
     finally:
         podrun("stop", job_id)
     assert not processes_of_job(job_id)
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_stall_names_the_rank_that_is_elsewhere(home, job_file):
+    """Each rank runs in a session of its own (torchrun's start_new_session): its stacks are the job's too."""
+    pytest.importorskip("torch")
+    spec = job_file("run: train.py\ntorchrun: {nproc_per_node: 2}\nstall: 10s\nstop_grace: 2s\n"
+                    "target: {local: {workers: 2}}\n", {"train.py": GLOO_HANG})
+    result = podrun("exec", spec, timeout=240)
+    assert result.returncode == STALLED, result.stderr
+    assert re.search(r"^podrun: w1 r3 is in load_batch \(train\.py:6\); the other 3 are in all_reduce "
+                     r"\(torch/distributed/distributed_c10d\.py:\d+\)$", result.stderr, re.M), result.stderr
 
 
 @pytest.mark.slow
