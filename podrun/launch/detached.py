@@ -121,8 +121,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
         _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
         if silent_s:  # what each agent saved before the stall stopped it
-            say(f"stacks of every worker saved in "
-                f"{stacks.save(record, {w.index: report.stacks for w, report in zip(workers, reports)})}")
+            for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):
+                say(line)
     else:
         record.save()
 

@@ -91,12 +91,13 @@ def _advances(record: jobstore.JobRecord) -> list[tuple[float, int]]:
 
 async def on_stall(record: jobstore.JobRecord, silent_s: dict[int, float], worker_steps: list[WorkerStep],
                    by_steps: bool) -> str:
-    """Say which workers were silent (without a step) for how long, and save every worker's stacks, before
-    the stop; returns the stall's summary."""
+    """Say which workers were silent (without a step) for how long, save every worker's stacks and say
+    where their processes differ, before the stop; returns the stall's summary."""
     stalled = summary(silent_s, {worker.index: worker.step for worker in record.workers} if by_steps else None)
     timeline.begin(record, "stall", at=time.time() - min(silent_s.values()), why=stalled)
     say(f"job {record.id} stalled: {stalled}; saving every worker's stacks, then stopping it")
     texts = await stacks.collect([(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir)
                                   for ws in worker_steps])
-    say(f"stacks of every worker saved in {stacks.save(record, texts)}")
+    for line in stacks.saved_and_summed_up(record, texts):
+        say(line)
     return stalled
