@@ -36,6 +36,16 @@ def summary(silent_s: dict[int, float]) -> str:
             + ", ".join(f"{worker_ranges(indexes)} silent {silence}" for silence, indexes in by_silence.items()) + ")")
 
 
+def add_stopped(record: jobstore.JobRecord, stalls: dict[int, dict]) -> None:
+    """A detached job's stall, once its workers' exits (worker index: run.exit with `stalled`) are in: as an
+    attached job's (on_stall), from the last line of any worker to the stop."""
+    # an agent of an older podrun (a job detached before an upgrade) said when it ended, not when it stalled
+    stopped_at = {index: stall_exit.get("stalled_at") or stall_exit["ended_at"] for index, stall_exit in stalls.items()}
+    heard_at = max(stopped_at[index] - stall_exit["stalled"] for index, stall_exit in stalls.items())
+    timeline.add(record, "stall", heard_at, max(stopped_at.values()),
+                 why=summary({index: stall_exit["stalled"] for index, stall_exit in stalls.items()}))
+
+
 async def silence(worker_steps: list[WorkerStep], stall_s: float) -> dict[int, float]:
     """Returns once no worker has printed anything for `stall_s` (the clock starts now): how long each
     worker has been silent."""

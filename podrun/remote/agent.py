@@ -52,7 +52,8 @@ Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that 
   py-spy on the step's PATH as it started, or nothing: what its stacks are dumped with), <step>.container
   (a docker: job's container name, whose processes its stacks include), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
-  stalled: how long this worker had been silent when a stall stopped it, and killed: whether SIGKILL
+  stalled: how long this worker had been silent when a stall stopped it, stalled_at: when (epoch seconds),
+  and killed: whether SIGKILL
   ended it after the grace period), run.stacks (on a stall); each file 0600.
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.

@@ -29,6 +29,7 @@ class Step:
         self.stop_reason = None
         self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
         self.stalled = None  # seconds this worker had been silent when the job stalled (a watched job)
+        self.stalled_at = None  # when the stall stopped it (epoch seconds)
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
@@ -148,7 +149,7 @@ class Step:
         self._write_file(self.config["step"] + ".exit", agent_io.to_json({
             "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
             "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
-            "killed": self.killed}))
+            "stalled_at": self.stalled_at, "killed": self.killed}))
         return code, signal_name
 
     def stop_for_failure(self, worker, code):
@@ -162,7 +163,7 @@ class Step:
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
             self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
-            self.stalled = silent_s
+            self.stalled, self.stalled_at = silent_s, time.time()
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
     def request_stop(self, reason):
