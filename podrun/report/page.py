@@ -35,12 +35,16 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto}
 svg text{font:11px system-ui,sans-serif}
 rect.bar:hover,rect.rate:hover,rect.part:hover{stroke:#000;stroke-width:1}
 """
-# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size
+# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size; and
+# data-parts: the parts of the wall time drawn
 SCRIPT = """
 window.addEventListener('load', function () {
   var svg = document.getElementById('timeline');
   var bars = svg.querySelectorAll('rect.bar').length;
   document.body.setAttribute('data-drawn', bars > 0 && svg.getBBox().width > 0 ? String(bars) : 'no');
+  var parts = document.getElementById('parts');
+  var drawn = parts.querySelectorAll('rect.part').length;
+  document.body.setAttribute('data-parts', parts.getBBox().width > 0 ? String(drawn) : 'no');
 });
 """
 

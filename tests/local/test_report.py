@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (WAIT_FOR_PREEMPTION, Background, job_id_in, lifecycle_spec, podrun, processes_of_job,
-                     wait_until)
+from helpers import WAIT_FOR_PREEMPTION, Background, job_id_in, lifecycle_spec, podrun, processes_of_job, wait_until
 
 FAILS_FIRST = ("target: {local: {workers: 2}}\n"
                "setup: echo setting up\n"
