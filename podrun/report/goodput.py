@@ -63,7 +63,8 @@ class Goodput:
         self.parts_s = dict.fromkeys(PARTS if self.known else ("run", *PARTS[4:]), 0.0)
         self.intervals: list[Interval] = []
         self.lost_progress_steps = 0
-        timelines = [_Attempt(record, attempt, analysis.end) for attempt in analysis.attempts]
+        timelines = [_Attempt(record, attempt, analysis.end, restarted=attempt is not analysis.attempts[-1])
+                     for attempt in analysis.attempts]
         for attempt in timelines:
             self.intervals += attempt.intervals
             self.lost_progress_steps += attempt.lost_steps
@@ -105,13 +106,13 @@ class Goodput:
 class _Attempt:
     """One attempt's run time, split by its steps."""
 
-    def __init__(self, record, attempt: dict, end: float):
+    def __init__(self, record, attempt: dict, end: float, restarted: bool):
         number = attempt["attempt"]
         self.start, self.end = attempt["started_at"], attempt["ended_at"] or end
         self.entry = progress.entry_of(record, number)
         best = progress.best_before(record, number)
         # what its run time after its last step is: up to a restart, the disruption's (as Google counts it)
-        self.after_last = RECOVERY if number < record.attempt else "other"
+        self.after_last = RECOVERY if restarted else "other"
         self.samples = progress.samples(self.entry) if self.entry else []
         self.intervals = [Interval(at - before_at, step - before, step - max(before, min(step, best)) if best is not None
                                    else step - before)
