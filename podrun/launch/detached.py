@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable
 
-from podrun import exits, file_limit, jobstore, timeline
+from podrun import exits, file_limit, jobstore, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
@@ -99,12 +99,17 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     stalls = {worker.index: report.exit for worker, report in zip(workers, reports)
               if report.exit and report.exit.get("stalled") is not None}
     silent_s = {index: stall_exit["stalled"] for index, stall_exit in stalls.items()}
+    # with progress (each exit has its step), the stall was judged by steps: its summary names them
+    steps = {worker.index: report.exit["step"] for worker, report in zip(workers, reports)
+             if report.exit and "step" in report.exit} or None
     # (worker, code) of the failures that stopped other workers (agent.Hub), as each worker in turn
     # names it: the first worker's agent, the hub that sees every other, first
     causes: list[tuple[int, int]] = []
     running = timeline.current(record, "run")
     for worker, report in zip(workers, reports):
         worker.output_at = report.output_at or worker.output_at
+        if report.step:
+            progress.advance(record, worker, *report.step)
         if exit_record := report.exit:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
@@ -117,8 +122,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
     if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
         if stalls and not timeline.current(record, "stall"):
-            stall.add_stopped(record, stalls)
-        _record_end(record, causes, max(ended_at, default=None), silent_s)
+            stall.add_stopped(record, stalls, steps)
+        _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
         if silent_s:  # what each agent saved before the stall stopped it
             say(f"stacks of every worker saved in "
                 f"{stacks.save(record, {w.index: report.stacks for w, report in zip(workers, reports)})}")
@@ -127,7 +132,7 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
 
 
 def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
-                silent_s: dict[int, float]) -> None:
+                silent_s: dict[int, float], steps: dict[int, int | None] | None = None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
@@ -145,7 +150,7 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     elif failed:
         record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
     elif silent_s:  # worker 0's agent saw no output from any worker for the job's stall
-        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s), ended_at)
+        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s, steps), ended_at)
     elif lost:
         index, code = lost[0]
         record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",
@@ -173,6 +178,8 @@ class WorkerReport:
             fields, self.stacks = found
             self.exit: dict | None = fields["exit"]
             self.output_at: float | None = fields["output_at"]
+            step = fields.get("step")
+            self.step: tuple[int, float] | None = (int(step[0]), float(step[1])) if step else None
             return
         said = next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "nothing")
         raise PodrunError(f"worker {worker.index} ({worker.address}): no report on the job's log came back; "

@@ -18,7 +18,8 @@ Protocol
           code version checked out into cwd before the step starts: checkout.py), command, env,
           grace, heartbeat, detach, job_files (name: text, written into the job's directory first: the
           workers' IPs, and for run under torchrun rank_output.py), file_env (variable: the name of a
-          job file, set to its path)}, for run {container, term ("leader" or "group")}, for a job's
+          job file, set to its path)}, for run {container, term ("leader" or "group"), progress (the spec's:
+          {pattern} or {file}, or null; step_reader.py)}, for a job's
           first step "probe", for a watched run "watch", for a run on a TPU VM "vm_notices" (true: the
           VM's own notice of its preemption stops the job at once, vm_notice.py); then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
@@ -34,18 +35,20 @@ Protocol
           variables it set in the step's env)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
           So one channel per worker does what would otherwise take three.
-  watch   {token, worker, hub_worker, workers, bind, stall, alive_every}: a detached run (on several
+  watch   {token, worker, hub_worker, workers, bind, stall, alive_every, progress, auto}: a detached run (on several
           workers, or with a stall limit), whose agents stop each other's steps when one fails, with no
           launcher left (hub.py). The hub_worker's agent listens on `bind` (its internal
           address) and reports {"event": "hub", "port": P} first; every agent waits for
           "go HOST:PORT" (the hub's address) before it starts.
-          With stall (seconds), the hub also stops the job when no worker printed anything for that
-          long: each agent first saves its job's stacks as run.stacks (stacks.py).
+          With stall (seconds, or "auto" with auto's {multiple, floor_s, cap_s}), the hub also stops the job
+          when no worker printed anything (with progress: reached a step) for that long: each agent first
+          saves its job's stacks as run.stacks (stacks.py).
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is), "killed": true
           when a stop's SIGKILL ended it after the grace period},
-          {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away).
+          {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away),
+          {"event": "step", "step": S, "at": EPOCH_SECONDS} (with progress: a step reached, at most once a second).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the
   agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.py-spy (the
@@ -53,8 +56,9 @@ Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that 
   (a docker: job's container name, whose processes its stacks include), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
   stalled: how long this worker had been silent when a stall stopped it, stalled_at: when (epoch seconds),
-  and killed: whether SIGKILL
-  ended it after the grace period), run.stacks (on a stall); each file 0600.
+  killed: whether SIGKILL ended it after the grace period, and with progress step: its step or null),
+  run.stacks (on a stall),
+  run.step (a detached run with progress: "STEP EPOCH_SECONDS", its latest); each file 0600.
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 

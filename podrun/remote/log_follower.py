@@ -3,7 +3,8 @@
 stdin: JOB_DIR, OFFSET and FOLLOW (1: keep following output.log until run.exit exists), a line each
 (not argv, which `ps` shows to everyone). Writes the log's bytes from OFFSET to stdout, then to stderr
 one JSON line, {"exit": run.exit's JSON or null, "output_at": when output.log last grew (epoch seconds)
-or null}, then the stacks a stall saved (run.stacks), if any.
+or null, "step": [the job's step on this worker, when it was reached] from run.step, or null (the spec's
+progress: step.py)}, then the stacks a stall saved (run.stacks), if any.
 """
 
 import os
@@ -35,7 +36,9 @@ def main():
         output_at = repr(os.path.getmtime(log))
     except OSError:
         output_at = "null"
-    sys.stderr.write('{"exit": %s, "output_at": %s}\n' % (_read(exit_file) or "null", output_at))
+    step = _read(os.path.join(job_dir, "run.step")).split()
+    step = "[%s, %s]" % tuple(step) if len(step) == 2 else "null"
+    sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s}\n' % (_read(exit_file) or "null", output_at, step))
     sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
 
 

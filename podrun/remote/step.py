@@ -9,10 +9,10 @@ import sys
 import time
 
 try:  # on a worker, each was sent ahead of this file (transport/base.py, script_modules)
-    agent_io, processes, stacks, vm_notice = (
-        sys.modules["podrun_remote_" + name] for name in ("agent_io", "processes", "stacks", "vm_notice"))
+    agent_io, processes, stacks, step_reader, vm_notice = (
+        sys.modules["podrun_remote_" + name] for name in ("agent_io", "processes", "stacks", "step_reader", "vm_notice"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import agent_io, processes, stacks, vm_notice
+    from podrun.remote import agent_io, processes, stacks, step_reader, vm_notice
 
 signal = processes.signal  # its C core (processes.py)
 
@@ -34,6 +34,8 @@ class Step:
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
+        # the job's step on this worker (the spec's progress), reported to the launcher or the hub
+        self.steps = step_reader.StepReader(config["progress"], config["cwd"]) if config.get("progress") else None
 
     def start(self):
         env = dict(os.environ)
@@ -90,8 +92,9 @@ class Step:
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
             watching_stall = not self.stop_reason
             until_due = watch.until_due(watching_stall) if watch is not None else None
-            if until_due is not None:
-                timeout = until_due if timeout is None else min(timeout, until_due)
+            for due in (until_due, self.steps and self.steps.due()):
+                if due is not None:
+                    timeout = due if timeout is None else min(timeout, due)
             for ready, fd in poller.poll(timeout):
                 if ready == "output":
                     data = os.read(self.output, 65536)
@@ -100,6 +103,8 @@ class Step:
                         poller.unregister(self.output)
                         continue
                     agent_io.write_all(self.log, data)
+                    if self.steps is not None:
+                        self.steps.feed(data)
                     if watch is not None:
                         watch.heard()
                     if stdout_open and not agent_io.try_write_all(1, data):
@@ -124,6 +129,8 @@ class Step:
                     if reason and not self.stop_reason:
                         agent_io.emit(event="notice", reason=reason)
                         self.request_stop(reason)
+            if self.steps is not None:
+                self._report_step(watch)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
             if watch is not None:
@@ -146,11 +153,26 @@ class Step:
             # torchrun exits 1 whatever its rank did: the rank's own code is the step's
             self.rank, code = torchrun_root_cause(_tail(os.path.join(self.job_dir, "output.log"))) or (None, code)
         cause_worker, cause_code = self.cause or (None, None)
-        self._write_file(self.config["step"] + ".exit", agent_io.to_json({
-            "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
-            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
-            "stalled_at": self.stalled_at, "killed": self.killed}))
+        ended = {"code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
+                 "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
+                 "stalled_at": self.stalled_at, "killed": self.killed}
+        if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
+            ended["step"] = self.steps.step
+        self._write_file(self.config["step"] + ".exit", agent_io.to_json(ended))
         return code, signal_name
+
+    def _report_step(self, watch):
+        """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
+        detached job's followers read: "STEP EPOCH_SECONDS")."""
+        reached = self.steps.report()
+        if reached is None:
+            return
+        step, at = reached
+        agent_io.emit(event="step", step=step, at=at)
+        if watch is not None:
+            watch.stepped(step, at)
+        if self.config.get("detach"):
+            self._write_file("run.step", "%d %r" % (step, at))
 
     def stop_for_failure(self, worker, code):
         """Another worker of a watched job failed (or its agent is gone): stop this one too."""
