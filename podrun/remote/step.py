@@ -143,6 +143,8 @@ class Step:
             if self.stop_reason or self.status is not None:
                 if ending.advance() == Ending.ABANDONED:
                     break  # a process we cannot kill holds the output pipe; stop waiting for it
+        if self.steps is not None:  # a step reached within REPORT_EVERY_S of the run's end
+            self._report_step(watch, ended=True)
         if self.container:
             self._until_container_gone(time.monotonic() + self.grace + 5)
         os.waitpid(self.pid, 0)  # reap only now: until here the pid, and so the group id, stayed ours
@@ -161,10 +163,10 @@ class Step:
         self._write_file(self.config["step"] + ".exit", agent_io.to_json(ended))
         return code, signal_name
 
-    def _report_step(self, watch):
+    def _report_step(self, watch, ended=False):
         """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
-        detached job's followers read: "STEP EPOCH_SECONDS")."""
-        reached = self.steps.report()
+        detached job's followers read: "STEP EPOCH_SECONDS"); once the run `ended`, whenever it was reached."""
+        reached = self.steps.report(ended)
         if reached is None:
             return
         step, at = reached

@@ -91,10 +91,13 @@ class StepReader:
             dues.append(self.file_due - time.monotonic())
         return max(0.0, min(dues)) if dues else None
 
-    def report(self):
-        """(step, epoch seconds it was reached) once a step not yet reported may be; else None."""
+    def report(self, ended=False):
+        """(step, epoch seconds it was reached) once a step not yet reported may be; else None. Once the run
+        `ended`, at once: the step it ended at (where a failing job dies) is the one that counts most."""
+        if ended:
+            self.file_due = 0.0
         self.read_file()
-        if self.step is None or self.step == self.reported or time.monotonic() < self.report_due:
+        if self.step is None or self.step == self.reported or (time.monotonic() < self.report_due and not ended):
             return None
         self.reported = self.step
         self.report_due = time.monotonic() + REPORT_EVERY_S

@@ -22,11 +22,11 @@ RESUMES_FROM_3 = ("target: {local: {workers: 2}}\n"
                   "  for i in $(seq $first $last); do echo \"step $i\"; sleep 0.3; done\n"
                   "  sleep 1.2\n"
                   "  [ \"$PODRUN_ATTEMPT\" != 0 ] || exit 3\n")
-# every attempt dies at step 3
+# every attempt dies right after step 3, within the second in which the agent reports no second step
 DIES_AT_3 = ("target: {local: {workers: 1}}\n"
              "progress: 'step (\\d+)'\n"
              "restarts: {max: 10, on: [failure], until_no_progress: 2}\n"
-             "run: for i in 1 2 3; do echo \"step $i\"; sleep 0.3; done; sleep 1.2; exit 3\n")
+             "run: for i in 1 2 3; do echo \"step $i\"; sleep 0.2; done; exit 3\n")
 
 
 def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of_lost_progress(home, job_file,
