@@ -31,6 +31,13 @@ from podrun.cli_arguments import (
 )
 from podrun.errors import PodrunError, UsageError
 
+# mypy reads the import below; Python skips it (typing costs `podrun jobs` its start-up)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    Parsed = TypeVar("Parsed")
+
 SUPERVISE = "_supervise"  # the hidden command a supervisor host runs (supervisor/daemon.py)
 
 
@@ -60,7 +67,7 @@ def _exec_options(args: argparse.Namespace):
                        args.raw)
 
 
-def _seconds(flag: str, duration: str | None, parse: Callable[[str], float]) -> float | None:
+def _seconds(flag: str, duration: str | None, parse: Callable[[str], Parsed]) -> Parsed | None:
     if duration is None:
         return None
     try:

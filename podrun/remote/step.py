@@ -15,6 +15,7 @@ except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import agent_io, processes, stacks, step_reader, vm_notice
 
 signal = processes.signal  # its C core (processes.py)
+SAMPLES_EVERY_S = 10.0
 
 
 class Step:
@@ -36,6 +37,7 @@ class Step:
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
         # the job's step on this worker (the spec's progress), reported to the launcher or the hub
         self.steps = step_reader.StepReader(config["progress"], config["cwd"]) if config.get("progress") else None
+        self.samples_due = 0.0  # when a detached run's run.steps is written next (time.monotonic())
 
     def start(self):
         env = dict(os.environ)
@@ -143,8 +145,6 @@ class Step:
             if self.stop_reason or self.status is not None:
                 if ending.advance() == Ending.ABANDONED:
                     break  # a process we cannot kill holds the output pipe; stop waiting for it
-        if self.steps is not None:  # a step reached within REPORT_EVERY_S of the run's end
-            self._report_step(watch, ended=True)
         if self.container:
             self._until_container_gone(time.monotonic() + self.grace + 5)
         os.waitpid(self.pid, 0)  # reap only now: until here the pid, and so the group id, stayed ours
@@ -160,13 +160,16 @@ class Step:
                  "stalled_at": self.stalled_at, "killed": self.killed}
         if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
             ended["step"] = self.steps.step
+            self._report_step(watch, final=True)
+            if self.config.get("detach"):
+                self._write_samples()
         self._write_file(self.config["step"] + ".exit", agent_io.to_json(ended))
         return code, signal_name
 
-    def _report_step(self, watch, ended=False):
+    def _report_step(self, watch, final=False):
         """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
-        detached job's followers read: "STEP EPOCH_SECONDS"); once the run `ended`, whenever it was reached."""
-        reached = self.steps.report(ended)
+        detached job's followers read: "STEP EPOCH_SECONDS")."""
+        reached = self.steps.report(final)
         if reached is None:
             return
         step, at = reached
@@ -175,6 +178,14 @@ class Step:
             watch.stepped(step, at)
         if self.config.get("detach"):
             self._write_file("run.step", "%d %r" % (step, at))
+            if time.monotonic() >= self.samples_due:
+                self._write_samples()
+
+    def _write_samples(self):
+        """A detached run's steps over time (step_reader's samples, bounded), as "T S T S ...": what its
+        end's fetch puts in the record (log_follower.py), every SAMPLES_EVERY_S and at its end."""
+        self.samples_due = time.monotonic() + SAMPLES_EVERY_S
+        self._write_file("run.steps", " ".join(map(repr, self.steps.samples)))
 
     def stop_for_failure(self, worker, code):
         """Another worker of a watched job failed (or its agent is gone): stop this one too."""
