@@ -147,7 +147,7 @@ def _stacks(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from podrun.commands.report import report
 
-    return report(args.job)
+    return report(args.job, args.json)
 
 
 def _disk(args: argparse.Namespace) -> int:

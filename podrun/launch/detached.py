@@ -96,8 +96,9 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     reports = await on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow))
     ended_at: list[float] = []
-    silent_s = {worker.index: report.exit["stalled"] for worker, report in zip(workers, reports)
-                if report.exit and report.exit.get("stalled") is not None}
+    stalls = {worker.index: report.exit for worker, report in zip(workers, reports)
+              if report.exit and report.exit.get("stalled") is not None}
+    silent_s = {index: stall_exit["stalled"] for index, stall_exit in stalls.items()}
     # with progress (each exit has its step), the stall was judged by steps: its summary names them
     steps = {worker.index: report.exit["step"] for worker, report in zip(workers, reports)
              if report.exit and "step" in report.exit} or None
@@ -119,6 +120,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
     if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
+        if stalls and not timeline.current(record, "stall"):
+            stall.add_stopped(record, stalls, steps)
         _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
         if silent_s:  # what each agent saved before the stall stopped it
             for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):

@@ -30,6 +30,7 @@ class Step:
         self.stop_reason = None
         self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
         self.stalled = None  # seconds this worker had been silent when the job stalled (a watched job)
+        self.stalled_at = None  # when the stall stopped it (epoch seconds)
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
@@ -156,7 +157,7 @@ class Step:
         cause_worker, cause_code = self.cause or (None, None)
         ended = {"code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
                  "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
-                 "killed": self.killed}
+                 "stalled_at": self.stalled_at, "killed": self.killed}
         if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
             ended["step"] = self.steps.step
             self._report_step(watch, final=True)
@@ -197,7 +198,7 @@ class Step:
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
             self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
-            self.stalled = silent_s
+            self.stalled, self.stalled_at = silent_s, time.time()
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
     def request_stop(self, reason):

@@ -128,3 +128,13 @@ def test_a_supervisor_host_may_answer_with_a_record_that_has_steps():
     damaged["steps"][0]["samples"][1] = -1
     with pytest.raises(Exception, match="steps.0.samples.1"):
         answers.record(damaged, job.id, "host")
+
+
+def test_the_step_a_run_ended_at_is_reported_at_once_however_soon_after_the_last_report():
+    reader = StepReader({"pattern": r"step (\d+)"}, ".")
+    reader.feed(b"step 1\n")
+    assert reader.report()[0] == 1
+    reader.feed(b"step 2\nstep 3\n")
+    assert reader.report() is None  # within REPORT_EVERY_S of the last report
+    assert reader.report(final=True)[0] == 3
+    assert reader.report(final=True) is None  # reported already
