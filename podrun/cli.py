@@ -24,12 +24,19 @@ from podrun.cli_arguments import (
     jobs_arguments,
     logs_arguments,
     one_positional,
-    report_page_arguments,
+    report_arguments,
     ssh_arguments,
     stacks_arguments,
     stop_arguments,
 )
 from podrun.errors import PodrunError, UsageError
+
+# mypy reads the import below; Python skips it (typing costs `podrun jobs` its start-up)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    Parsed = TypeVar("Parsed")
 
 SUPERVISE = "_supervise"  # the hidden command a supervisor host runs (supervisor/daemon.py)
 
@@ -60,7 +67,7 @@ def _exec_options(args: argparse.Namespace):
                        args.raw)
 
 
-def _seconds(flag: str, duration: str | None, parse: Callable[[str], float]) -> float | None:
+def _seconds(flag: str, duration: str | None, parse: Callable[[str], Parsed]) -> Parsed | None:
     if duration is None:
         return None
     try:
@@ -134,7 +141,7 @@ def _stop(args: argparse.Namespace) -> int:
 def _stacks(args: argparse.Namespace) -> int:
     from podrun.commands.stacks import show_stacks
 
-    return show_stacks(args.job, args.worker, args.raw)
+    return show_stacks(args.job, args.worker, args.raw, args.all)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -142,7 +149,7 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.port is not None and not args.serve:
         raise UsageError("--port: only with --serve")
-    return report(args.job, args.serve, args.port or 0)
+    return report(args.job, args.json, args.serve, args.port or 0)
 
 
 def _disk(args: argparse.Namespace) -> int:
@@ -204,10 +211,10 @@ COMMANDS = {
     "jobs": ("list jobs, newest first: state, workers' exit codes, start and duration", _jobs, jobs_arguments,
              False),
     "stop": ("stop a running job on every worker", _stop, stop_arguments, False),
-    "stacks": ("show every worker's Python stacks of a running job, now (saved in the job's stacks/)", _stacks,
-               stacks_arguments, False),
+    "stacks": ("where a running job's workers are, now: the processes whose Python stacks differ from the rest "
+               "(every stack with --all; saved in the job's stacks/)", _stacks, stacks_arguments, False),
     "report": ("where a job's time went: each phase per worker per attempt, goodput; writes report.html, a "
-               "timeline (--serve: live, on 127.0.0.1)", _report, report_page_arguments, False),
+               "timeline (--serve: live, on 127.0.0.1)", _report, report_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, disk_arguments, False),
 }

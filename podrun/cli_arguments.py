@@ -190,21 +190,27 @@ def stop_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def stacks_arguments(sub: argparse.ArgumentParser) -> None:
-    report_arguments(sub)
+    job_argument(sub)
     sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
+    sub.add_argument("--all", action="store_true",
+                     help="show every worker's stacks whole, not only where its processes differ from the rest")
     _raw_argument(sub, "the stacks (process command lines, thread names)")
 
 
-def report_arguments(sub: argparse.ArgumentParser) -> None:
+def job_argument(sub: argparse.ArgumentParser) -> None:
     """A job, by default the newest running one, else the newest (as `logs` takes it)."""
     sub.add_argument("job", nargs="?", metavar="JOB_ID",
                      help=f"{JOB_HELP}; default: the newest running job, else the newest job")
 
 
-def report_page_arguments(sub: argparse.ArgumentParser) -> None:
-    report_arguments(sub)
-    sub.add_argument("--serve", action="store_true",
-                     help="serve the job's report page on 127.0.0.1, redrawn as the job goes, until Ctrl-C")
+def report_arguments(sub: argparse.ArgumentParser) -> None:
+    job_argument(sub)
+    shown = sub.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print one JSON object: wall_s, parts_s (seconds that "
+                                                            "add up to wall_s), goodput, lost_progress_steps, steps, "
+                                                            "attempts; no report.html")
+    shown.add_argument("--serve", action="store_true",
+                       help="serve the job's report page on 127.0.0.1, redrawn as the job goes, until Ctrl-C")
     sub.add_argument("--port", type=_port, metavar="N", help="with --serve: listen on port N (default: a free one)")
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The README's picture of `podrun report`: a real job on 4 local workers (setup, a run that fails on
-worker 1 in its first attempt and succeeds in its second; worker 3 slow in setup, worker 2 quiet for a
-while), its report, and report.html as headless Chromium draws it.
+"""The README's picture of `podrun report`: a real job on 4 local workers that prints its step (setup, a
+run that fails on worker 1 at step 12 in its first attempt and succeeds in its second, resumed from
+step 8; worker 3 slow in setup, worker 2 quiet for a while), its report, and report.html as headless
+Chromium draws it.
 
     python scripts/report_screenshot.py [--out docs/report.png]
 """
@@ -23,8 +24,10 @@ name: train
 target: {local: {workers: 4}}
 workdir: code
 setup: sleep 0.5; [ "$PODRUN_WORKER" != 3 ] || sleep 1
+progress: 'step (\\d+)'
 run: |
-  for step in $(seq 1 20); do
+  first=1; [ "$PODRUN_ATTEMPT" = 0 ] || first=8
+  for step in $(seq $first 20); do
     [ "$PODRUN_WORKER" = 2 ] && [ $step -gt 6 ] && [ $step -lt 14 ] || echo "step $step"
     sleep 0.15
     [ "$PODRUN_ATTEMPT" = 0 ] && [ "$PODRUN_WORKER" = 1 ] && [ $step = 12 ] && exit 3
@@ -52,7 +55,7 @@ def main() -> None:
         page = re.search(r"^timeline: (\S+)$", report.stdout, re.MULTILINE)
         assert page, report.stdout
         subprocess.run([chromium, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
-                        f"--user-data-dir={work / 'chromium'}", "--window-size=1130,760",
+                        f"--user-data-dir={work / 'chromium'}", "--window-size=1130,800",
                         f"--screenshot={args.out}", Path(page[1]).as_uri()], capture_output=True, check=True, timeout=120)
     print(f"screenshot: {args.out} ({os.path.getsize(args.out) // 1024} KB)")
 

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from podrun import jobstore
+from podrun import jobstore, progress, timeline
 from podrun.cli import main
 from podrun.shipping.scan import scan
 
@@ -515,6 +515,38 @@ def recorded_job(name: str, started_at: float, codes: list[int | None], state: s
                                 launcher=None if state == jobstore.RUNNING else {})
     record.create()
     return record.id
+
+
+class StepsRecord:
+    """A job's record of one worker, made as the launcher and lifecycle make it (timeline.begin/end,
+    progress.advance, record.restart), attempt by attempt, at the epoch seconds given: for reports and
+    restart rules with exact numbers. Needs a PODRUN_HOME (the `home` fixture): a restart saves it."""
+
+    def __init__(self, started_at: float = 1000.0):
+        self.record = jobstore.JobRecord(id=f"steps-20260101-000000-{os.urandom(2).hex()}", name="steps",
+                                         target="local:1", spec_path="steps.yaml",
+                                         workers=[jobstore.WorkerRecord(0, "local/w0")], started_at=started_at,
+                                         launcher={})
+        self.record.create()
+
+    def phase(self, phase: str, start: float, end: float) -> StepsRecord:
+        """Worker 0 in `phase` from start to end."""
+        timeline.end(timeline.begin(self.record, phase, [0], at=start), 0, at=end)
+        return self
+
+    def attempt(self, run: tuple[float, float], steps: list[tuple[float, int]], state: str = jobstore.FAILED,
+                restart_s: float | None = None) -> StepsRecord:
+        """Worker 0's run from run[0] to run[1], reaching each (epoch seconds, step) of `steps`; the attempt
+        ends there in `state`, and with `restart_s`, the next attempt begins after a restart phase that long."""
+        for at, step in steps:
+            progress.advance(self.record, self.record.workers[0], step, at)
+        self.phase("run", *run)
+        self.record.finish(state, 0 if state == jobstore.SUCCEEDED else 1, None, ended_at=run[1])
+        if restart_s is not None:
+            self.record.restart()
+            self.record.workers = [jobstore.WorkerRecord(0, "local/w0")]
+            timeline.add(self.record, "restart", run[1], run[1] + restart_s)
+        return self
 
 
 def jobs_on_a_terminal(columns: int, monkeypatch) -> str:

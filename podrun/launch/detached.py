@@ -96,8 +96,9 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     reports = await on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow))
     ended_at: list[float] = []
-    silent_s = {worker.index: report.exit["stalled"] for worker, report in zip(workers, reports)
-                if report.exit and report.exit.get("stalled") is not None}
+    stalls = {worker.index: report.exit for worker, report in zip(workers, reports)
+              if report.exit and report.exit.get("stalled") is not None}
+    silent_s = {index: stall_exit["stalled"] for index, stall_exit in stalls.items()}
     # with progress (each exit has its step), the stall was judged by steps: its summary names them
     steps = {worker.index: report.exit["step"] for worker, report in zip(workers, reports)
              if report.exit and "step" in report.exit} or None
@@ -105,10 +106,9 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     # names it: the first worker's agent, the hub that sees every other, first
     causes: list[tuple[int, int]] = []
     running = timeline.current(record, "run")
+    _take_steps(record, workers, reports)
     for worker, report in zip(workers, reports):
         worker.output_at = report.output_at or worker.output_at
-        if report.step:
-            progress.advance(record, worker, *report.step)
         if exit_record := report.exit:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
@@ -120,12 +120,31 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
     if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
+        if stalls and not timeline.current(record, "stall"):
+            stall.add_stopped(record, stalls, steps)
         _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
         if silent_s:  # what each agent saved before the stall stopped it
-            say(f"stacks of every worker saved in "
-                f"{stacks.save(record, {w.index: report.stacks for w, report in zip(workers, reports)})}")
+            for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):
+                say(line)
     else:
         record.save()
+
+
+def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord], reports: list[WorkerReport]) -> None:
+    """The steps the workers reached (the spec's progress): the latest each fetch sees, and once every
+    worker's run ended, the attempt's steps over time from their samples, in place of what earlier
+    fetches saw of them."""
+    if len(workers) == len(record.workers) and all(report.samples for report in reports):
+        record.steps = [entry for entry in record.steps if entry["attempt"] != record.attempt]
+        for worker in workers:
+            worker.step = worker.step_at = None
+        samples = [(at, step, worker) for worker, report in zip(workers, reports)
+                   for at, step in zip(report.samples[::2], report.samples[1::2])]
+        for at, step, worker in sorted(samples, key=lambda sample: sample[:2]):
+            progress.advance(record, worker, step, at)
+    for worker, report in zip(workers, reports):
+        if report.step:
+            progress.advance(record, worker, report.step[0], report.step[1])
 
 
 def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
@@ -177,6 +196,7 @@ class WorkerReport:
             self.output_at: float | None = fields["output_at"]
             step = fields.get("step")
             self.step: tuple[int, float] | None = (int(step[0]), float(step[1])) if step else None
+            self.samples: list = fields.get("samples") or []
             return
         said = next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "nothing")
         raise PodrunError(f"worker {worker.index} ({worker.address}): no report on the job's log came back; "

@@ -49,6 +49,7 @@ class Lifecycle:
         self.max_restarts = restarts
         self.restart_on = spec.restart_on
         self.exit_codes = spec.restarts.exit_codes if spec.restarts else None  # None: failures of any code
+        self.until_no_progress = spec.restarts.until_no_progress if spec.restarts else None
         self.delete_after = "always" if down else spec.delete_after
         self.code_dir = paths.remote_code_dir(spec.name, tree.digest) if tree else ""  # "": nothing ships
         self.workers: list[Worker] = []
@@ -169,6 +170,9 @@ class Lifecycle:
         if record.attempt >= self.max_restarts:
             if self.max_restarts:
                 say(f"no restart left ({self.max_restarts} of {self.max_restarts} used)")
+            return False
+        if self.until_no_progress and (stuck := restart_policy.no_progress(record, self.until_no_progress)):
+            say(stuck)
             return False
         if cause != "preemption" and (quick := restart_policy.quick_failures(record)) >= restart_policy.QUICK_FAILURES:
             say(f"no restart: the last {quick} attempts each ended within {restart_policy.QUICK_FAILURE_S:g}s of "

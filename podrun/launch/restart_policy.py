@@ -6,13 +6,18 @@ times 2^(k-1), at most BACKOFF_MAX_S. An attempt that ended within QUICK_FAILURE
 failed "at once"; after QUICK_FAILURES such attempts in a row the job is not restarted again: a bug
 or a bad input fails every attempt the same way, and the budget would only burn. A preemption is
 no failure of the job's: it neither counts nor waits (creating the TPU again is wait enough).
+
+With restarts.until_no_progress: N (and the spec's progress), the job is not restarted again once N
+attempts in a row never got past the best step reached before them, whatever ended them: an attempt
+that dies at the same step each time (a bad batch, a checkpoint it cannot get past) only burns the
+budget, and so does one preempted before it ever gets further.
 """
 
 from __future__ import annotations
 
 import re
 
-from podrun import jobstore
+from podrun import jobstore, progress
 
 RESTART_BACKOFF = ("PODRUN_RESTART_BACKOFF", 1.0)
 BACKOFF_MAX_S = 300.0
@@ -42,6 +47,25 @@ def _trailing(attempts: list[tuple[str, float]], counts) -> int:
 def quick_failures(record: jobstore.JobRecord) -> int:
     """How many attempts in a row, ending with the last, failed within QUICK_FAILURE_S of starting."""
     return _trailing(_attempts(record), lambda state, ran_s: state in FAILED_STATES and ran_s < QUICK_FAILURE_S)
+
+
+def no_progress(record: jobstore.JobRecord, limit: int) -> str | None:
+    """The line that says why the job is not restarted, once the last `limit` attempts (the one that just
+    ended last) never got past the best step reached before them (one that reached no step never did);
+    else None."""
+    if record.attempt + 1 < limit:
+        return None
+    streak = range(record.attempt + 1 - limit, record.attempt + 1)
+    best = progress.best_before(record, streak[0])
+    died_at = [entry["last"] if (entry := progress.entry_of(record, attempt)) else None for attempt in streak]
+    if any(step is not None and (best is None or step > best) for step in died_at):
+        return None
+    if best is None:
+        return f"no restart: none of the last {limit} attempts reached a step (the spec's progress)"
+    places = [f"at step {step}" if step is not None else "before any step" for step in died_at]
+    died = f"each died {places[0]}" if len(set(places)) == 1 else \
+        f"they died {', '.join(places[:-1])} and {places[-1]}"
+    return f"no restart: the last {limit} attempts never got past step {best}, the best before them ({died})"
 
 
 def resumed_apart(record: jobstore.JobRecord) -> str | None:

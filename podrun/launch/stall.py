@@ -89,14 +89,25 @@ def _advances(record: jobstore.JobRecord) -> list[tuple[float, int]]:
     return progress.samples(entry) if entry else []
 
 
+def add_stopped(record: jobstore.JobRecord, stalls: dict[int, dict], steps: dict[int, int | None] | None) -> None:
+    """A detached job's stall, once its workers' exits (worker index: run.exit with `stalled`) are in: as an
+    attached job's (on_stall), from the last line (with progress: step) of any worker to the stop."""
+    # an agent of an older podrun (a job detached before an upgrade) said when it ended, not when it stalled
+    stopped_at = {index: stall_exit.get("stalled_at") or stall_exit["ended_at"] for index, stall_exit in stalls.items()}
+    heard_at = max(stopped_at[index] - stall_exit["stalled"] for index, stall_exit in stalls.items())
+    timeline.add(record, "stall", heard_at, max(stopped_at.values()),
+                 why=summary({index: stall_exit["stalled"] for index, stall_exit in stalls.items()}, steps))
+
+
 async def on_stall(record: jobstore.JobRecord, silent_s: dict[int, float], worker_steps: list[WorkerStep],
                    by_steps: bool) -> str:
-    """Say which workers were silent (without a step) for how long, and save every worker's stacks, before
-    the stop; returns the stall's summary."""
+    """Say which workers were silent (without a step) for how long, save every worker's stacks and say
+    where their processes differ, before the stop; returns the stall's summary."""
     stalled = summary(silent_s, {worker.index: worker.step for worker in record.workers} if by_steps else None)
     timeline.begin(record, "stall", at=time.time() - min(silent_s.values()), why=stalled)
     say(f"job {record.id} stalled: {stalled}; saving every worker's stacks, then stopping it")
     texts = await stacks.collect([(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir)
                                   for ws in worker_steps])
-    say(f"stacks of every worker saved in {stacks.save(record, texts)}")
+    for line in stacks.saved_and_summed_up(record, texts):
+        say(line)
     return stalled

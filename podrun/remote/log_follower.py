@@ -4,7 +4,8 @@ stdin: JOB_DIR, OFFSET and FOLLOW (1: keep following output.log until run.exit e
 (not argv, which `ps` shows to everyone). Writes the log's bytes from OFFSET to stdout, then to stderr
 one JSON line, {"exit": run.exit's JSON or null, "output_at": when output.log last grew (epoch seconds)
 or null, "step": [the job's step on this worker, when it was reached] from run.step, or null (the spec's
-progress: step.py)}, then the stacks a stall saved (run.stacks), if any.
+progress: step.py), "samples": once the run ended, its steps over time from run.steps, [T, S, ...] or
+null}, then the stacks a stall saved (run.stacks), if any.
 """
 
 import os
@@ -38,7 +39,10 @@ def main():
         output_at = "null"
     step = _read(os.path.join(job_dir, "run.step")).split()
     step = "[%s, %s]" % tuple(step) if len(step) == 2 else "null"
-    sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s}\n' % (_read(exit_file) or "null", output_at, step))
+    samples = _read(os.path.join(job_dir, "run.steps")).split() if done else []
+    samples = "[%s]" % ", ".join(samples) if samples else "null"
+    sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s, "samples": %s}\n'
+                     % (_read(exit_file) or "null", output_at, step, samples))
     sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
 
 

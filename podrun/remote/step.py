@@ -15,6 +15,7 @@ except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import agent_io, processes, stacks, step_reader, vm_notice
 
 signal = processes.signal  # its C core (processes.py)
+SAMPLES_EVERY_S = 10.0
 
 
 class Step:
@@ -29,12 +30,14 @@ class Step:
         self.stop_reason = None
         self.cause = None  # (worker, code) of the worker whose failure stopped this one (a watched job)
         self.stalled = None  # seconds this worker had been silent when the job stalled (a watched job)
+        self.stalled_at = None  # when the stall stopped it (epoch seconds)
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
         # the job's step on this worker (the spec's progress), reported to the launcher or the hub
         self.steps = step_reader.StepReader(config["progress"], config["cwd"]) if config.get("progress") else None
+        self.samples_due = 0.0  # when a detached run's run.steps is written next (time.monotonic())
 
     def start(self):
         env = dict(os.environ)
@@ -154,16 +157,19 @@ class Step:
         cause_worker, cause_code = self.cause or (None, None)
         ended = {"code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
                  "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
-                 "killed": self.killed}
+                 "stalled_at": self.stalled_at, "killed": self.killed}
         if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
             ended["step"] = self.steps.step
+            self._report_step(watch, final=True)
+            if self.config.get("detach"):
+                self._write_samples()
         self._write_file(self.config["step"] + ".exit", agent_io.to_json(ended))
         return code, signal_name
 
-    def _report_step(self, watch):
+    def _report_step(self, watch, final=False):
         """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
         detached job's followers read: "STEP EPOCH_SECONDS")."""
-        reached = self.steps.report()
+        reached = self.steps.report(final)
         if reached is None:
             return
         step, at = reached
@@ -172,6 +178,14 @@ class Step:
             watch.stepped(step, at)
         if self.config.get("detach"):
             self._write_file("run.step", "%d %r" % (step, at))
+            if time.monotonic() >= self.samples_due:
+                self._write_samples()
+
+    def _write_samples(self):
+        """A detached run's steps over time (step_reader's samples, bounded), as "T S T S ...": what its
+        end's fetch puts in the record (log_follower.py), every SAMPLES_EVERY_S and at its end."""
+        self.samples_due = time.monotonic() + SAMPLES_EVERY_S
+        self._write_file("run.steps", " ".join(map(repr, self.steps.samples)))
 
     def stop_for_failure(self, worker, code):
         """Another worker of a watched job failed (or its agent is gone): stop this one too."""
@@ -184,7 +198,7 @@ class Step:
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
             self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
-            self.stalled = silent_s
+            self.stalled, self.stalled_at = silent_s, time.time()
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
     def request_stop(self, reason):

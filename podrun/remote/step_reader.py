@@ -14,6 +14,7 @@ import os
 import time
 
 REPORT_EVERY_S = 1.0
+MAX_SAMPLES = 1024  # (time, step) pairs kept of a run, however long: see add_sample
 FILE_EVERY_S = 1.0
 LONGEST_LINE = 1 << 16  # of a line without a newline yet, what is kept to match: its end
 # stall: auto: AUTO_MULTIPLE times the median step time of the last AUTO_WINDOW advances, between the floor
@@ -40,6 +41,7 @@ class StepReader:
         self.step_at = None  # when it was reached (epoch seconds)
         self.reported = None  # the step last reported
         self.report_due = 0.0  # when the next report may go (time.monotonic())
+        self.samples = []  # the steps reported, with when each was reached: [T, S, T, S, ...] (add_sample)
 
     def feed(self, data):
         """Output of the run: the step of its last complete line that has one."""
@@ -91,14 +93,27 @@ class StepReader:
             dues.append(self.file_due - time.monotonic())
         return max(0.0, min(dues)) if dues else None
 
-    def report(self):
-        """(step, epoch seconds it was reached) once a step not yet reported may be; else None."""
+    def report(self, final=False):
+        """(step, epoch seconds it was reached) once a step not yet reported may be (`final`: the run ended,
+        it may now); else None."""
         self.read_file()
-        if self.step is None or self.step == self.reported or time.monotonic() < self.report_due:
+        if self.step is None or self.step == self.reported or (time.monotonic() < self.report_due and not final):
             return None
         self.reported = self.step
         self.report_due = time.monotonic() + REPORT_EVERY_S
+        add_sample(self.samples, self.step_at, self.step)
         return self.step, self.step_at
+
+
+def add_sample(samples, at, step):
+    """Append (at, step) to a flat list of samples [T, S, T, S, ...], which keeps at most MAX_SAMPLES + 1
+    pairs however long the run: past that, every other pair goes (the first and the latest stay), so a
+    week-long run keeps its shape at a coarser grain."""
+    samples += [round(at, 3), step]
+    if len(samples) > 2 * MAX_SAMPLES:
+        pairs = [samples[index:index + 2] for index in range(0, len(samples), 2)]
+        kept = pairs[::2] + ([pairs[-1]] if len(pairs) % 2 == 0 else [])
+        samples[:] = [number for pair in kept for number in pair]
 
 
 def auto_bound(advances, multiple=AUTO_MULTIPLE, floor_s=AUTO_FLOOR_S, cap_s=AUTO_CAP_S):

@@ -1,9 +1,9 @@
 """What a job's recorded phases (timeline.py) add up to: the wall time split by phase, goodput, the
 attempts, the slowest worker of each phase, and the workers grouped into bands that behaved alike.
 
-Goodput: each instant of the wall time (from the job's first phase, a TPU's creation included, to its
-end, or now) counts once, under the first phase of PRECEDENCE that some worker (or the job) was in
-then, else as `other`; goodput is the time counted as `run`, over the wall time.
+Each instant of the wall time (from the job's first phase, a TPU's creation included, to its end, or
+now) counts once, under the first phase of PRECEDENCE that some worker (or the job) was in then, else
+as `other` (pieces); goodput.py splits the time counted as `run` by the job's steps.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ from podrun import jobstore, timeline
 # what an instant counts as, when several phases are under way at once (a stall lies within run)
 PRECEDENCE = ("stall", "run", "stop", "judge", "recreate", "restart", "setup", "ship", "connect", "create", "queue")
 SHOWN_ORDER = ("queue", "create", "connect", "ship", "setup", "run", "stop", "stall", "judge", "recreate", "restart")
-# the causes the rest of the wall time is split by; judge, recreate and restart are the recovery
-CAUSE = {"queue": "queue", "create": "create", "connect": "connect", "ship": "ship", "setup": "setup", "stop": "stop",
-         "stall": "stall", "judge": "recovery", "recreate": "recovery", "restart": "recovery"}
-CAUSES = ("queue", "create", "connect", "ship", "setup", "stop", "recovery", "stall", "other")
 MAX_ROWS = 48  # the page's rows of workers, however many workers: the rest are bands
 
 
@@ -47,7 +43,10 @@ class Analysis:
         self.start = min([record.started_at, *(span.start for span in self.spans)])
         self.end = record.ended_at or self.now
         self.wall_s = max(self.end - self.start, 1e-9)
-        self.by_phase = _partition([span for span in self.spans if span.seconds > 0], self.start, self.end)
+        self.pieces = _pieces([span for span in self.spans if span.seconds > 0], self.start, self.end)
+        self.by_phase: dict[str, float] = {}
+        for piece_start, piece_end, phase in self.pieces:
+            self.by_phase[phase] = self.by_phase.get(phase, 0.0) + piece_end - piece_start
         self.workers = sorted({span.worker for span in self.spans if span.worker is not None}
                               | {worker.index for worker in record.workers})
 
@@ -60,17 +59,6 @@ class Analysis:
             return [Span(entry["phase"], attempt, None, entry["start"], entry["end"] or until, details)]
         return [Span(entry["phase"], attempt, int(worker), start, end or until, details)
                 for worker, (start, end) in entry["workers"].items()]
-
-    @property
-    def goodput(self) -> float:
-        return self.by_phase.get("run", 0.0) / self.wall_s
-
-    def by_cause(self) -> dict[str, float]:
-        causes = dict.fromkeys(CAUSES, 0.0)
-        for phase, seconds in self.by_phase.items():
-            if phase != "run":
-                causes[CAUSE.get(phase, "other")] += seconds
-        return causes
 
     def worker_seconds(self, phase: str) -> dict[int, float]:
         """Each worker's time in the phase, summed over attempts."""
@@ -152,19 +140,22 @@ def _attempts(record: jobstore.JobRecord) -> list[dict]:
     return [*record.attempts, current]
 
 
-def _partition(spans: list[Span], start: float, end: float) -> dict[str, float]:
-    """The time from start to end, each instant counted once under the first phase of PRECEDENCE under
-    way then (else `other`)."""
+def _pieces(spans: list[Span], start: float, end: float) -> list[tuple[float, float, str]]:
+    """The time from start to end as (start, end, phase) pieces, in order, each instant counted once under
+    the first phase of PRECEDENCE under way then (else `other`); neighbours of one phase are one piece."""
     events = sorted([(span.start, 1, span.phase) for span in spans] + [(span.end, -1, span.phase) for span in spans])
     active = dict.fromkeys(PRECEDENCE, 0)
-    seconds: dict[str, float] = {}
+    pieces: list[tuple[float, float, str]] = []
     at = start
     for moment, change, phase in [*events, (end, 0, "")]:
         moment = min(max(moment, start), end)
         if moment > at:
             counted = next((name for name in PRECEDENCE if active[name] > 0), "other")
-            seconds[counted] = seconds.get(counted, 0.0) + moment - at
+            if pieces and pieces[-1][2] == counted:
+                pieces[-1] = (pieces[-1][0], moment, counted)
+            else:
+                pieces.append((at, moment, counted))
             at = moment
         if phase in active:
             active[phase] += change
-    return seconds
+    return pieces

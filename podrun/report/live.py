@@ -21,6 +21,7 @@ from podrun.errors import PodrunError
 from podrun.handles import handle_for
 from podrun.output import say
 from podrun.report.analysis import Analysis
+from podrun.report.goodput import Goodput
 from podrun.report.page import content, page
 
 ADDRESS = "127.0.0.1"
@@ -81,8 +82,9 @@ class LiveReport:
         handle = handle_for(jobstore.load(self.job_id))
         handle.reread()
         self._analysis = Analysis(handle.record)
+        self._split = Goodput(self._analysis)
         self._read_at = time.monotonic()
-        self._content = content(self._analysis)
+        self._content = content(self._analysis, self._split)
         # as of this read: asked again later, an attached job's record read before its end would say
         # lost once its launcher has exited, with its end unread
         self._running = handle.record.current_state() == jobstore.RUNNING
@@ -100,7 +102,7 @@ class LiveReport:
     def page(self) -> bytes:
         with self._lock:
             self._fresh()
-            return page(self._analysis, LIVE_SCRIPT).encode()
+            return page(self._analysis, self._split, LIVE_SCRIPT).encode()
 
     def parts(self) -> bytes:
         """The page's content as a JSON object: html, running, read_at (epoch seconds), problem."""

@@ -1,9 +1,10 @@
 """report.html: one self-contained page (inline CSS, SVG and a few lines of script; nothing from the
-network) with the job's summary, its steps over time (the spec's `progress`), its stall verdicts, its
-timeline (a row per worker, or per band of workers that behaved alike, coloured bars per phase, the
-attempts one after another, preemptions and stalls marked, each bar's times on hover), each row's lines
-per second over the run, and the stacks of its last stop. `podrun report --serve` (live.py) serves the
-same page, redrawn as the job goes."""
+network) with the job's summary, its wall time as one bar of parts (goodput.py), its steps over time
+(the spec's `progress`), its stall verdicts, its timeline (a row per worker, or per band of workers that
+behaved alike, coloured bars per phase, the attempts one after another with their first and last step,
+preemptions and stalls marked, each bar's times on hover), each row's lines per second over the run,
+and the stacks of its last stop. `podrun report --serve` (live.py) serves the same page, redrawn as the
+job goes."""
 
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from podrun import jobstore, progress
 from podrun.output import worker_ranges
 from podrun.report import stops
 from podrun.report.analysis import Analysis, Span
+from podrun.report.goodput import Goodput, steps_text
 from podrun.report.summary import summary
 
 COLOURS = {"queue": "#c7c7c7", "create": "#8c6d31", "connect": "#9e9ac8", "ship": "#6baed6", "setup": "#fdae6b",
            "run": "#31a354", "stop": "#969696", "judge": "#e377c2", "recreate": "#d62728", "restart": "#bcbd22",
            "stall": "#e6550d"}
+# the parts of the wall time (goodput.py): podrun's phases keep their colours
+PART_COLOURS = {**COLOURS, "productive": COLOURS["run"], "program_startup": "#fdd0a2",
+                "wasted_progress_from_disruption": "#843c39", "slow_steps": "#e7ba52",
+                "infrastructure_recovery_from_disruption": COLOURS["recreate"], "other": "#e0e0e0"}
 WIDTH = 1100
 LABEL_W = 190
 ROW_H = 18
@@ -33,29 +39,32 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto}
 .legend span{display:inline-block;margin-right:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
 svg text{font:11px system-ui,sans-serif}
-rect.bar:hover,rect.rate:hover{stroke:#000;stroke-width:1}
+rect.bar:hover,rect.rate:hover,rect.part:hover{stroke:#000;stroke-width:1}
 """
-# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size (live.py's
-# script marks it again after each redraw)
+# the browser test reads data-drawn: how many bars the timeline holds, once drawn with a size; and
+# data-parts: the parts of the wall time drawn (live.py's script marks both again after each redraw)
 SCRIPT = """
 function markDrawn() {
   var svg = document.getElementById('timeline');
   var bars = svg.querySelectorAll('rect.bar').length;
   document.body.setAttribute('data-drawn', bars > 0 && svg.getBBox().width > 0 ? String(bars) : 'no');
+  var parts = document.getElementById('parts');
+  var drawn = parts.querySelectorAll('rect.part').length;
+  document.body.setAttribute('data-parts', parts.getBBox().width > 0 ? String(drawn) : 'no');
 }
 window.addEventListener('load', markDrawn);
 """
 
 
-def page(analysis: Analysis, live_script: str = "") -> str:
+def page(analysis: Analysis, split: Goodput, live_script: str = "") -> str:
     """The whole page; `live_script`: what redraws its content as the job goes (live.py)."""
     title = html.escape(analysis.record.id)
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>podrun report: {title}</title>"
             f"<style>{STYLE}</style><script>{SCRIPT}{live_script}</script></head><body>"
-            f"<div id=\"content\">{content(analysis)}</div></body></html>\n")
+            f"<div id=\"content\">{content(analysis, split)}</div></body></html>\n")
 
 
-def content(analysis: Analysis) -> str:
+def content(analysis: Analysis, split: Goodput) -> str:
     """What the page shows of the job: all of it but the page's head and script."""
     record = analysis.record
     rows = [_row(analysis, band) for band in analysis.bands()]
@@ -67,8 +76,8 @@ def content(analysis: Analysis) -> str:
                   "per chunk, in slots that widen as the run grows); red: no line in that slot."
                   if analysis.counted_lines() else
                   "No lines counted: the run went on without podrun receiving its output (a detached job).")
-    return (f"<h1>{html.escape(record.id)}</h1><pre>{html.escape(chr(10).join(summary(analysis)))}</pre>"
-            f"{_progress(analysis)}{stops.stall_verdicts(record)}"
+    return (f"<h1>{html.escape(record.id)}</h1><pre>{html.escape(chr(10).join(summary(analysis, split)))}</pre>"
+            f"<h2>Wall time by part</h2>{_parts(split)}{_progress(analysis)}{stops.stall_verdicts(record)}"
             f"<h2>Timeline</h2><div class=\"legend\">{legend}</div>"
             f"{_timeline(analysis, rows)}"
             f"<h2>Output</h2><p>{rates_note}</p>{_rates(analysis, rows)}{stops.last_stacks(record)}")
@@ -122,10 +131,28 @@ def _frame(analysis: Analysis, height: float) -> list[str]:
              f'<text x="{WIDTH - 10}" y="{TOP - 6}" text-anchor="end">{analysis.wall_s:.1f}s</text>']
     for attempt in analysis.attempts:
         x = _x(analysis, attempt["started_at"])
+        steps = f", {text}" if (text := steps_text(analysis.record, attempt["attempt"])) else ""
         parts.append(f'<line x1="{x}" y1="4" x2="{x}" y2="{height}" stroke="#555" stroke-dasharray="3,3"/>'
                      f'<text x="{x + 3}" y="12">attempt {html.escape(str(attempt["attempt"]))}: '
-                     f'{html.escape(attempt["state"])}</text>')
+                     f'{html.escape(attempt["state"])}{steps}</text>')
     return parts
+
+
+def _parts(split: Goodput) -> str:
+    """The wall time as one bar, a rectangle per part in the order of goodput.PARTS, each titled with its share."""
+    parts, x, width = [], 0.0, WIDTH - 10
+    for part, seconds in split.parts_s.items():
+        if seconds <= 0:
+            continue
+        share = seconds / split.wall_s
+        parts.append(f'<rect class="part" x="{round(x, 1)}" y="0" width="{max(round(share * width, 1), 0.5)}" '
+                     f'height="{ROW_H}" fill="{PART_COLOURS[part]}">{_title(f"{part}: {seconds:.2f}s ({share:.1%})")}'
+                     f'</rect>')
+        x += share * width
+    legend = "".join(f'<span><i style="background:{PART_COLOURS[part]}"></i>{part}</span>'
+                     for part, seconds in split.parts_s.items() if seconds > 0)
+    return (f'<div class="legend">{legend}</div><svg id="parts" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+            f'height="{ROW_H}" viewBox="0 0 {WIDTH} {ROW_H}">{"".join(parts)}</svg>')
 
 
 def _timeline(analysis: Analysis, rows: list[Row]) -> str:

@@ -9,7 +9,7 @@ import os
 import time
 
 from podrun import escapes, jobstore
-from podrun.output import worker_ranges
+from podrun.launch import odd_ones
 
 STACKS_SHOWN = 32  # workers whose stacks the page holds: a 1,024-worker dump is megabytes, redrawn every 2 s live
 
@@ -41,27 +41,15 @@ def newest_stacks(record: jobstore.JobRecord) -> tuple[str, dict[int, str]] | No
     return folder, dict(sorted(texts.items()))
 
 
-def stacks_summary(texts: dict[int, str]) -> list[str]:
-    """Lines that say which workers' stacks stand out. For now: which workers' stacks are the same; the
-    odd-one-out summary of stacks (a function of the same shape, being built beside this) takes its place."""
-    alike: dict[str, list[int]] = {}
-    for worker, text in texts.items():
-        alike.setdefault(text, []).append(worker)
-    if len(alike) == 1:
-        return [f"every worker's stacks are the same ({worker_ranges(list(texts))})"] if len(texts) > 1 else []
-    return [f"{worker_ranges(workers)}: {'the same stacks' if len(workers) > 1 else 'stacks of its own'}"
-            for workers in sorted(alike.values(), key=len, reverse=True)]
-
-
 def last_stacks(record: jobstore.JobRecord) -> str:
-    """The newest dump as a collapsed block, a worker's stacks each (escaped: they quote what the job's
-    processes hold), below the summary of them."""
+    """The newest dump as a collapsed block: where the workers' processes differ (odd_ones.py), then a
+    worker's stacks each (escaped: they quote what the job's processes hold)."""
     newest = newest_stacks(record)
     if newest is None:
         return ""
     folder, texts = newest
     saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(folder).st_mtime))
-    lines = "".join(f"<li>{_shown(line)}</li>" for line in stacks_summary(texts))
+    lines = "".join(f"<li>{_shown(line)}</li>" for line in odd_ones.summary(texts))
     shown = list(texts)[:STACKS_SHOWN]
     workers = "".join(f'<details id="stacks-w{worker}"><summary>worker {worker}</summary><pre>{_shown(texts[worker])}'
                       f'</pre></details>' for worker in shown)

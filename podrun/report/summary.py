@@ -1,20 +1,27 @@
-"""`podrun report`'s terminal summary: wall time, goodput and the rest by cause, each phase with its
-slowest worker, the attempts and why each ended; report.html shows it too."""
+"""`podrun report`'s terminal summary: wall time, goodput and the rest of the wall time by part
+(goodput.py), each phase with its slowest worker, the attempts, why each ended and its first and last
+step; report.html shows it too."""
 
 from __future__ import annotations
 
 from podrun import jobstore
-from podrun.output import duration_text, worker_ranges
+from podrun.output import counted, duration_text, worker_ranges
 from podrun.report.analysis import Analysis
+from podrun.report.goodput import UNKNOWN, Goodput, steps_text
 
 
-def summary(analysis: Analysis) -> list[str]:
+def summary(analysis: Analysis, split: Goodput) -> list[str]:
     record = analysis.record
+    good = f"{seconds_text(split.parts_s['productive'])} productive" if split.known else \
+        f"{seconds_text(split.parts_s['run'])} in run"
     lines = [record.outcome() if record.current_state() != jobstore.RUNNING else f"job {record.id} is running",
-             f"wall time {seconds_text(analysis.wall_s)}; goodput {analysis.goodput:.1%} "
-             f"({seconds_text(analysis.by_phase.get('run', 0.0))} in run)"]
-    rest = [f"{cause} {seconds_text(seconds)}" for cause, seconds in analysis.by_cause().items() if seconds > 0]
+             f"wall time {seconds_text(analysis.wall_s)}; goodput {split.goodput:.1%} ({good})"]
+    rest = [f"{part} {seconds_text(seconds)}" + (f" ({counted(split.lost_progress_steps, 'step')} lost)"
+                                                 if part == "wasted_progress_from_disruption" else "")
+            for part, seconds in split.parts_s.items() if seconds > 0 and part not in ("productive", "run")]
     lines.append(f"the rest: {', '.join(rest) if rest else 'nothing'}")
+    if not split.known:
+        lines.append(UNKNOWN)
     shown = analysis.phases_shown()
     if shown:
         lines.append(f"{'phase':<10} {'time':>8}  slowest worker (summed over attempts)")
@@ -30,7 +37,8 @@ def summary(analysis: Analysis) -> list[str]:
     for attempt in analysis.attempts:
         took = (attempt["ended_at"] or analysis.now) - attempt["started_at"]
         why = f": {attempt['summary']}" if attempt["summary"] and attempt["state"] != jobstore.SUCCEEDED else ""
-        lines.append(f"attempt {attempt['attempt']}: {attempt['state']} after {seconds_text(took)}{why}")
+        steps = f"; {steps_text(record, attempt['attempt']) or 'no step'}" if split.known else ""
+        lines.append(f"attempt {attempt['attempt']}: {attempt['state']} after {seconds_text(took)}{why}{steps}")
     for entry in record.phases:
         if entry["phase"] == "preempted":
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")

@@ -15,6 +15,7 @@ import pytest
 from podrun import __version__
 from podrun.jobstore import JobRecord, WorkerRecord
 from podrun.report.analysis import Analysis
+from podrun.report.goodput import Goodput
 from podrun.report.page import page
 
 from helpers import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
@@ -230,7 +231,8 @@ def test_report_html_escapes_what_a_record_holds(home):
                        attempt=1, launcher={},
                        attempts=[{"attempt": "<script>alert(1)</script>", "state": "<b>preempted</b>", "exit_code": 1,
                                   "summary": "<i>", "started_at": 100.0, "ended_at": 130.0}])
-    shown = page(Analysis(record, now=200.0))
+    analysis = Analysis(record, now=200.0)
+    shown = page(analysis, Goodput(analysis))
     assert "<script>alert" not in shown and "<b>" not in shown and "<img" not in shown
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in shown
 

@@ -87,7 +87,9 @@ def test_a_detached_job_is_judged_by_its_steps_on_its_workers(home, job_file):
     wait_until(lambda: state()["state"] == "stalled", "the detached job to stall", timeout=30)
     job = state()
     assert job["summary"] == "no step from any worker for 2.0s: the job is at step 3 (w0-1 at step 3 for 2.0s)"
-    assert job["steps"][0]["last"] == 3 and [worker["step"] for worker in job["workers"]] == [3, 3]
+    (steps,) = job["steps"]  # from the workers' own samples, whenever `jobs` looked before the end
+    assert (steps["first"], steps["last"]) == (1, 3) and [worker["step"] for worker in job["workers"]] == [3, 3]
+    assert [step for step in steps["samples"][1::2]] == sorted(steps["samples"][1::2])
     wait_until(lambda: not processes_of_job(job_id), "the job's processes to end")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import WAIT_FOR_PREEMPTION, Background, job_id_in, lifecycle_spec, podrun
+from helpers import WAIT_FOR_PREEMPTION, Background, job_id_in, lifecycle_spec, podrun, processes_of_job, wait_until
 
 FAILS_FIRST = ("target: {local: {workers: 2}}\n"
                "setup: echo setting up\n"
@@ -20,6 +20,7 @@ FAILS_FIRST = ("target: {local: {workers: 2}}\n"
                "  [ \"$PODRUN_ATTEMPT\" != 0 ] || { [ \"$PODRUN_WORKER\" = 1 ] && exit 3; exec sleep 600; }\n"
                "restarts: {max: 1, on: [failure]}\n")
 TITLE = re.compile(r"<title>([^<]*)</title>")
+STALLED = 124
 
 
 def page_of(stdout: str) -> str:
@@ -50,7 +51,8 @@ def test_a_job_that_failed_then_succeeded_reports_goodput_both_attempts_and_both
     assert 0 < run_s < wall_s and abs(share - 100 * run_s / wall_s) < 1
     # two runs of at least 0.6 s each (three steps of 0.2 s), and a wait before the restart
     assert run_s >= 1.2, out
-    assert re.search(r"^the rest: .*setup \d+\.\d+s.*recovery 0\.[2-9]\d?s", out, re.MULTILINE), out
+    recovery = r"infrastructure_recovery_from_disruption 0\.[2-9]\d?s"
+    assert re.search(rf"^the rest: .*setup \d+\.\d+s.*{recovery}", out, re.MULTILINE), out
     assert re.search(r"^attempt 0: failed after \d+\.\d+s: worker 1 exited with code 3 in run$", out, re.MULTILINE), out
     assert re.search(r"^attempt 1: succeeded after \d+\.\d+s$", out, re.MULTILINE), out
     assert re.search(r"^run +\d+\.\d+s +w[01] \d+\.\d+s, \+\d+\.\d+s over the median worker$", out, re.MULTILINE), out
@@ -88,6 +90,38 @@ def test_a_stalled_job_reports_its_silence_as_stall(home, job_file):
     stall = re.search(r"^the rest: .*stall (\d+\.\d+)s", result.stdout, re.MULTILINE)
     assert stall and float(stall[1]) >= 1.0, result.stdout
     assert any(t.startswith("job: stall, attempt 0: ") for t in TITLE.findall(page_of(result.stdout)))
+
+
+def test_a_detached_jobs_stall_counts_as_stall_as_an_attached_jobs_does(home, job_file):
+    spec = job_file("target: {local: {workers: 2}}\nrun: echo started; exec sleep 600\nstall: 2s\nstop_grace: 1s\n")
+    ran = podrun("exec", spec, "--detach")
+    assert ran.returncode == 0, ran.stderr
+    job_id = job_id_in(ran.stderr)
+    wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=20)
+    assert podrun("logs", "-f", job_id).returncode == STALLED  # its end collected from the workers
+    report = json.loads(podrun("report", "--json", job_id).stdout)
+    assert report["state"] == "stalled"
+    # from the last line to the stop: the 2 s of silence, and no more than the agents took to see it
+    assert 2.0 <= report["parts_s"]["stall"] < 4.0, report
+    assert report["goodput"] < 1 - report["parts_s"]["stall"] / report["wall_s"] + 1e-9
+    assert sum(report["parts_s"].values()) == pytest.approx(report["wall_s"], abs=1e-6)
+    (stall,) = [entry for entry in listed(job_id)["phases"] if entry["phase"] == "stall"]
+    assert stall["why"].startswith("no output from any worker for 2.")
+
+
+def test_report_json_parts_add_up_to_the_wall_time_and_without_steps_run_is_one_part(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.2")
+    job_id = job_id_in(podrun("exec", job_file(FAILS_FIRST)).stderr)
+    result = podrun("report", "--json", job_id)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # one object, nothing else
+    assert sum(report["parts_s"].values()) == pytest.approx(report["wall_s"], abs=1e-6)
+    assert report["parts_s"]["run"] >= 1.2 and "productive" not in report["parts_s"]
+    assert report["goodput"] == pytest.approx(report["parts_s"]["run"] / report["wall_s"])
+    assert report["parts_s"]["infrastructure_recovery_from_disruption"] == pytest.approx(0.2, abs=0.01)  # the wait
+    assert report["steps"] == [] and report["lost_progress_steps"] == 0
+    assert [(a["attempt"], a["state"]) for a in report["attempts"]] == [(0, "failed"), (1, "succeeded")]
+    assert not (home / "jobs" / job_id / "report.html").exists()
 
 
 def test_a_detached_jobs_run_ends_when_its_workers_say(home, job_file):
@@ -167,7 +201,8 @@ def test_at_1024_workers_the_page_stays_small_with_bands_and_outliers_keep_their
     assert "preempted in attempt 0: worker 3: the VM was preempted" in result.stdout
     page = page_of(result.stdout)
     assert len(page) < 100_000, len(page)
-    timeline = page[page.index('<svg id="timeline"'):page.index("</svg>")]
+    start = page.index('<svg id="timeline"')
+    timeline = page[start:page.index("</svg>", start)]
     labels = re.findall(r'<text x="4" y="[\d.]+">([^<]+)<title>', timeline)
     assert labels[0] == "w0-16,18-899,901-1023 (1022)", labels
     assert set(labels) == {labels[0], "w17", "w900"}
@@ -203,7 +238,7 @@ def test_a_queued_tpu_preempted_once_reports_its_queue_wait_creation_and_recover
     rest = re.search(r"^the rest: (.*)$", result.stdout, re.MULTILINE)
     assert rest, result.stdout
     took = {cause: float(seconds) for cause, seconds in re.findall(r"(\w+) (\d+\.\d+)s", rest[1])}
-    assert took["queue"] >= 2.5 and took["create"] > 0 and took["recovery"] > 0, result.stdout
+    assert took["queue"] >= 2.5 and took["create"] > 0 and took["infrastructure_recovery_from_disruption"] > 0, result.stdout
     assert re.search(r"^preempted in attempt 0: ", result.stdout, re.MULTILINE), result.stdout
     assert "attempt 0: preempted" in result.stdout and "attempt 1: succeeded" in result.stdout
     titles = TITLE.findall(page_of(result.stdout))

@@ -48,6 +48,8 @@ def test_the_report_page_loads_without_console_errors_and_draws_its_timeline(hom
     assert podrun("report", job_id).returncode == 0
     dom, errors = load(home / "jobs" / job_id / "report.html", tmp_path)
     assert errors == []
-    drawn = re.search(r'<body data-drawn="([^"]+)"', dom)
+    drawn = re.search(r'<body data-drawn="([^"]+)" data-parts="([^"]+)"', dom)
     # two workers, two attempts: connect and run each, and the stop of worker 0 in the first
     assert drawn and drawn[1].isdigit() and int(drawn[1]) >= 9, dom[:500]
+    # the wall time's parts in one bar: run, connect, ship, the restart's wait at least
+    assert drawn[2].isdigit() and int(drawn[2]) >= 4, dom[:500]

@@ -90,7 +90,7 @@ def test_the_page_shows_the_stall_verdict_and_the_stacks_of_the_stop_escaped(hom
     assert server.finish() == 0
 
 
-def test_a_port_in_use_is_one_line(home, job_file):
+def test_a_port_in_use_is_one_line_and_so_are_flags_that_do_not_go_together(home, job_file):
     job_id = job_id_in(podrun("exec", job_file("target: {local: {workers: 1}}\nrun: echo done\n")).stderr)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -103,3 +103,6 @@ def test_a_port_in_use_is_one_line(home, job_file):
     assert result.stdout == ""
     usage = podrun("report", job_id, "--port", "8000")
     assert (usage.returncode, usage.stderr.strip()) == (2, "podrun: error: --port: only with --serve")
+    both = podrun("report", job_id, "--json", "--serve")
+    assert both.returncode == 2 and both.stderr.splitlines()[-1].endswith(
+        "error: argument --serve: not allowed with argument --json")

@@ -46,7 +46,7 @@ def test_a_step_reports_start_and_exit_and_leaves_its_exit_file(tmp_path):
     recorded = json.loads(exit_file.read_text())
     assert time.time() - 60 < recorded.pop("ended_at") <= time.time()
     assert recorded == {"code": 3, "signal": None, "stop_reason": None, "cause_worker": None, "cause_code": None,
-                        "rank": None, "stalled": None, "killed": False}
+                        "rank": None, "stalled": None, "stalled_at": None, "killed": False}
 
 
 def test_a_step_that_cannot_start_is_an_error_event_naming_why(tmp_path):

@@ -76,7 +76,8 @@ def test_stall_auto_waits_for_the_cap_until_steps_were_timed():
 def test_the_stall_summary_names_the_step_each_worker_is_at():
     assert stall.summary({0: 3.04, 1: 3.01, 2: 12.4}, {0: 7, 1: 7, 2: 5}) == \
         "no step from any worker for 3.0s: the job is at step 7 (w0-1 at step 7 for 3.0s, w2 at step 5 for 12.4s)"
-    assert stall.summary({0: 5.0}, {0: None}) == "no step from any worker for 5.0s: no worker reached a step (w0 no step yet)"
+    assert stall.summary({0: 5.0}, {0: None}) == \
+        "no step from any worker for 5.0s: no worker reached a step (w0 no step yet)"
     assert stall.summary({0: 3.0, 1: 3.0}) == "no output from any worker for 3.0s (w0-1 silent 3.0s)"
 
 
@@ -127,3 +128,13 @@ def test_a_supervisor_host_may_answer_with_a_record_that_has_steps():
     damaged["steps"][0]["samples"][1] = -1
     with pytest.raises(Exception, match="steps.0.samples.1"):
         answers.record(damaged, job.id, "host")
+
+
+def test_the_step_a_run_ended_at_is_reported_at_once_however_soon_after_the_last_report():
+    reader = StepReader({"pattern": r"step (\d+)"}, ".")
+    reader.feed(b"step 1\n")
+    assert reader.report()[0] == 1
+    reader.feed(b"step 2\nstep 3\n")
+    assert reader.report() is None  # within REPORT_EVERY_S of the last report
+    assert reader.report(final=True)[0] == 3
+    assert reader.report(final=True) is None  # reported already

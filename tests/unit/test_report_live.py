@@ -4,6 +4,7 @@ jobs: tests/local/test_report_serve.py."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import threading
@@ -15,15 +16,21 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from helpers import recorded_job
-from podrun import jobstore, progress, timeline
-from podrun.launch import stacks
+from podrun import escapes, jobstore, progress, timeline
+from podrun.launch import odd_ones, stacks
 from podrun.report import live, stops
 from podrun.report.analysis import Analysis
+from podrun.report.goodput import Goodput
 from podrun.report.page import content
 
 
 def running_job() -> jobstore.JobRecord:
     return jobstore.load(recorded_job("train", time.time() - 60, [None, None], state=jobstore.RUNNING, exit_code=None))
+
+
+def shown(record: jobstore.JobRecord, now: float | None = None) -> str:
+    analysis = Analysis(record, now)
+    return content(analysis, Goodput(analysis))
 
 
 def test_the_page_draws_each_attempts_steps_and_says_the_step_now(home):
@@ -33,28 +40,29 @@ def test_the_page_draws_each_attempts_steps_and_says_the_step_now(home):
     record.finish(jobstore.FAILED, 3, "worker 1 exited with code 3", ended_at=record.started_at + 10)
     record.restart()
     progress.advance(record, record.workers[1], 4, record.started_at + 20)
-    shown = content(Analysis(record, now=record.started_at + 30))
-    lines = re.findall(r'<polyline class="steps" points="([^"]+)"', shown)
+    text = shown(record, now=record.started_at + 30)
+    lines = re.findall(r'<polyline class="steps" points="([^"]+)"', text)
     assert [len(points.split()) for points in lines] == [3, 1]
-    assert re.search(r'<p id="step">step 4 in attempt 1</p>', shown)  # one sample: no rate yet
+    assert re.search(r'<p id="step">step 4 in attempt 1</p>', text)  # one sample: no rate yet
 
 
 def test_the_stall_verdict_and_the_newest_stacks_are_shown_escaped_and_bounded(home):
     record = running_job()
     timeline.add(record, "stall", record.started_at + 5, record.started_at + 9, why="no output <i>for</i> 4s")
     stacks.save(record, {0: "old", 1: "old"})
-    stacks.save(record, {0: "Thread <b>main</b>\n", 1: "Thread <b>main</b>\n", 2: "\x1b[31mother"})
-    shown = content(Analysis(record))
-    assert '<ul id="stalls"><li>attempt 0: no output &lt;i&gt;for&lt;/i&gt; 4s</li></ul>' in shown
-    assert "/stacks/2, saved " in shown and "old" not in shown
-    assert "Thread &lt;b&gt;main&lt;/b&gt;" in shown and "<b>" not in shown
-    assert "\x1b" not in shown
+    newest = {0: "Thread <b>main</b>\n", 1: "Thread <b>main</b>\n", 2: "\x1b[31mother"}
+    stacks.save(record, newest)
+    text = shown(record)
+    said = odd_ones.summary(newest)
+    assert said and all(f"<li>{html.escape(escapes.shown_text(line, colour=False))}</li>" in text for line in said)
+    assert '<ul id="stalls"><li>attempt 0: no output &lt;i&gt;for&lt;/i&gt; 4s</li></ul>' in text
+    assert "/stacks/2, saved " in text and "old" not in text
+    assert "Thread &lt;b&gt;main&lt;/b&gt;" in text and "<b>" not in text
+    assert "\x1b" not in text
     stacks.save(record, {worker: f"pid {worker}" for worker in range(stops.STACKS_SHOWN + 8)})
-    many = content(Analysis(record))
+    many = shown(record)
     assert many.count('<details id="stacks-w') == stops.STACKS_SHOWN
     assert "the other 8 workers' stacks: in the folder" in many
-    assert stops.stacks_summary({0: "a", 1: "a", 2: "b"}) == ["w0-1: the same stacks", "w2: stacks of its own"]
-    assert stops.stacks_summary({0: "a", 1: "a"}) == ["every worker's stacks are the same (w0-1)"]
 
 
 def test_pages_asking_at_once_cost_a_read_a_second_and_an_ended_job_is_not_read_again(home, monkeypatch):

@@ -1,0 +1,75 @@
+"""Real local jobs that print `step N` (the spec's `progress`): `podrun report` splits their run time by
+the steps (report/goodput.py), and restarts.until_no_progress stops restarting attempts that keep dying
+at the same step."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import job_id_in, podrun
+
+# attempt 0 reaches step 5 and fails; attempt 1 resumes from its checkpoint of step 3 and goes on to 8.
+# The agent reports a step at most once a second: the last step of each attempt is held for longer.
+RESUMES_FROM_3 = ("target: {local: {workers: 2}}\n"
+                  "progress: 'step (\\d+)'\n"
+                  "restarts: {max: 1, on: [failure]}\n"
+                  "run: |\n"
+                  "  if [ \"$PODRUN_ATTEMPT\" = 0 ]; then first=1 last=5; else first=3 last=8; fi\n"
+                  "  for i in $(seq $first $last); do echo \"step $i\"; sleep 0.3; done\n"
+                  "  sleep 1.2\n"
+                  "  [ \"$PODRUN_ATTEMPT\" != 0 ] || exit 3\n")
+# every attempt dies right after step 3, within the second in which the agent reports no second step
+DIES_AT_3 = ("target: {local: {workers: 1}}\n"
+             "progress: 'step (\\d+)'\n"
+             "restarts: {max: 10, on: [failure], until_no_progress: 2}\n"
+             "run: for i in 1 2 3; do echo \"step $i\"; sleep 0.2; done; exit 3\n")
+
+
+def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of_lost_progress(home, job_file,
+                                                                                               monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")
+    ran = podrun("exec", job_file(RESUMES_FROM_3))
+    assert ran.returncode == 0, ran.stderr
+    job_id = job_id_in(ran.stderr)
+
+    report = json.loads(podrun("report", "--json", job_id).stdout)
+    parts = report["parts_s"]
+    assert sum(parts.values()) == pytest.approx(report["wall_s"], abs=1e-6)
+    assert [(entry["attempt"], entry["first"], entry["last"]) for entry in report["steps"]] == [(0, 1, 5), (1, 3, 8)]
+    assert report["lost_progress_steps"] == 2
+    # steps 4 and 5 again: about 0.6 s, by the samples the agent sent at most once a second
+    assert 0.2 < parts["wasted_progress_from_disruption"] < 2.5, parts
+    assert parts["productive"] > 2 * parts["wasted_progress_from_disruption"], parts
+    assert parts["program_startup"] > 0, parts
+    # attempt 0's time after step 5, and the restart's wait
+    assert parts["infrastructure_recovery_from_disruption"] >= 1.2, parts
+    assert parts["other"] >= 1.0, parts  # attempt 1's time after its last step
+    assert report["goodput"] == pytest.approx(parts["productive"] / report["wall_s"])
+
+    shown = podrun("report", job_id).stdout
+    assert re.search(r"^wall time \S+; goodput \d+\.\d% \(\d+\.\d+s productive\)$", shown, re.MULTILINE), shown
+    assert re.search(r"wasted_progress_from_disruption \d+\.\d+s \(2 steps lost\)", shown), shown
+    assert re.search(r"^attempt 0: failed after \S+: worker \d exited with code 3 in run; steps 1 to 5$", shown,
+                     re.MULTILINE), shown
+    assert re.search(r"^attempt 1: succeeded after \S+; steps 3 to 8$", shown, re.MULTILINE), shown
+    page = Path(re.search(r"^timeline: (\S+)$", shown, re.MULTILINE)[1]).read_text()
+    assert "attempt 1: succeeded, steps 3 to 8</text>" in page
+    assert re.search(r"<title>productive: \d+\.\d\ds \(\d+\.\d%\)</title>", page)
+
+
+def test_attempts_that_keep_dying_at_the_same_step_stop_restarting_after_until_no_progress(home, job_file,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")
+    ran = podrun("exec", job_file(DIES_AT_3))
+    assert ran.returncode == 3, ran.stderr
+    # attempt 0 got to step 3 from nothing; attempts 1 and 2 never got past it
+    assert "restart 2 of 10" in ran.stderr and "restart 3 of 10" not in ran.stderr
+    assert ("podrun: no restart: the last 2 attempts never got past step 3, the best before them "
+            "(each died at step 3)") in ran.stderr.splitlines()
+    report = json.loads(podrun("report", "--json", job_id_in(ran.stderr)).stdout)
+    assert [(entry["first"], entry["last"]) for entry in report["steps"]] == [(1, 3)] * 3
+    assert report["lost_progress_steps"] == 4  # each restart went back from step 3 to step 1

@@ -1,0 +1,46 @@
+"""restarts.until_no_progress (launch/restart_policy.no_progress): the job restarts no more once that many
+attempts in a row never got past the best step reached before them; on records made as the launcher
+makes them (helpers.StepsRecord)."""
+
+from __future__ import annotations
+
+from podrun.launch.restart_policy import no_progress
+
+from helpers import StepsRecord
+
+
+def attempts_dying_at(*last_steps: int | None, resumed_from: int = 3) -> StepsRecord:
+    """An attempt per step given, each dead at that step (None: before any), each after the first resumed from
+    `resumed_from`, the last one just ended (not restarted yet)."""
+    made, at = StepsRecord(1000.0), 1000.0
+    for number, last in enumerate(last_steps):
+        first = 1 if number == 0 else resumed_from
+        steps = [] if last is None else [(at + 1 + index, step) for index, step in enumerate(range(first, last + 1))]
+        made.attempt((at, at + 20), steps, restart_s=None if number == len(last_steps) - 1 else 0)
+        at += 20
+    return made
+
+
+def test_attempts_that_keep_dying_at_the_best_step_stop_the_restarts_and_name_it(home):
+    made = attempts_dying_at(5, 5, 5, 5)
+    assert no_progress(made.record, 3) == ("no restart: the last 3 attempts never got past step 5, the best before "
+                                           "them (each died at step 5)")
+    assert no_progress(made.record, 4) is None  # the first attempt got to step 5 from nothing
+
+
+def test_an_attempt_that_got_past_the_best_step_starts_the_count_again(home):
+    assert no_progress(attempts_dying_at(5, 5, 6, 6).record, 3) is None
+    assert no_progress(attempts_dying_at(5, 5, 6, 6, 6).record, 3) is None  # the first at 6 got past 5
+    assert no_progress(attempts_dying_at(5, 5, 6, 6, 6, 6).record, 3) is not None
+
+
+def test_an_attempt_with_no_step_counts_as_no_progress_and_each_place_is_named(home):
+    made = attempts_dying_at(5, 4, None, 5)
+    assert no_progress(made.record, 3) == ("no restart: the last 3 attempts never got past step 5, the best before "
+                                           "them (they died at step 4, before any step and at step 5)")
+
+
+def test_attempts_that_never_reached_a_step_stop_the_restarts(home):
+    made = attempts_dying_at(None, None)
+    assert no_progress(made.record, 2) == "no restart: none of the last 2 attempts reached a step (the spec's progress)"
+    assert no_progress(made.record, 3) is None  # not that many attempts yet
