@@ -7,11 +7,13 @@ from __future__ import annotations
 import re
 import signal
 import socket
+import subprocess
 
 import pytest
 
-from helpers import Background, Browser, job_id_in, podrun, wait_until
 from podrun import jobstore
+
+from helpers import Background, Browser, job_id_in, podrun, wait_until
 
 STEP_SHOWN = "document.getElementById('step') && document.getElementById('step').textContent"
 STEP_POINTS = "document.querySelector('#steps polyline.steps').getAttribute('points').split(' ').length"
@@ -25,9 +27,25 @@ def browser(tmp_path):
     browser.close()
 
 
-def started(spec) -> tuple[Background, str]:
+@pytest.fixture
+def in_background():
+    """Start podrun in the background (helpers.Background); whatever still runs at the test's end, passed or
+    not, gets Ctrl-C (a job stops everywhere, a server stops) and is waited for."""
+    started: list[Background] = []
+    yield lambda *args: started.append(Background(*args)) or started[-1]
+    for each in started:
+        if each.process.poll() is None:
+            each.process.send_signal(signal.SIGINT)
+        try:
+            each.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            each.process.kill()
+            each.process.wait()
+
+
+def started(in_background, spec) -> tuple[Background, str]:
     """`podrun exec spec` running in the background, once its run has begun (as its record says); its id."""
-    job = Background("exec", spec)
+    job = in_background("exec", spec)
     job_id = job_id_in(job.wait_for(r"^podrun: job \S+: "))
     wait_until(lambda: any(entry["phase"] == "run" for entry in jobstore.load(job_id).phases), "the run", 60)
     return job, job_id
@@ -38,18 +56,19 @@ def shown_step(text: str) -> int:
     return int(re.match(r"step (\d+) in attempt 0", text)[1])
 
 
-def serving(job_id: str) -> tuple[Background, str]:
-    server = Background("report", job_id, "--serve")
+def serving(in_background, job_id: str) -> tuple[Background, str]:
+    server = in_background("report", job_id, "--serve")
     return server, re.search(r"http://127\.0\.0\.1:\d+/", server.wait_for("http://"))[0]
 
 
-def test_the_page_redraws_the_steps_as_the_job_advances_and_ctrl_c_stops_serving(home, job_file, browser):
-    job, job_id = started(job_file("target: {local: {workers: 2}}\n"
-                                   "progress: 'step (\\d+)'\n"
-                                   "run: |\n"
-                                   "  i=0; while :; do i=$((i+1)); echo \"step $i\"; sleep 0.2; done\n"))
+def test_the_page_redraws_the_steps_as_the_job_advances_and_ctrl_c_stops_serving(home, job_file, browser,
+                                                                                   in_background):
+    job, job_id = started(in_background, job_file("target: {local: {workers: 2}}\n"
+                                                  "progress: 'step (\\d+)'\n"
+                                                  "run: |\n"
+                                                  "  i=0; while :; do i=$((i+1)); echo \"step $i\"; sleep 0.2; done\n"))
     wait_until(lambda: jobstore.load(job_id).steps, "the job's first step in its record", 30)
-    server, url = serving(job_id)
+    server, url = serving(in_background, job_id)
     browser.open(url)
     first = shown_step(browser.wait_for(STEP_SHOWN, "the step on the page"))
     points = browser.evaluate(STEP_POINTS)
@@ -70,13 +89,13 @@ def test_the_page_redraws_the_steps_as_the_job_advances_and_ctrl_c_stops_serving
     job.finish()
 
 
-def test_the_page_shows_the_stall_verdict_and_the_stacks_of_the_stop_escaped(home, job_file, browser):
-    job, job_id = started(job_file("target: {local: {workers: 2}}\n"
-                                   "stall: 2s\n"
-                                   "run: |\n"
-                                   "  echo started\n"
-                                   "  exec python3 -c 'import time; time.sleep(600)' '<b>marked</b>'\n"))
-    server, url = serving(job_id)
+def test_the_page_shows_the_stall_verdict_and_the_stacks_of_the_stop_escaped(home, job_file, browser, in_background):
+    job, job_id = started(in_background, job_file("target: {local: {workers: 2}}\n"
+                                                  "stall: 2s\n"
+                                                  "run: |\n"
+                                                  "  echo started\n"
+                                                  "  exec python3 -c 'import time; time.sleep(600)' '<b>marked</b>'\n"))
+    server, url = serving(in_background, job_id)
     browser.open(url)
     browser.wait_for(f"({LIVE_LINE}).startsWith('the job has ended')", "the page to see the job's end", 60)
     assert job.finish() == 124  # exits.STALLED

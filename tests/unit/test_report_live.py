@@ -15,13 +15,14 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from helpers import recorded_job
 from podrun import escapes, jobstore, progress, timeline
 from podrun.launch import odd_ones, stacks
 from podrun.report import live, stops
 from podrun.report.analysis import Analysis
 from podrun.report.goodput import Goodput
 from podrun.report.page import content
+
+from helpers import recorded_job
 
 
 def running_job() -> jobstore.JobRecord:
