@@ -9,7 +9,7 @@ import os
 import time
 
 from podrun import escapes, jobstore
-from podrun.launch import odd_ones
+from podrun.launch import odd_ones, stacks
 
 STACKS_SHOWN = 32  # workers whose stacks the page holds: a 1,024-worker dump is megabytes, redrawn every 2 s live
 
@@ -23,31 +23,13 @@ def stall_verdicts(record: jobstore.JobRecord) -> str:
     return f'<h2>Stalls</h2><ul id="stalls">{items}</ul>'
 
 
-def newest_stacks(record: jobstore.JobRecord) -> tuple[str, dict[int, str]] | None:
-    """The newest dump of the job's stacks here: its folder and each worker's text; None if none was saved."""
-    root = os.path.join(record.dir, jobstore.STACKS_DIR)
-    try:
-        numbers = [int(entry) for entry in os.listdir(root) if entry.isdigit()]
-    except FileNotFoundError:
-        return None
-    if not numbers:
-        return None
-    folder = os.path.join(root, str(max(numbers)))
-    texts = {}
-    for name in os.listdir(folder):
-        if name.startswith("w") and name.endswith(".txt") and name[1:-4].isdigit():
-            with open(os.path.join(folder, name), errors="replace") as file:
-                texts[int(name[1:-4])] = file.read()
-    return folder, dict(sorted(texts.items()))
-
-
 def last_stacks(record: jobstore.JobRecord) -> str:
     """The newest dump as a collapsed block: where the workers' processes differ (odd_ones.py), then a
     worker's stacks each (escaped: they quote what the job's processes hold)."""
-    newest = newest_stacks(record)
+    newest = stacks.newest_saved(record)
     if newest is None:
         return ""
-    folder, texts = newest
+    folder, texts = newest[0], dict(sorted(newest[1].items()))
     saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(folder).st_mtime))
     lines = "".join(f"<li>{_shown(line)}</li>" for line in odd_ones.summary(texts))
     shown = list(texts)[:STACKS_SHOWN]
