@@ -1,10 +1,11 @@
 """`podrun report`'s terminal summary: wall time, goodput and the rest by cause, each phase with its
-slowest worker, the attempts and why each ended; report.html shows it too."""
+slowest worker, the attempts and why each ended, what it cost; report.html shows it too."""
 
 from __future__ import annotations
 
 from podrun import jobstore
 from podrun.output import duration_text, worker_ranges
+from podrun.report import cost
 from podrun.report.analysis import Analysis
 
 
@@ -34,6 +35,7 @@ def summary(analysis: Analysis) -> list[str]:
     for entry in record.phases:
         if entry["phase"] == "preempted":
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
+    lines += cost.lines(cost.figures(record, now=analysis.now))
     silent = [worker for worker in analysis.workers if _silent(analysis, worker)]
     if silent and analysis.counted_lines():
         lines.append(f"printed nothing in run: {worker_ranges(silent)}")
