@@ -62,8 +62,8 @@ def lines(cost: dict) -> list[str]:
             f"({cost['source']})")
     attempts = cost["attempts"]
     if len(attempts) > 1:
-        shown = [f"attempt {each['attempt']} {money(each['cost'])}" + (" (preempted)" * (each["state"] == jobstore.PREEMPTED))
-                 for each in attempts[:ATTEMPTS_SHOWN]]
+        shown = [f"attempt {each['attempt']} {money(each['cost'])}"
+                 + " (preempted)" * (each["state"] == jobstore.PREEMPTED) for each in attempts[:ATTEMPTS_SHOWN]]
         if rest := attempts[ATTEMPTS_SHOWN:]:
             shown.append(f"+{len(rest)} more {money(sum(each['cost'] for each in rest))}")
         line += ": " + ", ".join(shown)

@@ -199,7 +199,7 @@ def _samples(value: object, path: str) -> None:
 
 STEPS = _object({"attempt": COUNT, "first": COUNT, "first_at": SECONDS, "last": COUNT, "last_at": SECONDS,
                  "samples": _samples}, required=("attempt", "first", "first_at", "last", "last_at", "samples"))
-PRICE = _object({"per_hour": _kind(lambda value: _is_number(value) and value > 0, "a price above 0", nullable=True),
+PRICE = _object({"per_hour": _kind(_at_least(1e-9), "a price above 0", nullable=True),
                  "source": TEXT, "why": TEXT}, required=("per_hour",))  # JobRecord.price, where it has one
 DERIVED = ("cost",)  # what `jobs --json` adds to a record, worked out from its fields again here
 RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers": _list_of(WORKER), "state": STATE,

@@ -67,10 +67,10 @@ T = 1_000_000.0
 def preempted_then_succeeded(price: dict | None) -> jobstore.JobRecord:
     """Queued 0-100 s (not billed), created 100-160, attempt 0 from 160 to 400 (preempted), attempt 1: the TPU
     recreated from 400, its queued request waiting until 450, ready at 500, run 510-700, the end at 710."""
-    record = jobstore.JobRecord("job-1", "job", "tpu:2", "job.yaml", [jobstore.WorkerRecord(0, "a")], started_at=T + 160,
-                                attempt=1, ended_at=T + 710, state=jobstore.SUCCEEDED, price=price,
-                                attempts=[{"attempt": 0, "state": jobstore.PREEMPTED, "exit_code": 75, "summary": "preempted",
-                                           "started_at": T + 160, "ended_at": T + 400}])
+    record = jobstore.JobRecord("job-1", "job", "tpu:2", "job.yaml", [jobstore.WorkerRecord(0, "a")],
+                                started_at=T + 160, attempt=1, ended_at=T + 710, state=jobstore.SUCCEEDED, price=price,
+                                attempts=[{"attempt": 0, "state": jobstore.PREEMPTED, "exit_code": 75,
+                                           "summary": "preempted", "started_at": T + 160, "ended_at": T + 400}])
     record.phases = [
         {"phase": "queue", "attempt": 0, "start": T, "end": T + 100},
         {"phase": "create", "attempt": 0, "start": T + 100, "end": T + 160},
