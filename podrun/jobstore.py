@@ -57,7 +57,7 @@ class JobRecord:
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
                  supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False,
-                 steps: list[dict] | None = None, events: list[dict] | None = None):
+                 steps: list[dict] | None = None, events: list[dict] | None = None, price: dict | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -84,6 +84,9 @@ class JobRecord:
         self.shared_root = shared_root  # its workers share one home (Target.shares_root): a job directory each in it
         self.steps = steps or []  # the job's steps in each attempt (the spec's `progress`): progress.py
         self.events = events or []  # what happened to its notifications (the spec's `notify`): notify.py
+        # what its workers cost per hour, as known where it started: {per_hour, source} or {per_hour: None,
+        # why} (Target.price, the spec's cost.per_hour); report/cost.py bills it
+        self.price = price
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}

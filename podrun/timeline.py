@@ -6,7 +6,8 @@ other fields (never a write of its own: recording costs a few dict updates per p
     {"phase": "run", "attempt": 0, "start": T, "end": T | None,
      "workers": {"0": [T, T | None], ...},          # a phase of each worker: when each began and ended
      "lines": {"0": {"start": T, "every_s": 1, "counts": "3 0 12"}, ...},  # run: lines received per slot
-     ...details: "bytes" (ship), "why" (stall, preempted, restart)}
+     ...details: "bytes" (ship), "why" (stall, preempted, restart), "capacity_at" (recreate: when its
+        queued request found capacity)}
 
 T is epoch seconds. A job-wide phase (queue, create, recreate, judge, restart, stall) has no "workers"; an
 instant (preempted) has end == start. An end still None is open: the phase runs, or its worker's end

@@ -27,6 +27,7 @@ class TpuNode:
     metadata: dict[str, str] = field(default_factory=dict)
     queued_resource: str | None = None  # the short name of the queued resource that created it
     id: str = ""  # the number Google gave it; a node made again under the same name gets another
+    reserved: bool = False  # it runs in a reservation (its schedulingConfig says)
 
     @property
     def full_name(self) -> str:
@@ -80,7 +81,7 @@ def node_from_json(node: dict, location: Location) -> TpuNode:
                  for endpoint in node.get("networkEndpoints", [])],
         metadata=dict(node.get("metadata", {})),
         queued_resource=node["queuedResource"].rsplit("/", 1)[-1] if node.get("queuedResource") else None,
-        id=node.get("id", ""))
+        id=node.get("id", ""), reserved=bool(scheduling.get("reserved")))
 
 
 def queued_from_json(resource: dict, location: Location) -> QueuedResource:

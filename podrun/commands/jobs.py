@@ -13,16 +13,17 @@ from podrun.output import (
     print_table,
     say,
 )
+from podrun.report import cost
 
 DEFAULT_JOBS_SHOWN = 20
-HEADER = ("ID", "NAME", "TARGET", "STATE", "STEP", "EXIT CODES", "STARTED", "DURATION")
+HEADER = ("ID", "NAME", "TARGET", "STATE", "STEP", "EXIT CODES", "STARTED", "DURATION", "COST")
 # what gives way when the table is wider than the terminal, {column: how narrow it may get}, group by
 # group: the name and the id (the wider of the two first, the name on a tie: the id begins with it),
 # then (after a running job's idle time, left out: _table) the exit codes; then whole columns, the
 # least needed first (the id begins with the name), each giving the others their room back; then the
 # id and the state are cut further
 SHRINKABLE = ({"NAME": 4, "ID": 12}, {"EXIT CODES": len("EXIT CODES")})
-DROPPABLE = ("STEP", "STARTED", "NAME", "DURATION", "TARGET")
+DROPPABLE = ("STEP", "STARTED", "NAME", "COST", "DURATION", "TARGET")
 LAST_RESORT = {"ID": 9, "STATE": len("succeeded")}
 FAILURES_SHOWN = 3  # then `+N`
 
@@ -47,8 +48,9 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
 
 
 def _as_json(record: jobstore.JobRecord, state: str) -> dict:
-    """Every field of the record, with the state shown and, while it runs, each worker's `output_at`."""
-    fields = {**record.to_dict(), "state": state}
+    """Every field of the record, with the state shown, what it cost (so far) and, while it runs, each
+    worker's `output_at`."""
+    fields = {**record.to_dict(), "state": state, "cost": cost.figures(record)}
     if state == jobstore.RUNNING:
         for worker, worker_fields in zip(record.workers, fields["workers"]):
             worker_fields["output_at"] = record.output_at(worker)
@@ -59,7 +61,13 @@ def _row(record: jobstore.JobRecord, state: str, idle: bool) -> tuple[str, ...]:
     end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
     duration = duration_text(end - record.started_at) if end else "-"
     return record.id, record.name, record.target, _state_text(record, state, idle), _step(record, state), \
-        _exit_codes(record, state), _started(record), duration
+        _exit_codes(record, state), _started(record), duration, _cost(record)
+
+
+def _cost(record: jobstore.JobRecord) -> str:
+    """`$12.34`: what the job's workers cost, so far while it runs (report/cost.py); `-` where it has no price."""
+    figures = cost.figures(record)
+    return cost.money(figures["total"]) if figures["per_hour"] is not None else "-"
 
 
 def _step(record: jobstore.JobRecord, state: str) -> str:
@@ -137,9 +145,10 @@ def _failures(failed: list[jobstore.WorkerRecord]) -> str:
 
 def _table(jobs: list[tuple[jobstore.JobRecord, str]], width: int | None) -> list[tuple[str, ...]]:
     """The rows of `podrun jobs`, the header first, fitted to `width` (None: whole) as SHRINKABLE says;
-    STEP only where a job shown has progress."""
-    kept = [column for column, name in enumerate(HEADER)
-            if name != "STEP" or any(record.steps for record, _ in jobs)]
+    STEP only where a job shown has progress, COST where one has a price."""
+    shown_if = {"STEP": any(record.steps for record, _ in jobs),
+                "COST": any(record.price and record.price["per_hour"] is not None for record, _ in jobs)}
+    kept = [column for column, name in enumerate(HEADER) if shown_if.get(name, True)]
 
     def rows_of(idle: bool) -> list[tuple[str, ...]]:
         return [tuple(row[column] for column in kept)

@@ -14,7 +14,7 @@ from podrun.handles import handle_for
 from podrun.output import colour_wanted
 from podrun.report.analysis import Analysis
 from podrun.report.goodput import Goodput, steps_of
-from podrun.report.summary import summary
+from podrun.report.summary import cost_of, summary
 
 PAGE = "report.html"
 
@@ -55,4 +55,4 @@ def report_object(analysis: Analysis, split: Goodput) -> dict:
                 for attempt in analysis.attempts]
     return {"job": record.id, "name": record.name, "state": record.current_state(), "started_at": analysis.start,
             "ended_at": record.ended_at, **split.to_dict(), "steps": steps_of(record), "attempts": attempts,
-            "phases_s": analysis.by_phase}
+            "phases_s": analysis.by_phase, "cost": cost_of(analysis, split)}

@@ -119,10 +119,16 @@ class Lifecycle:
         record = jobstore.JobRecord(
             id=job_id, name=spec.name, target=self.target.record_label(workers),
             spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s,
-            shared_root=self.target.shares_root)
+            shared_root=self.target.shares_root, price=self._price())
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
         return record
+
+    def _price(self) -> dict:
+        """The spec's cost.per_hour, else the target's price table's (cloud/prices.py), else why none."""
+        if self.spec.cost:
+            return {"per_hour": self.spec.cost.per_hour, "source": "spec cost.per_hour"}
+        return self.target.price()
 
     def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
         """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
@@ -187,7 +193,10 @@ class Lifecycle:
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
             recreating = timeline.begin(record, "recreate", why=why)
+            self.target.queued_until = None
             self.target.recreate()
+            if self.target.queued_until:  # a queued request waited for capacity: the new TPU bills from then
+                recreating["capacity_at"] = round(self.target.queued_until, 3)
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
             timeline.end(recreating)

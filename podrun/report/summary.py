@@ -1,11 +1,12 @@
 """`podrun report`'s terminal summary: wall time, goodput and the rest of the wall time by part
 (goodput.py), each phase with its slowest worker, the attempts, why each ended and its first and last
-step; report.html shows it too."""
+step, what it cost (cost.py); report.html shows it too."""
 
 from __future__ import annotations
 
 from podrun import jobstore
 from podrun.output import counted, duration_text, worker_ranges
+from podrun.report import cost
 from podrun.report.analysis import Analysis
 from podrun.report.goodput import UNKNOWN, Goodput, steps_text
 
@@ -42,6 +43,7 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
     for entry in record.phases:
         if entry["phase"] == "preempted":
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
+    lines += cost.lines(cost_of(analysis, split))
     silent = [worker for worker in analysis.workers if _silent(analysis, worker)]
     if silent and analysis.counted_lines():
         lines.append(f"printed nothing in run: {worker_ranges(silent)}")
@@ -55,3 +57,8 @@ def _silent(analysis: Analysis, worker: int) -> bool:
 
 def seconds_text(seconds: float) -> str:
     return f"{seconds:.2f}s" if seconds < 10 else duration_text(seconds)
+
+
+def cost_of(analysis: Analysis, split: Goodput) -> dict:
+    """cost.figures with the productive steps' seconds, where the steps are known."""
+    return cost.figures(analysis.record, split.parts_s["productive"] if split.known else None, now=analysis.now)

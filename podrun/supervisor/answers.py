@@ -61,7 +61,8 @@ def record(fields: object, job_id: str, host: str) -> jobstore.JobRecord:
         raise Refused(f"supervisor {host}: job {job_id}: its {bad.path} is {_shown(bad.value)}; expected "
                       f"{bad.expected}; refused") from None
     workers = [jobstore.WorkerRecord(**{**worker, "endpoint": {}}) for worker in fields["workers"]]
-    return jobstore.JobRecord(**{**fields, "workers": workers})
+    kept = {name: value for name, value in fields.items() if name not in DERIVED}
+    return jobstore.JobRecord(**{**kept, "workers": workers})
 
 
 def _shown(value: object) -> str:
@@ -140,6 +141,13 @@ def _check_object(value: object, shape: tuple[dict[str, Check], tuple[str, ...],
             raise _Bad(f"{prefix}{name}", entry, "no such field")
 
 
+def _or_null(check: Check) -> Check:
+    def or_null(value: object, path: str) -> None:
+        if value is not None:
+            check(value, path)
+    return or_null
+
+
 def _mapping_of_workers(item: Check) -> Check:
     """An object whose keys are worker indexes ("0", "1", ...)."""
     def check(value: object, path: str) -> None:
@@ -191,10 +199,13 @@ def _samples(value: object, path: str) -> None:
 
 STEPS = _object({"attempt": COUNT, "first": COUNT, "first_at": SECONDS, "last": COUNT, "last_at": SECONDS,
                  "samples": _samples}, required=("attempt", "first", "first_at", "last", "last_at", "samples"))
+PRICE = _object({"per_hour": _kind(_at_least(1e-9), "a price above 0", nullable=True),
+                 "source": TEXT, "why": TEXT}, required=("per_hour",))  # JobRecord.price, where it has one
+DERIVED = ("cost",)  # what `jobs --json` adds to a record, worked out from its fields again here
 RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers": _list_of(WORKER), "state": STATE,
            "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
            "launcher": ANY_OBJECT, "detached": FLAG, "stop_grace_s": DURATION, "attempt": COUNT,
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
            "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
-           "events": _list_of(ANY_OBJECT)},
+           "events": _list_of(ANY_OBJECT), "price": _or_null(PRICE), "cost": ANY_OBJECT},
           ("id", "name", "target", "spec_path", "workers"), False)

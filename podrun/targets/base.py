@@ -67,6 +67,13 @@ class Target(ABC):
         """One line saying what the job runs on, for --dry-run."""
         return counted(len(workers), self.worker_noun)
 
+    def price(self) -> dict:
+        """What its workers cost per hour, as the job's record keeps it (cloud/prices.py), once workers() has
+        answered: {"per_hour": X, "source": ...}, or {"per_hour": None, "why": ...}. Only Google's TPUs have
+        a price table; the spec's cost.per_hour, which overrides it, is the only price of other kinds."""
+        return {"per_hour": None, "why": f"a {self.spec.target.kind} target has no price table: its cost comes only "
+                                         f"from the spec's cost.per_hour"}
+
     def worker_env(self, worker: Worker, workers: list[Worker]) -> dict[str, str]:
         """Variables the target adds for this worker (the user's `env` may override them). JAX reads
         JAX_COORDINATOR_ADDRESS itself; on a TPU VM it finds its coordinator in the VM's metadata

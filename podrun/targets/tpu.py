@@ -139,6 +139,13 @@ class TpuVm(Target):
         return (f"{what} ({shape}, runtime {node.runtime_version}, {', '.join(states)}) in "
                 f"{node.location.project}/{node.location.zone}: {counted(len(workers), self.worker_noun)}")
 
+    def price(self) -> dict:
+        from podrun.cloud.prices import tpu_price
+
+        node = self.nodes[0]
+        return tpu_price(node.accelerator_type, node.location.zone, spot=node.spot or self.tpu.spot,
+                         reserved=node.reserved or self.tpu.reservation is not None, slices=len(self.nodes))
+
     def provision(self) -> None:
         """Create the TPU the spec declares (accelerator_type) when it does not exist; refuse one of that
         name that is of another type or shape, or dead (preempted, a failed or suspended queued resource)."""

@@ -167,6 +167,9 @@ HOSTILE_FIELDS = [
     ("attempts", [{"attempt": 0}], "its attempts.0.state is missing; expected a value"),
     ("phases", [{"phase": "run", "attempt": 0, "start": "now", "end": None}],
      "its phases.0.start is 'now'; expected epoch seconds"),
+    ("price", {"per_hour": -1, "source": "spec cost.per_hour"},
+     "its price.per_hour is -1; expected a price above 0 or null"),
+    ("price", {"per_hour": 1, "source": "<img>", "pwned": True}, "its price.pwned is True; expected no such field"),
 ]
 
 

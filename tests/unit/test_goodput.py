@@ -89,7 +89,7 @@ def test_a_stall_within_the_run_stays_stall_and_an_attempt_without_a_step_is_all
     assert split.parts_s["program_startup"] == pytest.approx(2 + 10)
     assert split.parts_s["productive"] == pytest.approx(2)
     assert split.parts_s["infrastructure_recovery_from_disruption"] == 0  # the stall took the time after step 2
-    assert summary(Analysis(made.record), split)[-1] == "attempt 1: failed after 10.0s; no step"
+    assert "attempt 1: failed after 10.0s; no step" in summary(Analysis(made.record), split)
 
 
 def test_a_running_jobs_time_since_its_last_step_is_other_up_to_now(home):
