@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable
 
-from podrun import exits, file_limit, jobstore, timeline
+from podrun import exits, file_limit, jobstore, notify, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
@@ -104,6 +104,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     running = timeline.current(record, "run")
     for worker, report in zip(workers, reports):
         worker.output_at = report.output_at or worker.output_at
+        if report.notified:  # worker 0's agent told the job's end (a detached job that nothing watches)
+            notify.took(record, report.notified)
         if exit_record := report.exit:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
@@ -160,7 +162,8 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
 
 class WorkerReport:
     """What log_follower tells of one worker besides its output: its run.exit (None while it runs),
-    when its output last came (epoch seconds), and the stacks its agent saved on a stall.
+    when its output last came (epoch seconds), what its agent told of the job's end (notify.json), and
+    the stacks its agent saved on a stall.
 
     Its stderr may begin with what the host's login printed there (transport/past_login.py)."""
 
@@ -170,6 +173,7 @@ class WorkerReport:
             fields, self.stacks = found
             self.exit: dict | None = fields["exit"]
             self.output_at: float | None = fields["output_at"]
+            self.notified: dict | None = fields.get("notified")
             return
         said = next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "nothing")
         raise PodrunError(f"worker {worker.index} ({worker.address}): no report on the job's log came back; "

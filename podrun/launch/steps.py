@@ -84,13 +84,14 @@ class WorkerStep:
 
     def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool,
                  grace: float, watch: dict | None = None, vm_notices: bool = False,
-                 on_notice: Callable[[int, str], None] | None = None):
+                 on_notice: Callable[[int, str], None] | None = None, notify: dict | None = None):
         self.plan = plan
         self.detach = detach
         self.grace = grace
         self.watch = watch  # a detached run on several workers: the agents watch each other (agent.Hub)
         self.vm_notices = vm_notices  # the agent stops the run on the VM's own notice (remote/vm_notice.py)
         self.on_notice = on_notice  # told (worker, reason) as soon as the agent reports such a notice
+        self.notify = notify  # worker 0 of a detached run that nothing watches: the agent tells the job's end
         self.step = step
         self.command = command
         self.output = output
@@ -117,6 +118,8 @@ class WorkerStep:
             self.probing = True
         if self.watch is not None:
             config["watch"] = self.watch
+        if self.notify is not None:
+            config["notify"] = self.notify
         self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
         channel.stdin.write(agent_source() + framing.message(config))
         await channel.stdin.drain()

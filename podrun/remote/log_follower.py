@@ -3,7 +3,8 @@
 stdin: JOB_DIR, OFFSET and FOLLOW (1: keep following output.log until run.exit exists), a line each
 (not argv, which `ps` shows to everyone). Writes the log's bytes from OFFSET to stdout, then to stderr
 one JSON line, {"exit": run.exit's JSON or null, "output_at": when output.log last grew (epoch seconds)
-or null}, then the stacks a stall saved (run.stacks), if any.
+or null, "notified": notify.json's JSON (what worker 0's agent told of the job's end: agent.py) or null},
+then the stacks a stall saved (run.stacks), if any.
 """
 
 import os
@@ -35,7 +36,8 @@ def main():
         output_at = repr(os.path.getmtime(log))
     except OSError:
         output_at = "null"
-    sys.stderr.write('{"exit": %s, "output_at": %s}\n' % (_read(exit_file) or "null", output_at))
+    sys.stderr.write('{"exit": %s, "output_at": %s, "notified": %s}\n' % (
+        _read(exit_file) or "null", output_at, _read(os.path.join(job_dir, "notify.json")) or "null"))
     sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
 
 

@@ -33,20 +33,21 @@ class Step:
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
+        self.exit_text = None  # the step's <step>.exit, once it has ended (write_exit)
 
     def start(self):
         env = dict(os.environ)
         env.update(self.config["env"])
         env["PODRUN_JOB_DIR"] = self.job_dir
         for name, text in self.config.get("job_files", {}).items():  # the workers' IPs; rank_output.py for torchrun
-            self._write_file(name, text)
+            self.write_file(name, text)
         for key, name in self.config.get("file_env", {}).items():
             env[key] = os.path.join(self.job_dir, name)
         # the py-spy for the step's stacks, fixed now: a process's own PATH later may be anyone's choosing
         self.py_spy = stacks.find_py_spy(env.get("PATH", ""), self.config["cwd"])
-        self._write_file(self.config["step"] + ".py-spy", self.py_spy)
+        self.write_file(self.config["step"] + ".py-spy", self.py_spy)
         if self.container:  # its processes are the daemon's children, not ours: stacks.py finds them by its name
-            self._write_file(self.config["step"] + ".container", self.container)
+            self.write_file(self.config["step"] + ".container", self.container)
         read_end, write_end = os.pipe()
         try:
             self.pid = processes.spawn([processes.shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -55,12 +56,13 @@ class Step:
         self.output = read_end
         self.log = os.open(os.path.join(self.job_dir, "output.log"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._write_file(self.config["step"] + ".pid", str(self.pid))
+        self.write_file(self.config["step"] + ".pid", str(self.pid))
         start = stacks.start_of(os.getpid())  # with the pid, who the agent is: `podrun stop` checks it
-        self._write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
+        self.write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
 
     def supervise(self, control, watch):
-        """Pump output until the step and everything it started are gone; returns (code, signal name)."""
+        """Pump output until the step and everything it started are gone; returns (code, signal name).
+        What write_exit() then writes is ready."""
         poller = agent_io.Poller()
         poller.register(self.output, "output")
         attached = control is not None
@@ -145,11 +147,16 @@ class Step:
             # torchrun exits 1 whatever its rank did: the rank's own code is the step's
             self.rank, code = torchrun_root_cause(_tail(os.path.join(self.job_dir, "output.log"))) or (None, code)
         cause_worker, cause_code = self.cause or (None, None)
-        self._write_file(self.config["step"] + ".exit", agent_io.to_json({
+        self.exit_text = agent_io.to_json({
             "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
             "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
-            "killed": self.killed}))
+            "killed": self.killed})
         return code, signal_name
+
+    def write_exit(self):
+        """<step>.exit: the step is over for whoever looks (podrun logs, podrun stop: log_follower.py,
+        detached_stopper.py)."""
+        self.write_file(self.config["step"] + ".exit", self.exit_text)
 
     def stop_for_failure(self, worker, code):
         """Another worker of a watched job failed (or its agent is gone): stop this one too."""
@@ -161,7 +168,7 @@ class Step:
         """No worker of a watched job printed anything for its stall limit: save this worker's stacks
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
-            self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
+            self.write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
             self.stalled = silent_s
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
@@ -228,7 +235,7 @@ class Step:
                 return  # no such container
             time.sleep(0.1)
 
-    def _write_file(self, name, text):
+    def write_file(self, name, text):
         path = os.path.join(self.job_dir, name)
         with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             handle.write(text)
