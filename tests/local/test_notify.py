@@ -12,13 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Background, job_id_in, job_record, podrun, wait_until
+from helpers import (
+    FAILS_ONCE,
+    Background,
+    failed_restarted_succeeded,
+    job_id_in,
+    job_record,
+    notification,
+    podrun,
+    wait_until,
+)
 from podrun.notify import DRAIN_S
 from webhook_stand_in import TOKEN_PATH
-
-# worker 1 fails attempt 0 (worker 0 ends well at once: the failure is worker 1's whatever the timing)
-FAILS_ONCE = ('run: test "$PODRUN_ATTEMPT" = 1 || test "$PODRUN_WORKER" = 0 || exit 3\n'
-              "restarts: {max: 2, on: [failure]}\n")
 
 
 @pytest.fixture(autouse=True)
@@ -29,20 +34,6 @@ def quick_restarts(monkeypatch):
 def notified(job_file, url: str, body: str, workers: int = 2, on: str = "") -> Path:
     return job_file(f"target: {{local: {{workers: {workers}}}}}\nnotify: {{url: '{url}'{on}}}\n" + body,
                     name="notified")
-
-
-def message(job_id: str, event: str, state: str, attempt: int, reason: str) -> dict:
-    """The message a webhook gets, exactly (README: Notifications)."""
-    verb = {"failure": "failed", "restart": "restarts", "success": "succeeded"}[event]
-    line = f"podrun: job notified {verb} (attempt {attempt}): {reason} [{job_id}]"
-    return {"job": job_id, "name": "notified", "state": state, "event": event, "attempt": attempt, "step": None,
-            "reason": reason, "text": line, "content": line, "allowed_mentions": {"parse": []}}
-
-
-def failed_restarted_succeeded(job_id: str, why: str) -> list[dict]:
-    return [message(job_id, "failure", "failed", 0, why),
-            message(job_id, "restart", "running", 1, f"after failure: {why}"),
-            message(job_id, "success", "succeeded", 1, "every worker exited with code 0")]
 
 
 def events_of(home: Path, job_id: str) -> list[tuple]:
@@ -65,7 +56,7 @@ def test_an_attached_job_that_fails_restarts_and_succeeds_tells_each_event_in_or
     assert result.returncode == 0, result.stderr
     job_id = job_id_in(result.stderr)
     # all delivered before exec exits: it waits for the deliveries under way
-    assert stand_in.received == failed_restarted_succeeded(job_id, "worker 1 exited with code 3 in run")
+    assert stand_in.received == failed_restarted_succeeded(job_id, "notified", "worker 1 exited with code 3 in run")
     assert events_of(home, job_id) == [("failure", 0, True, 1, "launcher"), ("restart", 1, True, 1, "launcher"),
                                        ("success", 1, True, 1, "launcher")]
     host = url.split("/")[2]
@@ -79,7 +70,7 @@ def test_a_detached_job_is_told_of_by_its_supervisor_while_the_laptop_is_gone(ho
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
     assert "a supervisor (pid" in started.stderr
-    assert stand_in.wait_for(3) == failed_restarted_succeeded(job_id, "worker 1 exited with code 3")
+    assert stand_in.wait_for(3) == failed_restarted_succeeded(job_id, "notified", "worker 1 exited with code 3")
     wait_until(lambda: len(job_record(home, job_id)["events"]) == 3, "the supervisor to record the deliveries")
     assert events_of(home, job_id) == [("failure", 0, True, 1, "launcher"), ("restart", 1, True, 1, "launcher"),
                                        ("success", 1, True, 1, "launcher")]
@@ -95,7 +86,7 @@ def test_a_detached_job_that_nothing_watches_is_told_of_by_its_worker_0_once_eve
     assert started.returncode == 0, started.stderr
     assert "supervisor" not in started.stderr
     job_id = job_id_in(started.stderr)
-    assert stand_in.wait_for(1) == [message(job_id, "failure", "failed", 0, "worker 1 exited with code 4")]
+    assert stand_in.wait_for(1) == [notification(job_id, "notified", "failure", "failed", 0, "worker 1 exited with code 4")]
     followed = podrun("logs", "-f", job_id)  # the job's end, read from its workers, with what worker 0 told
     assert followed.returncode == 4, followed.stderr
     assert job_record(home, job_id)["state"] == "failed"
@@ -109,7 +100,7 @@ def test_a_single_worker_detached_job_tells_its_success_and_only_what_on_asks_fo
     started = podrun("exec", spec, "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
-    assert stand_in.wait_for(1) == [message(job_id, "success", "succeeded", 0, "every worker exited with code 0")]
+    assert stand_in.wait_for(1) == [notification(job_id, "notified", "success", "succeeded", 0, "every worker exited with code 0")]
     wait_until(lambda: podrun("jobs", "--json").returncode == 0 and job_record(home, job_id)["state"] == "succeeded",
                "`podrun jobs` to see the job's end")
     assert events_of(home, job_id) == [("success", 0, True, 1, "worker 0")]
@@ -157,7 +148,7 @@ def test_a_secret_in_a_failures_reason_never_reaches_the_webhook(home, job_file,
     result = podrun("exec", notified(job_file, url, body, workers=1, on=", on: [failure]"))
     assert result.returncode == 3, result.stderr
     job_id = job_id_in(result.stderr)
-    assert stand_in.received == [message(job_id, "failure", "failed", 0,
+    assert stand_in.received == [notification(job_id, "notified", "failure", "failed", 0,
                                          "worker 0 exited with code 3 in run (RuntimeError: refused ***)")]
 
 
