@@ -49,7 +49,7 @@ class Notifier:
         ended = record.attempts[-1]
         cause = ENDED_AS.get(ended["state"], ended["state"])
         entry = progress.entry_of(record, ended["attempt"])
-        self._send(record, cause, ended["attempt"], ended["state"], ended["summary"], entry and entry["last"])
+        self._send(record, cause, ended["attempt"], ended["state"], ended["summary"], entry["last"] if entry else None)
         self._send(record, "restart", record.attempt, record.state, f"after {cause}: {ended['summary']}",
                    progress.best_before(record, record.attempt))
 

@@ -23,9 +23,10 @@ LOST = 255  # the code of a worker whose agent is gone (as podrun.exits.LOST)
 class Hub:
     """Worker 0's side of a watched job (a detached run on several workers, where no launcher
     stays to fail fast): every other worker's agent connects here, says hello with the job's token
-    and, when its step ends, its exit code (and a word when it did not end by itself: agent.end_word). The first failure (a non-zero code, or a connection
-    that breaks before its code arrived: an agent killed, a host gone) is sent to every agent as
-    "stop WORKER CODE", and this worker stops too. Worker 0 stays until every other agent is done.
+    and, when its step ends, its exit code (and a word when it did not end by itself: agent.end_word).
+    The first failure (a non-zero code, or a connection that breaks before its code arrived: an agent
+    killed, a host gone) is sent to every agent as "stop WORKER CODE", and this worker stops too.
+    Worker 0 stays until every other agent is done: then it knows the job's end (agent.job_end).
 
     Anyone who reaches worker 0's internal address may connect: a connection that has not said
     hello with the token within HELLO_WITHIN_S, or sends a longer line than Link.LONGEST_LINE, is

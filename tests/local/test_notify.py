@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from podrun.notify import DRAIN_S
+
 from helpers import (
     FAILS_ONCE,
     Background,
@@ -22,7 +24,6 @@ from helpers import (
     podrun,
     wait_until,
 )
-from podrun.notify import DRAIN_S
 from webhook_stand_in import TOKEN_PATH
 
 
@@ -100,7 +101,8 @@ def test_a_single_worker_detached_job_tells_its_success_and_only_what_on_asks_fo
     started = podrun("exec", spec, "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
-    assert stand_in.wait_for(1) == [notification(job_id, "notified", "success", "succeeded", 0, "every worker exited with code 0")]
+    assert stand_in.wait_for(1) == [notification(job_id, "notified", "success", "succeeded", 0,
+                                                 "every worker exited with code 0")]
     wait_until(lambda: podrun("jobs", "--json").returncode == 0 and job_record(home, job_id)["state"] == "succeeded",
                "`podrun jobs` to see the job's end")
     assert events_of(home, job_id) == [("success", 0, True, 1, "worker 0")]
@@ -171,3 +173,18 @@ def test_a_webhook_that_never_answers_delays_the_jobs_end_by_the_documented_boun
     said = [line for line in job.lines if "not delivered" in line]
     assert len(said) == 3 and all(re.match(r"podrun: notification of \w+ \(attempt \d\) to 127\.0\.0\.1:\d+ ", line)
                                   for line in said), said
+
+
+def test_a_detached_job_that_podrun_stop_stops_tells_nothing_and_a_stalled_one_tells_its_stall(
+        home, job_file, webhook):
+    stand_in, url = webhook()
+    started = podrun("exec", notified(job_file, url, "run: echo started; exec sleep 600\n"), "--detach")
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "started" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1 to start")
+    assert podrun("stop", job_id).returncode == 0
+    # worker 0's agent tells before it writes the run's end, which the stop waited for
+    assert job_record(home, job_id)["state"] == "stopped" and stand_in.requests == 0
+    stalling = podrun("exec", notified(job_file, url, "stall: 1s\nrun: exec sleep 600\n"), "--detach")
+    stalled_id = job_id_in(stalling.stderr)
+    assert stand_in.wait_for(1) == [notification(stalled_id, "notified", "stall", "stalled", 0,
+                                                 "no output from any worker for 1s")]

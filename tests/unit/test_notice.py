@@ -1,0 +1,38 @@
+"""A notification as it goes out (remote/notice.py): the message Slack and Discord show, the URL's host as
+the only part of it ever said, and delivery's tries against a webhook stand-in on 127.0.0.1."""
+
+from __future__ import annotations
+
+from podrun.remote import notice
+
+
+def test_the_text_is_one_line_with_slacks_markup_escaped_and_discords_content_pings_no_one():
+    body = notice.message("j-1", "train", "failed", "failure", 2, 1200, "RuntimeError: <!channel> & @everyone\nmore")
+    assert body["reason"] == "RuntimeError: <!channel> & @everyone more"
+    assert body["content"] == ("podrun: job train failed (attempt 2, step 1200): RuntimeError: <!channel> & @everyone "
+                               "more [j-1]")
+    assert body["text"] == ("podrun: job train failed (attempt 2, step 1200): RuntimeError: &lt;!channel&gt; &amp; "
+                            "@everyone more [j-1]")
+    assert body["allowed_mentions"] == {"parse": []}
+    assert len(notice.message("j", "n", "failed", "failure", 0, None, "x" * 5000)["reason"]) == notice.REASON_CHARS
+
+
+def test_only_the_urls_host_is_ever_said():
+    assert notice.host_of("https://hooks.slack.com/services/T0/B0/token?x=1") == "hooks.slack.com"
+    assert notice.host_of("http://user:secret@10.0.0.1:8080/hook") == "10.0.0.1:8080"
+    assert notice.host_of("https://discord.com") == "discord.com"
+
+
+def test_a_refusal_that_would_be_answered_the_same_is_not_tried_again_and_a_busy_webhook_is(webhook):
+    body = notice.message("j", "n", "succeeded", "success", 0, None, "")
+    waits: list[float] = []
+    stand_in, url = webhook()
+    assert notice.deliver(url + "-wrong", body, sleep=waits.append) == {"delivered": False, "tries": 1,
+                                                                        "error": "HTTP 404"}
+    assert notice.deliver(url, body, sleep=waits.append) == {"delivered": True, "tries": 1}
+    stand_in.status = 429
+    assert notice.deliver(url, body, sleep=waits.append) == {"delivered": False, "tries": 3, "error": "HTTP 429"}
+    assert waits == list(notice.BACKOFF_S) and stand_in.requests == 5
+    refused = notice.deliver(url.replace(url.split("/")[2], "127.0.0.1:9"), body, sleep=waits.append)
+    assert refused["delivered"] is False and refused["tries"] == 3 and "refused" in refused["error"].lower()
+    assert notice.BOUND_S == notice.TRIES * notice.TIMEOUT_S + sum(notice.BACKOFF_S) <= 10
