@@ -103,7 +103,7 @@ class Notifier:
     def _deliver(self, record: jobstore.JobRecord, body: dict, entry: dict, before: threading.Thread | None) -> None:
         if before:
             before.join()
-        outcome = notice.deliver(self.url, body)
+        outcome = notice.deliver(self.url, body, tried=lambda tries, error: self._tried(entry, tries))
         with self.lock:
             if self.closed:
                 return
@@ -117,6 +117,10 @@ class Notifier:
                 self.unsaid.append(_failed_line(entry))
                 return
         say(_failed_line(entry))
+
+    def _tried(self, entry: dict, tries: int) -> None:
+        with self.lock:
+            entry["tries"] = tries  # so that one given up at the job's end says how many tries had ended
 
     def _scrubbed(self, text: str | None) -> str | None:
         for secret in self.secrets:

@@ -35,9 +35,9 @@ def message(job, name, state, event, attempt, step, reason):
             "reason": reason, "text": slack_line, "content": line, "allowed_mentions": {"parse": []}}
 
 
-def deliver(url, body, sleep=time.sleep):
+def deliver(url, body, sleep=time.sleep, tried=None):
     """POST `body` (a message) to `url`, tried as the module's docstring says: {"delivered", "tries",
-    "error" (what the last try got, never the URL)}."""
+    "error" (what the last try got, never the URL)}; `tried(tries, error)` is told of each failed try."""
     import json
     import socket
     import urllib.error
@@ -63,6 +63,8 @@ def deliver(url, body, sleep=time.sleep):
             error = "no answer within %gs" % TIMEOUT_S if timed_out else _said(failed.reason)
         except (OSError, ValueError) as failed:  # a connection reset mid-answer, a malformed answer
             error = _said(failed)
+        if tried:
+            tried(tries, error)
         if tries < TRIES:
             sleep(BACKOFF_S[tries - 1])
     return {"delivered": False, "tries": tries, "error": error}

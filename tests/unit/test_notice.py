@@ -3,7 +3,13 @@ the only part of it ever said, and delivery's tries against a webhook stand-in o
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from podrun.remote import notice
+
+from helpers import REPO, section
 
 
 def test_the_text_is_one_line_with_slacks_markup_escaped_and_discords_content_pings_no_one():
@@ -36,3 +42,10 @@ def test_a_refusal_that_would_be_answered_the_same_is_not_tried_again_and_a_busy
     refused = notice.deliver(url.replace(url.split("/")[2], "127.0.0.1:9"), body, sleep=waits.append)
     assert refused["delivered"] is False and refused["tries"] == 3 and "refused" in refused["error"].lower()
     assert notice.BOUND_S == notice.TRIES * notice.TIMEOUT_S + sum(notice.BACKOFF_S) <= 10
+
+
+@pytest.mark.parametrize("page, heading", [("README.md", "## Notifications"), ("docs/notifications.md", "## The message")])
+def test_the_json_the_docs_show_is_what_podrun_sends(page, heading):
+    shown = json.loads(section((REPO / page).read_text(), heading).split("```json\n")[1].split("```")[0])
+    fields = [shown[name] for name in ("job", "name", "state", "event", "attempt", "step", "reason")]
+    assert notice.message(*fields) == shown
