@@ -179,9 +179,11 @@ PHASE = _object({"phase": TEXT, "attempt": COUNT, "start": SECONDS, "end": MAYBE
                  "lines": _mapping_of_workers(_object({"start": SECONDS, "every_s": POSITIVE, "counts": _counts},
                                                       required=("start", "every_s", "counts")))},
                 required=("phase", "attempt", "start", "end"), more=True)
+EVENT = _object({"event": TEXT, "attempt": COUNT, "at": SECONDS, "to": TEXT, "by": TEXT, "delivered": FLAG,
+                 "tries": COUNT, "error": MAYBE_TEXT}, required=("event", "attempt", "delivered"))  # notify.py
 RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers": _list_of(WORKER), "state": STATE,
            "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
            "launcher": ANY_OBJECT, "detached": FLAG, "stop_grace_s": DURATION, "attempt": COUNT,
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
-           "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG},
+           "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "events": _list_of(EVENT)},
           ("id", "name", "target", "spec_path", "workers"), False)
