@@ -77,7 +77,7 @@ class Notifier:
         with self.lock:
             self.closed = True
             for entry in self.under_way:
-                entry.update(delivered=False, error=f"still under way {DRAIN_S:g}s after the job ended: given up")
+                entry.update(delivered=False, error=f"given up {DRAIN_S:g}s after the job ended, still under way")
                 record.events.append(entry)
                 self.unsaid.append(_failed_line(entry))
             self.under_way.clear()
@@ -148,4 +148,4 @@ def took(record: jobstore.JobRecord, entry: dict) -> None:
 def _failed_line(entry: dict) -> str:
     tries = entry.get("tries")
     return (f"notification of {entry.get('event')} (attempt {entry.get('attempt')}) to {entry.get('to')} not "
-            f"delivered after {tries} {'try' if tries == 1 else 'tries'}: {entry.get('error')}")
+            f"delivered: {entry.get('error')} ({tries} {'try' if tries == 1 else 'tries'})")

@@ -119,7 +119,7 @@ def test_a_webhook_answering_500_never_fails_the_job_and_the_record_says_so(home
     assert result.returncode == 0, result.stderr
     job_id = job_id_in(result.stderr)
     host = url.split("/")[2]
-    assert f"podrun: notification of success (attempt 0) to {host} not delivered after 3 tries: HTTP 500" \
+    assert f"podrun: notification of success (attempt 0) to {host} not delivered: HTTP 500 (3 tries)" \
         in result.stderr.splitlines()
     assert stand_in.requests == 3
     record = job_record(home, job_id)
@@ -136,7 +136,7 @@ def test_worker_0s_failed_delivery_is_in_the_record_once_the_job_is_collected(ho
     followed = podrun("logs", "-f", job_id)
     assert followed.returncode == 0, followed.stderr
     assert stand_in.requests == 3  # worker 0's agent tried before it wrote the run's end
-    assert "not delivered after 3 tries: HTTP 500" in followed.stderr
+    assert "not delivered: HTTP 500 (3 tries)" in followed.stderr
     record = job_record(home, job_id)
     assert record["state"] == "succeeded"
     assert [(e["event"], e["delivered"], e["tries"], e["error"], e["by"]) for e in record["events"]] == \
@@ -166,7 +166,7 @@ def test_a_webhook_that_never_answers_delays_the_jobs_end_by_the_documented_boun
     job_id = job_id_in(job.text)
     events = job_record(home, job_id)["events"]
     # the first message gave up on its own; those behind it were still under way when the wait ended
-    given_up = f"still under way {DRAIN_S:g}s after the job ended: given up"
+    given_up = f"given up {DRAIN_S:g}s after the job ended, still under way"
     assert [(e["event"], e["delivered"], e["error"]) for e in events] == [
         ("failure", False, "no answer within 2s"), ("restart", False, given_up), ("success", False, given_up)]
     assert events[0]["tries"] == 3 and events[2]["tries"] == 0  # the success's tries had not begun

@@ -49,3 +49,12 @@ def test_the_json_the_docs_show_is_what_podrun_sends(page, heading):
     shown = json.loads(section((REPO / page).read_text(), heading).split("```json\n")[1].split("```")[0])
     fields = [shown[name] for name in ("job", "name", "state", "event", "attempt", "step", "reason")]
     assert notice.message(*fields) == shown
+
+
+def test_the_docs_give_the_bounds_the_code_keeps():
+    from podrun.notify import DRAIN_S
+
+    delivery = section((REPO / "docs/notifications.md").read_text(), "## Delivery")
+    assert f"gives up within {notice.BOUND_S:g} s" in delivery
+    assert f"**{DRAIN_S:g} s at most**" in delivery
+    assert f"at most {notice.TRIES} times, with a {notice.TIMEOUT_S:g} s timeout" in delivery
