@@ -21,6 +21,7 @@ TIMEOUT_S = 2.0
 BACKOFF_S = (0.5, 1.5)  # before the second try, and before the third
 BOUND_S = TRIES * TIMEOUT_S + sum(BACKOFF_S)
 REASON_CHARS = 300  # a reason is one line, cut to this
+LINE_CHARS = 2000  # what Discord takes of `content`
 VERBS = {"failure": "failed", "preemption": "was preempted", "stall": "stalled", "restart": "restarts",
          "success": "succeeded"}
 
@@ -29,7 +30,7 @@ def message(job, name, state, event, attempt, step, reason):
     """The JSON object POSTed for `event` of job `job` (its id) called `name`."""
     reason = " ".join(str(reason or "").split())[:REASON_CHARS]
     where = "attempt %d" % attempt + ("" if step is None else ", step %d" % step)
-    line = "podrun: job %s %s (%s)%s [%s]" % (name, VERBS[event], where, ": " + reason if reason else "", job)
+    line = ("podrun: job %s %s (%s)%s [%s]" % (name, VERBS[event], where, ": " + reason if reason else "", job))[:LINE_CHARS]
     slack_line = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return {"job": job, "name": name, "state": state, "event": event, "attempt": attempt, "step": step,
             "reason": reason, "text": slack_line, "content": line, "allowed_mentions": {"parse": []}}

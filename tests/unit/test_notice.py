@@ -58,3 +58,29 @@ def test_the_docs_give_the_bounds_the_code_keeps():
     assert f"gives up within {notice.BOUND_S:g} s" in delivery
     assert f"**{DRAIN_S:g} s at most**" in delivery
     assert f"at most {notice.TRIES} times, with a {notice.TIMEOUT_S:g} s timeout" in delivery
+
+
+def test_worker_0_tells_a_stop_a_preemption_a_lost_worker_and_a_stall_apart():
+    """agent.job_end, as worker 0's agent of a detached job that nothing watches decides what it tells once
+    every agent is done, from its hub's words (what each agent said with its exit) and its own step."""
+    from types import SimpleNamespace
+
+    from podrun.remote import agent, hub
+
+    def ended(own_code=0, own_reason=None, said=None, failure=None, stalled=False):
+        watch = hub.Hub({"token": "t", "worker": 0, "workers": 3, "bind": "127.0.0.1"})
+        watch.listener.close()
+        watch.ended, watch.words, watch.failure, watch.stalled, watch.stall = {0, 1, 2}, said or {}, failure, stalled, 60
+        return agent.job_end(0, SimpleNamespace(stop_reason=own_reason, stalled=None), watch, own_code)
+
+    assert ended() == ("success", "succeeded", "every worker exited with code 0")
+    assert ended(143, "worker 1 failed with code 143", {1: "stopped"}, (1, 143)) is None  # podrun stop: others first
+    assert ended(143, "SIGTERM") is None
+    assert ended(143, "worker 2 failed with code 143", {2: "preempted"}, (2, 143)) == (
+        "preemption", "preempted", "worker 2: the VM announced it goes away")
+    assert ended(143, "worker 1 failed with code 255", {}, (1, hub.LOST)) == (
+        "failure", "failed", "worker 1 was lost (its agent, its host or the link to it)")
+    assert ended(143, "stalled: silent for 60.0s", {}, None, stalled=True) == (
+        "stall", "stalled", "no output from any worker for 60s")
+    assert agent.job_end(0, SimpleNamespace(stop_reason=None, stalled=None), None, 7) == (
+        "failure", "failed", "worker 0 exited with code 7")
