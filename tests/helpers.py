@@ -505,7 +505,8 @@ FAILS_ONCE = ('run: test "$PODRUN_ATTEMPT" = 1 || test "$PODRUN_WORKER" = 0 || e
 
 def notification(job_id: str, name: str, event: str, state: str, attempt: int, reason: str) -> dict:
     """The message a webhook gets, exactly (README: Notifications)."""
-    verb = {"failure": "failed", "restart": "restarts", "stall": "stalled", "success": "succeeded"}[event]
+    verb = {"failure": "failed", "preemption": "was preempted", "restart": "restarts", "stall": "stalled",
+            "success": "succeeded"}[event]
     line = f"podrun: job {name} {verb} (attempt {attempt}): {reason} [{job_id}]"
     return {"job": job_id, "name": name, "state": state, "event": event, "attempt": attempt, "step": None,
             "reason": reason, "text": line, "content": line, "allowed_mentions": {"parse": []}}
