@@ -48,7 +48,7 @@ class WebhookStandIn:
 
         self.server = ThreadingHTTPServer((address, 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()  # a quick shutdown
         return f"http://{address}:{self.server.server_address[1]}{TOKEN_PATH}"
 
     def wait_for(self, count: int, timeout: float = 30) -> list[dict]:

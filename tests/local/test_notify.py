@@ -175,6 +175,7 @@ def test_a_webhook_that_never_answers_delays_the_jobs_end_by_the_documented_boun
                                   for line in said), said
 
 
+@pytest.mark.slow
 def test_a_detached_job_that_podrun_stop_stops_tells_nothing_and_a_stalled_one_tells_its_stall(
         home, job_file, webhook):
     stand_in, url = webhook()
