@@ -31,6 +31,13 @@ from podrun.cli_arguments import (
 )
 from podrun.errors import PodrunError, UsageError
 
+# mypy reads the import below; Python skips it (typing costs `podrun jobs` its start-up)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    Parsed = TypeVar("Parsed")
+
 SUPERVISE = "_supervise"  # the hidden command a supervisor host runs (supervisor/daemon.py)
 
 
@@ -60,7 +67,7 @@ def _exec_options(args: argparse.Namespace):
                        args.raw)
 
 
-def _seconds(flag: str, duration: str | None, parse: Callable[[str], float]) -> float | None:
+def _seconds(flag: str, duration: str | None, parse: Callable[[str], Parsed]) -> Parsed | None:
     if duration is None:
         return None
     try:
@@ -134,7 +141,7 @@ def _stop(args: argparse.Namespace) -> int:
 def _stacks(args: argparse.Namespace) -> int:
     from podrun.commands.stacks import show_stacks
 
-    return show_stacks(args.job, args.worker, args.raw)
+    return show_stacks(args.job, args.worker, args.raw, args.all)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -202,8 +209,8 @@ COMMANDS = {
     "jobs": ("list jobs, newest first: state, workers' exit codes, start and duration", _jobs, jobs_arguments,
              False),
     "stop": ("stop a running job on every worker", _stop, stop_arguments, False),
-    "stacks": ("show every worker's Python stacks of a running job, now (saved in the job's stacks/)", _stacks,
-               stacks_arguments, False),
+    "stacks": ("where a running job's workers are, now: the processes whose Python stacks differ from the rest "
+               "(every stack with --all; saved in the job's stacks/)", _stacks, stacks_arguments, False),
     "report": ("where a job's time went: each phase per worker per attempt, goodput; writes report.html, a "
                "timeline", _report, report_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",

@@ -186,6 +186,8 @@ def stop_arguments(sub: argparse.ArgumentParser) -> None:
 def stacks_arguments(sub: argparse.ArgumentParser) -> None:
     report_arguments(sub)
     sub.add_argument("--worker", metavar="LIST", help="these workers only: 'all' (default) or e.g. 0,2-3")
+    sub.add_argument("--all", action="store_true",
+                     help="show every worker's stacks whole, not only where its processes differ from the rest")
     _raw_argument(sub, "the stacks (process command lines, thread names)")
 
 

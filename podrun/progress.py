@@ -8,13 +8,13 @@ advances with it. record.steps holds an entry per attempt that reached a step:
     {"attempt": 1, "first": 3, "first_at": T, "last": 9, "last_at": T,
      "samples": [T, S, T, S, ...]}    # the job's step S as of epoch second T, in order
 
-`samples` holds at most MAX_SAMPLES pairs, however long the attempt: past that, every other pair goes
-(the first and the latest stay), so a week-long run keeps its shape at a coarser grain.
+`samples` holds at most MAX_SAMPLES + 1 pairs, however long the attempt (step_reader.add_sample).
 """
 
 from __future__ import annotations
 
-MAX_SAMPLES = 1024
+from podrun.remote.step_reader import MAX_SAMPLES as MAX_SAMPLES  # re-exported: what a record holds at most
+from podrun.remote.step_reader import add_sample
 
 
 def entry_of(record, attempt: int | None = None) -> dict | None:
@@ -36,11 +36,7 @@ def advance(record, worker, step: int, at: float) -> bool:
     if step <= entry["last"]:
         return False
     entry["last"], entry["last_at"] = step, at
-    entry["samples"] += [round(at, 3), step]
-    if len(entry["samples"]) > 2 * MAX_SAMPLES:
-        pairs = samples(entry)
-        kept = pairs[::2] + ([pairs[-1]] if len(pairs) % 2 == 0 else [])
-        entry["samples"] = [number for pair in kept for number in pair]
+    add_sample(entry["samples"], at, step)
     return True
 
 

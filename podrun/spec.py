@@ -214,7 +214,8 @@ def _step_pattern(pattern: str) -> str:
     except re.error as error:
         raise ValueError(f"expected {EXPECTED['progress.pattern']}, got {got(pattern)} ({error})") from None
     if compiled.groups < 1:
-        raise ValueError(f"expected {EXPECTED['progress.pattern']}, got {got(pattern)}, which has no group (...) for the step")
+        raise ValueError(f"expected {EXPECTED['progress.pattern']}, got {got(pattern)}, which has no group (...) "
+                         f"for the step")
     return pattern
 
 
@@ -249,7 +250,7 @@ class Notify(WithOn):
     url: Annotated[str, AfterValidator(_http_url)] = Field(description="where each event is POSTed as JSON "
                                                                        "(a Slack or Discord incoming webhook works)")
     on: list[Annotated[NotifyEvent, BeforeValidator(_lower_choice("notify.on.*", NOTIFY_EVENTS))]] = Field(
-        default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,
+        default_factory=lambda: list(typing.get_args(NotifyEvent)), min_length=1,
         description="which events: failure, preemption, stall, restart and/or success (default: all)")
 
 

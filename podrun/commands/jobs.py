@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from podrun import handles, jobstore
+from podrun import handles, jobstore, progress
 from podrun.output import (
     counted,
     duration_text,
@@ -15,14 +15,14 @@ from podrun.output import (
 )
 
 DEFAULT_JOBS_SHOWN = 20
-HEADER = ("ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION")
+HEADER = ("ID", "NAME", "TARGET", "STATE", "STEP", "EXIT CODES", "STARTED", "DURATION")
 # what gives way when the table is wider than the terminal, {column: how narrow it may get}, group by
 # group: the name and the id (the wider of the two first, the name on a tie: the id begins with it),
 # then (after a running job's idle time, left out: _table) the exit codes; then whole columns, the
 # least needed first (the id begins with the name), each giving the others their room back; then the
 # id and the state are cut further
 SHRINKABLE = ({"NAME": 4, "ID": 12}, {"EXIT CODES": len("EXIT CODES")})
-DROPPABLE = ("STARTED", "NAME", "DURATION", "TARGET")
+DROPPABLE = ("STEP", "STARTED", "NAME", "DURATION", "TARGET")
 LAST_RESORT = {"ID": 9, "STATE": len("succeeded")}
 FAILURES_SHOWN = 3  # then `+N`
 
@@ -58,8 +58,21 @@ def _as_json(record: jobstore.JobRecord, state: str) -> dict:
 def _row(record: jobstore.JobRecord, state: str, idle: bool) -> tuple[str, ...]:
     end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
     duration = duration_text(end - record.started_at) if end else "-"
-    return record.id, record.name, record.target, _state_text(record, state, idle), _exit_codes(record, state), \
-        _started(record), duration
+    return record.id, record.name, record.target, _state_text(record, state, idle), _step(record, state), \
+        _exit_codes(record, state), _started(record), duration
+
+
+def _step(record: jobstore.JobRecord, state: str) -> str:
+    """The job's step (the spec's progress): `412 31/min` while it runs; after a restart, where the attempt
+    began too, `300-412` (jobs --json has every attempt's first and last); `-` without progress."""
+    entry = progress.entry_of(record)
+    if entry is None:
+        return "-"
+    shown = f"{entry['first']}-{entry['last']}" if record.attempt and entry["first"] != entry["last"] else str(entry["last"])
+    rate = progress.steps_per_minute(record, time.time()) if state == jobstore.RUNNING else None
+    if rate is None:
+        return shown
+    return f"{shown} {rate:.0f}/min" if rate >= 10 else f"{shown} {rate:.2g}/min"
 
 
 def _state_text(record: jobstore.JobRecord, state: str, idle: bool) -> str:
@@ -123,14 +136,22 @@ def _failures(failed: list[jobstore.WorkerRecord]) -> str:
 
 
 def _table(jobs: list[tuple[jobstore.JobRecord, str]], width: int | None) -> list[tuple[str, ...]]:
-    """The rows of `podrun jobs`, the header first, fitted to `width` (None: whole) as SHRINKABLE says."""
-    rows = _fit([HEADER, *(_row(record, state, idle=True) for record, state in jobs)], width, SHRINKABLE[:1])
+    """The rows of `podrun jobs`, the header first, fitted to `width` (None: whole) as SHRINKABLE says;
+    STEP only where a job shown has progress."""
+    kept = [column for column, name in enumerate(HEADER)
+            if name != "STEP" or any(record.steps for record, _ in jobs)]
+
+    def rows_of(idle: bool) -> list[tuple[str, ...]]:
+        return [tuple(row[column] for column in kept)
+                for row in [HEADER, *(_row(record, state, idle) for record, state in jobs)]]
+
+    rows = _fit(rows_of(idle=True), width, SHRINKABLE[:1])
     if not width or _table_width(rows) <= width:
         return rows
-    whole = [HEADER, *(_row(record, state, idle=False) for record, state in jobs)]
+    whole = rows_of(idle=False)
     for dropped in range(len(DROPPABLE) + 1):
-        kept = [column for column, name in enumerate(HEADER) if name not in DROPPABLE[:dropped]]
-        rows = _fit([tuple(row[column] for column in kept) for row in whole], width, SHRINKABLE)
+        shown = [column for column, name in enumerate(whole[0]) if name not in DROPPABLE[:dropped]]
+        rows = _fit([tuple(row[column] for column in shown) for row in whole], width, SHRINKABLE)
         if _table_width(rows) <= width:
             return rows
     return _fit(rows, width, (LAST_RESORT,))

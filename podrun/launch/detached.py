@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable
 
-from podrun import exits, file_limit, jobstore, notify, timeline
+from podrun import exits, file_limit, jobstore, notify, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
@@ -98,10 +98,14 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     ended_at: list[float] = []
     silent_s = {worker.index: report.exit["stalled"] for worker, report in zip(workers, reports)
                 if report.exit and report.exit.get("stalled") is not None}
+    # with progress (each exit has its step), the stall was judged by steps: its summary names them
+    steps = {worker.index: report.exit["step"] for worker, report in zip(workers, reports)
+             if report.exit and "step" in report.exit} or None
     # (worker, code) of the failures that stopped other workers (agent.Hub), as each worker in turn
     # names it: the first worker's agent, the hub that sees every other, first
     causes: list[tuple[int, int]] = []
     running = timeline.current(record, "run")
+    _take_steps(record, workers, reports)
     for worker, report in zip(workers, reports):
         worker.output_at = report.output_at or worker.output_at
         if report.notified:  # worker 0's agent told the job's end (a detached job that nothing watches)
@@ -117,16 +121,33 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
     if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
-        _record_end(record, causes, max(ended_at, default=None), silent_s)
+        _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
         if silent_s:  # what each agent saved before the stall stopped it
-            say(f"stacks of every worker saved in "
-                f"{stacks.save(record, {w.index: report.stacks for w, report in zip(workers, reports)})}")
+            for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):
+                say(line)
     else:
         record.save()
 
 
+def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord], reports: list[WorkerReport]) -> None:
+    """The steps the workers reached (the spec's progress): the latest each fetch sees, and once every
+    worker's run ended, the attempt's steps over time from their samples, in place of what earlier
+    fetches saw of them."""
+    if len(workers) == len(record.workers) and all(report.samples for report in reports):
+        record.steps = [entry for entry in record.steps if entry["attempt"] != record.attempt]
+        for worker in workers:
+            worker.step = worker.step_at = None
+        samples = [(at, step, worker) for worker, report in zip(workers, reports)
+                   for at, step in zip(report.samples[::2], report.samples[1::2])]
+        for at, step, worker in sorted(samples, key=lambda sample: sample[:2]):
+            progress.advance(record, worker, step, at)
+    for worker, report in zip(workers, reports):
+        if report.step:
+            progress.advance(record, worker, report.step[0], report.step[1])
+
+
 def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
-                silent_s: dict[int, float]) -> None:
+                silent_s: dict[int, float], steps: dict[int, int | None] | None = None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
@@ -144,7 +165,7 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     elif failed:
         record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
     elif silent_s:  # worker 0's agent saw no output from any worker for the job's stall
-        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s), ended_at)
+        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s, steps), ended_at)
     elif lost:
         index, code = lost[0]
         record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",
@@ -173,6 +194,9 @@ class WorkerReport:
             fields, self.stacks = found
             self.exit: dict | None = fields["exit"]
             self.output_at: float | None = fields["output_at"]
+            step = fields.get("step")
+            self.step: tuple[int, float] | None = (int(step[0]), float(step[1])) if step else None
+            self.samples: list = fields.get("samples") or []
             self.notified: dict | None = fields.get("notified")
             return
         said = next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "nothing")

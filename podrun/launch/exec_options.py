@@ -18,7 +18,7 @@ class ExecOptions:
     grace_s: float | None = None  # --grace, in seconds
     down: bool = False
     restarts: int | None = None
-    stall_s: float | None = None  # --stall, in seconds
+    stall_s: float | str | None = None  # --stall, in seconds, or "auto"
     supervisor: str | None = None  # --supervisor HOST
     collapse: bool = True  # --no-collapse: False
     raw: bool = False  # --raw: the workers' output reaches the terminal as written (escapes.py)

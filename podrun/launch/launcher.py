@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from podrun import exits, jobstore, timeline
+from podrun import exits, jobstore, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import endings, preflight, stall
@@ -124,15 +124,18 @@ class Launch:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         detach = self.detach and step == "run"
         stall_s = self.job.stall_s
+        progress = self.job.progress if step == "run" else None
         watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
                  "bind": self.plans[0].worker.internal_ip, "stall": stall_s,
-                 "alive_every": stall.alive_every(stall_s) if stall_s else None,
+                 "alive_every": stall.alive_every(stall_s) if stall_s else None, "progress": bool(progress),
+                 "auto": stall.auto_settings() if stall_s == stall.AUTO else None,
                  } if detach and (len(self.plans) > 1 or stall_s) else None
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
             watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.departs,
-            on_notice=self._on_notice, notify=self.notify if detach and plan is self.plans[0] else None)
+            on_notice=self._on_notice, progress=progress, on_step=self._on_step,
+            notify=self.notify if detach and plan is self.plans[0] else None)
             for plan in self.plans]
         # from the first agent's start: one started early waits for go for at most HEARTBEAT_TIMEOUT_S without a
         # word, and starting 1,024 local agents on a loaded machine took longer than that
@@ -191,8 +194,9 @@ class Launch:
         interrupt = asyncio.ensure_future(self.interrupted.wait())
         departure = asyncio.ensure_future(self.departed.wait())
         stall_s = self.job.stall_s if step == "run" and not self.detach else None  # detached: agent.Hub watches
+        by_steps = bool(self.job.progress)
         silence: asyncio.Future = asyncio.ensure_future(
-            stall.silence(worker_steps, stall_s) if stall_s else asyncio.Event().wait())
+            stall.silence(worker_steps, stall_s, self.record, by_steps) if stall_s else asyncio.Event().wait())
         failure = None
         stopping = False
         countdown: asyncio.Future | None = None
@@ -200,7 +204,7 @@ class Launch:
             watched: list[asyncio.Future] = [*finishing, interrupt, departure, silence]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             if silence in done and not stopping:
-                self.stalled = await stall.on_stall(self.record, silence.result(), worker_steps)
+                self.stalled = await stall.on_stall(self.record, silence.result(), worker_steps, by_steps)
                 silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
                 ended = finishing.pop(task)
@@ -218,12 +222,10 @@ class Launch:
                     failure = result
                     if not (self._judged(result) or self.preempted):  # a VM's notice: said already
                         endings.report_failure(self.plans, step, result)
-            if time.monotonic() - self.record_saved_at > self.record_save_interval or not finishing:
-                saving = time.monotonic()
+            if not finishing:
                 self.record.save()
-                self.record_saved_at = time.monotonic()
-                self.record_save_interval = max(RECORD_SAVE_INTERVAL_S,
-                                                (self.record_saved_at - saving) / RECORD_SAVE_SHARE)
+            else:
+                self._save_now_and_then()
             if not stopping and (failure or self.interrupted.is_set() or self.departed.is_set() or self.stalled):
                 stopping = True
                 for ws in finishing.values():
@@ -242,6 +244,14 @@ class Launch:
         departure.cancel()
         silence.cancel()
         return failure
+
+    def _save_now_and_then(self) -> None:
+        """Save the record unless it was saved within record_save_interval (see RECORD_SAVE_SHARE)."""
+        if time.monotonic() - self.record_saved_at > self.record_save_interval:
+            saving = time.monotonic()
+            self.record.save()
+            self.record_saved_at = time.monotonic()
+            self.record_save_interval = max(RECORD_SAVE_INTERVAL_S, (self.record_saved_at - saving) / RECORD_SAVE_SHARE)
 
     async def _hub_address(self, first: WorkerStep) -> str:
         """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
@@ -361,6 +371,12 @@ class Launch:
         if self.preempted:
             return endings.preempted(self.record, self.preempted)
         return endings.failed(self.record, step, failure)
+
+    def _on_step(self, index: int, step: int, at: float) -> None:
+        """A worker's agent reported a step it reached (the spec's progress): kept in the record, which is
+        saved as often as the step's exits save it (`podrun jobs` shows the step)."""
+        if progress.advance(self.record, self.worker_records[index], step, at):
+            self._save_now_and_then()
 
     def _on_notice(self, index: int, reason: str) -> None:
         """A worker's VM announced it goes away: its agent stopped its run already; the others stop too."""

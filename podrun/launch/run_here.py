@@ -49,6 +49,9 @@ def prepare(spec: JobSpec, ships_code: bool, options: ExecOptions) -> tuple[JobS
         check_run_script(spec)
     secrets_from_launcher(spec, os.environ)  # a secret_env not exported is an error, said before any warning
     warn_of_written_secrets(spec)
+    if options.stall_s == "auto" and spec.progress is None:
+        raise UsageError(f"--stall auto: needs progress (the job's step) in {spec.path}, such as progress: "
+                         f"'step (\\d+)'; or give a duration such as 15m")
     if options.stall_s is not None:
         spec = spec.model_copy(update={"stall_s": options.stall_s})
     max_restarts = _max_restarts(spec, options.restarts)

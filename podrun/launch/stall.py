@@ -1,10 +1,17 @@
-"""A stalled job (the spec's `stall`): how its silence is told, and how it is watched.
+"""A stalled job (the spec's `stall`): how it is told, and how it is watched.
 
-An attached job is watched by its launcher (Launch, which sees every worker's output: silence() and
-on_stall() here); a detached one
-by worker 0's agent (agent.Hub), which each other agent tells of its output as "alive", at most every
-alive_every(stall) seconds: a job's silence is seen that much late at most, and a chatty job costs
-one message per worker per interval, never one per line.
+Without `progress`, a job stalls when no worker printed anything for `stall`; with it, when no worker's
+step advanced for that long, whatever they print (a hung training loop's telemetry thread still
+prints). `stall: auto` (with progress) derives the bound from the job's own step time
+(remote/step_reader.auto_bound): AUTO_MULTIPLE times the median of its recent step times, within
+PODRUN_STALL_AUTO_FLOOR (5 min) and PODRUN_STALL_AUTO_CAP (2 h); the cap until three steps were seen,
+as a first step may compile for an hour.
+
+An attached job is watched by its launcher (Launch, which hears every worker's output and step:
+silence() and on_stall() here); a detached one by worker 0's agent (agent.Hub), which each other agent
+tells of its output as "alive", at most every alive_every(stall) seconds, or of its step as it
+advances, at most every second: a job's silence is seen that much late at most, and a chatty job
+costs one message per worker per interval, never one per line.
 """
 
 from __future__ import annotations
@@ -12,47 +19,85 @@ from __future__ import annotations
 import asyncio
 import time
 
-from podrun import jobstore, timeline
+from podrun import jobstore, progress, timeline
+from podrun.cloud.settings import seconds
 from podrun.launch import stacks
 from podrun.launch.steps import WorkerStep
 from podrun.output import duration_text, say, worker_ranges
+from podrun.remote import step_reader
 
 ALIVE_EVERY_S = 5.0
+AUTO = "auto"
+AUTO_FLOOR = ("PODRUN_STALL_AUTO_FLOOR", step_reader.AUTO_FLOOR_S)
+AUTO_CAP = ("PODRUN_STALL_AUTO_CAP", step_reader.AUTO_CAP_S)
+AUTO_RECHECK_S = 1.0  # an auto bound shrinks as steps come: the watch looks again this often
 
 
-def alive_every(stall_s: float) -> float:
+def alive_every(stall_s: float | str) -> float:
     """How often, at most, a detached job's agent tells the hub that its worker printed something."""
-    return min(ALIVE_EVERY_S, stall_s / 4)
+    return ALIVE_EVERY_S if stall_s == AUTO else min(ALIVE_EVERY_S, float(stall_s) / 4)
 
 
-def summary(silent_s: dict[int, float]) -> str:
-    """`no output from any worker for 3.0s (w0-2 silent 3.0s, w3 silent 12.4s)`: workers silent for
-    the same time (as duration_text shows it) are named as ranges."""
-    by_silence: dict[str, list[int]] = {}
-    for index, seconds in sorted(silent_s.items(), key=lambda item: item[1]):
-        by_silence.setdefault(duration_text(seconds), []).append(index)
-    shortest = min(silent_s.values())
-    return (f"no output from any worker for {duration_text(shortest)} ("
-            + ", ".join(f"{worker_ranges(indexes)} silent {silence}" for silence, indexes in by_silence.items()) + ")")
+def auto_settings() -> dict:
+    """stall: auto's rule, as step_reader.auto_bound takes it (read when the job starts: a bad value is a line)."""
+    return {"multiple": step_reader.AUTO_MULTIPLE, "floor_s": seconds(AUTO_FLOOR), "cap_s": seconds(AUTO_CAP)}
 
 
-async def silence(worker_steps: list[WorkerStep], stall_s: float) -> dict[int, float]:
-    """Returns once no worker has printed anything for `stall_s` (the clock starts now): how long each
-    worker has been silent."""
+def summary(silent_s: dict[int, float], steps: dict[int, int | None] | None = None) -> str:
+    """`no output from any worker for 3.0s (w0-2 silent 3.0s, w3 silent 12.4s)`; with progress (`steps`,
+    each worker's), `no step from any worker for 3.0s: the job is at step 7 (w0-2 at step 7 for 3.0s, ...)`.
+    Workers alike (the same silence as duration_text shows it, and step) are named as ranges."""
+    alike: dict[str, list[int]] = {}
+    for index, silence in sorted(silent_s.items(), key=lambda item: item[1]):
+        if steps is None:
+            said = f"silent {duration_text(silence)}"
+        else:
+            step = steps.get(index)
+            said = f"at step {step} for {duration_text(silence)}" if step is not None else "no step yet"
+        alike.setdefault(said, []).append(index)
+    workers = ", ".join(f"{worker_ranges(indexes)} {said}" for said, indexes in alike.items())
+    shortest = duration_text(min(silent_s.values()))
+    if steps is None:
+        return f"no output from any worker for {shortest} ({workers})"
+    reached = [step for step in steps.values() if step is not None]
+    where = f"the job is at step {max(reached)}" if reached else "no worker reached a step"
+    return f"no step from any worker for {shortest}: {where} ({workers})"
+
+
+async def silence(worker_steps: list[WorkerStep], stall_s: float | str, record: jobstore.JobRecord,
+                  by_steps: bool) -> dict[int, float]:
+    """Returns once no worker has printed anything (`by_steps`: advanced its step) for the stall's bound
+    (the clock starts now): how long each worker has been silent."""
     started = time.monotonic()
-    while (left := max(started, *(ws.output_at for ws in worker_steps)) + stall_s - time.monotonic()) > 0:
-        await asyncio.sleep(left)
+    rule = auto_settings() if stall_s == AUTO else None
+
+    def since(ws: WorkerStep) -> float:
+        return max(started, ws.step_at if by_steps else ws.output_at)
+
+    while True:
+        bound = step_reader.auto_bound(_advances(record), **rule) if rule else float(stall_s)
+        left = max(map(since, worker_steps)) + bound - time.monotonic()
+        if left <= 0:
+            break
+        await asyncio.sleep(min(left, AUTO_RECHECK_S) if rule else left)
     now = time.monotonic()
-    return {ws.plan.worker.index: now - max(started, ws.output_at) for ws in worker_steps}
+    return {ws.plan.worker.index: now - since(ws) for ws in worker_steps}
 
 
-async def on_stall(record: jobstore.JobRecord, silent_s: dict[int, float], worker_steps: list[WorkerStep]) -> str:
-    """Say which workers were silent for how long, and save every worker's stacks, before the stop;
-    returns the stall's summary."""
-    stalled = summary(silent_s)
+def _advances(record: jobstore.JobRecord) -> list[tuple[float, int]]:
+    entry = progress.entry_of(record)
+    return progress.samples(entry) if entry else []
+
+
+async def on_stall(record: jobstore.JobRecord, silent_s: dict[int, float], worker_steps: list[WorkerStep],
+                   by_steps: bool) -> str:
+    """Say which workers were silent (without a step) for how long, save every worker's stacks and say
+    where their processes differ, before the stop; returns the stall's summary."""
+    stalled = summary(silent_s, {worker.index: worker.step for worker in record.workers} if by_steps else None)
     timeline.begin(record, "stall", at=time.time() - min(silent_s.values()), why=stalled)
     say(f"job {record.id} stalled: {stalled}; saving every worker's stacks, then stopping it")
     texts = await stacks.collect([(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir)
                                   for ws in worker_steps])
-    say(f"stacks of every worker saved in {stacks.save(record, texts)}")
+    for line in stacks.saved_and_summed_up(record, texts):
+        say(line)
     return stalled

@@ -84,13 +84,16 @@ class WorkerStep:
 
     def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool,
                  grace: float, watch: dict | None = None, vm_notices: bool = False,
-                 on_notice: Callable[[int, str], None] | None = None, notify: dict | None = None):
+                 on_notice: Callable[[int, str], None] | None = None, progress: dict | None = None,
+                 on_step: Callable[[int, int, float], None] | None = None, notify: dict | None = None):
         self.plan = plan
         self.detach = detach
         self.grace = grace
         self.watch = watch  # a detached run on several workers: the agents watch each other (agent.Hub)
         self.vm_notices = vm_notices  # the agent stops the run on the VM's own notice (remote/vm_notice.py)
         self.on_notice = on_notice  # told (worker, reason) as soon as the agent reports such a notice
+        self.progress = progress  # where run's agent reads the job's step (the spec's progress: step_reader.py)
+        self.on_step = on_step  # told (worker, step, epoch seconds) as the agent reports each step it reached
         self.notify = notify  # worker 0 of a detached run that nothing watches: the agent tells the job's end
         self.step = step
         self.command = command
@@ -99,6 +102,7 @@ class WorkerStep:
         self.events: list[dict] = []
         self.diagnostics: list[str] = []  # stderr lines that are not agent events
         self.output_at = 0.0  # when output last came (time.monotonic()): the stall watch's clock
+        self.step_at = 0.0  # when its step last advanced (time.monotonic()): with progress, the stall watch's
         self.probing = False  # its agent says hello first (first_contact)
         self.line_counter: dict | None = None  # run's lines counted over time (timeline.count_lines)
 
@@ -112,7 +116,7 @@ class WorkerStep:
                   "job_files": job_files(self.plan, self.step), "file_env": FILE_VARIABLES}
         if self.step == "run":
             config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group",
-                          vm_notices=self.vm_notices)
+                          vm_notices=self.vm_notices, progress=self.progress)
         if probe is not None:
             config["probe"] = probe
             self.probing = True
@@ -201,6 +205,10 @@ class WorkerStep:
             self.events.append(event)
             if event["event"] == "notice" and self.on_notice:
                 self.on_notice(self.plan.worker.index, str(event.get("reason")))
+            elif event["event"] == "step":
+                self.step_at = time.monotonic()
+                if self.on_step:
+                    self.on_step(self.plan.worker.index, int(event["step"]), float(event["at"]))
             return event
         if text.strip():
             self.diagnostics.append(text)

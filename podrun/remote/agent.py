@@ -18,7 +18,8 @@ Protocol
           code version checked out into cwd before the step starts: checkout.py), command, env,
           grace, heartbeat, detach, job_files (name: text, written into the job's directory first: the
           workers' IPs, and for run under torchrun rank_output.py), file_env (variable: the name of a
-          job file, set to its path)}, for run {container, term ("leader" or "group")}, for a job's
+          job file, set to its path)}, for run {container, term ("leader" or "group"), progress (the spec's:
+          {pattern} or {file}, or null; step_reader.py)}, for a job's
           first step "probe", for a watched run "watch", for a run on a TPU VM "vm_notices" (true: the
           VM's own notice of its preemption stops the job at once, vm_notice.py); then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
@@ -34,13 +35,14 @@ Protocol
           variables it set in the step's env)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
           So one channel per worker does what would otherwise take three.
-  watch   {token, worker, hub_worker, workers, bind, stall, alive_every}: a detached run (on several
+  watch   {token, worker, hub_worker, workers, bind, stall, alive_every, progress, auto}: a detached run (on several
           workers, or with a stall limit), whose agents stop each other's steps when one fails, with no
           launcher left (hub.py). The hub_worker's agent listens on `bind` (its internal
           address) and reports {"event": "hub", "port": P} first; every agent waits for
           "go HOST:PORT" (the hub's address) before it starts.
-          With stall (seconds), the hub also stops the job when no worker printed anything for that
-          long: each agent first saves its job's stacks as run.stacks (stacks.py).
+          With stall (seconds, or "auto" with auto's {multiple, floor_s, cap_s}), the hub also stops the job
+          when no worker printed anything (with progress: reached a step) for that long: each agent first
+          saves its job's stacks as run.stacks (stacks.py).
   notify  {url, on, name, attempt}, to worker 0's agent of a detached run that nothing watches: once every
           agent is done (the hub says), it tells the job's end (failure, preemption, stall, success) as
           a notification (notice.py) and writes what came of it to notify.json, then run.exit.
@@ -48,15 +50,18 @@ Protocol
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is), "killed": true
           when a stop's SIGKILL ended it after the grace period},
-          {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away).
+          {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away),
+          {"event": "step", "step": S, "at": EPOCH_SECONDS} (with progress: a step reached, at most once a second).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the
   agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.py-spy (the
   py-spy on the step's PATH as it started, or nothing: what its stacks are dumped with), <step>.container
   (a docker: job's container name, whose processes its stacks include), notify.json (notify), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
-  stalled: how long this worker had been silent when a stall stopped it, and killed: whether SIGKILL
-  ended it after the grace period), run.stacks (on a stall); each file 0600.
+  stalled: how long this worker had been silent when a stall stopped it, killed: whether SIGKILL
+  ended it after the grace period, and with progress step: its step or null), run.stacks (on a stall),
+  run.step (a detached run with progress: "STEP EPOCH_SECONDS", its latest) and run.steps (its steps over
+  time, "T S T S ...", bounded: step_reader.add_sample; every 10 s and at the end); each file 0600.
 With "detach": true the agent reports {"event": "detached", "pid": P} and carries on in a session
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
@@ -118,8 +123,7 @@ def main():
         watch.step_ended(code, end_word(job_step))
         watch.serve(job_step)
     if telling is not None:  # its exit last: whoever sees the job's end sees what was told of it
-        tell_end(telling, config, job_step, watch, code)
-        job_step.write_exit()
+        job_step.write_exit(tell_end(telling, config, job_step, watch, code))
     # everything went out through os.write: skipping the interpreter's teardown saves ~1 ms of CPU
     # on every worker for every step
     os._exit(code)
@@ -182,16 +186,19 @@ def end_word(job_step):
 
 def tell_end(telling, config, job_step, watch, code):
     """Worker 0's agent of a detached job that nothing watches, once every agent is done: the job's end
-    told as the spec's notify asks (notice.py), and what came of it written to notify.json, which the
-    launcher reads with the job's end (log_follower.py)."""
+    told as the spec's notify asks (notice.py); returns what came of it, for notify.json, which the
+    launcher reads with the job's end (log_follower.py), or None if nothing was told."""
     ended = job_end(config["worker"], job_step, watch, code)
     if ended is None or ended[0] not in telling["on"]:
-        return
+        return None
     event, state, reason = ended
-    body = notice.message(config["job_id"], telling["name"], state, event, telling["attempt"], None, reason)
+    if watch is not None and watch.advances:  # the job's step: the highest any worker reached (progress)
+        reached = watch.advances[-1][1]
+    else:
+        reached = job_step.steps.step if job_step.steps is not None else None
+    body = notice.message(config["job_id"], telling["name"], state, event, telling["attempt"], reached, reason)
     outcome = notice.deliver_within(telling["url"], body, notice.BOUND_S + 2)
-    job_step.write_file("notify.json", agent_io.to_json(
-        notice.entry(body, outcome, telling["url"], "worker %d" % config["worker"])))
+    return agent_io.to_json(notice.entry(body, outcome, telling["url"], "worker %d" % config["worker"]))
 
 
 def job_end(worker, job_step, watch, code):
@@ -205,7 +212,8 @@ def job_end(worker, job_step, watch, code):
     if word == "preempted":
         return "preemption", "preempted", "worker %d: the VM announced it goes away" % (failure or (worker,))[0]
     if watch is not None and watch.stalled:
-        return "stall", "stalled", "no output from any worker for %gs" % watch.stall
+        return "stall", "stalled", "no %s from any worker for %gs" % (
+            "output" if job_step.steps is None else "step", round(watch.bound(), 1))
     if failure:
         lost = failure[1] == hub.LOST and failure[0] != worker
         return "failure", "failed", ("worker %d was lost (its agent, its host or the link to it)" % failure[0] if lost

@@ -9,9 +9,9 @@ import sys
 import time
 
 try:  # on a worker, sent ahead of this file (transport/base.py, script_modules)
-    agent_io = sys.modules["podrun_remote_agent_io"]
+    agent_io, step_reader = (sys.modules["podrun_remote_" + name] for name in ("agent_io", "step_reader"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import agent_io
+    from podrun.remote import agent_io, step_reader
 try:  # hmac.compare_digest, without the 6.7 ms of imports (_hashlib) that hmac brings
     from _operator import _compare_digest as same_secret
 except ImportError:  # not CPython
@@ -63,10 +63,14 @@ class Hub:
         self.on_failure = None
         self.on_stall = None
         self.hello_deadline = None
-        self.stall = config.get("stall")  # seconds without output from any worker that stop the job
+        # seconds without output from any worker (with progress: without a step) that stop the job, or "auto"
+        self.stall = config.get("stall")
+        self.auto = config.get("auto") or {}  # stall: auto's multiple, floor_s and cap_s (step_reader.auto_bound)
+        self.progress = bool(config.get("progress"))  # the stall clock runs on steps, not output
         self.stalled = False
         self.started_at = None  # when the step started: the stall clock's start
-        self.heard_at = {}  # each worker's last output (time.monotonic()), as far as the hub knows
+        self.heard_at = {}  # each worker's last output, or step (time.monotonic()), as far as the hub knows
+        self.advances = []  # (time.monotonic(), step) each time the job's step rose, the last few: stall auto's
 
     def attach(self, poller, on_failure, on_stall):
         self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
@@ -96,6 +100,8 @@ class Hub:
                 self.heard_at.setdefault(link.worker, self.started_at)
             elif words == ["alive"]:
                 self.heard_at[link.worker] = time.monotonic()
+            elif len(words) == 2 and words[0] == "step" and words[1].isdigit():
+                self.stepped(int(words[1]), None, link.worker)
             elif len(words) in (2, 3) and words[0] == "exit":
                 self.ended.add(link.worker)
                 if len(words) == 3:
@@ -139,7 +145,21 @@ class Hub:
             self.on_failure(worker, code)
 
     def heard(self):
-        self.heard_at[self.worker] = time.monotonic()
+        if not self.progress:
+            self.heard_at[self.worker] = time.monotonic()
+
+    def stepped(self, step, at, worker=None):
+        """A worker (default: this one) reached `step`: the stall clock starts again."""
+        now = time.monotonic()
+        self.heard_at[self.worker if worker is None else worker] = now
+        if not self.advances or step > self.advances[-1][1]:
+            self.advances = self.advances[-step_reader.AUTO_WINDOW:] + [(now, step)]
+
+    def bound(self):
+        """The stall's bound now, in seconds."""
+        if self.stall != "auto":
+            return self.stall
+        return step_reader.auto_bound(self.advances, **self.auto)
 
     def until_due(self, stall):
         """Seconds until tick() has something to do (None: nothing to wait for): a stranger's hello
@@ -168,7 +188,7 @@ class Hub:
         """Seconds until the job counts as stalled (None: it is not watched for one, or already did)."""
         if not self.stall or self.stalled or self.failure is not None:
             return None
-        return max(0.0, max(self.heard_at.values()) + self.stall - time.monotonic())
+        return max(0.0, max(self.heard_at.values()) + self.bound() - time.monotonic())
 
     def check_stall(self):
         """Once no worker printed anything for `stall`: every agent saves its stacks and stops."""
@@ -224,8 +244,9 @@ class HubLink:
         self.hub_worker = config["hub_worker"]
         self.on_failure = None
         self.on_stall = None
-        # output is told to the hub as "alive", at most this often: never a message per line
-        self.alive_every = config.get("alive_every") if config.get("stall") else None
+        # output is told to the hub as "alive", at most this often: never a message per line; with progress,
+        # only steps are (step.py reports one at most every second)
+        self.alive_every = config.get("alive_every") if config.get("stall") and not config.get("progress") else None
         self.alive_due = 0.0
 
     def attach(self, poller, on_failure, on_stall):
@@ -236,6 +257,9 @@ class HubLink:
         if self.alive_every is not None and time.monotonic() >= self.alive_due:
             self.link.send("alive\n")
             self.alive_due = time.monotonic() + self.alive_every
+
+    def stepped(self, step, at):
+        self.link.send("step %d\n" % step)
 
     def until_due(self, stall):
         return None  # the hub watches for a stall

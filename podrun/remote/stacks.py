@@ -6,7 +6,9 @@ user can copy. The Python ones among them (their executable is a python) each ge
 --pid P`, with the py-spy the agent found on the job's PATH when the step started (<step>.py-spy in the job's
 directory, the job's user's and writable by no one else), else what the kernel shows (its state, wchan,
 /proc/PID/stack where readable, the command line), with a note that py-spy would give the Python stack.
-So where the job runs as root, no other user gets a program run as root, or their process dumped.
+So where the job runs as root, no other user gets a program run as root, or their process dumped. A
+section's header names the process, its parent and the RANK a launcher such as torchrun gave it, if any:
+what launch/odd_ones.py compares the workers' processes by.
 
 Run as a script (stdin: the job's directory on this worker, not on the command line, which `ps` shows to
 everyone; the text goes to stdout), or by the agent of a watched job on a stall (text()). The detached
@@ -85,7 +87,8 @@ def job_processes(agent, session, container=0):
         if session and int(fields[3]) == session:
             members.append(pid)
     roots = [agent, container] if container else [agent]  # pid 0's children are init and kthreadd: never a root
-    found, waiting = set(members) | set(roots[1:]), list(roots)
+    # a member's descendants too: torchrun starts each rank in a session of its own
+    found, waiting = set(members) | set(roots[1:]), roots + members
     while waiting:
         for child in children.get(waiting.pop(), ()):
             if child not in found:
@@ -174,7 +177,9 @@ def _start_py_spy(py_spy, pid):
 
 
 def _section(pid, dump):
-    header = "=== pid %d: %s ===\n" % (pid, _command(pid))
+    rank = _rank(pid)
+    header = "=== pid %d (parent %s%s): %s ===\n" % (pid, field_of(pid, "PPid:") or "?",
+                                                   ", rank " + rank if rank else "", _command(pid))
     if dump is not None:
         import subprocess
 
@@ -191,6 +196,17 @@ def _section(pid, dump):
         note = ("py-spy is not on the job's PATH (as its step started): with it (pip install py-spy) this shows "
                 "the Python stack\n")
     return header + note + _kernel_view(pid)
+
+
+def _rank(pid):
+    """The RANK that torchrun (or a launcher like it) gave the process, or "": what names it in the summary."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            variables = handle.read().split(b"\0")
+    except OSError:
+        return ""
+    found = [entry[5:].decode(errors="replace") for entry in variables if entry.startswith(b"RANK=")]
+    return found[0] if found and found[0].isdigit() else ""
 
 
 def _kernel_view(pid):

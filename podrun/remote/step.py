@@ -9,12 +9,13 @@ import sys
 import time
 
 try:  # on a worker, each was sent ahead of this file (transport/base.py, script_modules)
-    agent_io, processes, stacks, vm_notice = (
-        sys.modules["podrun_remote_" + name] for name in ("agent_io", "processes", "stacks", "vm_notice"))
+    agent_io, processes, stacks, step_reader, vm_notice = (
+        sys.modules["podrun_remote_" + name] for name in ("agent_io", "processes", "stacks", "step_reader", "vm_notice"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import agent_io, processes, stacks, vm_notice
+    from podrun.remote import agent_io, processes, stacks, step_reader, vm_notice
 
 signal = processes.signal  # its C core (processes.py)
+SAMPLES_EVERY_S = 10.0
 
 
 class Step:
@@ -34,20 +35,23 @@ class Step:
         self.helpers = []  # docker commands started to stop the container: reaped at the end
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
         self.exit_text = None  # the step's <step>.exit, once it has ended (write_exit)
+        # the job's step on this worker (the spec's progress), reported to the launcher or the hub
+        self.steps = step_reader.StepReader(config["progress"], config["cwd"]) if config.get("progress") else None
+        self.samples_due = 0.0  # when a detached run's run.steps is written next (time.monotonic())
 
     def start(self):
         env = dict(os.environ)
         env.update(self.config["env"])
         env["PODRUN_JOB_DIR"] = self.job_dir
         for name, text in self.config.get("job_files", {}).items():  # the workers' IPs; rank_output.py for torchrun
-            self.write_file(name, text)
+            self._write_file(name, text)
         for key, name in self.config.get("file_env", {}).items():
             env[key] = os.path.join(self.job_dir, name)
         # the py-spy for the step's stacks, fixed now: a process's own PATH later may be anyone's choosing
         self.py_spy = stacks.find_py_spy(env.get("PATH", ""), self.config["cwd"])
-        self.write_file(self.config["step"] + ".py-spy", self.py_spy)
+        self._write_file(self.config["step"] + ".py-spy", self.py_spy)
         if self.container:  # its processes are the daemon's children, not ours: stacks.py finds them by its name
-            self.write_file(self.config["step"] + ".container", self.container)
+            self._write_file(self.config["step"] + ".container", self.container)
         read_end, write_end = os.pipe()
         try:
             self.pid = processes.spawn([processes.shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -56,9 +60,9 @@ class Step:
         self.output = read_end
         self.log = os.open(os.path.join(self.job_dir, "output.log"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.write_file(self.config["step"] + ".pid", str(self.pid))
+        self._write_file(self.config["step"] + ".pid", str(self.pid))
         start = stacks.start_of(os.getpid())  # with the pid, who the agent is: `podrun stop` checks it
-        self.write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
+        self._write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
 
     def supervise(self, control, watch):
         """Pump output until the step and everything it started are gone; returns (code, signal name).
@@ -91,8 +95,9 @@ class Step:
                 timeout = until_silence if timeout is None else min(timeout, until_silence)
             watching_stall = not self.stop_reason
             until_due = watch.until_due(watching_stall) if watch is not None else None
-            if until_due is not None:
-                timeout = until_due if timeout is None else min(timeout, until_due)
+            for due in (until_due, self.steps and self.steps.due()):
+                if due is not None:
+                    timeout = due if timeout is None else min(timeout, due)
             for ready, fd in poller.poll(timeout):
                 if ready == "output":
                     data = os.read(self.output, 65536)
@@ -101,6 +106,8 @@ class Step:
                         poller.unregister(self.output)
                         continue
                     agent_io.write_all(self.log, data)
+                    if self.steps is not None:
+                        self.steps.feed(data)
                     if watch is not None:
                         watch.heard()
                     if stdout_open and not agent_io.try_write_all(1, data):
@@ -125,6 +132,8 @@ class Step:
                     if reason and not self.stop_reason:
                         agent_io.emit(event="notice", reason=reason)
                         self.request_stop(reason)
+            if self.steps is not None:
+                self._report_step(watch)
             if attached and time.monotonic() - heard_at > self.heartbeat:
                 self.request_stop("no word from the launcher for %gs" % self.heartbeat)
             if watch is not None:
@@ -147,16 +156,45 @@ class Step:
             # torchrun exits 1 whatever its rank did: the rank's own code is the step's
             self.rank, code = torchrun_root_cause(_tail(os.path.join(self.job_dir, "output.log"))) or (None, code)
         cause_worker, cause_code = self.cause or (None, None)
-        self.exit_text = agent_io.to_json({
-            "code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
-            "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
-            "killed": self.killed})
+        ended = {"code": code, "signal": signal_name, "stop_reason": self.stop_reason, "ended_at": time.time(),
+                 "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
+                 "killed": self.killed}
+        if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
+            ended["step"] = self.steps.step
+            self._report_step(watch, final=True)
+            if self.config.get("detach"):
+                self._write_samples()
+        self.exit_text = agent_io.to_json(ended)
         return code, signal_name
 
-    def write_exit(self):
+    def write_exit(self, notified=None):
         """<step>.exit: the step is over for whoever looks (podrun logs, podrun stop: log_follower.py,
-        detached_stopper.py)."""
-        self.write_file(self.config["step"] + ".exit", self.exit_text)
+        detached_stopper.py); after `notified`, notify.json (what worker 0's agent told of the job's end:
+        agent.tell_end), so that whoever sees the end reads that with it."""
+        if notified is not None:
+            self._write_file("notify.json", notified)
+        self._write_file(self.config["step"] + ".exit", self.exit_text)
+
+    def _report_step(self, watch, final=False):
+        """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
+        detached job's followers read: "STEP EPOCH_SECONDS")."""
+        reached = self.steps.report(final)
+        if reached is None:
+            return
+        step, at = reached
+        agent_io.emit(event="step", step=step, at=at)
+        if watch is not None:
+            watch.stepped(step, at)
+        if self.config.get("detach"):
+            self._write_file("run.step", "%d %r" % (step, at))
+            if time.monotonic() >= self.samples_due:
+                self._write_samples()
+
+    def _write_samples(self):
+        """A detached run's steps over time (step_reader's samples, bounded), as "T S T S ...": what its
+        end's fetch puts in the record (log_follower.py), every SAMPLES_EVERY_S and at its end."""
+        self.samples_due = time.monotonic() + SAMPLES_EVERY_S
+        self._write_file("run.steps", " ".join(map(repr, self.steps.samples)))
 
     def stop_for_failure(self, worker, code):
         """Another worker of a watched job failed (or its agent is gone): stop this one too."""
@@ -168,7 +206,7 @@ class Step:
         """No worker of a watched job printed anything for its stall limit: save this worker's stacks
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
-            self.write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
+            self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
             self.stalled = silent_s
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
@@ -235,7 +273,7 @@ class Step:
                 return  # no such container
             time.sleep(0.1)
 
-    def write_file(self, name, text):
+    def _write_file(self, name, text):
         path = os.path.join(self.job_dir, name)
         with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             handle.write(text)

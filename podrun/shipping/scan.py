@@ -58,12 +58,20 @@ def scan(workdir: str | Path, remember: bool = True,
     WorkdirTooLarge before any file is read, unless `ship_large`, told how large, says to go on.
     `left_home`: a relative path that never ships (the spec being run: its env may hold secrets)."""
     root = Path(workdir)
-    files = [relative for relative in ignore.shipped_files(root) if relative != left_home]
-    infos = [os.lstat(root / relative) for relative in files]
+    listed = [relative for relative in ignore.shipped_files(root) if relative != left_home]
+    found = [(relative, info) for relative in listed if (info := _lstat(root / relative))]  # gone since listed: not shipped
+    files, infos = [relative for relative, _ in found], [info for _, info in found]
     too_large = _too_large(files, infos)
     if too_large and not ship_large(too_large):
         raise too_large
     return Tree(root, files, _digest(root, files, infos, remember))
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 def _too_large(files: list[str], infos: list[os.stat_result]) -> WorkdirTooLarge | None:
@@ -91,11 +99,15 @@ def _digest(root: Path, files: list[str], infos: list[os.stat_result], remember:
     for relative, info in zip(files, infos):
         path = os.path.join(root, relative)
         digest.update(os.fsencode(relative) + b"\0")
-        if stat.S_ISLNK(info.st_mode):
-            digest.update(b"link\0" + os.fsencode(os.readlink(path)))
-        else:
-            digest.update(b"exec\0" if info.st_mode & 0o111 else b"file\0")
-            digest.update(file_digests.of(relative, path, info))
+        try:
+            if stat.S_ISLNK(info.st_mode):
+                digest.update(b"link\0" + os.fsencode(os.readlink(path)))
+            else:
+                digest.update(b"exec\0" if info.st_mode & 0o111 else b"file\0")
+                digest.update(file_digests.of(relative, path, info))
+        except FileNotFoundError:
+            raise PodrunError(f"{path}: removed while podrun read the workdir {root}; nothing was shipped, "
+                              f"run again once it stays put") from None
     if remember:
         file_digests.save()
     return digest.hexdigest()[:HASH_LENGTH]

@@ -170,7 +170,7 @@ def _counts(value: object, path: str) -> None:
 
 WORKER = _object({"index": COUNT, "address": TEXT, "exit_code": EXIT_CODE, "signal": MAYBE_TEXT,
                   "endpoint": ANY_OBJECT, "stop_reason": MAYBE_TEXT, "rank": MAYBE_COUNT, "output_at": MAYBE_SECONDS,
-                  "killed": FLAG}, required=("index", "address"))
+                  "killed": FLAG, "step": MAYBE_COUNT, "step_at": MAYBE_SECONDS}, required=("index", "address"))
 ATTEMPT = _object({"attempt": COUNT, "state": STATE, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
                    "started_at": SECONDS, "ended_at": MAYBE_SECONDS},
                   required=("attempt", "state", "exit_code", "summary", "started_at", "ended_at"))
@@ -179,11 +179,26 @@ PHASE = _object({"phase": TEXT, "attempt": COUNT, "start": SECONDS, "end": MAYBE
                  "lines": _mapping_of_workers(_object({"start": SECONDS, "every_s": POSITIVE, "counts": _counts},
                                                       required=("start", "every_s", "counts")))},
                 required=("phase", "attempt", "start", "end"), more=True)
+
+
+def _samples(value: object, path: str) -> None:
+    """progress.py's samples: at most MAX_SAMPLES + 1 pairs of epoch seconds and a step, flat."""
+    from podrun.progress import MAX_SAMPLES
+
+    if not (isinstance(value, list) and len(value) % 2 == 0 and len(value) <= 2 * MAX_SAMPLES + 2):
+        raise _Bad(path, value, f"at most {MAX_SAMPLES + 1} pairs of epoch seconds and a step")
+    for index, number in enumerate(value):
+        (COUNT if index % 2 else SECONDS)(number, f"{path}.{index}")
+
+
+STEPS = _object({"attempt": COUNT, "first": COUNT, "first_at": SECONDS, "last": COUNT, "last_at": SECONDS,
+                 "samples": _samples}, required=("attempt", "first", "first_at", "last", "last_at", "samples"))
 EVENT = _object({"event": TEXT, "attempt": COUNT, "at": SECONDS, "to": TEXT, "by": TEXT, "delivered": FLAG,
                  "tries": COUNT, "error": MAYBE_TEXT}, required=("event", "attempt", "delivered"))  # notify.py
 RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers": _list_of(WORKER), "state": STATE,
            "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
            "launcher": ANY_OBJECT, "detached": FLAG, "stop_grace_s": DURATION, "attempt": COUNT,
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
-           "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "events": _list_of(EVENT)},
+           "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
+           "events": _list_of(EVENT)},
           ("id", "name", "target", "spec_path", "workers"), False)

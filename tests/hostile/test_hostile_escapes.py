@@ -141,13 +141,13 @@ def test_stacks_show_escapes_in_command_lines_and_thread_names_harmlessly(home, 
     job_id = job_of("exec", "--detach", spec)
     try:
         wait_until(lambda: b"up" in podrun("logs", job_id, text=False).stdout, "the job's first line")
-        shown = podrun("stacks", job_id, text=False)
+        shown = podrun("stacks", job_id, "--all", text=False)
         assert shown.returncode == 0, shown.stderr
         text = safe(shown.stdout, colour=False)
         assert "stuck.py x^[]52;c;eA==^G ===" in text, text
         if "py-spy dump --pid" in text:
             assert '"main^[]0;pwned^G"' in text, text
-        raw = podrun("stacks", job_id, "--raw", text=False)
+        raw = podrun("stacks", job_id, "--all", "--raw", text=False)
         assert b"stuck.py x\x1b]52;c;eA==\x07 ===" in raw.stdout, raw.stdout
         # the saved stacks keep what the worker gave
         assert "x\x1b]52;c;eA==\x07" in (home / "jobs" / job_id / "stacks" / "1" / "w0.txt").read_text()

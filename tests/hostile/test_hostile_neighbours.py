@@ -78,7 +78,7 @@ class Strangers:
         assert not self.ran.exists(), f"a stranger's py-spy ran as uid {self.ran.read_text().split()}"
         for text in texts:
             assert STRANGER_SAYS not in text
-            assert not [pid for pid in self.pids if f"=== pid {pid}:" in text], text
+            assert not [pid for pid in self.pids if f"=== pid {pid} (" in text], text
 
     def close(self) -> None:
         for process in self.processes:
@@ -118,7 +118,7 @@ def test_podrun_stacks_as_root_dumps_the_jobs_own_processes_only_and_runs_no_str
     try:
         wait_until(lambda: podrun("logs", "--no-collapse", job_id).stdout.count("] up\n") == 2, "both workers' first line")
         with strangers(job_id, 2) as others:
-            shown = podrun("stacks")
+            shown = podrun("stacks", "--all")
             assert shown.returncode == 0, shown.stderr
             others.check_untouched(shown.stdout, *stacks_of(home, job_id).values())
         for worker in ("0", "1"):  # the job's own processes, by the real py-spy (on the job's PATH)
@@ -139,7 +139,7 @@ def test_on_ssh_hosts_as_root_podrun_stacks_runs_no_strangers_py_spy(home, lab, 
     try:
         wait_until(lambda: podrun("logs", "--no-collapse", job_id).stdout.count("] up\n") == 2, "both workers' first line")
         with strangers(job_id, 2) as others:
-            shown = podrun("stacks", job_id)
+            shown = podrun("stacks", job_id, "--all")
             assert shown.returncode == 0, shown.stderr
             others.check_untouched(shown.stdout)
         assert shown.stdout.count("hang_in_collective (hang.py:4)") == 2, shown.stdout
@@ -220,7 +220,7 @@ def test_the_follower_stopper_and_stacks_helpers_take_the_job_on_stdin_not_on_a_
     try:
         wait_until(lambda: helper_running("log_follower"), "the log followers")
         assert command_lines_naming(job_id, but=set()) == []
-        stacks = Background("stacks")
+        stacks = Background("stacks", "--all")
         wait_until(dumping.exists, "the stacks helper to start the job's py-spy")
         assert helper_running("stacks")
         assert command_lines_naming(job_id, but=set()) == []

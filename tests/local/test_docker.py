@@ -97,7 +97,7 @@ def test_stacks_of_a_docker_job_dump_its_containers_python_processes(home, docke
     """The container's processes are the docker daemon's children, not the agent's: stacks finds them by
     the container's name, and the host's py-spy dumps them."""
     job, job_id, _ = started_stubborn_job(docker, job_file)
-    shown = podrun("stacks", job_id)
+    shown = podrun("stacks", job_id, "--all")
     job.process.send_signal(signal.SIGINT)
     assert job.finish() == 130
     assert shown.returncode == 0, shown.stderr

@@ -51,7 +51,8 @@ def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
                                                                                (good_id, "succeeded", 0)]
     assert listed[0]["workers"][1] == {"index": 1, "address": "local/w1", "exit_code": 5, "signal": None,
                                        "endpoint": {"kind": "local", "root": str(home / "local" / "w1")},
-                                       "stop_reason": None, "rank": None, "output_at": None, "killed": False}
+                                       "stop_reason": None, "rank": None, "output_at": None, "killed": False,
+                                       "step": None, "step_at": None}
 
 
 def test_logs_shows_the_newest_job_or_one_worker_tail(home, job_file):

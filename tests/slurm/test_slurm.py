@@ -171,10 +171,11 @@ def test_detached_job_runs_until_stop_which_releases_the_allocation(home, cluste
     assert copied.returncode == 0, copied.stderr
     assert (cluster.home / "note.txt").read_text() == "copied\n"
     # podrun stacks: each node's Python processes of the job, through a step on it
-    stacks = podrun("stacks", job_id)
+    stacks = podrun("stacks", job_id, "--all")
     assert stacks.returncode == 0, stacks.stderr
     assert "── worker 0 (slurm-node1) ──" in stacks.stdout and "── worker 1 (slurm-node2) ──" in stacks.stdout
-    assert len(re.findall(r"^=== pid \d+: python3 -c .* slurm-detached ===$", stacks.stdout, re.M)) == 2, stacks.stdout
+    headers = re.findall(r"^=== pid \d+ \(parent \d+\): python3 -c .* slurm-detached ===$", stacks.stdout, re.M)
+    assert len(headers) == 2, stacks.stdout
     stopped = podrun("stop", job_id)
     assert stopped.returncode == 0, stopped.stderr
     wait_until(lambda: slurm_jobs(cluster) == [], "squeue to show nothing of the job", timeout=60)

@@ -214,7 +214,7 @@ def test_a_detached_job_behind_a_bastion_is_followed_inspected_copied_to_and_sto
         job_id = job_id_in(started.stderr)
         follower = Background("logs", job_id, "-f")
         follower.wait_for(r"up on 2$")
-        stacks = podrun("stacks", job_id)
+        stacks = podrun("stacks", job_id, "--all")
         assert stacks.returncode == 0, stacks.stderr
         assert f"── worker 2 ({lab.hosts[2].ip}) ──" in stacks.stdout and "sleep 600" in stacks.stdout
         (tmp_path / "notes.txt").write_text("through the bastion\n")

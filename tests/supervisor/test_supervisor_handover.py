@@ -146,7 +146,7 @@ def test_stacks_of_a_supervised_job_come_through_its_supervisor_and_are_kept_the
     spec = supervised(hosts_spec, supervisor, "run: python3 -c 'import time; print(\"up\", flush=True); time.sleep(600)'")
     _, job_id = detached(spec)
     wait_until(lambda: "up" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line", timeout=30)
-    shown = podrun("stacks", job_id)
+    shown = podrun("stacks", job_id, "--all")
     assert shown.returncode == 0, shown.stderr
     assert "── worker 0 (" in shown.stdout and "── worker 1 (" in shown.stdout and "sleep" in shown.stdout, shown.stdout
     assert (supervisor.job_dir(job_id) / "stacks" / "1" / "w1.txt").is_file()

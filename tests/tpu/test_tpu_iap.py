@@ -143,7 +143,7 @@ def test_a_tpu_with_internal_ips_only_runs_through_iap_on_every_worker_and_so_do
         before = len(iap.tunnels())
         follower = Background("logs", job_id, "--follow")
         follower.wait_for(r"started on 1")
-        stacks = podrun("stacks", job_id)
+        stacks = podrun("stacks", job_id, "--all")
         assert stacks.returncode == 0, stacks.stderr
         assert "sleep" in stacks.stdout
         stopped = podrun("stop", job_id)

@@ -99,9 +99,10 @@ def test_ssh_cp_stacks_logs_and_stop_reach_the_workers_as_the_os_login_user_on_a
     for host in lab.hosts:
         note = host.homes / user / "note.txt"
         assert note.read_text() == "copied\n" and note.stat().st_uid == os_login.user.uid
-    stacks = podrun("stacks", job_id)
+    stacks = podrun("stacks", job_id, "--all")
     assert stacks.returncode == 0, stacks.stderr
-    assert len(re.findall(r"^=== pid \d+: python3 -c .* oslogin-detached ===$", stacks.stdout, re.M)) == 4, stacks.stdout
+    headers = re.findall(r"^=== pid \d+ \(parent \d+\): python3 -c .* oslogin-detached ===$", stacks.stdout, re.M)
+    assert len(headers) == 4, stacks.stdout
 
     follower = Background("logs", "-f", job_id)
     follower.wait_for(r"\[w0-3\] up")

@@ -96,3 +96,24 @@ def test_two_workdirs_do_not_share_digests(tmp_path, home, monkeypatch):
         (tmp_path / name).mkdir()
         (tmp_path / name / "train.py").write_text(f"print('{name}')\n")
     assert scan(tmp_path / "a").digest != scan(tmp_path / "b").digest
+
+
+def test_a_file_removed_while_the_workdir_is_scanned_is_not_shipped_nor_a_crash(workdir, monkeypatch):
+    from podrun.errors import PodrunError
+    from podrun.shipping import ignore
+
+    listed = ignore.shipped_files
+
+    def listed_then_removed(root):
+        files = listed(root)
+        (workdir / "module3.py").unlink()  # gone between the listing and its lstat, as a temp dir's files go
+        return files
+
+    monkeypatch.setattr(ignore, "shipped_files", listed_then_removed)
+    shipped = scan(workdir).files
+    assert "module3.py" not in shipped and "module4.py" in shipped
+    monkeypatch.setattr(ignore, "shipped_files", listed)
+    monkeypatch.setattr(digests, "_sha256", lambda path: (_ for _ in ()).throw(FileNotFoundError(path)))
+    (workdir / "module5.py").write_text("changed\n")  # its digest is read again, and it is gone by then
+    with pytest.raises(PodrunError, match=r"code/module\d+\.py: removed while podrun read the workdir"):
+        scan(workdir)

@@ -71,7 +71,7 @@ def test_worker_0_tells_a_stop_a_preemption_a_lost_worker_and_a_stall_apart():
         watch = hub.Hub({"token": "t", "worker": 0, "workers": 3, "bind": "127.0.0.1"})
         watch.listener.close()
         watch.ended, watch.words, watch.failure, watch.stalled, watch.stall = {0, 1, 2}, said or {}, failure, stalled, 60
-        return agent.job_end(0, SimpleNamespace(stop_reason=own_reason, stalled=None), watch, own_code)
+        return agent.job_end(0, SimpleNamespace(stop_reason=own_reason, stalled=None, steps=None), watch, own_code)
 
     assert ended() == ("success", "succeeded", "every worker exited with code 0")
     assert ended(143, "worker 1 failed with code 143", {1: "stopped"}, (1, 143)) is None  # podrun stop: others first
@@ -82,5 +82,5 @@ def test_worker_0_tells_a_stop_a_preemption_a_lost_worker_and_a_stall_apart():
         "failure", "failed", "worker 1 was lost (its agent, its host or the link to it)")
     assert ended(143, "stalled: silent for 60.0s", {}, None, stalled=True) == (
         "stall", "stalled", "no output from any worker for 60s")
-    assert agent.job_end(0, SimpleNamespace(stop_reason=None, stalled=None), None, 7) == (
+    assert agent.job_end(0, SimpleNamespace(stop_reason=None, stalled=None, steps=None), None, 7) == (
         "failure", "failed", "worker 0 exited with code 7")

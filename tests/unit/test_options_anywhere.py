@@ -27,7 +27,7 @@ LINES = {
     "logs": (["job-1"], [["--worker", "1"], ["-f"], ["--tail", "5"], ["--attempt", "0"], ["--raw"]]),
     "jobs": (["job"], [["--state", "failed"], ["-n", "3"], ["--json"]]),
     "stop": (["job-1"], []),
-    "stacks": (["job-1"], [["--worker", "0,2"], ["--raw"]]),
+    "stacks": (["job-1"], [["--worker", "0,2"], ["--all"], ["--raw"]]),
     "report": (["job-1"], []),
     "disk": (["job.yaml"], [["--free"]]),
 }

@@ -1,0 +1,133 @@
+"""A job judged by its progress (`progress`): each worker's step read from its output or a file, shown by
+`podrun jobs`, and a stall that is no step for that long, whatever the job prints."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from helpers import Background, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
+
+STALLED = 124
+
+# steps, then the main thread hangs while a telemetry thread goes on printing: the output never stops
+HEARTBEATS_AFTER_A_HANG = """\
+import os, threading, time
+
+def heartbeat():
+    while True:
+        print("alive", flush=True)
+        time.sleep(0.5)
+
+for step in range(1, STEPS + 1):
+    print(f"step {step} loss 0.{step}", flush=True)
+    time.sleep(PAUSE)
+threading.Thread(target=heartbeat, daemon=True).start()
+time.sleep(HANG)
+"""
+
+
+def hanging(steps: int = 4, pause: float = 0.3, hang: float = 300) -> str:
+    return f"STEPS, PAUSE, HANG = {steps}, {pause}, {hang}\n" + HEARTBEATS_AFTER_A_HANG
+
+
+def stall_line(stderr: str) -> str:
+    (line,) = [line for line in stderr_lines_without_traceback(stderr) if "stalled:" in line and "saving" in line]
+    return line
+
+
+@pytest.mark.slow
+def test_a_job_that_prints_heartbeats_but_makes_no_step_is_stopped_as_stalled_at_its_last_step(home, job_file):
+    spec = job_file("target: {local: {workers: 3}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\nstall: 3s\n"
+                    "stop_grace: 2s\n", {"train.py": hanging()})
+    started = time.monotonic()
+    result = podrun("exec", spec)
+    took = time.monotonic() - started
+    assert result.returncode == STALLED, result.stderr
+    assert "] alive" in result.stdout  # it printed all along
+    assert "no step from any worker for 3.0s: the job is at step 4 (w0-2 at step 4 for 3.0s)" in stall_line(
+        result.stderr)
+    assert took < 4 * 0.3 + 3 + 10, took  # the steps, the bound, the agents' start and stop: seconds, not minutes
+    job_id = job_id_in(result.stderr)
+    assert sorted(path.name for path in (home / "jobs" / job_id / "stacks" / "1").iterdir()) == \
+        ["w0.txt", "w1.txt", "w2.txt"]
+    assert not processes_of_job(job_id)
+    (job,) = json.loads(podrun("jobs", "--json").stdout)
+    assert (job["state"], job["exit_code"]) == ("stalled", STALLED)
+    (steps,) = job["steps"]
+    assert (steps["attempt"], steps["first"], steps["last"]) == (0, 1, 4)
+    assert [worker["step"] for worker in job["workers"]] == [4, 4, 4]
+    assert podrun("jobs").stdout.splitlines()[1].split()[4] == "4"  # the STEP column
+
+
+@pytest.mark.slow
+def test_without_progress_the_same_heartbeats_keep_the_job_from_stalling(home, job_file):
+    spec = job_file("target: {local: {workers: 1}}\nrun: python3 train.py\nstall: 2s\n",
+                    {"train.py": hanging(steps=2, pause=0.1, hang=4)})
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr  # "alive" was output enough
+    (job,) = json.loads(podrun("jobs", "--json").stdout)
+    assert job["steps"] == [] and job["workers"][0]["step"] is None
+
+
+@pytest.mark.slow
+def test_a_detached_job_is_judged_by_its_steps_on_its_workers(home, job_file):
+    spec = job_file("target: {local: {workers: 2}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\nstall: 2s\n"
+                    "stop_grace: 1s\n", {"train.py": hanging(steps=3, pause=0.2)})
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+
+    def state() -> dict:
+        return json.loads(podrun("jobs", "--json").stdout)[0]
+
+    wait_until(lambda: state()["state"] == "stalled", "the detached job to stall", timeout=30)
+    job = state()
+    assert job["summary"] == "no step from any worker for 2.0s: the job is at step 3 (w0-1 at step 3 for 2.0s)"
+    (steps,) = job["steps"]  # from the workers' own samples, whenever `jobs` looked before the end
+    assert (steps["first"], steps["last"]) == (1, 3) and [worker["step"] for worker in job["workers"]] == [3, 3]
+    assert [step for step in steps["samples"][1::2]] == sorted(steps["samples"][1::2])
+    wait_until(lambda: not processes_of_job(job_id), "the job's processes to end")
+
+
+@pytest.mark.slow
+def test_a_step_written_to_a_file_is_progress_too(home, job_file):
+    writes_its_step = ("import time\nfor step in range(1, 4):\n    open('step.txt', 'w').write(str(step))\n"
+                       "    time.sleep(1.2)\nwhile True:\n    print('alive', flush=True)\n    time.sleep(0.5)\n")
+    spec = job_file("target: {local: {workers: 1}}\nrun: python3 train.py\nprogress: {file: step.txt}\nstall: 3s\n"
+                    "stop_grace: 1s\n", {"train.py": writes_its_step})
+    result = podrun("exec", spec)
+    assert result.returncode == STALLED, result.stderr
+    assert "the job is at step 3 (w0 at step 3 for 3." in stall_line(result.stderr)
+
+
+@pytest.mark.slow
+def test_stall_auto_takes_its_bound_from_the_step_time(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_STALL_AUTO_FLOOR", "1")  # 10 x 0.2 s steps = 2 s, above this floor
+    spec = job_file("target: {local: {workers: 1}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\nstall: auto\n"
+                    "stop_grace: 1s\n", {"train.py": hanging(steps=8, pause=0.2)})
+    started = time.monotonic()
+    result = podrun("exec", spec)
+    assert result.returncode == STALLED, result.stderr
+    assert "the job is at step 8" in stall_line(result.stderr)
+    assert time.monotonic() - started < 8 * 0.2 + 2 + 10
+
+
+@pytest.mark.slow
+def test_a_running_job_shows_its_step_and_rate(home, job_file):
+    counts = "import time\nfor step in range(1, 1000):\n    print(f'step {step}', flush=True)\n    time.sleep(0.05)\n"
+    spec = job_file("target: {local: {workers: 2}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\n",
+                    {"train.py": counts})
+    job = Background("exec", spec)
+    try:
+        job.wait_for(r"step 60$")
+        wait_until(lambda: "/min" in podrun("jobs").stdout, "a steps-per-minute figure")
+        row = podrun("jobs").stdout.splitlines()[1]
+        step, rate = re.search(r"\) +(\d+) (\d+)/min ", row).groups()  # after STATE, `running (idle 0s)`
+        assert int(step) >= 40 and 200 < int(rate) < 1300, row  # a step each 0.05 s and a print: < 1,200/min
+    finally:
+        job.process.terminate()
+        job.finish()

@@ -1,0 +1,130 @@
+"""The job's step as its agent reads it (remote/step_reader.py), stall: auto's bound, and what the record
+keeps of the steps (progress.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from podrun import jobstore, progress
+from podrun.launch import stall
+from podrun.remote import step_reader
+from podrun.remote.step_reader import StepReader, auto_bound
+
+
+def test_the_last_complete_line_with_a_step_counts_and_a_lower_step_changes_nothing():
+    reader = StepReader({"pattern": r"step (\d+)"}, ".")
+    reader.feed(b"[rank0]:step 7 loss 2.1\nstep 8 loss 2.0\nalive\n")
+    assert reader.step == 8
+    reader.feed(b"[rank1]:step 6 loss 2.3\n")  # a rank behind the others
+    assert reader.step == 8
+    reader.feed(b"step 1")  # not a whole line yet
+    reader.feed(b"2\r")  # a progress bar's carriage return ends it
+    assert reader.step == 12
+
+
+def test_a_group_without_a_number_and_lines_without_the_pattern_are_passed_over():
+    reader = StepReader({"pattern": r"step (\S+)"}, ".")
+    reader.feed(b"step 3\nstep three\nepoch done\n")
+    assert reader.step == 3
+
+
+def test_a_step_is_reported_once_and_then_at_most_every_second(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(step_reader.time, "monotonic", lambda: clock[0])
+    reader = StepReader({"pattern": r"step (\d+)"}, ".")
+    assert reader.report() is None and reader.due() is None
+    reader.feed(b"step 1\n")
+    assert reader.report()[0] == 1
+    reader.feed(b"step 2\n")
+    assert reader.report() is None and reader.due() == pytest.approx(1.0)
+    clock[0] += 1.0
+    assert reader.report()[0] == 2 and reader.report() is None
+
+
+def test_a_step_file_is_read_when_it_changes(tmp_path, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(step_reader.time, "monotonic", lambda: clock[0])
+    reader = StepReader({"file": "step.txt"}, str(tmp_path))
+    assert reader.report() is None  # not written yet
+    (tmp_path / "step.txt").write_text("41\n")
+    clock[0] += step_reader.FILE_EVERY_S
+    assert reader.report()[0] == 41
+    (tmp_path / "step.txt").write_text("42")
+    os.utime(tmp_path / "step.txt", (1, 1))  # a new mtime and size alike: it is read again
+    clock[0] += step_reader.FILE_EVERY_S
+    assert reader.report()[0] == 42
+
+
+def test_stall_auto_is_a_multiple_of_the_median_step_time_within_its_floor_and_cap():
+    steady = [(float(second), second) for second in range(10)]  # a step a second
+    assert auto_bound(steady, multiple=10, floor_s=1, cap_s=100) == 10
+    assert auto_bound(steady, multiple=10, floor_s=30, cap_s=100) == 30
+    assert auto_bound(steady, multiple=10, floor_s=1, cap_s=5) == 5
+    batched = [(0.0, 1), (1.0, 6), (1.4, 8)]  # reported at most every second: 5 steps, then 2, at 0.2 s each
+    assert auto_bound(batched, multiple=10, floor_s=1, cap_s=100) == pytest.approx(2.0)
+    slow_spike = [*steady, (40.0, 10)]  # one 30 s step: the median keeps the bound
+    assert auto_bound(slow_spike, multiple=10, floor_s=1, cap_s=100) == 10
+
+
+def test_stall_auto_waits_for_the_cap_until_steps_were_timed():
+    assert auto_bound([], multiple=10, floor_s=1, cap_s=7200) == 7200
+    assert auto_bound([(0.0, 1), (900.0, 2)], multiple=10, floor_s=1, cap_s=7200) == 7200  # one step: compiling?
+
+
+def test_the_stall_summary_names_the_step_each_worker_is_at():
+    assert stall.summary({0: 3.04, 1: 3.01, 2: 12.4}, {0: 7, 1: 7, 2: 5}) == \
+        "no step from any worker for 3.0s: the job is at step 7 (w0-1 at step 7 for 3.0s, w2 at step 5 for 12.4s)"
+    assert stall.summary({0: 5.0}, {0: None}) == \
+        "no step from any worker for 5.0s: no worker reached a step (w0 no step yet)"
+    assert stall.summary({0: 3.0, 1: 3.0}) == "no output from any worker for 3.0s (w0-1 silent 3.0s)"
+
+
+def record(workers: int = 2) -> jobstore.JobRecord:
+    return jobstore.JobRecord("j", "j", "local:2", "job.yaml", [jobstore.WorkerRecord(i, "x") for i in range(workers)])
+
+
+def test_the_job_step_is_the_highest_any_worker_reached_per_attempt():
+    job = record()
+    assert progress.advance(job, job.workers[0], 5, 10.0)
+    assert not progress.advance(job, job.workers[1], 4, 11.0)  # worker 1 behind: the job is at 5
+    assert progress.advance(job, job.workers[1], 6, 12.0)
+    assert (job.steps[0]["first"], job.steps[0]["last"], progress.step_of(job)) == (5, 6, 6)
+    assert progress.samples(job.steps[0]) == [(10.0, 5), (12.0, 6)]
+    job.attempt = 1
+    job.workers = [jobstore.WorkerRecord(i, "x") for i in range(2)]
+    progress.advance(job, job.workers[0], 3, 20.0)
+    assert progress.best_before(job, 1) == 6 and progress.entry_of(job)["first"] == 3
+
+
+def test_a_long_attempt_keeps_a_bounded_number_of_samples_with_its_first_and_latest():
+    job = record(1)
+    for step in range(10 * progress.MAX_SAMPLES):
+        progress.advance(job, job.workers[0], step, 1000.0 + step)
+    pairs = progress.samples(job.steps[0])
+    assert len(pairs) <= progress.MAX_SAMPLES + 1
+    assert pairs[0] == (1000.0, 0) and pairs[-1] == (1000.0 + 10 * progress.MAX_SAMPLES - 1, 10 * progress.MAX_SAMPLES - 1)
+    assert [step for _, step in pairs] == sorted(step for _, step in pairs)
+
+
+def test_steps_per_minute_over_the_recent_samples():
+    job = record(1)
+    for second in range(0, 600, 10):
+        progress.advance(job, job.workers[0], second // 10, float(second))  # 6 steps a minute
+    assert progress.steps_per_minute(job, 590.0) == pytest.approx(6.0)
+    # the last 300 s of samples (steps 29 to 59), over the time since their first: no step for 5 minutes halves it
+    assert progress.steps_per_minute(job, 890.0) == pytest.approx(30 * 60 / 600)
+
+
+def test_a_supervisor_host_may_answer_with_a_record_that_has_steps():
+    from podrun.supervisor import answers
+
+    job = record()
+    for step in range(3 * progress.MAX_SAMPLES):
+        progress.advance(job, job.workers[0], step, 1000.0 + step)
+    assert answers.record(job.to_dict(), job.id, "host").steps == job.steps
+    damaged = job.to_dict()
+    damaged["steps"][0]["samples"][1] = -1
+    with pytest.raises(Exception, match="steps.0.samples.1"):
+        answers.record(damaged, job.id, "host")
