@@ -189,3 +189,21 @@ def test_a_detached_job_that_podrun_stop_stops_tells_nothing_and_a_stalled_one_t
     stalled_id = job_id_in(stalling.stderr)
     assert stand_in.wait_for(1) == [notification(stalled_id, "notified", "stall", "stalled", 0,
                                                  "no output from any worker for 1s")]
+
+
+def test_the_message_carries_the_jobs_step_where_progress_reads_one(home, job_file, webhook):
+    stand_in, url = webhook()
+    body = ("progress: 'step (\\d+)'\nrun: |\n  for i in 1 2 3; do echo \"step $((PODRUN_ATTEMPT * 10 + i))\"; done\n"
+            "  test \"$PODRUN_ATTEMPT\" = 1 || exit 3\nrestarts: {max: 1, on: [failure]}\n")
+    result = podrun("exec", notified(job_file, url, body, workers=1))
+    assert result.returncode == 0, result.stderr
+    # the attempt's last step; a restart's, the best before it
+    assert [(m["event"], m["attempt"], m["step"]) for m in stand_in.received] == [
+        ("failure", 0, 3), ("restart", 1, 3), ("success", 1, 13)]
+    assert "(attempt 0, step 3): worker 0 exited with code 3" in stand_in.received[0]["text"]
+    detached = podrun("exec", notified(job_file, url, body.replace("restarts: {max: 1, on: [failure]}\n", ""),
+                                       workers=2), "--detach")
+    job_id = job_id_in(detached.stderr)
+    assert "supervisor" not in detached.stderr
+    told = stand_in.wait_for(4)[3]  # worker 0's, from the hub's steps
+    assert (told["job"], told["event"], told["step"]) == (job_id, "failure", 3)
