@@ -24,9 +24,7 @@ from podrun.remote import notice
 
 ENDED_AS = {jobstore.FAILED: "failure", jobstore.PREEMPTED: "preemption", jobstore.STALLED: "stall",
             jobstore.SUCCEEDED: "success"}
-ALL_DONE = "every worker exited with code 0"
 DRAIN_S = notice.BOUND_S + 2.0  # what an ending job waits, at most, for its last notifications
-WORKER_SENDER = "worker 0"
 
 
 class Notifier:
@@ -60,7 +58,7 @@ class Notifier:
             state, why = jobstore.FAILED, str(error)
         if state in ENDED_AS:
             self._send(record, ENDED_AS[state], record.attempt, state,
-                       why or (ALL_DONE if state == jobstore.SUCCEEDED else None), progress.step_of(record))
+                       why or (notice.ALL_DONE if state == jobstore.SUCCEEDED else None), progress.step_of(record))
 
     def for_workers(self, record: jobstore.JobRecord) -> dict | None:
         """What worker 0's agent of a detached job that nothing here watches needs to tell its end."""

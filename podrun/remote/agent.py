@@ -221,7 +221,7 @@ def job_end(worker, job_step, watch, code):
     if watch is not None and len(watch.ended) < watch.workers:
         return "failure", "failed", "%d of %d workers never reached worker %d's agent" % (
             watch.workers - len(watch.ended), watch.workers, worker)
-    return "success", "succeeded", "every worker exited with code 0"
+    return "success", "succeeded", notice.ALL_DONE
 
 
 def detach():

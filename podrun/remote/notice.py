@@ -22,6 +22,7 @@ BACKOFF_S = (0.5, 1.5)  # before the second try, and before the third
 BOUND_S = TRIES * TIMEOUT_S + sum(BACKOFF_S)
 REASON_CHARS = 300  # a reason is one line, cut to this
 LINE_CHARS = 2000  # what Discord takes of `content`
+ALL_DONE = "every worker exited with code 0"  # a success's reason
 VERBS = {"failure": "failed", "preemption": "was preempted", "stall": "stalled", "restart": "restarts",
          "success": "succeeded"}
 
