@@ -152,6 +152,24 @@ FAULT_TIMES: dict[str, list[float]] = {}
 
 
 @pytest.fixture
+def webhook():
+    """Start a chat's incoming webhook stand-in (tests/webhook_stand_in.py): webhook(status=200, silent=False,
+    address="127.0.0.1") gives (the stand-in, its URL); each is shut down after the test."""
+    from webhook_stand_in import WebhookStandIn
+
+    started = []
+
+    def start(status: int = 200, silent: bool = False, address: str = "127.0.0.1"):
+        stand_in = WebhookStandIn(status, silent)
+        started.append(stand_in)
+        return stand_in, stand_in.serve(address)
+
+    yield start
+    for stand_in in started:
+        stand_in.shutdown()
+
+
+@pytest.fixture
 def fault_time():
     def record(row: str, seconds: float) -> None:
         FAULT_TIMES.setdefault(row, []).append(seconds)

@@ -496,6 +496,29 @@ def job_record(home: Path, job_id: str) -> dict:
     return json.loads((home / "jobs" / job_id / "job.json").read_text())
 
 
+# --- notifications (the spec's `notify`; tests/webhook_stand_in.py)
+
+# worker 1 fails attempt 0 (worker 0 ends well at once: the failure is worker 1's whatever the timing)
+FAILS_ONCE = ('run: test "$PODRUN_ATTEMPT" = 1 || test "$PODRUN_WORKER" = 0 || exit 3\n'
+              "restarts: {max: 2, on: [failure]}\n")
+
+
+def notification(job_id: str, name: str, event: str, state: str, attempt: int, reason: str) -> dict:
+    """The message a webhook gets, exactly (README: Notifications)."""
+    verb = {"failure": "failed", "preemption": "was preempted", "restart": "restarts", "stall": "stalled",
+            "success": "succeeded"}[event]
+    line = f"podrun: job {name} {verb} (attempt {attempt}): {reason} [{job_id}]"
+    return {"job": job_id, "name": name, "state": state, "event": event, "attempt": attempt, "step": None,
+            "reason": reason, "text": line, "content": line, "allowed_mentions": {"parse": []}}
+
+
+def failed_restarted_succeeded(job_id: str, name: str, why: str) -> list[dict]:
+    """What a webhook gets of a FAILS_ONCE job: its failure (`why`), its restart, its success."""
+    return [notification(job_id, name, "failure", "failed", 0, why),
+            notification(job_id, name, "restart", "running", 1, f"after failure: {why}"),
+            notification(job_id, name, "success", "succeeded", 1, "every worker exited with code 0")]
+
+
 # --- the jobs table
 
 LONG_NAME = "resnet50-imagenet-sweep-lr0.1-wd1e-4-bs4096-warmup5-cosine-label-smoothing"

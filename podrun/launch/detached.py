@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable
 
-from podrun import exits, file_limit, jobstore, progress, timeline
+from podrun import exits, file_limit, jobstore, notify, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError
 from podrun.launch import stacks, stall
@@ -109,6 +109,8 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
     _take_steps(record, workers, reports)
     for worker, report in zip(workers, reports):
         worker.output_at = report.output_at or worker.output_at
+        if report.notified:  # worker 0's agent told the job's end (a detached job that nothing watches)
+            notify.took(record, report.notified)
         if exit_record := report.exit:
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
@@ -184,7 +186,8 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
 
 class WorkerReport:
     """What log_follower tells of one worker besides its output: its run.exit (None while it runs),
-    when its output last came (epoch seconds), and the stacks its agent saved on a stall.
+    when its output last came (epoch seconds), what its agent told of the job's end (notify.json), and
+    the stacks its agent saved on a stall.
 
     Its stderr may begin with what the host's login printed there (transport/past_login.py)."""
 
@@ -197,6 +200,7 @@ class WorkerReport:
             step = fields.get("step")
             self.step: tuple[int, float] | None = (int(step[0]), float(step[1])) if step else None
             self.samples: list = fields.get("samples") or []
+            self.notified: dict | None = fields.get("notified")
             return
         said = next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "nothing")
         raise PodrunError(f"worker {worker.index} ({worker.address}): no report on the job's log came back; "

@@ -51,7 +51,7 @@ class Launch:
 
     def __init__(self, target: Target, job: JobPlan, tree: scan.Tree | None, record: jobstore.JobRecord,
                  terminal: Terminal, detach: bool, kill_stale: bool = False,
-                 on_running: Callable[[], None] | None = None):
+                 on_running: Callable[[], None] | None = None, notify: dict | None = None):
         self.target = target
         self.job = job  # what runs: the steps, the checks before each, each worker's plan (plan.py)
         self.plans = job.workers  # each worker's, with the interfaces its probe found (preflight.py)
@@ -59,6 +59,7 @@ class Launch:
         self.detach = detach
         self.kill_stale = kill_stale
         self.on_running = on_running  # called once run has started on every worker
+        self.notify = notify  # a detached run that nothing watches: worker 0's agent tells its end (notify.py)
         self.tree = tree  # None: nothing ships (an ad-hoc command without --workdir)
         self.record = record
         self.terminal = terminal
@@ -133,7 +134,8 @@ class Launch:
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
             watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.departs,
-            on_notice=self._on_notice, progress=progress, on_step=self._on_step)
+            on_notice=self._on_notice, progress=progress, on_step=self._on_step,
+            notify=self.notify if detach and plan is self.plans[0] else None)
             for plan in self.plans]
         # from the first agent's start: one started early waits for go for at most HEARTBEAT_TIMEOUT_S without a
         # word, and starting 1,024 local agents on a loaded machine took longer than that

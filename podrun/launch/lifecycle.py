@@ -26,6 +26,7 @@ from podrun.collapse import Collapse
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
+from podrun.notify import Notifier, secret_values
 from podrun.output import counted, say, say_failure
 from podrun.plan import JobPlan, job_plan, parse_worker_selection
 from podrun.shipping import scan
@@ -56,6 +57,7 @@ class Lifecycle:
         self.selected: set[int] = set()
         self.recreating = False  # between a preemption and the TPU made again: the old one is of no use
         self.on_running: Callable[[], None] | None = None
+        self.notifier = Notifier(spec.notify, secret_values(spec, extra_env, os.environ))  # the spec's notify
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
         if target.departs:
@@ -107,7 +109,18 @@ class Lifecycle:
             raise
         finally:
             if not (self.detach and record and record.state == jobstore.RUNNING):
-                self._release_after(sys.exc_info()[1], record)
+                failure = sys.exc_info()[1]
+                self._ended(record, failure, lambda: self._release_after(failure, record))
+
+    def _ended(self, record: jobstore.JobRecord | None, error: BaseException | None, release: Callable[[], None]) -> None:
+        """The job's end told (notify.py) while what it held is released, then the deliveries waited for."""
+        if record:
+            self.notifier.ended(record, error)
+        try:
+            release()
+        finally:
+            if record:
+                self.notifier.close(record)
 
     def _make_room(self, kinds: list[str]) -> None:
         """Open files for a launch on workers of these transport kinds, before it connects (file_limit.py)."""
@@ -156,9 +169,14 @@ class Lifecycle:
             collapse = Collapse([p.worker.index for p in job.workers]) if self.collapse else None
             return asyncio.run(Launch(self.target, job, self.tree, record,
                                       Terminal(worker_count=len(self.workers), collapse=collapse, raw=self.raw),
-                                      self.detach, self.kill_stale, self._running_once).run())
+                                      self.detach, self.kill_stale, self._running_once,
+                                      self._workers_notify(record)).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)
+
+    def _workers_notify(self, record: jobstore.JobRecord) -> dict | None:
+        """A detached job that nothing here will watch: its worker 0's agent tells its end (remote/agent.py)."""
+        return self.notifier.for_workers(record) if self.detach and not self._needs_supervisor() else None
 
     def _running_once(self) -> None:
         if self.on_running:
@@ -190,6 +208,7 @@ class Lifecycle:
         preempted, why = record.state == jobstore.PREEMPTED, record.summary
         self.recreating = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()
+        self.notifier.restarting(record)
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
             recreating = timeline.begin(record, "recreate", why=why)
@@ -290,7 +309,7 @@ class Lifecycle:
                 record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
                 return exits.INTERNAL_ERROR
             finally:
-                self._release_if_asked(record)
+                self._ended(record, None, lambda: self._release_if_asked(record))
                 sys.stdout.flush()
 
     def _watch(self, record: jobstore.JobRecord) -> int:

@@ -85,7 +85,7 @@ class WorkerStep:
     def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool,
                  grace: float, watch: dict | None = None, vm_notices: bool = False,
                  on_notice: Callable[[int, str], None] | None = None, progress: dict | None = None,
-                 on_step: Callable[[int, int, float], None] | None = None):
+                 on_step: Callable[[int, int, float], None] | None = None, notify: dict | None = None):
         self.plan = plan
         self.detach = detach
         self.grace = grace
@@ -94,6 +94,7 @@ class WorkerStep:
         self.on_notice = on_notice  # told (worker, reason) as soon as the agent reports such a notice
         self.progress = progress  # where run's agent reads the job's step (the spec's progress: step_reader.py)
         self.on_step = on_step  # told (worker, step, epoch seconds) as the agent reports each step it reached
+        self.notify = notify  # worker 0 of a detached run that nothing watches: the agent tells the job's end
         self.step = step
         self.command = command
         self.output = output
@@ -121,6 +122,8 @@ class WorkerStep:
             self.probing = True
         if self.watch is not None:
             config["watch"] = self.watch
+        if self.notify is not None:
+            config["notify"] = self.notify
         self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
         channel.stdin.write(agent_source() + framing.message(config))
         await channel.stdin.drain()

@@ -43,6 +43,9 @@ Protocol
           With stall (seconds, or "auto" with auto's {multiple, floor_s, cap_s}), the hub also stops the job
           when no worker printed anything (with progress: reached a step) for that long: each agent first
           saves its job's stacks as run.stacks (stacks.py).
+  notify  {url, on, name, attempt}, to worker 0's agent of a detached run that nothing watches: once every
+          agent is done (the hub says), it tells the job's end (failure, preemption, stall, success) as
+          a notification (notice.py) and writes what came of it to notify.json, then run.exit.
   stdout  the command's output, stdout and stderr merged, byte for byte.
   stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is), "killed": true
@@ -53,7 +56,7 @@ Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that 
   output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the
   agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.py-spy (the
   py-spy on the step's PATH as it started, or nothing: what its stacks are dumped with), <step>.container
-  (a docker: job's container name, whose processes its stacks include), <step>.exit
+  (a docker: job's container name, whose processes its stacks include), notify.json (notify), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
   stalled: how long this worker had been silent when a stall stopped it, stalled_at: when (epoch seconds),
   killed: whether SIGKILL ended it after the grace period, and with progress step: its step or null),
@@ -75,13 +78,15 @@ import os
 import sys
 
 try:  # on a worker, each was sent ahead of this file (transport/base.py, script_modules)
-    agent_io, checkout, framing, hub, interfaces, processes, step, tpu_holders = (
+    agent_io, checkout, framing, hub, interfaces, notice, processes, step, tpu_holders, vm_notice = (
         sys.modules["podrun_remote_" + name]
-        for name in ("agent_io", "checkout", "framing", "hub", "interfaces", "processes", "step", "tpu_holders"))
+        for name in ("agent_io", "checkout", "framing", "hub", "interfaces", "notice", "processes", "step",
+                     "tpu_holders", "vm_notice"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import agent_io, checkout, framing, hub, interfaces, processes, step, tpu_holders
+    from podrun.remote import agent_io, checkout, framing, hub, interfaces, notice, processes, step, tpu_holders, vm_notice
 
 CHANGED_NAMED = 3  # of the code files a job changed, those the probe names
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # a step's stop_reason when podrun stop (or a user) signalled it
 
 
 def main():
@@ -111,10 +116,15 @@ def main():
         os.close(report)
         control = None
     code, signal_name = job_step.supervise(control, watch)
+    telling = config.get("notify")
+    if telling is None:
+        job_step.write_exit()
     agent_io.emit(event="exited", code=code, signal=signal_name, rank=job_step.rank, killed=job_step.killed)
     if watch is not None:
-        watch.step_ended(code)
+        watch.step_ended(code, end_word(job_step))
         watch.serve(job_step)
+    if telling is not None:  # its exit last: whoever sees the job's end sees what was told of it
+        job_step.write_exit(tell_end(telling, config, job_step, watch, code))
     # everything went out through os.write: skipping the interpreter's teardown saves ~1 ms of CPU
     # on every worker for every step
     os._exit(code)
@@ -165,6 +175,54 @@ def prepare(config, control, job_step):
         agent_io.emit(event="error", message="cannot reach worker %d's agent at %s to watch the job: %s"
                       % (watch_config["hub_worker"], hub_address, error))
         os._exit(processes.SPAWN_FAILED)
+
+
+def end_word(job_step):
+    """How the step ended when not by itself, in a word for the hub: stopped (podrun stop), preempted (its
+    VM's notice), else ""."""
+    if job_step.stop_reason in STOP_SIGNALS:
+        return "stopped"
+    return "preempted" if vm_notice.announced(job_step.stop_reason) else ""
+
+
+def tell_end(telling, config, job_step, watch, code):
+    """Worker 0's agent of a detached job that nothing watches, once every agent is done: the job's end
+    told as the spec's notify asks (notice.py); returns what came of it, for notify.json, which the
+    launcher reads with the job's end (log_follower.py), or None if nothing was told."""
+    ended = job_end(config["worker"], job_step, watch, code)
+    if ended is None or ended[0] not in telling["on"]:
+        return None
+    event, state, reason = ended
+    if watch is not None and watch.advances:  # the job's step: the highest any worker reached (progress)
+        reached = watch.advances[-1][1]
+    else:
+        reached = job_step.steps.step if job_step.steps is not None else None
+    body = notice.message(config["job_id"], telling["name"], state, event, telling["attempt"], reached, reason)
+    outcome = notice.deliver_within(telling["url"], body, notice.BOUND_S + 2)
+    return agent_io.to_json(notice.entry(body, outcome, telling["url"], "worker %d" % config["worker"]))
+
+
+def job_end(worker, job_step, watch, code):
+    """(event, state, reason) of a detached job as its worker 0 (`worker`) sees it once every agent is done;
+    None for a job podrun stop stopped. The hub's first failure decides, as the launcher's fetch would."""
+    failure = watch.failure if watch is not None else ((worker, code) if code else None)
+    words = watch.words if watch is not None else {worker: end_word(job_step)}
+    word = words.get(failure[0]) if failure else words.get(worker)
+    if word == "stopped" or end_word(job_step) == "stopped":
+        return None
+    if word == "preempted":
+        return "preemption", "preempted", "worker %d: the VM announced it goes away" % (failure or (worker,))[0]
+    if watch is not None and watch.stalled:
+        return "stall", "stalled", "no %s from any worker for %gs" % (
+            "output" if job_step.steps is None else "step", round(watch.bound(), 1))
+    if failure:
+        lost = failure[1] == hub.LOST and failure[0] != worker
+        return "failure", "failed", ("worker %d was lost (its agent, its host or the link to it)" % failure[0] if lost
+                                     else "worker %d exited with code %d" % failure)
+    if watch is not None and len(watch.ended) < watch.workers:
+        return "failure", "failed", "%d of %d workers never reached worker %d's agent" % (
+            watch.workers - len(watch.ended), watch.workers, worker)
+    return "success", "succeeded", notice.ALL_DONE
 
 
 def detach():

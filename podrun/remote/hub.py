@@ -23,9 +23,10 @@ LOST = 255  # the code of a worker whose agent is gone (as podrun.exits.LOST)
 class Hub:
     """Worker 0's side of a watched job (a detached run on several workers, where no launcher
     stays to fail fast): every other worker's agent connects here, says hello with the job's token
-    and, when its step ends, its exit code. The first failure (a non-zero code, or a connection
-    that breaks before its code arrived: an agent killed, a host gone) is sent to every agent as
-    "stop WORKER CODE", and this worker stops too. Worker 0 stays until every other agent is done.
+    and, when its step ends, its exit code (and a word when it did not end by itself: agent.end_word).
+    The first failure (a non-zero code, or a connection that breaks before its code arrived: an agent
+    killed, a host gone) is sent to every agent as "stop WORKER CODE", and this worker stops too.
+    Worker 0 stays until every other agent is done: then it knows the job's end (agent.job_end).
 
     Anyone who reaches worker 0's internal address may connect: a connection that has not said
     hello with the token within HELLO_WITHIN_S, or sends a longer line than Link.LONGEST_LINE, is
@@ -56,6 +57,7 @@ class Hub:
         self.accepting_at = None  # when accepting resumes, after accept() failed
         self.strangers_kept = self.workers + self.STRANGERS_KEPT  # fewer once descriptors ran out
         self.ended = set()  # workers whose step ended (their code arrived)
+        self.words = {}  # worker: how its step ended when not by itself (agent.end_word), as it said
         self.failure = None
         self.poller = None
         self.on_failure = None
@@ -100,8 +102,10 @@ class Hub:
                 self.heard_at[link.worker] = time.monotonic()
             elif len(words) == 2 and words[0] == "step" and words[1].isdigit():
                 self.stepped(int(words[1]), None, link.worker)
-            elif len(words) == 2 and words[0] == "exit":
+            elif len(words) in (2, 3) and words[0] == "exit":
                 self.ended.add(link.worker)
+                if len(words) == 3:
+                    self.words[link.worker] = words[2]
                 if int(words[1]) != 0:
                     self.fail(link.worker, int(words[1]))
         if lines is None:
@@ -196,8 +200,10 @@ class Hub:
             link.send("stall %.3f\n" % (now - self.heard_at[link.worker]))
         self.on_stall(now - self.heard_at[self.worker])
 
-    def step_ended(self, code):
+    def step_ended(self, code, word=""):
         self.ended.add(self.worker)
+        if word:
+            self.words[self.worker] = word
         self.hello_deadline = time.monotonic() + self.HELLO_WAIT_S
         if code != 0:
             self.fail(self.worker, code)
@@ -272,8 +278,8 @@ class HubLink:
             self.poller.unregister(fd)
             self.on_failure(self.hub_worker, LOST)  # its agent, or its host, is gone
 
-    def step_ended(self, code):
-        self.link.send("exit %d\n" % code)
+    def step_ended(self, code, word=""):
+        self.link.send("exit %d %s\n" % (code, word) if word else "exit %d\n" % code)
         self.connection.close()
 
     def serve(self, step):

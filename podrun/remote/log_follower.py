@@ -5,7 +5,8 @@ stdin: JOB_DIR, OFFSET and FOLLOW (1: keep following output.log until run.exit e
 one JSON line, {"exit": run.exit's JSON or null, "output_at": when output.log last grew (epoch seconds)
 or null, "step": [the job's step on this worker, when it was reached] from run.step, or null (the spec's
 progress: step.py), "samples": once the run ended, its steps over time from run.steps, [T, S, ...] or
-null}, then the stacks a stall saved (run.stacks), if any.
+null, "notified": notify.json's JSON (what worker 0's agent told of the job's end: agent.py) or null},
+then the stacks a stall saved (run.stacks), if any.
 """
 
 import os
@@ -41,8 +42,9 @@ def main():
     step = "[%s, %s]" % tuple(step) if len(step) == 2 else "null"
     samples = _read(os.path.join(job_dir, "run.steps")).split() if done else []
     samples = "[%s]" % ", ".join(samples) if samples else "null"
-    sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s, "samples": %s}\n'
-                     % (_read(exit_file) or "null", output_at, step, samples))
+    notified = _read(os.path.join(job_dir, "notify.json")) or "null"
+    sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s, "samples": %s, "notified": %s}\n'
+                     % (_read(exit_file) or "null", output_at, step, samples, notified))
     sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
 
 

@@ -35,6 +35,7 @@ class Step:
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
+        self.exit_text = None  # the step's <step>.exit, once it has ended (write_exit)
         # the job's step on this worker (the spec's progress), reported to the launcher or the hub
         self.steps = step_reader.StepReader(config["progress"], config["cwd"]) if config.get("progress") else None
         self.samples_due = 0.0  # when a detached run's run.steps is written next (time.monotonic())
@@ -65,7 +66,8 @@ class Step:
         self._write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
 
     def supervise(self, control, watch):
-        """Pump output until the step and everything it started are gone; returns (code, signal name)."""
+        """Pump output until the step and everything it started are gone; returns (code, signal name).
+        What write_exit() then writes is ready."""
         poller = agent_io.Poller()
         poller.register(self.output, "output")
         attached = control is not None
@@ -163,8 +165,16 @@ class Step:
             self._report_step(watch, final=True)
             if self.config.get("detach"):
                 self._write_samples()
-        self._write_file(self.config["step"] + ".exit", agent_io.to_json(ended))
+        self.exit_text = agent_io.to_json(ended)
         return code, signal_name
+
+    def write_exit(self, notified=None):
+        """<step>.exit: the step is over for whoever looks (podrun logs, podrun stop: log_follower.py,
+        detached_stopper.py); after `notified`, notify.json (what worker 0's agent told of the job's end:
+        agent.tell_end), so that whoever sees the end reads that with it."""
+        if notified is not None:
+            self._write_file("notify.json", notified)
+        self._write_file(self.config["step"] + ".exit", self.exit_text)
 
     def _report_step(self, watch, final=False):
         """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a

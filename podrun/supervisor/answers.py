@@ -187,6 +187,8 @@ PHASE = _object({"phase": TEXT, "attempt": COUNT, "start": SECONDS, "end": MAYBE
                  "lines": _mapping_of_workers(_object({"start": SECONDS, "every_s": POSITIVE, "counts": _counts},
                                                       required=("start", "every_s", "counts")))},
                 required=("phase", "attempt", "start", "end"), more=True)
+
+
 def _samples(value: object, path: str) -> None:
     """progress.py's samples: at most MAX_SAMPLES + 1 pairs of epoch seconds and a step, flat."""
     from podrun.progress import MAX_SAMPLES
@@ -202,10 +204,12 @@ STEPS = _object({"attempt": COUNT, "first": COUNT, "first_at": SECONDS, "last": 
 PRICE = _object({"per_hour": _kind(_at_least(1e-9), "a price above 0", nullable=True),
                  "source": TEXT, "why": TEXT}, required=("per_hour",))  # JobRecord.price, where it has one
 DERIVED = ("cost",)  # what `jobs --json` adds to a record, worked out from its fields again here
+EVENT = _object({"event": TEXT, "attempt": COUNT, "at": SECONDS, "to": TEXT, "by": TEXT, "delivered": FLAG,
+                 "tries": COUNT, "error": MAYBE_TEXT}, required=("event", "attempt", "delivered"))  # notify.py
 RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers": _list_of(WORKER), "state": STATE,
            "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
            "launcher": ANY_OBJECT, "detached": FLAG, "stop_grace_s": DURATION, "attempt": COUNT,
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
            "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
-           "events": _list_of(ANY_OBJECT), "price": _or_null(PRICE), "cost": ANY_OBJECT},
+           "events": _list_of(EVENT), "price": _or_null(PRICE), "cost": ANY_OBJECT},
           ("id", "name", "target", "spec_path", "workers"), False)
