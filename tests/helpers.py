@@ -504,7 +504,7 @@ FAILS_ONCE = ('run: test "$PODRUN_ATTEMPT" = 1 || test "$PODRUN_WORKER" = 0 || e
 
 
 def notification(job_id: str, name: str, event: str, state: str, attempt: int, reason: str) -> dict:
-    """The message a webhook gets, exactly (README: Notifications)."""
+    """The message a webhook gets, exactly (README: Long runs)."""
     verb = {"failure": "failed", "preemption": "was preempted", "restart": "restarts", "stall": "stalled",
             "success": "succeeded"}[event]
     line = f"podrun: job {name} {verb} (attempt {attempt}): {reason} [{job_id}]"

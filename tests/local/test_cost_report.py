@@ -1,4 +1,4 @@
-"""What a job cost (README: What it cost), on local workers, whose only price is the spec's `cost.per_hour`:
+"""What a job cost (README: Long runs), on local workers, whose only price is the spec's `cost.per_hour`:
 `podrun report`'s cost line, the COST column of `podrun jobs` and the cost in `jobs --json`, worked out again
 here from the record's own times; a job without a price says why in one line."""
 

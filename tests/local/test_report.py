@@ -1,4 +1,4 @@
-"""`podrun report` (README: Where the time went): each job records its phases per worker per attempt in
+"""`podrun report` (README: Long runs): each job records its phases per worker per attempt in
 job.json (and `podrun jobs --json`); the report states wall time, goodput, the rest by cause, the
 attempts and the slowest worker of each phase, and writes report.html in the job's directory."""
 

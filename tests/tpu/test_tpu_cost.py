@@ -1,4 +1,4 @@
-"""What a TPU job cost (README: What it cost), against the Cloud TPU stand-in: a spot TPU podrun creates, with
+"""What a TPU job cost (README: Long runs), against the Cloud TPU stand-in: a spot TPU podrun creates, with
 `cost: {per_hour: X}`, costs X times the hours it was billed, to the cent, which this test works out itself
 from the record's phases (from the TPU's creation to the preemption, and from its recreation to the end); a
 spot TPU without `cost` is priced from podrun's table. Run under `flock /tmp/podrun-lab.lock`."""

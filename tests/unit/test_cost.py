@@ -1,4 +1,4 @@
-"""What a job cost (README: What it cost): the Cloud TPU price table's lookup (cloud/prices.py), and the
+"""What a job cost (README: Long runs): the Cloud TPU price table's lookup (cloud/prices.py), and the
 billed time, per attempt, productive and lost to preemptions, worked out from a record's phases
 (report/cost.py)."""
 
