@@ -13,7 +13,8 @@ from helpers import Background, job_id_in, podrun, processes_of_job, stderr_line
 
 STALLED = 124
 
-# steps, then the main thread hangs while a telemetry thread goes on printing: the output never stops
+# steps, then the main thread hangs while a telemetry thread goes on printing: the output never stops;
+# worker 2 waits for its data where the others wait in a collective
 HEARTBEATS_AFTER_A_HANG = """\
 import os, threading, time
 
@@ -22,11 +23,17 @@ def heartbeat():
         print("alive", flush=True)
         time.sleep(0.5)
 
+def all_reduce():
+    time.sleep(HANG)
+
+def load_batch():
+    time.sleep(HANG)
+
 for step in range(1, STEPS + 1):
     print(f"step {step} loss 0.{step}", flush=True)
     time.sleep(PAUSE)
 threading.Thread(target=heartbeat, daemon=True).start()
-time.sleep(HANG)
+load_batch() if os.environ["PODRUN_WORKER"] == "2" else all_reduce()
 """
 
 
@@ -50,6 +57,7 @@ def test_a_job_that_prints_heartbeats_but_makes_no_step_is_stopped_as_stalled_at
     assert "] alive" in result.stdout  # it printed all along
     assert "no step from any worker for 3.0s: the job is at step 4 (w0-2 at step 4 for 3.0s)" in stall_line(
         result.stderr)
+    assert "podrun: w2 is in load_batch (train.py:13); the other 2 are in all_reduce (train.py:10)" in result.stderr
     assert took < 4 * 0.3 + 3 + 10, took  # the steps, the bound, the agents' start and stop: seconds, not minutes
     job_id = job_id_in(result.stderr)
     assert sorted(path.name for path in (home / "jobs" / job_id / "stacks" / "1").iterdir()) == \
