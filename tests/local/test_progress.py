@@ -139,3 +139,19 @@ def test_a_running_job_shows_its_step_and_rate(home, job_file):
     finally:
         job.process.terminate()
         job.finish()
+
+
+@pytest.mark.slow
+def test_a_detached_jobs_hub_takes_stall_auto_from_the_step_time_too(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_STALL_AUTO_FLOOR", "1")  # read by the launcher, handed to worker 0's hub
+    spec = job_file("target: {local: {workers: 2}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\nstall: auto\n"
+                    "stop_grace: 1s\n", {"train.py": hanging(steps=8, pause=0.2)})
+    started = time.monotonic()
+    assert podrun("exec", spec, "--detach").returncode == 0
+
+    def state() -> dict:
+        return json.loads(podrun("jobs", "--json").stdout)[0]
+
+    wait_until(lambda: state()["state"] == "stalled", "the hub to stop the job", timeout=30)
+    assert "the job is at step 8" in state()["summary"]
+    assert time.monotonic() - started < 8 * 0.2 + 2 + 15  # the cap (2 h) would never have stopped it
