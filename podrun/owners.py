@@ -2,7 +2,7 @@
 --orphans` asks this of each one.
 
 A job owns what is labelled with its id while its record reads `running` (a pointer to a supervisor
-host's job too), and, before its record exists, while its launcher runs: from the moment it picks
+host's job too; an attached job whose launcher died reads `lost`, as in `podrun jobs`), and, before its record exists, while its launcher runs: from the moment it picks
 the job's id until it ends, the launcher keeps a claim, PODRUN_HOME/creating/<label>.json, that names
 its process. A launcher killed during a create leaves a claim whose process is gone, and no record:
 what it made is owned by nobody.
@@ -70,7 +70,7 @@ def owned(job_label: str) -> bool:
                 record = jobstore.load_if_there(job_id)
             except PodrunError:  # a record that cannot be read may be a live job's: never an orphan's
                 return True
-            if record is not None and record.state == jobstore.RUNNING:
+            if record is not None and record.current_state() == jobstore.RUNNING:
                 return True
     return False
 

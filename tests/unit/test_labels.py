@@ -37,15 +37,18 @@ def test_an_orphan_is_a_labelled_tpu_to_be_deleted_that_no_running_job_or_live_l
                                stop_grace_s=1)
     ended.create()
     ended.finish(jobstore.SUCCEEDED, 0, "ok")
-    nodes = [node("running", running.id), node("ended", ended.id), node("gone", "job-20261127-100000-cccc"),
+    lost = jobstore.JobRecord(id="job-20261127-100000-abcd", name="job", target="t", spec_path="s", workers=[],
+                              stop_grace_s=1, launcher={"pid": 2 ** 22 + 1, "start": "1"})  # attached, launcher dead
+    lost.create()
+    nodes = [node("running", running.id), node("lost", lost.id), node("ended", ended.id), node("gone", "job-20261127-100000-cccc"),
              node("kept", "job-20261127-100000-dddd", "false"), node("created", labels.CREATED_BY_COMMAND, "false"),
              node("unlabelled", None), node("theirs", "job-20261127-100000-eeee", user="them")]
-    assert [each.name for each in owners.orphans(nodes, [])] == ["ended", "gone", "theirs"]
-    assert [each.name for each in owners.orphans(nodes, [], user="me")] == ["ended", "gone"]
+    assert [each.name for each in owners.orphans(nodes, [])] == ["lost", "ended", "gone", "theirs"]
+    assert [each.name for each in owners.orphans(nodes, [], user="me")] == ["lost", "ended", "gone"]
     assert [each.name for each in owners.orphans(nodes, [], everything=True)] == [
-        "ended", "gone", "kept", "created", "theirs"]
+        "lost", "ended", "gone", "kept", "created", "theirs"]
     made = datetime(2026, 11, 27, 10, tzinfo=timezone.utc).timestamp() + 0.123456  # nanoseconds cut
-    assert owners.orphans(nodes, [])[0].billed_from == pytest.approx(made)
+    assert owners.orphans(nodes, [])[1].billed_from == pytest.approx(made)
 
 
 def test_a_claim_owns_while_its_process_lives(home):
