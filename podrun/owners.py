@@ -2,10 +2,10 @@
 --orphans` asks this of each one.
 
 A job owns what is labelled with its id while its record reads `running` (a pointer to a supervisor
-host's job too; an attached job whose launcher died reads `lost`, as in `podrun jobs`), and, before its record exists, while its launcher runs: from the moment it picks
-the job's id until it ends, the launcher keeps a claim, PODRUN_HOME/creating/<label>.json, that names
-its process. A launcher killed during a create leaves a claim whose process is gone, and no record:
-what it made is owned by nobody.
+host's job too; an attached job whose launcher died reads `lost`, as in `podrun jobs`), and, before
+its record exists, while its launcher runs: from the moment it picks the job's id until it ends, the
+launcher keeps a claim, PODRUN_HOME/creating/<label>.json, that names its process. A launcher killed
+during a create leaves a claim whose process is gone, and no record: what it made is owned by nobody.
 
 An orphan is what podrun made that nobody owns and podrun meant to delete (podrun-delete-after
 `true`): a job's TPU with delete_after success or always, or exec --down. A TPU kept on purpose

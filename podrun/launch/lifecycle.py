@@ -83,15 +83,16 @@ class Lifecycle:
         declared = self.spec.target.declared
         if count := declared.worker_count(self.spec.target.options):  # nothing is made for a job that cannot run
             self._make_room([declared.transport] * len(parse_worker_selection(selection, count)))
-        if (api := self.target.labelling_api()) is not None:
-            owners.warn_of_orphans(api)
         job_id = job_id or jobstore.new_job_id(self.spec.name)
+        if (api := self.target.labelling_api()) is None:
+            return self._run_as(selection, stop_grace_s, job_id)
+        owners.warn_of_orphans(api)
         # what it creates is labelled with the job's id, and owned by this launcher until its record runs (owners.py)
         self.target.labels = labels.owner_labels(job_id, self.delete_after != "never")
         with owners.claim(job_id):
-            return self._run_claimed(selection, stop_grace_s, job_id)
+            return self._run_as(selection, stop_grace_s, job_id)
 
-    def _run_claimed(self, selection: str | None, stop_grace_s: float, job_id: str) -> int:
+    def _run_as(self, selection: str | None, stop_grace_s: float, job_id: str) -> int:
         record: jobstore.JobRecord | None = None
         try:
             provision_started = time.time()

@@ -40,7 +40,8 @@ def test_an_orphan_is_a_labelled_tpu_to_be_deleted_that_no_running_job_or_live_l
     lost = jobstore.JobRecord(id="job-20261127-100000-abcd", name="job", target="t", spec_path="s", workers=[],
                               stop_grace_s=1, launcher={"pid": 2 ** 22 + 1, "start": "1"})  # attached, launcher dead
     lost.create()
-    nodes = [node("running", running.id), node("lost", lost.id), node("ended", ended.id), node("gone", "job-20261127-100000-cccc"),
+    nodes = [node("running", running.id), node("lost", lost.id), node("ended", ended.id),
+             node("gone", "job-20261127-100000-cccc"),
              node("kept", "job-20261127-100000-dddd", "false"), node("created", labels.CREATED_BY_COMMAND, "false"),
              node("unlabelled", None), node("theirs", "job-20261127-100000-eeee", user="them")]
     assert [each.name for each in owners.orphans(nodes, [])] == ["lost", "ended", "gone", "theirs"]
