@@ -113,3 +113,16 @@ def test_after_a_clean_run_there_is_no_orphan(home, tpu_api, lab, job_file, dele
         assert "1 orphan" in podrun("list", "--orphans", "--all").stderr
         assert podrun("delete", "--orphans", "--all", "--yes").returncode == 0
     assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_a_multislice_is_one_orphan_row_whose_slices_carry_the_labels_and_delete_takes_it_whole(home, tpu_api, lab):
+    created = podrun("create", "v4-8", "--name", "ms", "--slices", "2")
+    assert created.returncode == 0, created.stderr
+    assert labels_of(tpu_api, "ms-0") == labels_of(tpu_api, "ms-1") == queued_labels_of(tpu_api, "ms") != {}
+    assert "no orphans" in podrun("list", "--orphans").stderr  # podrun create's: the user's
+    listed = podrun("list", "--orphans", "--all")
+    rows = [line for line in listed.stdout.splitlines()[1:]]
+    assert len(rows) == 1 and re.match(r"ms +2 x v4-8 multislice +READY, queued ACTIVE +create ", rows[0]), listed.stdout
+    assert podrun("delete", "--orphans", "--all", "--yes").returncode == 0
+    assert left_in_api(tpu_api) == ([], [])
