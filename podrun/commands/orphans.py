@@ -102,5 +102,3 @@ def _cost(orphan: owners.Orphan, now: float) -> str:
     if price["per_hour"] is None:
         return "-"
     return money(price["per_hour"] * max(0.0, now - billed_from) / 3600)
-
-
