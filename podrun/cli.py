@@ -22,6 +22,7 @@ from podrun.cli_arguments import (
     disk_arguments,
     exec_arguments,
     jobs_arguments,
+    list_arguments,
     logs_arguments,
     one_positional,
     report_arguments,
@@ -170,9 +171,19 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    _everything_with_orphans(args)
+    if args.orphans:
+        from podrun.commands.orphans import list_orphans
+
+        return list_orphans(args.zone, args.project, args.everything)
     from podrun.commands.tpu import list_nodes
 
     return list_nodes(args.zone, args.project)
+
+
+def _everything_with_orphans(args: argparse.Namespace) -> None:
+    if args.everything and not args.orphans:
+        raise UsageError("--all: only with --orphans")
 
 
 def _describe(args: argparse.Namespace) -> int:
@@ -182,6 +193,15 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
+    _everything_with_orphans(args)
+    if args.orphans:
+        if args.name:
+            raise UsageError(f"{args.name}: give a NAME or --orphans, not both")
+        from podrun.commands.orphans import delete_orphans
+
+        return delete_orphans(args.zone, args.project, args.everything, args.yes)
+    if not args.name:
+        raise UsageError("no NAME: `podrun delete NAME`, or `podrun delete --orphans`")
     from podrun.commands.tpu import delete
 
     return delete(args.name, args.zone, args.project, args.yes)
@@ -196,11 +216,12 @@ def _target_flags(args: argparse.Namespace):
 # name: (summary, handler, its arguments, takes --zone/--project)
 COMMANDS = {
     "create": ("create a TPU VM (or pod slice) from its accelerator type", _create, create_arguments, True),
-    "list": ("list the TPU VMs and queued resources in a zone, with state and worker count", _list, None, True),
+    "list": ("list the TPU VMs and queued resources in a zone, with state and worker count (--orphans: what "
+             "podrun made that no running job owns)", _list, list_arguments, True),
     "describe": ("show one TPU VM: state, accelerator, worker IPs, its queued resource", _describe,
                  one_positional("name", "NAME"), True),
-    "delete": ("delete a TPU VM with its queued resource (asks first unless --yes)", _delete, delete_arguments,
-               True),
+    "delete": ("delete a TPU VM with its queued resource, or the orphans (asks first unless --yes)", _delete,
+               delete_arguments, True),
     "exec": ("ship the workdir and run the job on every worker; stream their output", _exec, exec_arguments, False),
     "ssh": ("a shell on one worker (with -- CMD: run CMD there), at your terminal", _ssh, ssh_arguments, False),
     "cp": ("copy files to every worker (through the relay) or from workers (into DEST/w<i>/)", _cp,

@@ -58,8 +58,22 @@ def create_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def delete_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("name", metavar="NAME")
+    sub.usage = "%(prog)s NAME [--yes]\n       %(prog)s --orphans [--all] [--yes]"
+    sub.add_argument("name", metavar="NAME", nargs="?")
     sub.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    _orphan_arguments(sub, "delete")
+
+
+def list_arguments(sub: argparse.ArgumentParser) -> None:
+    _orphan_arguments(sub, "list")
+
+
+def _orphan_arguments(sub: argparse.ArgumentParser, verb: str) -> None:
+    sub.add_argument("--orphans", action="store_true",
+                     help=f"{verb} the TPUs podrun made (labelled podrun-job) that no running job owns and "
+                          f"podrun was to delete after their job, with their age and cost so far")
+    sub.add_argument("--all", dest="everything", action="store_true",
+                     help="with --orphans: also those kept on purpose (delete_after never, `podrun create`'s)")
 
 
 def _target_usage() -> str:

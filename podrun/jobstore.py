@@ -215,7 +215,7 @@ def new_job_id(name: str) -> str:
 
 
 def load(job_id: str) -> JobRecord:
-    record = _load_if_there(job_id)
+    record = load_if_there(job_id)
     if record is None:
         raise PodrunError(f"no job {job_id!r} in {paths.jobs_dir()}; `podrun jobs` lists them")
     return record
@@ -224,11 +224,11 @@ def load(job_id: str) -> JobRecord:
 def find(text: str) -> JobRecord:
     """The job `text` names: its exact id, else the one id it begins, else the newest job of that name.
     A full id costs one file read: `podrun logs ID` starts at once however many jobs there are."""
-    exact = _load_if_there(text) if _is_plain_name(text) else None
+    exact = load_if_there(text) if _is_plain_name(text) else None
     if exact:
         return exact
     # an id begins with its job's name (new_job_id), so the jobs of that name are among these
-    candidates = sorted((entry for entry in _job_ids() if entry.startswith(text)), reverse=True)
+    candidates = sorted((entry for entry in job_ids() if entry.startswith(text)), reverse=True)
     if len(candidates) == 1:
         return load(candidates[0])
     named = [record for record in _readable(candidates) if record.name == text]
@@ -244,7 +244,7 @@ def find(text: str) -> JobRecord:
 
 def all_jobs() -> list[JobRecord]:
     """Every readable job, newest first."""
-    return sorted(_readable(_job_ids()), key=lambda record: record.started_at, reverse=True)
+    return sorted(_readable(job_ids()), key=lambda record: record.started_at, reverse=True)
 
 
 def open_log(path: str) -> io.FileIO:
@@ -261,7 +261,7 @@ def write_json(path: str, data, indent: int | None = None) -> None:
     os.replace(temporary, path)
 
 
-def _job_ids() -> list[str]:
+def job_ids() -> list[str]:
     root = paths.jobs_dir()
     return os.listdir(root) if os.path.isdir(root) else []
 
@@ -276,7 +276,7 @@ def _readable(job_ids: list[str]) -> list[JobRecord]:
     return records
 
 
-def _load_if_there(job_id: str) -> JobRecord | None:
+def load_if_there(job_id: str) -> JobRecord | None:
     path = os.path.join(paths.jobs_dir(), job_id, RECORD_FILE)
     try:
         return _read(path)

@@ -24,6 +24,8 @@ Like a TPU VM's guest agent too, the `ssh-keys` metadata of a node is written to
 authorized_keys (see `on_ssh_keys`), unless OS Login governs the node (`enable-oslogin` TRUE in its
 metadata, else in its project's, `project_metadata`, which compute's `projects.get` serves): then those
 keys count for nothing, and its hosts take keys only from the OS Login stand-in (tests/oslogin_stand_in.py).
+A node's `labels` (checked against Google's rules) are kept and returned as given, on a node made
+directly or from a queued resource's node spec; left out, a node has none, as on Google.
 Every request's body is kept (`bodies`); `node_requests()` gives the Node of each create. Who sent
 each request (its client address and bearer token) is kept too (`received`, `callers()`): served on the
 lab's bridge (`serve(BRIDGE_IP)`), a request from a lab host comes from that host's address.
@@ -76,6 +78,7 @@ EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 QUEUED_RESOURCE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 NODE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_KEY, LABEL_VALUE = re.compile(r"^[a-z][a-z0-9_-]{0,62}\Z"), re.compile(r"^[a-z0-9_-]{0,63}\Z")  # Google's label rules
 PROJECT_NUMBER = "4815162342"  # every project's number here (Compute Engine's projects.get `id`)
 # the zone's acceleratorTypes and how many hosts (workers) each has
 ACCELERATOR_HOSTS = {
@@ -452,6 +455,11 @@ class TpuStandIn:
         return self._start_operation(parent, name, "create", finish)
 
     def _validate_node_body(self, zone: str, body: dict) -> None:
+        for key, value in (body.get("labels") or {}).items():
+            if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
+                raise ApiError("INVALID_ARGUMENT", f"Invalid label {key}={value!r}: keys and values may hold lowercase "
+                                                   f"letters, digits, '_' and '-', at most 63 characters; a key "
+                                                   f"starts with a letter")
         accelerator = body.get("acceleratorType")
         if accelerator not in ACCELERATOR_HOSTS:
             raise ApiError("INVALID_ARGUMENT", f"Accelerator type {accelerator!r} is not available in zone {zone}")

@@ -31,6 +31,7 @@ class TpuRequest:
     # networkConfig.enableExternalIps, which the API takes as false when it is left out; gcloud
     # sends true unless --internal-ips, and without it a laptop cannot reach the workers
     external_ips: bool = True
+    labels: dict[str, str] = field(default_factory=dict)  # who owns it (cloud/labels.py), on every node it makes
 
     @property
     def through_queue(self) -> bool:

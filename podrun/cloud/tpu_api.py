@@ -81,6 +81,12 @@ class TpuApi:
         with self._errors(f"reading queued resource {name}", name, kind="queued resource"):
             return _unless_missing(lambda: queued_from_json(self._read(f"queuedResources/{name}"), self.location))
 
+    def nodes_page(self) -> list[TpuNode]:
+        """The zone's nodes with one GET (their first page, as the REST path of `get` reads them: Google's
+        client is not loaded), for a check that must cost little (owners.warn_of_orphans)."""
+        with self._errors("listing TPU VMs"):
+            return [node_from_json(node, self.location) for node in self._request("GET", "nodes").get("nodes", [])]
+
     def list_queued(self) -> list[QueuedResource]:
         with self._errors("listing queued resources"), client_errors():
             found = self._google_client().list_queued_resources(parent=self.location.parent, timeout=self.timeout_s)
@@ -305,12 +311,13 @@ class TpuApi:
 
 
 def _node_to_create(request: TpuRequest):
-    """The Node a create asks for, directly or in a queued resource's node spec: external IPs asked
-    for as gcloud asks for them (the API's default is none)."""
+    """The Node a create asks for, directly or in a queued resource's node spec (whose node's labels
+    are the queued resource's: it has none of its own): external IPs asked for as gcloud asks for them
+    (the API's default is none)."""
     from google.cloud import tpu_v2
 
     return tpu_v2.Node(accelerator_type=request.accelerator_type, runtime_version=request.runtime_version,
-                       metadata=request.metadata,
+                       metadata=request.metadata, labels=request.labels,
                        network_config=tpu_v2.NetworkConfig(enable_external_ips=request.external_ips))
 
 

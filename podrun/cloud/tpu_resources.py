@@ -28,6 +28,8 @@ class TpuNode:
     queued_resource: str | None = None  # the short name of the queued resource that created it
     id: str = ""  # the number Google gave it; a node made again under the same name gets another
     reserved: bool = False  # it runs in a reservation (its schedulingConfig says)
+    labels: dict[str, str] = field(default_factory=dict)
+    created: str = ""  # createTime, RFC 3339 ("" where the API gave none)
 
     @property
     def full_name(self) -> str:
@@ -57,6 +59,8 @@ class QueuedResource:
     spot: bool
     reservation: str | None
     valid_until: str | None  # its queueing policy, as the API writes it (e.g. "21600s")
+    labels: dict[str, str] = field(default_factory=dict)  # its node spec's node's (the API gives it none of its own)
+    created: str = ""  # createTime, RFC 3339
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,8 @@ def node_from_json(node: dict, location: Location) -> TpuNode:
                  for endpoint in node.get("networkEndpoints", [])],
         metadata=dict(node.get("metadata", {})),
         queued_resource=node["queuedResource"].rsplit("/", 1)[-1] if node.get("queuedResource") else None,
-        id=node.get("id", ""), reserved=bool(scheduling.get("reserved")))
+        id=node.get("id", ""), reserved=bool(scheduling.get("reserved")), labels=dict(node.get("labels", {})),
+        created=node.get("createTime", ""))
 
 
 def queued_from_json(resource: dict, location: Location) -> QueuedResource:
@@ -101,4 +106,5 @@ def queued_from_json(resource: dict, location: Location) -> QueuedResource:
         error=(data.get("error") or {}).get("message"), node_names=names,
         accelerator_type=node.get("acceleratorType", ""), runtime_version=node.get("runtimeVersion", ""),
         spot="spot" in resource, reservation=resource.get("reservationName", "").rsplit("/", 1)[-1] or None,
-        valid_until=(resource.get("queueingPolicy") or {}).get("validUntilDuration"))
+        valid_until=(resource.get("queueingPolicy") or {}).get("validUntilDuration"),
+        labels=dict(node.get("labels", {})), created=resource.get("createTime", ""))

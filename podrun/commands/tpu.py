@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from podrun import exits
-from podrun.cloud import accelerators, capacity
+from podrun import exits, owners
+from podrun.cloud import accelerators, capacity, labels
 from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest, through_queue
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
@@ -55,8 +55,10 @@ def create(options: CreateOptions) -> int:
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
     request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, options.queued,
                          options.spot, options.reservation, _valid_for_s(options.valid_for), slices=slices,
-                         external_ips=not options.internal_ips)
-    api = _api(location(options.project, options.zone))
+                         external_ips=not options.internal_ips,
+                         labels=labels.owner_labels(labels.CREATED_BY_COMMAND, delete_after=False))
+    api = api_for(location(options.project, options.zone))
+    owners.warn_of_orphans(api)
     if problem := capacity.blocked(api, request.node_names, name):
         if not options.replace:
             raise PodrunError(problem)
@@ -116,7 +118,7 @@ def list_nodes(zone: str | None, project: str | None) -> int:
     row under its queued resource's name, and a request whose TPU VM does not exist yet with its own
     state."""
     where = location(project, zone)
-    api = _api(where)
+    api = api_for(where)
     nodes, requests = api.list(), {queued.name: queued for queued in api.list_queued()}
     where_text = f"in project {where.project}, zone {where.zone}"
     if not nodes and not requests:
@@ -163,7 +165,7 @@ def _how_made(spot: bool, queued: QueuedResource | None) -> str:
 
 def describe(name: str, zone: str | None, project: str | None) -> int:
     """One TPU VM and its queued resource, or a multislice's queued resource and each of its slices."""
-    api = _api(location(project, zone))
+    api = api_for(location(project, zone))
     node = api.find(name)
     queued = api.get_queued(node.queued_resource if node and node.queued_resource else name)
     if node is None and queued is None:
@@ -187,10 +189,10 @@ def _slices_text(nodes: list) -> str:
 
 def delete(name: str, zone: str | None, project: str | None, yes: bool) -> int:
     where = location(project, zone)
-    if not yes and not _confirm(f"delete TPU VM {name} (and its queued resource) in {where.project}/{where.zone}?"):
+    if not yes and not confirm(f"delete TPU VM {name} (and its queued resource) in {where.project}/{where.zone}?"):
         say("nothing deleted")
         return exits.FAILURE
-    api = _api(where)
+    api = api_for(where)
     started = time.monotonic()
     try:
         if not capacity.release(api, name):
@@ -228,13 +230,13 @@ def default_node_name(accelerator_type: str) -> str:
     return f"{user}-{accelerator_type}"[:63].rstrip("-")
 
 
-def _api(where: Location) -> TpuApi:
+def api_for(where: Location) -> TpuApi:
     from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for the commands that need them
 
     return TpuApi(where)
 
 
-def _confirm(question: str) -> bool:
+def confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         raise PodrunError(f"{question[:-1]}: refusing without --yes, since there is no terminal to ask on")
     return input(f"podrun: {question} [y/N] ").strip().lower() in ("y", "yes")

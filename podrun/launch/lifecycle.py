@@ -20,7 +20,8 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
+from podrun import exits, file_limit, interrupts, jobstore, owners, paths, timeline
+from podrun.cloud import labels
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError
@@ -79,17 +80,26 @@ class Lifecycle:
             return self._run(selection, stop_grace_s, job_id)
 
     def _run(self, selection: str | None, stop_grace_s: float, job_id: str | None) -> int:
-        record: jobstore.JobRecord | None = None
         declared = self.spec.target.declared
         if count := declared.worker_count(self.spec.target.options):  # nothing is made for a job that cannot run
             self._make_room([declared.transport] * len(parse_worker_selection(selection, count)))
+        job_id = job_id or jobstore.new_job_id(self.spec.name)
+        if (api := self.target.labelling_api()) is None:
+            return self._run_as(selection, stop_grace_s, job_id)
+        owners.warn_of_orphans(api)
+        # what it creates is labelled with the job's id, and owned by this launcher until its record runs (owners.py)
+        self.target.labels = labels.owner_labels(job_id, self.delete_after != "never")
+        with owners.claim(job_id):
+            return self._run_as(selection, stop_grace_s, job_id)
+
+    def _run_as(self, selection: str | None, stop_grace_s: float, job_id: str) -> int:
+        record: jobstore.JobRecord | None = None
         try:
             provision_started = time.time()
             self.target.provision()
             self.workers = self.target.workers(dry_run=False)
             provisioned = time.time()
             self.selected = parse_worker_selection(selection, len(self.workers))
-            job_id = job_id or jobstore.new_job_id(self.spec.name)
             job = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             self._make_room([plan.worker.transport.endpoint()["kind"] for plan in job.workers])
             record = self._new_record(job_id, stop_grace_s)

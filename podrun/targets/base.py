@@ -44,6 +44,7 @@ class Target(ABC):
         self.spec = spec
         self.just_created = False  # made by provision(): its workers may refuse a key for a few seconds
         self.queued_until: float | None = None  # when provision()'s queued request found capacity (epoch seconds)
+        self.labels: dict[str, str] = {}  # what it creates carries them (cloud/labels.py); the launch sets them
 
     @property
     def options(self) -> Any:
@@ -89,6 +90,10 @@ class Target(ABC):
 
     # The capacity lifecycle (created on demand, preemption named, recreated, deleted after the job);
     # a target that has none keeps these defaults.
+    def labelling_api(self) -> Any:
+        """The cloud API in which podrun labels what it creates (a TPU's), where exec warns of orphans; None elsewhere."""
+        return None
+
     def provision(self) -> None:
         """Create what the spec declares and does not exist yet (waiting until it is ready)."""
 

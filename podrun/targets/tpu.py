@@ -146,6 +146,9 @@ class TpuVm(Target):
         return tpu_price(node.accelerator_type, node.location.zone, spot=node.spot or self.tpu.spot,
                          reserved=node.reserved or self.tpu.reservation is not None, slices=len(self.nodes))
 
+    def labelling_api(self) -> TpuApi:
+        return self.api
+
     def provision(self) -> None:
         """Create the TPU the spec declares (accelerator_type) when it does not exist; refuse one of that
         name that is of another type or shape, or dead (preempted, a failed or suspended queued resource)."""
@@ -238,7 +241,7 @@ class TpuVm(Target):
                           tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
                           queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
                           metadata={"ssh-keys": ssh_keys} if ssh_keys else {}, slices=tpu.slices or 1,
-                          external_ips=not tpu.internal_ip)
+                          external_ips=not tpu.internal_ip, labels=self.labels)
 
     def _workers_to_be(self) -> list[Worker]:
         """The workers a TPU the spec declares will have, for --dry-run: their addresses are not known yet."""

@@ -88,7 +88,7 @@ LAYERS = {
              "podrun.spec_commands", "podrun.adhoc"),
     "reach": ("podrun.remote", "podrun.remote.*", "podrun.transport", "podrun.transport.*"),
     "targets": ("podrun.targets", "podrun.targets.*"),
-    "jobstore": ("podrun.jobstore", "podrun.progress", "podrun.notify"),
+    "jobstore": ("podrun.jobstore", "podrun.progress", "podrun.notify", "podrun.owners"),
     # below the plan: it ships to targets' Workers, and its digest cache saves through jobstore.write_json
     "shipping": ("podrun.shipping", "podrun.shipping.*"),
     "plan": ("podrun.plan",),
