@@ -189,3 +189,16 @@ def test_removing_a_jobs_record_on_the_supervisor_removes_all_of_it_there(home, 
     left = [str(path) for path in (supervisor.home / ".podrun").rglob("*") if job_id in str(path)]
     assert left == []  # what podrun said there (its console files) went with the record
 
+
+def test_a_pointer_whose_record_vanished_on_the_supervisor_reads_lost_with_why(home, lab, hosts_spec, supervisor):
+    job_id = ended_and_removed_on_the_supervisor(hosts_spec, supervisor)
+    listing = podrun("jobs", "--json")
+    assert listing.returncode == 0, listing.stderr
+    assert f"podrun: supervisor {supervisor.address}: job {job_id} has no record there any more; it reads lost" \
+        in listing.stderr.splitlines()
+    job = next(job for job in json.loads(listing.stdout) if job["id"] == job_id)
+    assert (job["state"], job["exit_code"], job["summary"]) == (
+        "lost", 255, f"the supervisor {supervisor.address} has no record of it")
+    again = podrun("jobs")  # kept: not asked again
+    assert "lost" in next(line for line in again.stdout.splitlines() if line.startswith(job_id))
+    assert again.stderr == ""
