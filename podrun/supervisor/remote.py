@@ -151,11 +151,10 @@ async def refresh_one(record: jobstore.JobRecord, supervisor: dict, transport: T
     return True
 
 
-def recorded(record: jobstore.JobRecord) -> None:
-    """Mark the pointer's job as recorded by its supervisor (its run has started there): from now on, a
+def recorded(record: jobstore.JobRecord, supervisor: dict) -> None:
+    """Mark the pointer's job as recorded by its `supervisor` (its run has started there): from now on, a
     supervisor with no record of it has lost it."""
-    assert record.supervised_by is not None
-    record.supervised_by[RECORDED] = True
+    supervisor[RECORDED] = True
     record.save()
 
 
