@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -313,3 +314,18 @@ def test_a_host_whose_login_waits_fails_the_version_check_within_its_bound_in_on
     assert str(error.value) == (f"supervisor {lab.hosts[HOST].ip}: no answer within 1s to podrun's version check "
                                 f"there (does its login shell wait for input? try `ssh {lab.hosts[HOST].ip} true`); "
                                 f"PODRUN_SUPERVISOR_CHECK_TIMEOUT sets the seconds")
+
+
+@pytest.mark.slow
+def test_two_execs_at_once_through_a_fresh_supervisor_both_run_and_install_it_once(lab, host_home, hosts_spec):
+    put_on_login_path(host_home, "python3", COUNTING_PYTHON3)
+    spec = hosts_spec(f"run: 'echo ran on $PODRUN_WORKER'\nsupervisor: {{host: root@{lab.hosts[HOST].ip}}}\n",
+                      hosts=(0, 1))
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: podrun("exec", spec), range(2)))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert sorted(line for line in result.stdout.splitlines() if "ran on" in line) == [
+            "[w0] ran on 0", "[w1] ran on 1"]
+    assert [line for line in (host_home / "python3-calls").read_text().splitlines() if line.startswith("-m venv")] == [
+        "-m venv /root/.podrun/venv"]
