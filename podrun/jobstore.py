@@ -182,7 +182,11 @@ class JobRecord:
     def create(self) -> None:
         try:
             paths.private_dirs(paths.jobs_dir())
-            os.mkdir(self.dir, 0o700)
+            try:
+                os.mkdir(self.dir, 0o700)
+            except FileExistsError:  # a supervisor host's job: its console came first (supervisor/daemon.py)
+                if os.path.lexists(os.path.join(self.dir, RECORD_FILE)):
+                    raise
             self.save()
         except OSError as error:
             raise paths.unusable_home(error) from None

@@ -8,7 +8,8 @@ known-hosts file, as one seen on first use would be), and forks the job's launch
 its own, so that it outlives the SSH session: the laptop may close. That launcher is a plain attached
 `podrun exec` of this host's (launch/run_here.py): it creates the TPU, runs, watches, restarts and
 deletes as the spec says, and keeps the job's record and every worker's log in this host's job store.
-What it prints goes to files under PODRUN_HOME/supervised/<id>/.
+What it prints goes to files in the job's own directory, PODRUN_HOME/jobs/<id>/console/: they go with
+the job's record. A job that ends before its record begins (its TPU could not be made) leaves nothing.
 
 The process started over SSH relays those files to the laptop (stdout to stdout, stderr to stderr),
 after a first stdout line `{"job": ID}`, until the run has started (--detach) or the job has ended;
@@ -22,6 +23,7 @@ import io
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -66,8 +68,9 @@ def main() -> int:
 
 
 def console_dir(job_id: str) -> str:
-    """Where a supervised job's launcher writes what it prints (stdout, stderr)."""
-    return os.path.join(paths.podrun_home(), "supervised", job_id)
+    """Where a supervised job's launcher writes what it prints (stdout, stderr): in its job's directory,
+    made before its record (jobstore.JobRecord.create)."""
+    return os.path.join(paths.jobs_dir(), job_id, "console")
 
 
 def _spec(payload: dict) -> JobSpec:
@@ -142,6 +145,9 @@ def _relay(launcher: int, console: str, running: int, detach: bool, pending: byt
     _, status = os.waitpid(launcher, 0)
     for tail in tails:
         tail.copy()
+    job_dir = os.path.dirname(console)
+    if not os.path.exists(os.path.join(job_dir, jobstore.RECORD_FILE)):  # said to the laptop: no job to keep it for
+        shutil.rmtree(job_dir, ignore_errors=True)
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
 

@@ -108,6 +108,7 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         if code is None:  # the link broke: the job goes on there, as far as anyone here knows
             return exits.LOST
         if options.detach and code == 0:  # the next `podrun jobs` reads the record there (a podrun started: 0.15 s)
+            remote.recorded(record, supervisor)
             say_success(f"job {job_id} runs under the supervisor {host}; follow it with `podrun logs -f {job_id}`, "
                         f"stop it with `podrun stop {job_id}`")
             return code

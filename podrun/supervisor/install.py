@@ -9,6 +9,9 @@ says (pip.conf, PIP_INDEX_URL, find-links): podrun never names an index.
 Every handover asks, so the answer takes one round trip: one login shell finds the podrun on the
 login PATH and, unless that one is of this version, asks the venv's. An install is a second one.
 Both run in the user's login shell (`$SHELL -l`): the login PATH, and pip's settings in ~/.profile.
+A login that waits (a prompt in ~/.profile) would hold the check forever: it gets CHECK_TIMEOUT. Two
+first handovers at once to one host install one at a time (flock(1) on ~/.podrun/install.lock, for at
+most INSTALL_WAIT): the second finds the first's podrun in the venv and installs nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import re
 import shlex
 
 from podrun import __version__, paths
+from podrun.cloud.settings import seconds
 from podrun.errors import PodrunError
 from podrun.output import say
 from podrun.supervisor.wheel import build_wheel, wheel_name
@@ -26,6 +30,8 @@ from podrun.transport.base import ChannelLost, Transport
 from podrun.transport.past_login import MARK  # what the scripts report starts lines with
 
 VENV = "~/.podrun/venv"
+CHECK_TIMEOUT = ("PODRUN_SUPERVISOR_CHECK_TIMEOUT", 30.0)  # the version check takes 0.09 s on a host that answers
+INSTALL_WAIT = ("PODRUN_SUPERVISOR_INSTALL_WAIT", 600.0)  # for another handover's install there (6 s from a cache)
 # `found KIND PATH` reports a podrun found: its path and what its --version printed (also left in $v)
 FOUND = """\
 found() {{
@@ -49,6 +55,12 @@ INSTALL = FOUND + """\
 dir=$HOME/.podrun/install.$$ venv=$HOME/.podrun/venv
 fail() {{ printf '\\n{mark}failed=%s\\n' "$1"; rm -rf "$dir"; exit 1; }}
 mkdir -p "$dir" && cat > "$dir/{wheel}" && [ "$(wc -c < "$dir/{wheel}")" -eq {size} ] || fail receive
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$HOME/.podrun/install.lock" && flock -w {wait} 9 || fail lock
+fi
+if [ -x "$venv/bin/podrun" ] && [ "$("$venv/bin/podrun" --version 2>/dev/null </dev/null | head -n 1)" = {want} ]; then
+  rm -rf "$dir"; found venv "$venv/bin/podrun"; exit 0  # another handover installed it while this one waited
+fi
 if [ ! -x "$venv/bin/python" ]; then
   command -v python3 >/dev/null 2>&1 || fail python3
   printf '{mark}step=venv\n'
@@ -66,9 +78,15 @@ async def podrun_on_host(transport: Transport, host: str, configured: str | None
     podrun's: `configured` (the spec's supervisor.podrun) or else the one on the login PATH or in
     ~/.podrun/venv, installed there if neither is of this version. What is wrong is one PodrunError line."""
     want = f"podrun {__version__}"
-    found = await _run_script(transport, host, PROBE.format(want=shlex.quote(want), mark=MARK,
-                                                            name=shlex.quote(configured or "podrun"),
-                                                            configured=shlex.quote(configured or "")))
+    probe = PROBE.format(want=shlex.quote(want), mark=MARK, name=shlex.quote(configured or "podrun"),
+                         configured=shlex.quote(configured or ""))
+    timeout_s = seconds(CHECK_TIMEOUT)
+    try:
+        found = await asyncio.wait_for(_run_script(transport, host, probe), timeout_s)
+    except asyncio.TimeoutError:
+        raise PodrunError(f"supervisor {host}: no answer within {timeout_s:g}s to podrun's version check there (does "
+                          f"its login shell wait for input? try `ssh {host} true`); PODRUN_SUPERVISOR_CHECK_TIMEOUT "
+                          f"sets the seconds") from None
     on_path = _what_it_is(found["path"], found["path_version"])
     if configured:
         if found["path_version"] == want:
@@ -92,7 +110,13 @@ async def _install(transport: Transport, host: str, want: str) -> str:
     wheel = build_wheel(os.path.join(paths.podrun_home(), "wheels"))
     with open(wheel, "rb") as file:
         data = file.read()
-    installed = await _run_script(transport, host, INSTALL.format(mark=MARK, wheel=wheel_name(), size=len(data)), data)
+    wait_s = seconds(INSTALL_WAIT)
+    script = INSTALL.format(mark=MARK, wheel=wheel_name(), size=len(data), want=shlex.quote(want), wait=f"{wait_s:g}")
+    installed = await _run_script(transport, host, script, data)
+    if installed["failed"] == "lock":
+        raise PodrunError(f"supervisor {host}: cannot install podrun {__version__} into {VENV}: another install there "
+                          f"held ~/.podrun/install.lock for {wait_s:g}s; PODRUN_SUPERVISOR_INSTALL_WAIT sets the "
+                          f"seconds to wait")
     if installed["failed"]:
         raise PodrunError(f"supervisor {host}: cannot install podrun {__version__} into {VENV}: "
                           f"{_cause(installed['failed'], installed['output'])} or install podrun {__version__} there "

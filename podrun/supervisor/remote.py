@@ -2,7 +2,8 @@
 job's supervisor host (its podrun, over SSH) and show what it prints, made harmless for the terminal
 as the workers' output is (escapes.py: a host's word is not trusted); `podrun jobs` reads the state
 there, within REFRESH_TIMEOUT_S, and keeps it in the laptop's pointer record: a supervisor that does
-not answer leaves its jobs shown as last known, with one line. Its podrun runs past what the host's
+not answer leaves its jobs shown as last known, with one line; a job it kept a record of once and keeps
+none of now (removed there) reads `lost`, and says so. Its podrun runs past what the host's
 login prints (transport/past_login.py), and what it says is checked (answers.py)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import shlex
 import sys
 
-from podrun import escapes, jobstore
+from podrun import escapes, exits, jobstore
 from podrun.errors import PodrunError
 from podrun.output import colour_wanted, counted, say
 from podrun.supervisor import answers
@@ -20,6 +21,8 @@ from podrun.transport import past_login, transport_for
 from podrun.transport.base import Channel, ChannelLost, Transport
 
 REFRESH_TIMEOUT_S = 10  # as for a detached job's workers (launch/detached.py)
+# in a pointer's supervised_by: its supervisor has recorded the job (it was read there, or its run started)
+RECORDED = "recorded"
 READ_SIZE = 1 << 16
 
 
@@ -136,11 +139,23 @@ async def refresh_one(record: jobstore.JobRecord, supervisor: dict, transport: T
         listed = [job for job in json.loads(printed) if job["id"] == record.id]
     except (ValueError, TypeError, KeyError):
         raise PodrunError(f"supervisor {supervisor['host']}: `podrun jobs --json` gave no job list") from None
+    if not listed and supervisor.get(RECORDED):  # removed there: nothing will ever end it
+        say(f"supervisor {supervisor['host']}: job {record.id} has no record there any more; it reads {jobstore.LOST}")
+        record.finish(jobstore.LOST, exits.LOST, f"the supervisor {supervisor['host']} has no record of it")
+        return False
     if not listed:  # not recorded yet: its TPU is being created, or the handover failed before the job began
         return False
     record.take_fields(answers.record(listed[0], record.id, supervisor["host"]))
+    supervisor[RECORDED] = True
     record.save()
     return True
+
+
+def recorded(record: jobstore.JobRecord, supervisor: dict) -> None:
+    """Mark the pointer's job as recorded by its `supervisor` (its run has started there): from now on, a
+    supervisor with no record of it has lost it."""
+    supervisor[RECORDED] = True
+    record.save()
 
 
 def _podrun_command(supervisor: dict, argv: list[str]) -> str:

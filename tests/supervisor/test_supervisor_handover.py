@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from podrun import jobstore
+
 from helpers import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
 
@@ -119,6 +121,7 @@ def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, la
         and "gcloud auth application-default login" in error[0], result.stderr
     assert podrun("jobs", "--json").stdout.strip() == "[]"  # nothing began: no pointer left behind
     assert not tpu_api.nodes
+    assert list((supervisor.home / ".podrun" / "jobs").iterdir()) == []  # nor what podrun said there
 
 
 def test_a_key_the_supervisor_lacks_gives_way_to_its_own_and_a_refusal_names_the_supervisor(home, lab, job_file,
@@ -158,8 +161,8 @@ def test_a_detached_handover_keeps_what_podrun_says_there_but_not_a_second_copy_
                                                                                             supervisor):
     spec = supervised(hosts_spec, supervisor, "run: 'while true; do echo tick; sleep 0.05; done'")
     started, job_id = detached(spec)
-    said_there = supervisor.home / ".podrun" / "supervised" / job_id / "stderr"
-    assert f"(what podrun says there: /root/.podrun/supervised/{job_id}/stderr)" in started.stderr
+    said_there = supervisor.job_dir(job_id) / "console" / "stderr"
+    assert f"(what podrun says there: /root/.podrun/jobs/{job_id}/console/stderr)" in started.stderr
     assert "── run (2 SSH hosts) ──" in said_there.read_text()
     console = said_there.with_name("stdout")
     size = console.stat().st_size
@@ -168,3 +171,34 @@ def test_a_detached_handover_keeps_what_podrun_says_there_but_not_a_second_copy_
     wait_until(lambda: log.stat().st_size > grown_from + 100, "worker 1's log to grow on the supervisor")
     assert console.stat().st_size == size  # the workers' lines are in their logs, once
     assert podrun("stop", job_id).returncode == 0
+
+
+def ended_and_removed_on_the_supervisor(hosts_spec, supervisor) -> str:
+    """A detached job that ended on the supervisor, whose launcher there has exited, and whose record
+    the user then removed there (`rm -r ~/.podrun/jobs/ID`), while the laptop last knew it running: its id."""
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'echo done'"))
+    wait_until(lambda: supervisor.record(job_id)["state"] == "succeeded", "the job to end on the supervisor")
+    launcher = supervisor.record(job_id)["launcher"]
+    wait_until(lambda: not jobstore.is_alive(launcher), "the launcher there to exit")
+    shutil.rmtree(supervisor.job_dir(job_id))
+    return job_id
+
+
+def test_removing_a_jobs_record_on_the_supervisor_removes_all_of_it_there(home, lab, hosts_spec, supervisor):
+    job_id = ended_and_removed_on_the_supervisor(hosts_spec, supervisor)
+    left = [str(path) for path in (supervisor.home / ".podrun").rglob("*") if job_id in str(path)]
+    assert left == []  # what podrun said there (its console files) went with the record
+
+
+def test_a_pointer_whose_record_vanished_on_the_supervisor_reads_lost_with_why(home, lab, hosts_spec, supervisor):
+    job_id = ended_and_removed_on_the_supervisor(hosts_spec, supervisor)
+    listing = podrun("jobs", "--json")
+    assert listing.returncode == 0, listing.stderr
+    assert f"podrun: supervisor {supervisor.address}: job {job_id} has no record there any more; it reads lost" \
+        in listing.stderr.splitlines()
+    job = next(job for job in json.loads(listing.stdout) if job["id"] == job_id)
+    assert (job["state"], job["exit_code"], job["summary"]) == (
+        "lost", 255, f"the supervisor {supervisor.address} has no record of it")
+    again = podrun("jobs")  # kept: not asked again
+    assert "lost" in next(line for line in again.stdout.splitlines() if line.startswith(job_id))
+    assert again.stderr == ""

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -42,7 +45,7 @@ echo
 echo '    apt install python3.11-venv'
 exit 1
 """
-PUT_THERE = (".podrun", ".config", ".local", ".profile")  # what these tests put in the host's home
+PUT_THERE = (".podrun", ".config", ".local", ".profile", "python3-calls")  # what these tests put in the host's home
 
 
 def requirements_of(wheel: str) -> list[str]:
@@ -255,3 +258,74 @@ def test_exec_through_a_supervisor_without_podrun_installs_it_there_once_and_run
     assert sorted(line for line in first.stdout.splitlines() if "ran on" in line) == ["[w0] ran on 0", "[w1] ran on 1"]
     again = podrun("exec", spec)
     assert again.returncode == 0 and "installing" not in again.stderr, again.stderr
+
+
+COUNTING_PYTHON3 = """#!/bin/sh
+echo "$*" >> "$HOME/python3-calls"
+exec /usr/bin/python3 "$@"
+"""
+
+
+def podruns_there_at_once(lab, count: int) -> list[str]:
+    async def find_all() -> list[str]:
+        transports = [SshTransport(lab.hosts[HOST].ip, 22, "root", str(lab.client_key), True) for _ in range(count)]
+        try:
+            await asyncio.gather(*(transport.connect() for transport in transports))
+            return await asyncio.gather(*(podrun_on_host(transport, lab.hosts[HOST].ip, None) for transport in transports))
+        finally:
+            await asyncio.gather(*(transport.close() for transport in transports))
+
+    return asyncio.run(find_all())
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_two_first_handovers_at_once_to_a_fresh_host_install_once_and_both_get_it(lab, host_home):
+    put_on_login_path(host_home, "python3", COUNTING_PYTHON3)  # counts the venvs made
+    assert podruns_there_at_once(lab, 2) == [VENV_PODRUN, VENV_PODRUN]
+    assert [line for line in (host_home / "python3-calls").read_text().splitlines() if line.startswith("-m venv")] == [
+        "-m venv /root/.podrun/venv"]
+    assert lab.run(HOST, f"{VENV_PODRUN} --version").stdout == f"podrun {__version__}\n"
+    assert not list((host_home / ".podrun").glob("install.*[0-9]"))  # neither left its wheel behind
+
+
+@pytest.mark.lab
+def test_an_install_that_waits_past_its_bound_for_another_is_one_line(lab, host_home, monkeypatch):
+    (host_home / ".podrun").mkdir()
+    monkeypatch.setenv("PODRUN_SUPERVISOR_INSTALL_WAIT", "1")
+    with open(host_home / ".podrun/install.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another handover's install, as flock(1) there holds it
+        with pytest.raises(PodrunError) as error:
+            podrun_there(lab)
+    assert str(error.value) == (f"supervisor {lab.hosts[HOST].ip}: cannot install podrun {__version__} into "
+                                f"~/.podrun/venv: another install there held ~/.podrun/install.lock for 1s; "
+                                f"PODRUN_SUPERVISOR_INSTALL_WAIT sets the seconds to wait")
+    assert not (host_home / ".podrun/venv").exists()
+
+
+@pytest.mark.lab
+def test_a_host_whose_login_waits_fails_the_version_check_within_its_bound_in_one_line(lab, host_home, monkeypatch):
+    (host_home / ".profile").write_text("sleep 20\n")  # as a login that waits for an answer
+    monkeypatch.setenv("PODRUN_SUPERVISOR_CHECK_TIMEOUT", "1")
+    started = time.monotonic()
+    with pytest.raises(PodrunError) as error:
+        podrun_there(lab)
+    assert time.monotonic() - started < 10
+    assert str(error.value) == (f"supervisor {lab.hosts[HOST].ip}: no answer within 1s to podrun's version check "
+                                f"there (does its login shell wait for input? try `ssh {lab.hosts[HOST].ip} true`); "
+                                f"PODRUN_SUPERVISOR_CHECK_TIMEOUT sets the seconds")
+
+
+@pytest.mark.slow
+def test_two_execs_at_once_through_a_fresh_supervisor_both_run_and_install_it_once(lab, host_home, hosts_spec):
+    put_on_login_path(host_home, "python3", COUNTING_PYTHON3)
+    spec = hosts_spec(f"run: 'echo ran on $PODRUN_WORKER'\nsupervisor: {{host: root@{lab.hosts[HOST].ip}}}\n",
+                      hosts=(0, 1))
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: podrun("exec", spec), range(2)))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert sorted(line for line in result.stdout.splitlines() if "ran on" in line) == [
+            "[w0] ran on 0", "[w1] ran on 1"]
+    assert [line for line in (host_home / "python3-calls").read_text().splitlines() if line.startswith("-m venv")] == [
+        "-m venv /root/.podrun/venv"]

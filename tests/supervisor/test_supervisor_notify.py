@@ -29,8 +29,7 @@ def test_a_supervised_job_that_fails_restarts_and_succeeds_is_told_of_by_its_sup
         ("failure", 0, True, "launcher", url.split("/")[2]), ("restart", 1, True, "launcher", url.split("/")[2]),
         ("success", 1, True, "launcher", url.split("/")[2])]
     # the webhook's URL is a secret: not on the host's disk (the job's record and logs, what its launcher said)
-    for folder in (supervisor.job_dir(job_id), supervisor.home / ".podrun" / "supervised" / job_id):
-        assert folder.is_dir()
-        for path in folder.rglob("*"):
-            if path.is_file():
-                assert TOKEN_PATH.encode() not in path.read_bytes(), path
+    assert (supervisor.job_dir(job_id) / "console" / "stderr").is_file()
+    for path in supervisor.job_dir(job_id).rglob("*"):
+        if path.is_file():
+            assert TOKEN_PATH.encode() not in path.read_bytes(), path
