@@ -44,6 +44,7 @@ class Target(ABC):
         self.spec = spec
         self.just_created = False  # made by provision(): its workers may refuse a key for a few seconds
         self.queued_until: float | None = None  # when provision()'s queued request found capacity (epoch seconds)
+        self.moves: list[dict] = []  # the TPU's moves to another zone while it was made ({at, from, to, why})
 
     @property
     def options(self) -> Any:
