@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import job_id_in, left_in_api, lifecycle_spec, podrun, processes_of_job
+from helpers import (
+    WAIT_FOR_PREEMPTION,
+    Background,
+    job_id_in,
+    left_in_api,
+    lifecycle_spec,
+    podrun,
+    processes_of_job,
+)
 
 FIRST, SECOND = "us-east5-a", "us-central1-a"  # both offer v5p (accelerators.ZONES)
 ZONES = f"zones: [{FIRST}, {SECOND}]"
@@ -62,3 +70,20 @@ def test_a_two_slice_job_moves_both_slices_as_one_queued_resource(home, tpu_api,
     assert f"/v2/projects/podrun-test/locations/{FIRST}/queuedResources/life" in deleted, deleted
     assert left_in_api(tpu_api) == ([], [])
     assert processes_of_job(job_id_in(result.stderr)) == []
+
+
+@pytest.mark.slow
+def test_a_restart_after_a_preemption_asks_first_in_the_zone_that_just_worked(home, tpu_api, lab, job_file):
+    tpu_api.exhausted_zones.add(FIRST)
+    spec = lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, f"{ZONES}, spot: true, queued: true, zone_wait: 2s",
+                          accelerator_type="v5p-16", restarts="{max: 1}", delete_after="always")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    tpu_api.exhausted_zones.clear()  # the first zone has capacity again: the restart still asks the second first
+    tpu_api.preempt("life")
+    job.wait_for(r"\[w1\] resumed on worker 1", timeout=90)
+    assert job.finish(timeout=90) == 0, job.text
+    assert len(queued_in(tpu_api, FIRST)) == 1 and len(queued_in(tpu_api, SECOND)) == 2, tpu_api.requests
+    assert job.text.count(f"): trying {SECOND}") == 1 and f"trying {FIRST}" not in job.text, job.text
+    assert left_in_api(tpu_api) == ([], [])
+    assert processes_of_job(job_id_in(job.text)) == []
