@@ -87,3 +87,20 @@ def test_a_restart_after_a_preemption_asks_first_in_the_zone_that_just_worked(ho
     assert job.text.count(f"): trying {SECOND}") == 1 and f"trying {FIRST}" not in job.text, job.text
     assert left_in_api(tpu_api) == ([], [])
     assert processes_of_job(job_id_in(job.text)) == []
+
+
+@pytest.mark.slow
+def test_create_with_zones_moves_past_a_stocked_out_zone_and_refuses_a_zone_without_the_type(home, tpu_api, lab):
+    tpu_api.exhausted_zones.add(FIRST)
+    refused = podrun("create", "v4-8", "--name", "z", "--zones", f"us-central2-b,{FIRST}")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"podrun: error: --zones: v4-8 is not offered in {FIRST}: v4 is in us-central2-b (Google's TPU regions and zones, "
+        f"as of 2026-11-27)"], refused.stderr
+    both = podrun("create", "v5p-8", "--zone", FIRST, "--zones", f"{FIRST},{SECOND}")
+    assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1, both.stderr
+    assert tpu_api.requests == []  # nothing asked for before the flags are right
+    created = podrun("create", "v5p-8", "--name", "z", "--spot", "--zones", f"{FIRST},{SECOND}")
+    assert created.returncode == 0, created.stderr
+    assert f"podrun: no capacity for v5p-8 in {FIRST} (" in created.stderr and f"): trying {SECOND}" in created.stderr
+    assert podrun("delete", "z", "--zone", SECOND, "--yes").returncode == 0
+    assert left_in_api(tpu_api) == ([], [])
