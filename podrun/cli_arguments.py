@@ -43,6 +43,11 @@ def create_arguments(sub: argparse.ArgumentParser) -> None:
     capacity.add_argument("--reservation", metavar="NAME", help="in this reservation (through a queued resource)")
     sub.add_argument("--valid-for", metavar="DURATION",
                      help="how long a queued request may wait for capacity, e.g. 30m or 6h (then Google fails it)")
+    sub.add_argument("--zones", metavar="A,B",
+                     help="ask in these zones in order (instead of --zone): a stockout, or a queued request still "
+                          "waiting after --zone-wait, deletes the request and asks in the next")
+    sub.add_argument("--zone-wait", metavar="DURATION",
+                     help="with --zones and --queued: how long a queued request may wait in one zone, e.g. 30m")
     sub.add_argument("--internal-ips", action="store_true",
                      help="no external IPs: its workers are reached from inside its VPC network only "
                           "(a job spec says so with target.tpu.internal_ip: true)")

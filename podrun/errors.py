@@ -30,3 +30,12 @@ class UsageError(PodrunError):
 
 class WaitTimedOut(PodrunError):
     """A wait for Google ran past PODRUN_WAIT_TIMEOUT; what was waited for goes on at Google."""
+
+
+class NoCapacity(PodrunError):
+    """Google has no capacity for the request in its zone (RESOURCE_EXHAUSTED), or a queued request gave
+    up or waited past its zone's bound: `why` in Google's words, or the wait's."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why

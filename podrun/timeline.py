@@ -6,18 +6,19 @@ other fields (never a write of its own: recording costs a few dict updates per p
     {"phase": "run", "attempt": 0, "start": T, "end": T | None,
      "workers": {"0": [T, T | None], ...},          # a phase of each worker: when each began and ended
      "lines": {"0": {"start": T, "every_s": 1, "counts": "3 0 12"}, ...},  # run: lines received per slot
-     ...details: "bytes" (ship), "why" (stall, preempted, restart), "capacity_at" (recreate: when its
-        queued request found capacity)}
+     ...details: "bytes" (ship), "why" (stall, preempted, restart, move), "capacity_at" (recreate: when its
+        queued request found capacity), "zone" and "left" (move: the zone moved to, the zone left)}
 
 T is epoch seconds. A job-wide phase (queue, create, recreate, judge, restart, stall) has no "workers"; an
-instant (preempted) has end == start. An end still None is open: the phase runs, or its worker's end
+instant (preempted, move) has end == start. An end still None is open: the phase runs, or its worker's end
 was never seen (the report ends it with the attempt).
 
 Phases: queue (a queued TPU request waiting for capacity, as polled), create (the TPU made before the
 job), connect (the connection and podrun's agent started, up to its probe report), ship, setup, run,
 stop (from the stop sent to the worker's exit), judge (a lost worker judged against the API), recreate
 (a preempted TPU deleted and made again), restart (the wait before a restart on the same workers),
-stall (from the last line of any worker to the stop), preempted.
+stall (from the last line of any worker to the stop), preempted, move (the TPU asked for in the next of
+its zones: no capacity in the one it left).
 """
 
 from __future__ import annotations

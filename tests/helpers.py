@@ -469,10 +469,11 @@ def create(name: str, accelerator_type: str = "v4-32", *flags: str) -> subproces
     return result
 
 
-def lifecycle_spec(job_file, run: str, tpu: str = "", files: dict[str, str] | None = None, **top: str) -> Path:
-    """A spec whose target.tpu declares a v4-16 (2 lab hosts) named `life`, plus `tpu` fields, and
-    its workdir with `files`."""
-    lines = [f"target: {{tpu: {{name: life, accelerator_type: v4-16{', ' + tpu if tpu else ''}}}}}",
+def lifecycle_spec(job_file, run: str, tpu: str = "", files: dict[str, str] | None = None,
+                   accelerator_type: str = "v4-16", **top: str) -> Path:
+    """A spec whose target.tpu declares a v4-16 (2 lab hosts; or `accelerator_type`) named `life`, plus
+    `tpu` fields, and its workdir with `files`."""
+    lines = [f"target: {{tpu: {{name: life, accelerator_type: {accelerator_type}{', ' + tpu if tpu else ''}}}}}",
              "ssh: {user: root}", f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}", "run: |",
              *(f"  {line}" for line in run.splitlines()), *(f"{key}: {value}" for key, value in top.items())]
     return job_file("\n".join(lines) + "\n", files)

@@ -14,6 +14,11 @@ cube 2x2x1, 2x2x2, 2x2x4, 2x4x4 (v4-8, -16, -32, -64), else every side a multipl
 4x4x4 cubes (128 TensorCores each) up to the largest slice: a v4 pod's 4096 chips (v4-8192), v5p's
 16x16x24 (6144 chips, v5p-12288). v5litepod-24 or v4-40 are no slice of any shape.
 
+The zones each generation is offered in (ZONES) are Google's table "TPU regions and zones"
+(https://cloud.google.com/tpu/docs/regions-zones), as read on ZONES_AS_OF: `target.tpu.zones` and
+`create --zones` are checked against it before anything is asked for, so that a zone that never has
+the type is a one-line error, not a move to it after minutes in the queue.
+
 Names are taken in any case (`V4-8` is v4-8). Other spellings are refused with the name the API
 takes: Google's docs call v5litepod "v5e", but the API, the console, quotas and `podrun list` say
 v5litepod, so a spec or a script that says v5e would not match what every other place shows.
@@ -45,6 +50,17 @@ TYPE_PATTERN = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
 LOOSE_PATTERN = re.compile(r"^(?:tpu[-_ ]?)?(v\d+[a-z]*|trillium)[-_ ]*(\d*)$")
 GENERATION_ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6": "v6e", "trillium": "v6e"}
 SEE_HELP = "(podrun create --help lists the generations)"
+ZONES_AS_OF = "2026-11-27"
+ZONES = {
+    "v2": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "asia-east1-c"),
+    "v3": ("us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"),
+    "v4": ("us-central2-b",),
+    "v5p": ("us-central1-a", "us-east5-a", "us-east5-b", "us-east5-c", "us-south1-a", "europe-west4-b"),
+    "v5litepod": ("us-central1-a", "us-east5-a", "us-east5-b", "us-east5-c", "us-south1-a", "us-west1-c", "us-west4-a",
+                  "us-west4-b", "europe-west4-b", "asia-southeast1-b"),
+    "v6e": ("us-central1-b", "us-east1-d", "us-east4-a", "us-east4-b", "us-east5-a", "us-east5-b", "us-east5-c",
+            "us-west1-c", "europe-west4-a", "asia-northeast1-b", "southamerica-east1-c"),
+}
 
 
 @dataclass(frozen=True)
@@ -96,3 +112,14 @@ def _not_valid(name: str, known_generation: bool) -> str:
     if meant := suggestions(name):
         return f"{problem}; did you mean {' or '.join(meant)}? {SEE_HELP}"
     return f"{problem}; expected a generation and a size, such as v4-8, v5p-8, v5litepod-8 or v6e-8 {SEE_HELP}"
+
+
+def unknown_zones(name: str, zones: list[str]) -> str | None:
+    """Why the accelerator type is not to be asked for in these zones (those Google's table does not
+    offer its generation in), in one line; None when every zone offers it."""
+    generation = parse(name).generation
+    offered = ZONES[generation]
+    if not (missing := [zone for zone in zones if zone not in offered]):
+        return None
+    return (f"{name} is not offered in {', '.join(missing)}: {generation} is in {', '.join(offered)} "
+            f"(Google's TPU regions and zones, as of {ZONES_AS_OF})")

@@ -26,7 +26,7 @@ from podrun import interrupts
 from podrun.cloud.no_external_ips import ExternalIpsRefused, external_ips_refused, refuses_external_ips
 from podrun.cloud.request import duration_text
 from podrun.cloud.settings import WAIT_TIMEOUT
-from podrun.errors import PodrunError, WaitTimedOut
+from podrun.errors import NoCapacity, PodrunError, WaitTimedOut
 from podrun.output import say
 
 if TYPE_CHECKING:
@@ -43,17 +43,23 @@ PREEMPTED_QUEUED_STATES = ("SUSPENDING", "SUSPENDED")
 IN_QUEUE_STATES = ("ACCEPTED", "WAITING_FOR_RESOURCES")  # a queued request without capacity yet
 
 
-class RequestFailed(PodrunError):
+class RequestFailed(NoCapacity):
     """Google gave up on a queued request (FAILED, or SUSPENDED before it was ACTIVE)."""
 
 
+class ZoneWaitOver(WaitTimedOut):
+    """A queued request waited in its zone as long as `zone_wait` lets it."""
+
+
 def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
-           on_capacity: Callable[[], None] | None = None) -> list[TpuNode]:
+           on_capacity: Callable[[], None] | None = None, zone_wait_s: float | None = None) -> list[TpuNode]:
     """Create the TPU VM (or the slices) and (wait) wait until it is READY, saying so on one line;
     [] without wait, once Google accepted the request. An interrupt, or a queued request that Google
     gave up on, deletes what was asked for before it is raised; an API that fails to answer leaves
     it (podrun cannot delete through it either) and says so. `on_capacity`: called once a queued request
-    is seen out of the queue (its capacity found), as polled."""
+    is seen out of the queue (its capacity found), as polled. No capacity in the zone (a stockout, a
+    queued request FAILED, or still waiting after `zone_wait_s`) deletes what was asked for and raises
+    NoCapacity, for the next zone (zone_moves.py)."""
     where = api.location
     what = "multislice" if request.slices > 1 else "TPU VM"
     say(f"creating {what} {request.name} ({request.summary()}) in {where.project}/{where.zone}")
@@ -67,8 +73,10 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
                     if not wait:
                         return []
                     limit_s, limit = _queue_limit(api, request)
+                    if zone_wait_s is not None and zone_wait_s < limit_s:
+                        limit = f"in {where.zone} at most {duration_text(zone_wait_s)} (zone_wait), then {limit}"
                     waiting.start(limit, interrupt="deletes the request")
-                    _wait_in_queue(api, request, waiting, limit_s, on_capacity)
+                    _wait_in_queue(api, request, waiting, limit_s, on_capacity, zone_wait_s)
                 else:
                     pending = api.create(request)
                     if not wait:
@@ -80,9 +88,14 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
                 f"billing")
             release(api, request.name)
             raise
-        except (RequestFailed, ExternalIpsRefused):
+        except (NoCapacity, ExternalIpsRefused):
             release(api, request.name, quiet=True)
             raise
+        except ZoneWaitOver:
+            release(api, request.name, quiet=True)
+            waited = f"still waiting after {duration_text(zone_wait_s or 0)}"
+            raise NoCapacity(f"queued resource {request.name} in {where.zone}: {waited} (zone_wait); podrun deleted "
+                             f"the request", waited) from None
         except WaitTimedOut:
             # the limit, not the time measured: a poll that ends after it is the same timeout
             waited = f"{request.name} was not READY within {limit_s:g}s ({WAIT_TIMEOUT[0]})"
@@ -109,11 +122,14 @@ def _queue_limit(api: TpuApi, request: TpuRequest) -> tuple[float, str]:
 
 
 def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: float,
-                   on_capacity: Callable[[], None] | None) -> None:
+                   on_capacity: Callable[[], None] | None, zone_wait_s: float | None = None) -> None:
     """Poll the queued resource until every node it makes is READY; its failure as a PodrunError, and
-    running past `limit_s` as WaitTimedOut."""
+    running past `limit_s` as WaitTimedOut; still in the queue after `zone_wait_s`, as ZoneWaitOver."""
     name, interval = request.name, POLL_FIRST_S
+    in_queue = True
     while True:
+        if in_queue and zone_wait_s is not None and waiting.elapsed() >= zone_wait_s:
+            raise ZoneWaitOver(f"queued resource {name} still waits after {waiting.elapsed():.0f}s")
         if waiting.elapsed() >= limit_s:
             raise WaitTimedOut(f"queued resource {name} still waits after {waiting.elapsed():.0f}s")
         queued = api.get_queued(name)
@@ -123,17 +139,19 @@ def _wait_in_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limit_s: 
             raise external_ips_refused(f"queued resource {name} FAILED", api.location.project)
         if queued.state == "FAILED":
             raise RequestFailed(f"queued resource {name} FAILED: {queued.error or 'Google gave no reason'}; podrun "
-                              f"deleted the request")
+                                f"deleted the request", queued.error or "its queued request FAILED")
         if queued.state in PREEMPTED_QUEUED_STATES:
             raise RequestFailed(f"queued resource {name} went {queued.state} before its TPU VM was READY; podrun "
-                              f"deleted it")
-        if on_capacity and queued.state not in IN_QUEUE_STATES:
+                                f"deleted it", f"its queued request went {queued.state}")
+        in_queue = queued.state in IN_QUEUE_STATES
+        if on_capacity and not in_queue:
             on_capacity()
             on_capacity = None
         if queued.state == "ACTIVE" and all(api.state(node) == "READY" for node in request.node_names):
             return
         waiting.show(queued.state if queued.state != "ACTIVE" else "ACTIVE, the TPU VM starting", waiting.elapsed())
-        time.sleep(max(0.0, min(interval, limit_s - waiting.elapsed())))
+        bound = min(limit_s, zone_wait_s) if in_queue and zone_wait_s is not None else limit_s
+        time.sleep(max(0.0, min(interval, bound - waiting.elapsed())))
         interval = min(interval * POLL_GROWTH, POLL_MAX_S)
 
 

@@ -47,7 +47,7 @@ from podrun.cloud.tpu_resources import (
     node_from_json,
     queued_from_json,
 )
-from podrun.errors import PodrunError, WaitTimedOut
+from podrun.errors import NoCapacity, PodrunError, WaitTimedOut
 
 if TYPE_CHECKING:
     from podrun.cloud.request import TpuRequest
@@ -270,6 +270,9 @@ class TpuApi:
         except ApiCallError as error:
             if no_external_ips.refuses_external_ips(error.message):
                 raise no_external_ips.external_ips_refused(doing, self.location.project) from None
+            if error.code == 429 and "quota" not in error.message.lower():
+                raise NoCapacity(f"{doing}: {self._advice(error, name, kind)}",
+                                 HTTP_PREFIX.sub("", error.message)) from None
             raise PodrunError(f"{doing}: {self._advice(error, name, kind)}") from None
         except ApiUnreachable as error:
             raise PodrunError(f"{doing}: cannot reach the Cloud TPU API at {self.endpoint or GOOGLE_ENDPOINT} "

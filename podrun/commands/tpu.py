@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from podrun import exits, owners
-from podrun.cloud import accelerators, capacity, labels
+from podrun.cloud import accelerators, capacity, labels, zone_moves
 from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, TpuRequest, through_queue
 from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, UsageError
@@ -39,6 +39,8 @@ class CreateOptions:
     slices: int = 1
     internal_ips: bool = False
     accelerator_flag: str | None = None
+    zones: str | None = None  # --zones A,B: tried in order (zone_moves.py)
+    zone_wait: str | None = None
 
 
 def create(options: CreateOptions) -> int:
@@ -53,18 +55,21 @@ def create(options: CreateOptions) -> int:
                          f"(1: a single TPU VM)")
     if options.valid_for is not None and not through_queue(options.queued, options.reservation, slices):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
+    zones = _zones(options, accelerator.name, through_queue(options.queued, options.reservation, slices))
     request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, options.queued,
-                         options.spot, options.reservation, _valid_for_s(options.valid_for), slices=slices,
+                         options.spot, options.reservation, _duration_s("--valid-for", options.valid_for), slices=slices,
                          external_ips=not options.internal_ips,
                          labels=labels.owner_labels(labels.CREATED_BY_COMMAND, delete_after=False))
-    api = api_for(location(options.project, options.zone))
+    apis = [api_for(location(options.project, zone)) for zone in zones]
+    api = (len(apis) > 1 and zone_moves.holding(apis, request.node_names, name)) or apis[0]
     owners.warn_of_orphans(api)
     if problem := capacity.blocked(api, request.node_names, name):
         if not options.replace:
             raise PodrunError(problem)
         capacity.release(api, name)
     try:
-        nodes = capacity.obtain(api, request, options.wait)
+        api, nodes = zone_moves.obtain(zone_moves.ordered(apis, api.location.zone), request,
+                                       _duration_s("--zone-wait", options.zone_wait), wait=options.wait)
     except KeyboardInterrupt:
         return exits.INTERRUPTED
     if not nodes:
@@ -102,15 +107,33 @@ def _accelerator(accelerator_type: str, gcloud_order: bool) -> accelerators.Acce
                          f"--accelerator-type v4-8`)") from None
 
 
-def _valid_for_s(valid_for: str | None) -> float | None:
-    if valid_for is None:
+def _zones(options: CreateOptions, accelerator_type: str, queued: bool) -> list[str | None]:
+    """The zones to ask in, in order: --zones (checked against the type's known zones), else --zone's."""
+    if options.zones is None:
+        if options.zone_wait is not None:
+            raise UsageError("--zone-wait: how long a queued request waits in one of --zones; add --zones")
+        return [options.zone]
+    zones = [zone.strip() for zone in options.zones.split(",")]
+    if options.zone:
+        raise UsageError("--zone and --zones exclude each other: list every zone in --zones, the first is tried first")
+    if "" in zones or len(set(zones)) < len(zones):
+        raise UsageError(f"--zones {options.zones!r}: expected zones, each once, separated by commas")
+    if options.zone_wait is not None and not queued:
+        raise UsageError("--zone-wait: how long a queued request waits in one zone; add --queued")
+    if unknown := accelerators.unknown_zones(accelerator_type, zones):
+        raise UsageError(f"--zones: {unknown}")
+    return list(zones)
+
+
+def _duration_s(flag: str, duration: str | None) -> float | None:
+    if duration is None:
         return None
-    from podrun.targets.tpu_options import parse_valid_for  # pydantic loads only with --valid-for
+    from podrun.targets.tpu_options import parse_valid_for  # pydantic loads only with a duration flag
 
     try:
-        return parse_valid_for(valid_for)
+        return parse_valid_for(duration)
     except ValueError as error:
-        raise UsageError(f"--valid-for {valid_for!r}: {error}") from None
+        raise UsageError(f"{flag} {duration!r}: {error}") from None
 
 
 def list_nodes(zone: str | None, project: str | None) -> int:

@@ -155,10 +155,17 @@ class Lifecycle:
 
     def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
         """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
+        self._record_moves(record)
         if queued_until := self.target.queued_until:
             timeline.add(record, "queue", started, queued_until)
             started = queued_until
         timeline.add(record, "create", started, ended)
+
+    def _record_moves(self, record: jobstore.JobRecord) -> None:
+        """The TPU's moves to another zone while it was made (cloud/zone_moves.py): an instant each, `move`."""
+        for move in self.target.moves:
+            timeline.add(record, "move", move["at"], move["at"], why=move["why"], zone=move["to"], left=move["from"])
+        self.target.moves.clear()
 
     def _worker_records(self) -> list[jobstore.WorkerRecord]:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
@@ -224,6 +231,7 @@ class Lifecycle:
             recreating = timeline.begin(record, "recreate", why=why)
             self.target.queued_until = None
             self.target.recreate()
+            self._record_moves(record)
             if self.target.queued_until:  # a queued request waited for capacity: the new TPU bills from then
                 recreating["capacity_at"] = round(self.target.queued_until, 3)
             self.recreating = False

@@ -43,6 +43,8 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
     for entry in record.phases:
         if entry["phase"] == "preempted":
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
+        elif entry["phase"] == "move":
+            lines.append(f"moved to {entry.get('zone')} in attempt {entry['attempt']}: {entry.get('why')}")
     lines += cost.lines(cost_of(analysis, split))
     silent = [worker for worker in analysis.workers if _silent(analysis, worker)]
     if silent and analysis.counted_lines():

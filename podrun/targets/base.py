@@ -45,6 +45,7 @@ class Target(ABC):
         self.just_created = False  # made by provision(): its workers may refuse a key for a few seconds
         self.queued_until: float | None = None  # when provision()'s queued request found capacity (epoch seconds)
         self.labels: dict[str, str] = {}  # what it creates carries them (cloud/labels.py); the launch sets them
+        self.moves: list[dict] = []  # the TPU's moves to another zone while it was made ({at, from, to, why})
 
     @property
     def options(self) -> Any:

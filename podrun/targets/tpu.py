@@ -86,11 +86,17 @@ class TpuVm(Target):
 
     @property
     def api(self) -> TpuApi:
+        """The API in the TPU's zone: of several (zones), the first that holds it, else the first."""
         if self._api is None:
-            from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for TPU targets
+            from podrun.cloud import zone_moves
 
-            self._api = TpuApi(location(self.tpu.project, self.tpu.zone))
+            apis = self._zone_apis()
+            self._api = (len(apis) > 1 and zone_moves.holding(apis, self.node_names, self.tpu.label)) or apis[0]
         return self._api
+
+    def _zone_apis(self) -> list[TpuApi]:
+        from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for TPU targets
+        return [TpuApi(location(self.tpu.project, zone)) for zone in self.tpu.zone_order]
 
     @property
     def oslogin(self) -> OsLogin:
@@ -219,14 +225,19 @@ class TpuVm(Target):
         return None if not existing and not (self.multislice and self.api.get_queued(self.tpu.label)) else existing
 
     def _create(self) -> None:
-        """Create the TPU with the user's key in its metadata, as `gcloud ... create --metadata
-        ssh-keys=...` does: its workers take it as they boot, with no metadata update after. Not where
-        the project has OS Login on: there the key goes to OS Login when the workers are reached."""
-        from podrun.cloud import capacity
+        """Create the TPU, in the first of its zones that has capacity (zone_moves.py), with the user's key in its
+        metadata, as `gcloud ... create --metadata ssh-keys=...` does: its workers take it as they boot, with no
+        metadata update after; not where the project has OS Login on (the key goes to OS Login then)."""
+        from podrun.cloud import zone_moves
 
         ssh_keys = "" if self.oslogin.governs(None) else ssh_key_line(self.spec)
-        capacity.obtain(self.api, self._request(ssh_keys=ssh_keys), on_capacity=self._capacity_found)
+        zones = zone_moves.ordered(self._zone_apis(), self.api.location.zone)  # the zone that worked last, first
+        self._api, _ = zone_moves.obtain(zones, self._request(ssh_keys=ssh_keys), self.tpu.zone_wait_s,
+                                         self._capacity_found, self._moved)
         self.just_created = True
+
+    def _moved(self, from_zone: str, to_zone: str, line: str) -> None:
+        self.moves.append({"at": time.time(), "from": from_zone, "to": to_zone, "why": line})
 
     def _capacity_found(self) -> None:
         """A queued request left the queue: the wait for capacity ends, the creation goes on (`podrun report`)."""

@@ -21,6 +21,9 @@ EXPECTED = {
     "names.*": "a TPU VM's name, such as pod-a",
     "slices": f"a number of slices from 2 to {accelerators.MAX_SLICES}",
     "zone": "a zone such as us-central2-b",
+    "zones": "a list of zones to try in order, such as [us-east5-a, us-central1-a]",
+    "zones.*": "a zone such as us-east5-a",
+    "zone_wait": "a duration above 0 such as 30m, 6h or 1h30m",
     "project": "a project id such as my-project",
     "internal_ip": "true or false",
     "iap": "true or false",
@@ -32,7 +35,8 @@ EXPECTED = {
     "valid_for": "a duration above 0 such as 30m, 6h or 1h30m",
 }
 # what says how podrun creates the TPU; each needs accelerator_type, without which podrun creates nothing
-CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s")
+CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s", "zones", "zone_wait_s")
+SPEC_NAMES = {"valid_for_s": "valid_for", "zone_wait_s": "zone_wait"}  # fields whose spec name is another
 
 
 def _accelerator_type(value: Any) -> Any:
@@ -45,11 +49,15 @@ def _accelerator_type(value: Any) -> Any:
 
 
 def parse_valid_for(value: Any) -> float:
-    """`target.tpu.valid_for` (and `create --valid-for`): a duration above 0 -> seconds."""
+    """`target.tpu.valid_for` (and `create --valid-for`), `zone_wait` too: a duration above 0 -> seconds."""
     seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
     if seconds is None or not seconds > 0:
         raise ValueError(f"expected {EXPECTED['valid_for']}, got {got(value)}")
     return float(seconds)
+
+
+def _shown(fields: list[str]) -> str:
+    return ", ".join(SPEC_NAMES.get(name, name) for name in fields)
 
 
 def _node_name(value: str) -> str:
@@ -70,6 +78,12 @@ class TpuOptions(Model):
     slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
                                description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
     zone: str | None = None
+    zones: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, description="zones to create the TPU in, tried in order: a stockout, or a queued request "
+                                        "waiting past zone_wait, moves it to the next (instead of zone)")
+    zone_wait_s: Annotated[float, BeforeValidator(parse_valid_for), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+        None, alias="zone_wait", description="with zones: how long a queued request may wait in one zone before podrun "
+                                             "deletes it and asks in the next, e.g. 30m")
     project: str | None = None
     internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
     iap: bool = Field(False, description="reach each worker through an IAP tunnel (`gcloud compute start-iap-tunnel`), "
@@ -91,20 +105,36 @@ class TpuOptions(Model):
         if self.names is not None:
             said = [name for name in ("slices", "accelerator_type", *CREATION_FIELDS) if name in self.model_fields_set]
             if said:
-                shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in said)
+                shown = _shown(said)
                 raise ValueError(f"names joins TPU VMs created separately, which podrun does not create: remove {shown} "
                                  f"(or use name with slices: N to have podrun create the slices)")
             if len(set(self.names)) < len(self.names):
                 raise ValueError(f"names lists a TPU VM twice: {', '.join(self.names)}")
         given = [name for name in CREATION_FIELDS if name in self.model_fields_set]
         if given and not self.accelerator_type:
-            shown = ", ".join("valid_for" if name == "valid_for_s" else name for name in given)
+            shown = _shown(given)
             raise ValueError(f"{shown} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
         if self.spot and self.reservation:
             raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
         if self.valid_for_s is not None and not through_queue(self.queued, self.reservation, self.slices):
             raise ValueError("valid_for is how long a queued request waits: set queued: true too")
+        self._check_zones()
         return self
+
+    def _check_zones(self) -> None:
+        if self.zones is None:
+            if self.zone_wait_s is not None:
+                raise ValueError("zone_wait is how long a queued request waits in one of zones: set zones too")
+            return
+        if self.zone:
+            raise ValueError("zone and zones exclude each other: list every zone in zones, the first is tried first")
+        if len(set(self.zones)) < len(self.zones):
+            raise ValueError(f"zones lists a zone twice: {', '.join(self.zones)}")
+        if self.zone_wait_s is not None and not through_queue(self.queued, self.reservation, self.slices):
+            raise ValueError("zone_wait is how long a queued request waits in one zone: set queued: true too")
+        assert self.accelerator_type, "zones is a creation field, which needs accelerator_type"
+        if unknown := accelerators.unknown_zones(self.accelerator_type, self.zones):
+            raise ValueError(unknown)
 
     @property
     def node_names(self) -> list[str]:
@@ -113,6 +143,11 @@ class TpuOptions(Model):
             return list(self.names)
         assert self.name is not None, "a TpuOptions has a name or names"
         return multislice_node_names(self.name, self.slices) if self.slices else [self.name]
+
+    @property
+    def zone_order(self) -> list[str | None]:
+        """The zones to create the TPU in, in order: zones, else the one zone (None: gcloud's)."""
+        return list(self.zones) if self.zones else [self.zone]
 
     @property
     def label(self) -> str:
