@@ -126,7 +126,7 @@ def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
     failed = [w for w in record.workers if w.exit_code and not _stopped(w) and not w.killed]
     stopped = sum(_stopped(w) and not w.killed for w in record.workers)
     killed = sum(bool(w.killed) for w in record.workers)
-    ok = sum(w.exit_code == 0 for w in record.workers)
+    ok = sum(w.exit_code == 0 and not _stopped(w) for w in record.workers)
     pending = sum(w.exit_code is None for w in record.workers)
     parts = []
     if failed:
@@ -144,8 +144,8 @@ def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
 
 def _stopped(worker: jobstore.WorkerRecord) -> bool:
     """Whether the worker ended because it was told to: SIGTERM (an attached job's launcher stopping it),
-    or its agent's stop_reason (a detached job's)."""
-    return bool(worker.exit_code) and (worker.signal == "SIGTERM" or worker.stop_reason is not None)
+    or its agent's stop_reason (a detached job's, whatever its program exited with)."""
+    return worker.stop_reason is not None or bool(worker.exit_code) and worker.signal == "SIGTERM"
 
 
 def _failures(failed: list[jobstore.WorkerRecord]) -> str:

@@ -155,12 +155,12 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
     stopped by `podrun stop` that another worker's agent took for a failure is no cause: the job was
-    stopped."""
+    stopped, even where every program, saving on SIGTERM, exited 0."""
     failed = [StepResult(w.index, w.exit_code, w.signal, rank=w.rank) for w in record.workers
               if w.exit_code and w.stop_reason is None]
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
     lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
-    stopped = [w for w in record.workers if w.exit_code and w.stop_reason is not None]
+    stopped = [w for w in record.workers if w.stop_reason is not None]  # whatever it exited with: 0 after a save
     noticed = [w for w in record.workers if vm_notice.announced(w.stop_reason)]
     if noticed:  # the VM's own notice stopped it (remote/vm_notice.py)
         record.finish(jobstore.PREEMPTED, exits.PREEMPTED, f"worker {noticed[0].index}: {noticed[0].stop_reason}",
