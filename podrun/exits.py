@@ -22,3 +22,9 @@ BROKEN_PIPE = 141  # SIGPIPE: stdout's reader went away (`podrun exec job.yaml |
 def stopped_by(signum: int) -> int:
     """The exit code after a stop by signal `signum`: 130 for SIGINT, 143 for SIGTERM, 141 for SIGPIPE."""
     return 128 + signum
+
+
+def of_process(returncode: int) -> int:
+    """A process's exit code as a shell gives it: 128 + N where signal N ended it (Python's subprocesses
+    and asyncssh say -N; as an exit status -9 would read 247)."""
+    return stopped_by(-returncode) if returncode < 0 else returncode

@@ -13,7 +13,7 @@ import json
 import shlex
 import sys
 
-from podrun import escapes, jobstore
+from podrun import escapes, exits, jobstore
 from podrun.errors import PodrunError
 from podrun.output import colour_wanted, counted, say
 from podrun.supervisor import answers
@@ -71,7 +71,7 @@ async def relay(channel: Channel, raw: bool = False, stdout_begun: bool = False)
 
     await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, stdout_begun, raw),
                          copy(channel.stderr, sys.stderr.buffer, False, False))
-    return await channel.wait()
+    return exits.of_process(await channel.wait())
 
 
 def reread(record: jobstore.JobRecord, supervisor: dict) -> None:
