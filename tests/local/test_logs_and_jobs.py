@@ -12,6 +12,7 @@ from podrun import jobstore
 
 from helpers import (
     LONG_NAME,
+    SAVES_ON_SIGTERM,
     Background,
     crashed,
     job_id_in,
@@ -339,10 +340,6 @@ def test_a_job_id_never_reuses_one_in_the_store(home, monkeypatch):
     first = jobstore.new_job_id("job")
     os.makedirs(os.path.join(home, "jobs", first))
     assert (first, jobstore.new_job_id("job")) == ("job-20261124-045114-8575", "job-20261124-045114-0001")
-
-
-SAVES_ON_SIGTERM = ("run: |\n  trap 'echo \"saved $PODRUN_WORKER\"; exit 0' TERM\n"
-                    "  echo \"up $PODRUN_WORKER\"; sleep 300 & wait\n")
 
 
 def test_a_job_podrun_stopped_is_stopped_whatever_its_program_exits_with_attached_or_detached(home, job_file):
