@@ -120,8 +120,9 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
                 timeline.end(running, worker.index, exit_record["ended_at"])
             if exit_record.get("cause_worker") is not None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
-    # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
-    if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
+    # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it. A job with no
+    # worker yet (its supervisor was creating its TPU) has no end to tell: it is not `succeeded 0/0`
+    if record.workers and all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
         if stalls and not timeline.current(record, "stall"):
             stall.add_stopped(record, stalls, steps)
         _record_end(record, causes, max(ended_at, default=None), silent_s, steps)

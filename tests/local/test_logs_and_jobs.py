@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 from podrun import jobstore
@@ -370,3 +371,20 @@ def test_a_job_podrun_stopped_is_stopped_whatever_its_program_exits_with_attache
 
 def jobs_row(job_id: str) -> list[str]:
     return next(row for row in cells(jobs().stdout) if row[0] == job_id)
+
+
+def test_a_detached_job_whose_workers_are_not_known_yet_stays_running_when_its_supervisor_is_gone(home):
+    # as a supervisor records a job while its TPU is being created, then is killed: no worker to ask
+    # (a supervisor host's `podrun jobs --json` reads it so, and the laptop's pointer takes what it says)
+    gone = subprocess.Popen(["sleep", "60"])
+    supervisor = jobstore.process_identity(gone.pid)
+    gone.kill()
+    gone.wait()
+    record = jobstore.JobRecord(id=jobstore.new_job_id("creating"), name="creating", target="tpu", spec_path="job.yaml",
+                                workers=[], detached=True, supervisor=supervisor)
+    record.create()
+    for _ in range(2):  # and it is not saved otherwise by the first listing
+        listed = {job["id"]: job for job in json.loads(jobs("--json").stdout)}
+        assert listed[record.id]["state"] == "running", listed[record.id]
+    row = jobs_row(record.id)
+    assert row[3].startswith("running (supervisor lost") and row[4] == "-", row
