@@ -14,6 +14,9 @@ PREEMPTED = 75
 # as `timeout` exits when its command ran out of time: no worker printed anything for the job's
 # `stall` while run ran; every worker's stacks were saved and the job was stopped
 STALLED = 124
+# one past STALLED: the time that the job's capacity was given ran out (a Slurm job's time limit), and its
+# scheduler ended the steps; not a stop (143), though the workers got SIGTERM
+TIME_LIMIT = 125
 # a stop by signal N exits 128 + N, as a shell reports a process that N ended
 INTERRUPTED = 130  # SIGINT, Ctrl-C
 BROKEN_PIPE = 141  # SIGPIPE: stdout's reader went away (`podrun exec job.yaml | head`)
@@ -22,3 +25,9 @@ BROKEN_PIPE = 141  # SIGPIPE: stdout's reader went away (`podrun exec job.yaml |
 def stopped_by(signum: int) -> int:
     """The exit code after a stop by signal `signum`: 130 for SIGINT, 143 for SIGTERM, 141 for SIGPIPE."""
     return 128 + signum
+
+
+def of_process(returncode: int) -> int:
+    """A process's exit code as a shell gives it: 128 + N where signal N ended it (Python's subprocesses
+    and asyncssh say -N; as an exit status -9 would read 247)."""
+    return stopped_by(-returncode) if returncode < 0 else returncode

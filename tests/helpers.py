@@ -96,6 +96,11 @@ REPO = Path(__file__).resolve().parents[1]
 JOB_ID_LINE = re.compile(r"^podrun: job (\S+): ", re.MULTILINE)
 
 
+# a spec's run that does what the README advises: save on SIGTERM, then exit 0 (each worker says "up N", then "saved N")
+SAVES_ON_SIGTERM = ("run: |\n  trap 'echo \"saved $PODRUN_WORKER\"; exit 0' TERM\n"
+                    "  echo \"up $PODRUN_WORKER\"; sleep 300 & wait\n")
+
+
 def podrun(*args: str, timeout: float = 120, text: bool = True, **kwargs) -> subprocess.CompletedProcess:
     """Run the real CLI to completion, capturing its output (as bytes when text=False)."""
     return subprocess.run([sys.executable, "-m", "podrun", *map(str, args)], capture_output=True, text=text,

@@ -33,7 +33,7 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     """Newest first: at most `count` jobs (default 20; with --json, all), of these states (any if none),
     whose id begins with `name_or_prefix` (an id begins with its job's name)."""
     records = [record for record in jobstore.all_jobs() if record.id.startswith(name_or_prefix or "")]
-    handles.refresh(records)
+    refreshed = handles.refresh(records)
     jobs = [(record, record.current_state()) for record in records]
     jobs = [(record, state) for record, state in jobs if not states or state in states]
     limit = None if show_all or (as_json and count is None) else DEFAULT_JOBS_SHOWN if count is None else count
@@ -41,7 +41,9 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     if as_json:
         print(json.dumps([_as_json(record, state) for record, state in shown], indent=1))
     else:
-        print_table(_table(shown, _terminal_width()))
+        notes = {record.id: _notes(refreshed.get(record.id) or handles.handle_for(record), state)
+                 for record, state in shown}
+        print_table(_table(shown, notes, _terminal_width()))
     if len(shown) < len(jobs):
         say(f"{counted(len(jobs) - len(shown), 'older job')} not shown; -n N or --all shows them")
     return 0
@@ -57,10 +59,10 @@ def _as_json(record: jobstore.JobRecord, state: str) -> dict:
     return fields
 
 
-def _row(record: jobstore.JobRecord, state: str, idle: bool) -> tuple[str, ...]:
+def _row(record: jobstore.JobRecord, state: str, notes: list[str], idle: bool) -> tuple[str, ...]:
     end = record.ended_at or (time.time() if state == jobstore.RUNNING else None)
     duration = duration_text(end - record.started_at) if end else "-"
-    return record.id, record.name, record.target, _state_text(record, state, idle), _step(record, state), \
+    return record.id, record.name, record.target, _state_text(record, state, notes, idle), _step(record, state), \
         _exit_codes(record, state), _started(record), duration, _cost(record)
 
 
@@ -83,11 +85,16 @@ def _step(record: jobstore.JobRecord, state: str) -> str:
     return f"{shown} {rate:.0f}/min" if rate >= 10 else f"{shown} {rate:.2g}/min"
 
 
-def _state_text(record: jobstore.JobRecord, state: str, idle: bool) -> str:
-    """The state, with the restarts it took (`restarts`), where it lives (a supervisor host; while it runs,
-    its supervisor here) and, while it runs (with `idle`), how long ago its last output came."""
-    notes = [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] if record.attempt else []
-    notes += handles.handle_for(record).notes(state)
+def _notes(handle: handles.JobHandle, state: str) -> list[str]:
+    """Beside the state: the restarts it took (`restarts`) and what its handle says of where it lives (a
+    supervisor host, and whether it answered; while it runs, its supervisor here)."""
+    record = handle.record
+    return [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] * bool(record.attempt) + handle.notes(state)
+
+
+def _state_text(record: jobstore.JobRecord, state: str, notes: list[str], idle: bool) -> str:
+    """The state, with its `notes` (_notes) and, while it runs (with `idle`), how long ago its last output came."""
+    notes = list(notes)
     if state == jobstore.RUNNING and idle:
         notes.append(_idle(record))
     return f"{state} ({', '.join(notes)})" if notes else state
@@ -112,11 +119,14 @@ def _started(record: jobstore.JobRecord) -> str:
 def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
     """`32/32 ok`, `30/32 ok, 2 running`, `32 stopped`, or the failed workers and how many were stopped
     (by `podrun stop`, fail-fast or Ctrl-C): `w5=3, 31 stopped`; those a stop had to kill are counted
-    apart: `w5=3, 30 stopped, 1 killed after the grace period`."""
+    apart: `w5=3, 30 stopped, 1 killed after the grace period`; `-` while no worker is known (a supervisor
+    host not read yet)."""
+    if not record.workers:
+        return "-"
     failed = [w for w in record.workers if w.exit_code and not _stopped(w) and not w.killed]
     stopped = sum(_stopped(w) and not w.killed for w in record.workers)
     killed = sum(bool(w.killed) for w in record.workers)
-    ok = sum(w.exit_code == 0 for w in record.workers)
+    ok = sum(w.exit_code == 0 and not _stopped(w) for w in record.workers)
     pending = sum(w.exit_code is None for w in record.workers)
     parts = []
     if failed:
@@ -134,8 +144,8 @@ def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
 
 def _stopped(worker: jobstore.WorkerRecord) -> bool:
     """Whether the worker ended because it was told to: SIGTERM (an attached job's launcher stopping it),
-    or its agent's stop_reason (a detached job's)."""
-    return bool(worker.exit_code) and (worker.signal == "SIGTERM" or worker.stop_reason is not None)
+    or its agent's stop_reason (a detached job's, whatever its program exited with)."""
+    return worker.stop_reason is not None or bool(worker.exit_code) and worker.signal == "SIGTERM"
 
 
 def _failures(failed: list[jobstore.WorkerRecord]) -> str:
@@ -143,16 +153,17 @@ def _failures(failed: list[jobstore.WorkerRecord]) -> str:
     return f"{shown} +{len(failed) - FAILURES_SHOWN}" if len(failed) > FAILURES_SHOWN else shown
 
 
-def _table(jobs: list[tuple[jobstore.JobRecord, str]], width: int | None) -> list[tuple[str, ...]]:
-    """The rows of `podrun jobs`, the header first, fitted to `width` (None: whole) as SHRINKABLE says;
-    STEP only where a job shown has progress, COST where one has a price."""
+def _table(jobs: list[tuple[jobstore.JobRecord, str]], notes: dict[str, list[str]], width: int | None) \
+        -> list[tuple[str, ...]]:
+    """The rows of `podrun jobs`, each state with its job's `notes` (by id), the header first, fitted to `width`
+    (None: whole) as SHRINKABLE says; STEP only where a job shown has progress, COST where one has a price."""
     shown_if = {"STEP": any(record.steps for record, _ in jobs),
                 "COST": any(record.price and record.price["per_hour"] is not None for record, _ in jobs)}
     kept = [column for column, name in enumerate(HEADER) if shown_if.get(name, True)]
 
     def rows_of(idle: bool) -> list[tuple[str, ...]]:
         return [tuple(row[column] for column in kept)
-                for row in [HEADER, *(_row(record, state, idle) for record, state in jobs)]]
+                for row in [HEADER, *(_row(record, state, notes[record.id], idle) for record, state in jobs)]]
 
     rows = _fit(rows_of(idle=True), width, SHRINKABLE[:1])
     if not width or _table_width(rows) <= width:

@@ -27,10 +27,12 @@ def handle_for(record: jobstore.JobRecord) -> JobHandle:
     return Attached(record)
 
 
-def refresh(records: list[jobstore.JobRecord]) -> None:
+def refresh(records: list[jobstore.JobRecord]) -> dict[str, JobHandle]:
     """Bring running jobs' records up to date from where they live (`podrun jobs`): their supervisor hosts'
-    first, then detached jobs' workers; a job that ended meanwhile shows its true state and duration."""
+    first, then detached jobs' workers; a job that ended meanwhile shows its true state and duration. The
+    handles that did it, by job id: they know what could not be reached (their notes say so)."""
     running = [handle_for(record) for record in records if record.state == jobstore.RUNNING]
     for residence in (OnSupervisorHost, OnWorkers):
         if handles := [handle for handle in running if isinstance(handle, residence)]:
             residence.refresh_all(handles)
+    return {handle.record.id: handle for handle in running}

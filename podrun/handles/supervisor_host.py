@@ -12,6 +12,7 @@ class OnSupervisorHost(JobHandle):
         super().__init__(record)
         assert record.supervised_by is not None
         self.supervisor = record.supervised_by  # {host, endpoint: Transport.endpoint(), podrun: its command there}
+        self.unreachable = False  # its supervisor could not be asked (refresh_all): the record is as last known
 
     def run_there(self, argv: list[str], raw: bool = False) -> int:
         from podrun.supervisor import remote
@@ -19,7 +20,7 @@ class OnSupervisorHost(JobHandle):
         return remote.forward(self.record, self.supervisor, argv, raw)
 
     def notes(self, state: str) -> list[str]:
-        return [f"on {self.supervisor['host']}"]
+        return [f"on {self.supervisor['host']}", *(["supervisor unreachable"] * self.unreachable)]
 
     def reread(self) -> None:
         from podrun.supervisor import remote  # its phases are in the record its supervisor keeps
@@ -33,4 +34,6 @@ class OnSupervisorHost(JobHandle):
     def refresh_all(handles: list) -> None:
         from podrun.supervisor import remote  # asks their supervisors
 
-        remote.refresh([(handle.record, handle.supervisor) for handle in handles])
+        unreachable = remote.refresh([(handle.record, handle.supervisor) for handle in handles])
+        for handle in handles:
+            handle.unreachable = handle.record.id in unreachable

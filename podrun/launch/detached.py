@@ -120,8 +120,9 @@ async def _fetch_all(record, indexes, outputs, follow) -> None:
                 timeline.end(running, worker.index, exit_record["ended_at"])
             if exit_record.get("cause_worker") is not None:
                 causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
-    # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it
-    if all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
+    # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it. A job with no
+    # worker yet (its supervisor was creating its TPU) has no end to tell: it is not `succeeded 0/0`
+    if record.workers and all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
         if stalls and not timeline.current(record, "stall"):
             stall.add_stopped(record, stalls, steps)
         _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
@@ -155,12 +156,12 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
     stopped by `podrun stop` that another worker's agent took for a failure is no cause: the job was
-    stopped."""
+    stopped, even where every program, saving on SIGTERM, exited 0."""
     failed = [StepResult(w.index, w.exit_code, w.signal, rank=w.rank) for w in record.workers
               if w.exit_code and w.stop_reason is None]
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
     lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
-    stopped = [w for w in record.workers if w.exit_code and w.stop_reason is not None]
+    stopped = [w for w in record.workers if w.stop_reason is not None]  # whatever it exited with: 0 after a save
     noticed = [w for w in record.workers if vm_notice.announced(w.stop_reason)]
     if noticed:  # the VM's own notice stopped it (remote/vm_notice.py)
         record.finish(jobstore.PREEMPTED, exits.PREEMPTED, f"worker {noticed[0].index}: {noticed[0].stop_reason}",

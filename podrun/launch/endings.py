@@ -53,6 +53,12 @@ def stalled(record: jobstore.JobRecord, why: str) -> int:
     return exits.STALLED
 
 
+def out_of_time(record: jobstore.JobRecord, reason: str) -> int:
+    record.finish(jobstore.FAILED, exits.TIME_LIMIT, reason)
+    say_failure(f"job {record.id} ran out of time: {reason}")
+    return exits.TIME_LIMIT
+
+
 def detached(record: jobstore.JobRecord) -> int:
     record.detached = True
     record.save()

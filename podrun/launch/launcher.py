@@ -370,6 +370,8 @@ class Launch:
                 endings.report_failure(self.plans, step, failure)
         if self.preempted:
             return endings.preempted(self.record, self.preempted)
+        if reason := await asyncio.to_thread(self.target.time_limit_reached):
+            return endings.out_of_time(self.record, reason)
         return endings.failed(self.record, step, failure)
 
     def _on_step(self, index: int, step: int, at: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,13 @@ FIRST_CONTACT_NOTICE_S = 5.0
 FIRST_CONTACT_TIMEOUT_S = 30.0
 WAITING_LOGIN = "does a login there wait: ~/.bashrc, ~/.ssh/rc, a ForceCommand?"
 TAIL_LINES_KEPT = 200  # enough to hold torchrun's summary and the failing rank's traceback before it
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass
@@ -176,8 +184,11 @@ class WorkerStep:
             return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail(), rank=exited.get("rank"),
                               killed=bool(exited.get("killed")))
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
-        detail = (errors or self.diagnostics or [f"the agent ended with code {agent_code} and no report"])[-1]
-        return StepResult(index, agent_code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
+        code = exits.of_process(agent_code)
+        ended = (f"its agent was killed by {_signal_name(-agent_code)} (exit code {code})" if agent_code < 0
+                 else f"the agent ended with code {code} and no report")
+        detail = (errors or self.diagnostics or [ended])[-1]
+        return StepResult(index, code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
 
     async def _pump_output(self) -> None:
         while chunk := await self._started().stdout.read(65536):

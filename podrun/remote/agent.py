@@ -30,7 +30,7 @@ Protocol
           agent reports {"event": "probe", "code": 1 if code_dir is here as shipped else 0
           (checkout.verify), "changed" (newline-separated) and "changed_count": the first few and the count
           of the files a job changed in this worker's copy (removed: it is shipped again), "holders": "pid TAB
-          file TAB command" lines of the processes that hold the TPU (killed first with kill_stale),
+          file TAB command" lines (tpu_holders.encoded) of the processes that hold the TPU (killed first with kill_stale),
           and with route_to hostname, resolves_to, interface, interface_set (interfaces.py: the
           variables it set in the step's env)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
@@ -155,7 +155,7 @@ def prepare(config, control, job_step):
             agent_io.emit(event="error", message=str(error))
             os._exit(1)
         agent_io.emit(event="probe", code=int(present), changed="\n".join(changed[:CHANGED_NAMED]),
-                      changed_count=len(changed), holders="\n".join("%d\t%s\t%s" % holder for holder in holders), **network)
+                      changed_count=len(changed), holders=tpu_holders.encoded(holders), **network)
     hub_address = ""
     if probe is not None or watch_config:
         hub_address = control.wait_for_go(job_step.heartbeat)

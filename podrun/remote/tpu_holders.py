@@ -60,3 +60,12 @@ def find(probe):
             while time.monotonic() < deadline and any(os.path.exists("/proc/%d" % pid) for pid in holders):
                 time.sleep(0.05)
     return [(pid, path, command) for pid, (path, command) in sorted(holders.items())]
+
+
+def encoded(holders):
+    """find()'s holders as the probe reports them: "pid TAB file TAB command" lines, each newline, tab
+    and backslash in a file or command shown as \\n, \\t, \\\\ (an argv may hold any of them)."""
+    def one_line(text):
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+    return "\n".join("%d\t%s\t%s" % (pid, one_line(path), one_line(command)) for pid, path, command in holders)

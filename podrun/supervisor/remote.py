@@ -2,8 +2,9 @@
 job's supervisor host (its podrun, over SSH) and show what it prints, made harmless for the terminal
 as the workers' output is (escapes.py: a host's word is not trusted); `podrun jobs` reads the state
 there, within REFRESH_TIMEOUT_S, and keeps it in the laptop's pointer record: a supervisor that does
-not answer leaves its jobs shown as last known, with one line; a job it kept a record of once and keeps
-none of now (removed there) reads `lost`, and says so. Its podrun runs past what the host's
+not answer leaves its jobs as last known, read `running (on HOST, supervisor unreachable)`, with one
+line, and asked again the next time; a job it kept a record of once and keeps none of now (removed
+there) reads `lost`, and says so. Its podrun runs past what the host's
 login prints (transport/past_login.py), and what it says is checked (answers.py)."""
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ async def relay(channel: Channel, raw: bool = False, stdout_begun: bool = False)
 
     await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, stdout_begun, raw),
                          copy(channel.stderr, sys.stderr.buffer, False, False))
-    return await channel.wait()
+    return exits.of_process(await channel.wait())
 
 
 def reread(record: jobstore.JobRecord, supervisor: dict) -> None:
@@ -91,10 +92,12 @@ def reread(record: jobstore.JobRecord, supervisor: dict) -> None:
     asyncio.run(run())
 
 
-def refresh(pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:
+def refresh(pointers: list[tuple[jobstore.JobRecord, dict]]) -> set[str]:
     """Bring running supervised jobs' pointers up to date from their supervisors (each pointer with its
-    supervisor, as forward() takes it), one connection each."""
+    supervisor, as forward() takes it), one connection each; the ids of those whose supervisor could not
+    be asked (their pointers are left as they were)."""
     by_host: dict[str, list[tuple[jobstore.JobRecord, dict]]] = {}
+    unreachable: set[str] = set()
     for record, supervisor in pointers:
         by_host.setdefault(supervisor["host"], []).append((record, supervisor))
 
@@ -103,6 +106,7 @@ def refresh(pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:
         try:
             await asyncio.wait_for(_refresh_all(transport, host, pointers), REFRESH_TIMEOUT_S)
         except (PodrunError, ChannelLost, asyncio.TimeoutError) as error:
+            unreachable.update(record.id for record, _ in pointers)
             say(f"supervisor {host}: {counted(len(pointers), 'job')} shown as last known; it could not be asked "
                 f"({str(error) or f'no answer within {REFRESH_TIMEOUT_S}s'})")
         finally:
@@ -113,6 +117,7 @@ def refresh(pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:
 
     if by_host:
         asyncio.run(refresh_all())
+    return unreachable
 
 
 async def _refresh_all(transport: Transport, host: str, pointers: list[tuple[jobstore.JobRecord, dict]]) -> None:

@@ -115,6 +115,11 @@ class Target(ABC):
     def release_preempted(self) -> None:
         """After a preemption that ended the job: delete what is of no use now, or say how to."""
 
+    def time_limit_reached(self) -> str | None:
+        """Why the job's workers failed, if the time its capacity was given ran out (a Slurm job's time limit):
+        one line; else None. Asked when a worker failed, before the failure is recorded."""
+        return None
+
     def free(self) -> None:
         """Give back what was made for this job alone (`holds`): when it ends, fails, is stopped or interrupted."""
 

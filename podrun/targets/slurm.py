@@ -267,6 +267,13 @@ class SlurmCluster(Target):
     def record_label(self, workers: list[Worker]) -> str:
         return f"slurm:{len(workers)} job {self.job_id}"
 
+    def time_limit_reached(self) -> str | None:
+        if self.job_id is None:
+            return None
+        shown = self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null")
+        records = parse_records(shown.stdout)
+        return f"Slurm job {self.job_id} {_time_limit_text(records[0])}" if records and _timed_out(records[0]) else None
+
     def free(self) -> None:
         """Cancel the allocation and wait until squeue shows nothing of it (CG lasts a second or so)."""
         if self.job_id is None:
@@ -307,11 +314,19 @@ def ended_by_slurm(records: list[dict[str, str]]) -> str | None:
     """Why Slurm ended the allocation before podrun released it (`scontrol show job`), or None: it runs."""
     job = records[0] if records else {}
     state, reason = job.get("JobState", ""), job.get("Reason", "")
-    if state == "TIMEOUT" or reason == "TimeLimit":
-        return f"reached its time limit ({job.get('TimeLimit', '?')}): Slurm ended its steps"
+    if _timed_out(job):
+        return _time_limit_text(job)
     if state and state not in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING", "COMPLETED", "CANCELLED"):
         return f"ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + " before podrun released it"
     return None
+
+
+def _timed_out(job: dict[str, str]) -> bool:
+    return job.get("JobState") == "TIMEOUT" or job.get("Reason") == "TimeLimit"
+
+
+def _time_limit_text(job: dict[str, str]) -> str:
+    return f"reached its time limit ({job.get('TimeLimit', '?')}): Slurm ended its steps"
 
 
 def parse_records(text: str) -> list[dict[str, str]]:

@@ -84,6 +84,21 @@ def test_a_worker_killed_by_a_signal_is_named_with_the_signal(home, job_file):
     assert processes_of_job(job_id_in(result.stderr)) == []
 
 
+def test_a_worker_whose_agent_is_killed_by_a_signal_exits_128_plus_the_signal_as_the_table_says(home, job_file):
+    spec = job_file('run: echo "agent $PPID"; exec sleep 300\n')
+    job = Background("exec", spec)
+    line = job.wait_for(r"^\[w1\] agent \d+$")
+    os.kill(int(line.split()[-1]), signal.SIGKILL)
+    assert job.finish() == 137  # 128 + 9 (docs/exit-codes.md), not 247 (-9 as a byte)
+    job_id = job_id_in(job.text)
+    assert "worker 1 (local/w1) failed to run: its agent was killed by SIGKILL (exit code 137)" in job.text, job.text
+    record = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    assert (record["exit_code"], record["workers"][1]["exit_code"]) == (137, 137)
+    assert "w1=137" in podrun("jobs").stdout
+    for left in processes_of_job(job_id):  # worker 1's own step: its agent is what would have stopped it
+        os.kill(int(left.split()[0]), signal.SIGKILL)
+
+
 def test_ctrl_c_stops_every_worker_and_exits_130(home, job_file):
     spec = job_file("""
         run: |

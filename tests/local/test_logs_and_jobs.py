@@ -6,12 +6,14 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 from podrun import jobstore
 
 from helpers import (
     LONG_NAME,
+    SAVES_ON_SIGTERM,
     Background,
     crashed,
     job_id_in,
@@ -339,3 +341,50 @@ def test_a_job_id_never_reuses_one_in_the_store(home, monkeypatch):
     first = jobstore.new_job_id("job")
     os.makedirs(os.path.join(home, "jobs", first))
     assert (first, jobstore.new_job_id("job")) == ("job-20261124-045114-8575", "job-20261124-045114-0001")
+
+
+def test_a_job_podrun_stopped_is_stopped_whatever_its_program_exits_with_attached_or_detached(home, job_file):
+    # what the README advises: save on SIGTERM, then exit 0
+    attached = Background("exec", job_file(SAVES_ON_SIGTERM, name="attached"))
+    attached.wait_for(r"^\[w1\] up 1")
+    attached_id = job_id_in(attached.text)
+    assert podrun("stop", attached_id).returncode == 0
+    assert attached.finish() == 143
+
+    launched = podrun("exec", "--detach", job_file(SAVES_ON_SIGTERM, name="detached"))
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    wait_until(lambda: sorted(podrun("logs", job_id).stdout.splitlines()) == ["[w0] up 0", "[w1] up 1"],
+               "both workers to be up")
+    follower = Background("logs", "-f", job_id)
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0 and f"job {job_id} is stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert follower.finish(timeout=30) == 143
+    assert "[w0] saved 0" in follower.lines
+    listed = {job["id"]: job for job in json.loads(jobs("--json").stdout)}
+    for job in (attached_id, job_id):
+        assert (listed[job]["state"], listed[job]["exit_code"]) == ("stopped", 143), listed[job]
+        assert jobs_row(job)[3] == "stopped", jobs_row(job)
+    assert jobs_row(job_id)[4] == "2 stopped"  # by their agents (an attached job's show the codes: 2/2 ok)
+    wait_until(lambda: processes_of_job(job_id) == [], "the detached agents to finish")
+
+
+def jobs_row(job_id: str) -> list[str]:
+    return next(row for row in cells(jobs().stdout) if row[0] == job_id)
+
+
+def test_a_detached_job_whose_workers_are_not_known_yet_stays_running_when_its_supervisor_is_gone(home):
+    # as a supervisor records a job while its TPU is being created, then is killed: no worker to ask
+    # (a supervisor host's `podrun jobs --json` reads it so, and the laptop's pointer takes what it says)
+    gone = subprocess.Popen(["sleep", "60"])
+    supervisor = jobstore.process_identity(gone.pid)
+    gone.kill()
+    gone.wait()
+    record = jobstore.JobRecord(id=jobstore.new_job_id("creating"), name="creating", target="tpu", spec_path="job.yaml",
+                                workers=[], detached=True, supervisor=supervisor)
+    record.create()
+    for _ in range(2):  # and it is not saved otherwise by the first listing
+        listed = {job["id"]: job for job in json.loads(jobs("--json").stdout)}
+        assert listed[record.id]["state"] == "running", listed[record.id]
+    row = jobs_row(record.id)
+    assert row[3].startswith("running (supervisor lost") and row[4] == "-", row

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, job_id_in, podrun, processes_of_job, stderr_lines_without_traceback
+from helpers import (
+    REPO,
+    SAVES_ON_SIGTERM,
+    job_id_in,
+    podrun,
+    processes_of_job,
+    ps_on_every_host,
+    stderr_lines_without_traceback,
+    wait_until,
+)
 
 RANK_LINE = re.compile(r"^\[w(\d) r\d+\] rank (\d) world_size (\d) local_rank (\d) worker (\d) host \S+ checksum (\S+)$")
 
@@ -223,3 +232,16 @@ def test_writing_to_a_channel_whose_command_ended_is_a_lost_channel_not_an_excep
 
     error = asyncio.run(write_after_exit())
     assert isinstance(error, ChannelLost), repr(error)
+
+
+def test_a_detached_job_on_hosts_that_saves_on_sigterm_and_exits_0_is_stopped_after_podrun_stop(home, lab, hosts_spec):
+    launched = podrun("exec", "--detach", hosts_spec(SAVES_ON_SIGTERM))
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    wait_until(lambda: sorted(podrun("logs", job_id).stdout.splitlines()) == [f"[w{i}] up {i}" for i in range(3)],
+               "every worker to be up", timeout=30)
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0 and f"job {job_id} is stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    followed = podrun("logs", "-f", job_id)
+    assert followed.returncode == 143 and "[w2] saved 2" in followed.stdout, followed.stderr
+    assert ps_on_every_host(lab, job_id) == []

@@ -267,3 +267,26 @@ def test_jobs_says_in_one_line_that_the_supervisor_is_unreachable_and_keeps_the_
     stopped = podrun("stop", job_id)
     assert stopped.returncode == 0, stopped.stderr
     assert anything_of_the_job(job_id) == []
+
+
+@pytest.mark.slow
+def test_a_job_never_read_before_its_supervisor_is_cut_off_reads_running_unreachable_and_is_asked_again(
+        home, lab, hosts_spec, supervisor):
+    # the first `podrun jobs` after a detached handover finds the supervisor unreachable: the pointer
+    # holds no workers yet, and must not read `succeeded 0/0 ok`, then or once the supervisor answers
+    spec = hosts_spec(supervisor.spec + 'run: echo "waiting on worker $PODRUN_WORKER"; exec sleep 600\n')
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+
+    with cut_off(lab, supervisor, "sshd stopped"):
+        row = row_of(job_id)
+        assert "running (on" in row and "supervisor unreachable" in row, row
+        assert "succeeded" not in row and "ok" not in row, row
+        assert listed_as_json(job_id)["state"] == "running"
+
+    row = row_of(job_id)
+    assert "running (on" in row and "unreachable" not in row and "3 running" in row, row
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert anything_of_the_job(job_id) == []

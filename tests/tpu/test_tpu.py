@@ -414,8 +414,9 @@ def test_processes_holding_the_tpu_are_named_and_killed_only_when_asked(home, tp
     for host in lab.hosts:  # every TPU VM worker has its devices
         (host.home / "accel0").write_text("")
     monkeypatch.setenv("PODRUN_ACCELERATOR_FILES", "/root/accel*")
+    # its argv holds a newline and a tab: the probe's "pid TAB file TAB command" lines must still parse
     holder = lab.popen(1, [sys.executable, "-c", "import time; f = open('/root/accel0'); print('holding', flush=True); "
-                                                 "time.sleep(600)"])
+                                                 "time.sleep(600)", "line one\nline\ttwo"])
     try:
         assert holder.stdout.readline() == "holding\n"
         spec = tpu_spec(job_file, "pod", "echo ran")
@@ -425,6 +426,7 @@ def test_processes_holding_the_tpu_are_named_and_killed_only_when_asked(home, tp
         assert "podrun: error: the TPU is in use on the workers (left from an earlier run?):" in lines
         assert (f"  worker 1 ({lab.hosts[1].external_ip}): pid {holder.pid} holds /root/accel0: {sys.executable} -c "
                 "import time; f = open('/root/accel0');") in "\n".join(lines)
+        assert any(line.endswith("time.sleep(600) line one\\nline\\ttwo") for line in lines), lines
         assert sum("holds /root/accel0" in line for line in lines) == 1  # the same path on other hosts is free
         assert "[w0] ran" not in refused.stdout
         assert holder.poll() is None

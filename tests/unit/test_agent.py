@@ -103,3 +103,23 @@ def test_a_probing_agent_that_hears_nothing_before_go_starts_nothing(tmp_path):
     assert events == [{"event": "hello"}, {"event": "probe", "code": 0, "changed": "", "changed_count": 0, "holders": ""},
                       {"event": "error", "message": "no word from the launcher for 0.5s while waiting to start"}]
     assert (output, code) == (b"", 0)
+
+
+def test_a_probe_names_a_holder_whose_argv_holds_a_newline_on_one_line(tmp_path):
+    accelerator = tmp_path / "accel0"
+    accelerator.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print('holding', "
+                               "flush=True); time.sleep(60)", str(accelerator), "line one\nline\ttwo"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        (tmp_path / "code").mkdir()
+        _, events, _ = run_agent(tmp_path, "echo ran", "code", control=b"stop\n",
+                                 probe={"code_dir": "", "accelerator_files": str(tmp_path / "accel*")})
+        probe = next(event for event in events if event["event"] == "probe")
+        assert probe["holders"] == (f"{holder.pid}\t{accelerator}\t{sys.executable} -c import sys, time; f = "
+                                    f"open(sys.argv[1]); print('holding', flush=True); time.sleep(60) {accelerator} "
+                                    "line one\\nline\\ttwo")
+    finally:
+        holder.kill()
+        holder.wait()
