@@ -272,15 +272,15 @@ def test_a_shared_folder_named_as_podrun_home_is_left_as_it_is(tmp_path, job_fil
     assert private(shared / "jobs") and private(shared / "local")
 
 
-def test_the_supervisors_podrun_home_and_supervised_folder_are_private_even_if_left_open(home, lab, hosts_spec,
-                                                                                         supervisor):
+def test_the_supervisors_podrun_home_and_job_folders_are_private_even_if_left_open(home, lab, hosts_spec, supervisor):
     there = supervisor.home / ".podrun"
-    for folder in (there, there / "supervised"):  # as a run before 0700 left them
+    for folder in (there, there / "jobs"):  # as a run before 0700 left them
         folder.mkdir(mode=0o755, exist_ok=True)
         folder.chmod(0o755)
     result = podrun("exec", hosts_spec(f"run: echo ok\n{supervisor.spec}", hosts=(0,)))
     assert result.returncode == 0, result.stderr
     job_id = job_id_in(result.stderr)
-    assert [folder for folder in (there, there / "supervised", there / "supervised" / job_id, there / "jobs")
+    # the job's console (what its launcher there printed) lives in its folder, and goes with it
+    assert [folder for folder in (there, there / "jobs", there / "jobs" / job_id, there / "jobs" / job_id / "console")
             if not private(folder)] == []
 

@@ -69,6 +69,9 @@ def test_every_create_asks_for_external_ips_unless_the_spec_or_the_flag_says_int
     (_, from_spec), (_, from_flags) = [(name, node) for name, node in nodes if name == "life"]
     assert not asks_for_external_ips(from_spec)
     assert "ssh-keys" in from_spec.pop("metadata")  # exec adds the user's key
+    # whose they are differs (cloud/labels.py): the job's, to delete after it; `podrun create`'s, kept
+    assert (from_spec.pop("labels")["podrun-job"], from_flags.pop("labels")["podrun-job"]) == (job_id_in(result.stderr),
+                                                                                                "create")
     assert from_spec == from_flags
     assert sorted(name for name, node in nodes if asks_for_external_ips(node)) == ["direct", "ms", "queued"]
     assert [node["networkConfig"] for name, node in nodes if name == "direct"] == [{"enableExternalIps": True}]
