@@ -98,6 +98,8 @@ class Hub:
                 link.worker = int(words[2])
                 self.links[fd] = self.strangers.pop(fd)
                 self.heard_at.setdefault(link.worker, self.started_at)
+                if self.failure is not None:  # an agent that comes after the failure does not start its job
+                    link.send("stop %d %d\n" % self.failure)
             elif words == ["alive"]:
                 self.heard_at[link.worker] = time.monotonic()
             elif len(words) == 2 and words[0] == "step" and words[1].isdigit():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from podrun.notify import DRAIN_S
+from podrun.remote import hub
 
 from helpers import (
     FAILS_ONCE,
@@ -205,5 +206,7 @@ def test_the_message_carries_the_jobs_step_where_progress_reads_one(home, job_fi
                                        workers=2), "--detach")
     job_id = job_id_in(detached.stderr)
     assert "supervisor" not in detached.stderr
-    told = stand_in.wait_for(4)[3]  # worker 0's, from the hub's steps
+    # worker 0's, from the hub's steps, once worker 1's agent came and went: under load its start may take
+    # as long as the hub waits for it (hub.HELLO_WAIT_S)
+    told = stand_in.wait_for(4, timeout=hub.Hub.HELLO_WAIT_S + 30)[3]
     assert (told["job"], told["event"], told["step"]) == (job_id, "failure", 3)
