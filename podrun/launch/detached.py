@@ -137,7 +137,8 @@ def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord]
     """The steps the workers reached (the spec's progress): the latest each fetch sees, and once every
     worker's run ended, the attempt's steps over time from their samples, in place of what earlier
     fetches saw of them."""
-    if len(workers) == len(record.workers) and all(report.samples for report in reports):
+    if len(workers) == len(record.workers) and all(report.exit for report in reports) \
+            and any(report.samples for report in reports):
         record.steps = [entry for entry in record.steps if entry["attempt"] != record.attempt]
         for worker in workers:
             worker.step = worker.step_at = None

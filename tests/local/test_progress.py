@@ -102,6 +102,22 @@ def test_a_detached_job_is_judged_by_its_steps_on_its_workers(home, job_file):
 
 
 @pytest.mark.slow
+def test_a_detached_job_whose_rank_0_alone_prints_its_step_keeps_its_steps_over_time(home, job_file):
+    only_worker_0 = "import os, time\nif os.environ['PODRUN_WORKER'] == '0':\n" + "".join(
+        f"    print('step {step}', flush=True)\n    time.sleep(1.2)\n" for step in range(1, 4))
+    spec = job_file("target: {local: {workers: 2}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\n",
+                    {"train.py": only_worker_0})
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: not processes_of_job(job_id), "the job's end", timeout=30)  # nothing fetched meanwhile
+    (job,) = json.loads(podrun("jobs", "--json").stdout)
+    assert job["state"] == "succeeded", job
+    (steps,) = job["steps"]
+    assert (steps["first"], steps["last"], steps["samples"][1::2]) == (1, 3, [1, 2, 3])  # worker 1 printed none
+
+
+@pytest.mark.slow
 def test_a_step_written_to_a_file_is_progress_too(home, job_file):
     writes_its_step = ("import time\nfor step in range(1, 4):\n    open('step.txt', 'w').write(str(step))\n"
                        "    time.sleep(1.2)\nwhile True:\n    print('alive', flush=True)\n    time.sleep(0.5)\n")
