@@ -55,8 +55,9 @@ def test_a_job_that_prints_heartbeats_but_makes_no_step_is_stopped_as_stalled_at
     took = time.monotonic() - started
     assert result.returncode == STALLED, result.stderr
     assert "] alive" in result.stdout  # it printed all along
-    assert "no step from any worker for 3.0s: the job is at step 4 (w0-2 at step 4 for 3.0s)" in stall_line(
-        result.stderr)
+    # the workers reached step 4 apart, by as much as a loaded machine delays them: each named with its own wait
+    assert re.search(r"no step from any worker for 3\.0s: the job is at step 4 \((w[0-2](-[12])?(,[0-2])* at step 4 "
+                     r"for 3\.\ds(, )?)+\)", stall_line(result.stderr)), stall_line(result.stderr)
     assert "podrun: w2 is in load_batch (train.py:13); the other 2 are in all_reduce (train.py:10)" in result.stderr
     assert took < 4 * 0.3 + 3 + 10, took  # the steps, the bound, the agents' start and stop: seconds, not minutes
     job_id = job_id_in(result.stderr)
@@ -94,7 +95,8 @@ def test_a_detached_job_is_judged_by_its_steps_on_its_workers(home, job_file):
 
     wait_until(lambda: state()["state"] == "stalled", "the detached job to stall", timeout=30)
     job = state()
-    assert job["summary"] == "no step from any worker for 2.0s: the job is at step 3 (w0-1 at step 3 for 2.0s)"
+    assert re.fullmatch(r"no step from any worker for 2\.0s: the job is at step 3 \((w0-1 at step 3 for 2\.\ds|"
+                        r"w[01] at step 3 for 2\.\ds, w[01] at step 3 for 2\.\ds)\)", job["summary"]), job["summary"]
     (steps,) = job["steps"]  # from the workers' own samples, whenever `jobs` looked before the end
     assert (steps["first"], steps["last"]) == (1, 3) and [worker["step"] for worker in job["workers"]] == [3, 3]
     assert [step for step in steps["samples"][1::2]] == sorted(steps["samples"][1::2])
