@@ -29,6 +29,7 @@ from podrun.cli_arguments import (
     ssh_arguments,
     stacks_arguments,
     stop_arguments,
+    supervisor_arguments,
 )
 from podrun.errors import PodrunError, UsageError
 
@@ -153,6 +154,16 @@ def _report(args: argparse.Namespace) -> int:
     return report(args.job, args.json, args.serve, args.port or 0)
 
 
+def _supervisor(args: argparse.Namespace) -> int:
+    if args.action == "start":
+        from podrun.supervisor import adopt
+
+        return adopt.start()
+    from podrun.supervisor import boot
+
+    return boot.install()
+
+
 def _disk(args: argparse.Namespace) -> int:
     from podrun.commands.disk import disk
 
@@ -238,6 +249,8 @@ COMMANDS = {
                "timeline (--serve: live, on 127.0.0.1)", _report, report_arguments, False),
     "disk": ("show (or free) the disk podrun uses on each worker: code versions, run directory, job files",
              _disk, disk_arguments, False),
+    "supervisor": ("on a supervisor host: start (adopt again the jobs it keeps that lost their supervisor), install "
+                   "(run start at every boot)", _supervisor, supervisor_arguments, False),
 }
 
 

@@ -216,6 +216,12 @@ def stacks_arguments(sub: argparse.ArgumentParser) -> None:
     _raw_argument(sub, "the stacks (process command lines, thread names)")
 
 
+def supervisor_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("action", choices=("start", "install"),
+                     help="start: adopt again every job this host keeps whose supervisor is gone (killed, a reboot); "
+                          "install: run start at every boot (a systemd user unit, else a crontab @reboot line)")
+
+
 def job_argument(sub: argparse.ArgumentParser) -> None:
     """A job, by default the newest running one, else the newest (as `logs` takes it)."""
     sub.add_argument("job", nargs="?", metavar="JOB_ID",

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 _held: list[int] = []
 _watched: set[int] = set()  # the signals the outermost interruptible_once block handles
+_raised: list[int] = []  # the signal that interrupted the outermost block, once one did
 
 
 def _hold(signum: int, frame) -> None:
@@ -20,7 +21,13 @@ def _hold(signum: int, frame) -> None:
 def _raise_once(signum: int, frame) -> None:
     for watched in _watched | {signum}:
         signal.signal(watched, _hold)
+    _raised[:] = [signum]
     raise KeyboardInterrupt
+
+
+def taken() -> int | None:
+    """The signal that interrupted the interruptible_once block this runs in, if one did."""
+    return _raised[0] if _raised else None
 
 
 @contextmanager
@@ -41,6 +48,7 @@ def interruptible_once(signals: tuple[int, ...] = (signal.SIGINT,)) -> Iterator[
             signal.signal(signum, _hold if taken and handler is _raise_once else handler)
         if outermost:
             _watched.clear()
+            _raised.clear()
             _held.clear()  # the KeyboardInterrupt they stand for is already on its way
 
 

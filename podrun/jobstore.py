@@ -21,10 +21,12 @@ STALLED = "stalled"  # no worker printed anything for the job's `stall`: stacks 
 STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, LOST, PREEMPTED, STALLED)
 STACKS_DIR = "stacks"
 RECORD_FILE = "job.json"
+RESUME_FILE = "supervise.json"  # a supervisor host's job: what adopting it again takes (launch/kept.py)
 AMBIGUOUS_SHOWN = 5  # candidates an ambiguous id prefix names
 JOB_ID_TAIL = r"-\d{8}-\d{6}-[0-9a-f]{4}"  # after the job's name: new_job_id's stamp and suffix
 # where a job lives, kept here and read only by its handle (handles/), which chooses by them where each
 # verb reaches the job
+SUPERVISOR_NOTES = "notes"  # in supervised_by: what the supervisor host's `podrun jobs` notes of where the job lives
 RESIDENCE = ("launcher", "detached", "supervisor", "cleanup", "supervised_by")
 
 
@@ -150,6 +152,10 @@ class JobRecord:
     def supervised(self) -> bool:
         """Whether the job's supervisor (a detached job that restarts or deletes its TPU) is at work."""
         return self.supervisor is not None and is_alive(self.supervisor)
+
+    def live_supervisor(self) -> dict | None:
+        """The identity of the job's supervisor process, while it lives (supervisor/daemon.py waits for it)."""
+        return self.supervisor if self.supervised() else None
 
     def supervisor_lost(self) -> bool:
         """Whether a running job's supervisor died (killed, its machine rebooted): nothing restarts the

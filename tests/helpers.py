@@ -502,6 +502,44 @@ def job_record(home: Path, job_id: str) -> dict:
     return json.loads((home / "jobs" / job_id / "job.json").read_text())
 
 
+# --- a supervisor host's jobs (tests/supervisor/)
+
+def supervised_tpu_spec(job_file, lab, supervisor, run: str) -> Path:
+    """A spot v4-16 that exec creates (helpers.lifecycle_spec: `life`, two lab hosts), restarted after up
+    to two preemptions and deleted at the end, handed over to the supervisor; the lab's key reaches it."""
+    spec = lifecycle_spec(job_file, run, "spot: true", restarts="{max: 2, on: [preemption]}", delete_after="always")
+    text = spec.read_text().replace("ssh: {user: root}", f"ssh: {{user: root, identity_file: {lab.client_key}}}")
+    spec.write_text(text + supervisor.spec)
+    return spec
+
+
+def as_run(script: str) -> str:
+    """A spec's `run:` holding these lines."""
+    return "run: |\n" + "".join(f"  {line}\n" for line in script.splitlines())
+
+
+def listed_as_json(job_id: str) -> dict:
+    """The job as the laptop's `podrun jobs --json` gives it."""
+    listed = podrun("jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return next(job for job in json.loads(listed.stdout) if job["id"] == job_id)
+
+
+def anything_of_the_job(job_id: str) -> list[str]:
+    """The job's processes on this machine and on every lab host (they share its pid namespace): its
+    workers (PODRUN_JOB_ID in their environment) and any process whose command line names the job."""
+    marker = f"PODRUN_JOB_ID={job_id}".encode()
+    return [f"{pid} {command}" for pid, command, environ in live_processes()
+            if pid != os.getpid() and (job_id in command or marker in environ)]
+
+
+# a run that prints, then waits until the test lets it go on (the lab hosts see this machine's /tmp)
+UNTIL_RELEASED = ('echo "started on worker $PODRUN_WORKER"\n'
+                  'until [ -e {release} ]; do sleep 0.1; done\n'
+                  'echo "finished on worker $PODRUN_WORKER"\n')
+
+
+
 # --- notifications (the spec's `notify`; tests/webhook_stand_in.py)
 
 # worker 1 fails attempt 0 (worker 0 ends well at once: the failure is worker 1's whatever the timing)

@@ -39,7 +39,8 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     limit = None if show_all or (as_json and count is None) else DEFAULT_JOBS_SHOWN if count is None else count
     shown = jobs[:limit]
     if as_json:
-        print(json.dumps([_as_json(record, state) for record, state in shown], indent=1))
+        print(json.dumps([_as_json(record, state, (refreshed.get(record.id) or handles.handle_for(record)).notes(state))
+                          for record, state in shown], indent=1))
     else:
         notes = {record.id: _notes(refreshed.get(record.id) or handles.handle_for(record), state)
                  for record, state in shown}
@@ -49,10 +50,10 @@ def list_jobs(name_or_prefix: str | None, states: list[str], count: int | None, 
     return 0
 
 
-def _as_json(record: jobstore.JobRecord, state: str) -> dict:
-    """Every field of the record, with the state shown, what it cost (so far) and, while it runs, each
-    worker's `output_at`."""
-    fields = {**record.to_dict(), "state": state, "cost": cost.figures(record)}
+def _as_json(record: jobstore.JobRecord, state: str, notes: list[str]) -> dict:
+    """Every field of the record, with the state shown, what it cost (so far), what its handle notes of
+    where it lives (a supervisor host's laptop shows them) and, while it runs, each worker's `output_at`."""
+    fields = {**record.to_dict(), "state": state, "cost": cost.figures(record), "notes": notes}
     if state == jobstore.RUNNING:
         for worker, worker_fields in zip(record.workers, fields["workers"]):
             worker_fields["output_at"] = record.output_at(worker)

@@ -4,6 +4,8 @@ is gone): its workers keep its output and its end, reached through each one's en
 
 from __future__ import annotations
 
+import os
+
 from podrun import jobstore
 from podrun.handles.base import JobHandle
 from podrun.output import say
@@ -31,7 +33,11 @@ class OnWorkers(JobHandle):
         return True
 
     def notes(self, state: str) -> list[str]:
-        return ["supervisor lost"] if state == jobstore.RUNNING and self.record.supervisor_lost() else []
+        if not (state == jobstore.RUNNING and self.record.supervisor_lost()):
+            return []
+        # a supervisor host's job (launch/kept.py) waits for `podrun supervisor start` there; any other, for nothing
+        adoptable = os.path.exists(os.path.join(self.record.dir, jobstore.RESUME_FILE))
+        return ["supervisor away"] if adoptable else ["supervisor lost"]
 
     def reread(self) -> None:
         if self.record.state == jobstore.RUNNING:  # the workers that ended meanwhile: their run's end

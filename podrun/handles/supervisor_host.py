@@ -20,7 +20,8 @@ class OnSupervisorHost(JobHandle):
         return remote.forward(self.record, self.supervisor, argv, raw)
 
     def notes(self, state: str) -> list[str]:
-        return [f"on {self.supervisor['host']}", *(["supervisor unreachable"] * self.unreachable)]
+        there = self.supervisor.get(jobstore.SUPERVISOR_NOTES, []) if state == jobstore.RUNNING else []  # its handle's there
+        return [f"on {self.supervisor['host']}", *there, *(["supervisor unreachable"] * self.unreachable)]
 
     def reread(self) -> None:
         from podrun.supervisor import remote  # its phases are in the record its supervisor keeps

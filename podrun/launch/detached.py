@@ -39,9 +39,11 @@ def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, Wor
     asyncio.run(_fetch_all(record, indexes, outputs, follow))
 
 
-async def follow(record: jobstore.JobRecord) -> None:
-    """Follow every worker's log until the job ends, recording its end (the supervisor's watch)."""
-    await _fetch_all(record, [w.index for w in record.workers], None, follow=True)
+async def follow(record: jobstore.JobRecord, outputs: dict[int, WorkerOutput] | None, beat_every_s: float) -> None:
+    """Follow every worker's log until the job ends, recording its end (the supervisor's watch), showing
+    new output through `outputs`, if given; `beat_every_s`: a supervisor host's follower on the first
+    worker says it is there that often (0: never), which the job's hub hears (launch/kept.py)."""
+    await _fetch_all(record, [w.index for w in record.workers], outputs, follow=True, beat_every_s=beat_every_s)
 
 
 def refresh(records: list[jobstore.JobRecord]) -> None:
@@ -91,10 +93,11 @@ def stop(record: jobstore.JobRecord) -> None:
     fetch(record, [w.index for w in record.workers], None, follow=False)
 
 
-async def _fetch_all(record, indexes, outputs, follow) -> None:
+async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0) -> None:
     workers = [w for w in record.workers if w.index in indexes]
     reports = await on_every_worker(workers, lambda worker, transport: _fetch(
-        record, worker, transport, (outputs or {}).get(worker.index), follow))
+        record, worker, transport, (outputs or {}).get(worker.index), follow,
+        beat_every_s if worker is record.workers[0] else 0))
     ended_at: list[float] = []
     stalls = {worker.index: report.exit for worker, report in zip(workers, reports)
               if report.exit and report.exit.get("stalled") is not None}
@@ -222,11 +225,12 @@ def _report_fields(line: str) -> dict | None:
     return fields
 
 
-async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool) -> WorkerReport:
+async def _fetch(record, worker, transport: Transport, output: WorkerOutput | None, follow: bool,
+                 beat_every_s: float) -> WorkerReport:
     log_path = record.log_path(worker.index)
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    channel = await transport.start_python(
-        "log_follower", unlisted=[record.remote_job_dir(worker), str(offset), "1" if follow else "0"])
+    channel = await transport.start_python("log_follower", unlisted=[
+        record.remote_job_dir(worker), str(offset), "1" if follow else "0", f"{beat_every_s:g}"])
     with jobstore.open_log(log_path) as log:
         while chunk := await channel.stdout.read(65536):
             _append_at(log, offset, chunk)

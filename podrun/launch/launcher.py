@@ -51,7 +51,7 @@ class Launch:
 
     def __init__(self, target: Target, job: JobPlan, tree: scan.Tree | None, record: jobstore.JobRecord,
                  terminal: Terminal, detach: bool, kill_stale: bool = False,
-                 on_running: Callable[[], None] | None = None, notify: dict | None = None):
+                 on_running: Callable[[], None] | None = None, notify: dict | None = None, away: dict | None = None):
         self.target = target
         self.job = job  # what runs: the steps, the checks before each, each worker's plan (plan.py)
         self.plans = job.workers  # each worker's, with the interfaces its probe found (preflight.py)
@@ -60,6 +60,9 @@ class Launch:
         self.kill_stale = kill_stale
         self.on_running = on_running  # called once run has started on every worker
         self.notify = notify  # a detached run that nothing watches: worker 0's agent tells its end (notify.py)
+        # a supervisor host's detached run: {away_s, delete}: its hub stops it once the supervisor has been away
+        # that long, and deletes its TPU as `delete` says (remote/hub.py, remote/self_delete.py)
+        self.away = away
         self.tree = tree  # None: nothing ships (an ad-hoc command without --workdir)
         self.record = record
         self.terminal = terminal
@@ -128,8 +131,8 @@ class Launch:
         watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
                  "bind": self.plans[0].worker.internal_ip, "stall": stall_s,
                  "alive_every": stall.alive_every(stall_s) if stall_s else None, "progress": bool(progress),
-                 "auto": stall.auto_settings() if stall_s == stall.AUTO else None,
-                 } if detach and (len(self.plans) > 1 or stall_s) else None
+                 "auto": stall.auto_settings() if stall_s == stall.AUTO else None, **(self.away or {}),
+                 } if detach and (len(self.plans) > 1 or stall_s or self.away) else None
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,

@@ -26,6 +26,7 @@ from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError
 from podrun.launch import judgment, restart_policy
+from podrun.launch.kept import Kept
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.notify import Notifier, secret_values
 from podrun.output import counted, say, say_failure
@@ -34,6 +35,7 @@ from podrun.shipping import scan
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 from podrun.terminal import Terminal
+from podrun.worker_output import WorkerOutput
 
 SUPERVISOR_LOG = "supervisor.log"
 # what a launch runs on each worker at once, at most: a step's agent, and while it waits for go, what
@@ -43,8 +45,10 @@ STEP_PROCESSES = 2
 
 class Lifecycle:
     def __init__(self, spec: JobSpec, target: Target, tree: scan.Tree | None, extra_env: Mapping[str, str],
-                 kill_stale: bool, detach: bool, restarts: int, down: bool, collapse: bool = True, raw: bool = False):
+                 kill_stale: bool, detach: bool, restarts: int, down: bool, collapse: bool = True, raw: bool = False,
+                 kept: Kept | None = None):
         self.spec, self.target, self.tree = spec, target, tree
+        self.kept = kept  # a supervisor host's job: how its supervisor keeps it (launch/kept.py)
         self.collapse = collapse  # identical lines of several workers shown once (collapse.py)
         self.raw = raw  # the workers' output shown as written, escape sequences and all (escapes.py)
         self.extra_env, self.kill_stale, self.detach = extra_env, kill_stale, detach
@@ -86,10 +90,10 @@ class Lifecycle:
         job_id = job_id or jobstore.new_job_id(self.spec.name)
         if (api := self.target.labelling_api()) is None:
             return self._run_as(selection, stop_grace_s, job_id)
-        owners.warn_of_orphans(api)
         # what it creates is labelled with the job's id, and owned by this launcher until its record runs (owners.py)
         self.target.labels = labels.owner_labels(job_id, self.delete_after != "never")
-        with owners.claim(job_id):
+        with owners.claim(job_id):  # first: a job adopted again (supervisor/adopt.py) owns its TPU already
+            owners.warn_of_orphans(api)
             return self._run_as(selection, stop_grace_s, job_id)
 
     def _run_as(self, selection: str | None, stop_grace_s: float, job_id: str) -> int:
@@ -183,13 +187,24 @@ class Lifecycle:
 
     def _launch(self, record: jobstore.JobRecord, job: JobPlan) -> int:
         try:
-            collapse = Collapse([p.worker.index for p in job.workers]) if self.collapse else None
-            return asyncio.run(Launch(self.target, job, self.tree, record,
-                                      Terminal(worker_count=len(self.workers), collapse=collapse, raw=self.raw),
+            terminal = self._terminal([plan.worker.index for plan in job.workers])
+            return asyncio.run(Launch(self.target, job, self.tree, record, terminal,
                                       self.detach, self.kill_stale, self._running_once,
-                                      self._workers_notify(record)).run())
+                                      self._workers_notify(record), self._away()).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)
+
+    def _terminal(self, indexes: list[int]) -> Terminal:
+        return Terminal(worker_count=len(self.workers), collapse=Collapse(indexes) if self.collapse else None,
+                        raw=self.raw)
+
+    def _away(self) -> dict | None:
+        """A supervisor host's detached run: how long its workers wait for their supervisor to come back
+        before they stop the job, and then what worker 0 deletes (remote/hub.py)."""
+        if not (self.kept and self.detach):
+            return None
+        deletes = self.delete_after != "never" and self.spec.target.declared.deletes
+        return {"away_s": self.kept.away_s, "delete": self.target.self_delete_config() if deletes else None}
 
     def _workers_notify(self, record: jobstore.JobRecord) -> dict | None:
         """A detached job that nothing here will watch: its worker 0's agent tells its end (remote/agent.py)."""
@@ -274,21 +289,25 @@ class Lifecycle:
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:
-        return bool(self.max_restarts) or self.delete_after != "never" or self.target.holds
+        return bool(self.kept) or bool(self.max_restarts) or self.delete_after != "never" or self.target.holds
 
     def _fork_supervisor(self, record: jobstore.JobRecord) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid:
-            record.supervisor = jobstore.process_identity(pid)
-            record.cleanup = (self.target.release_command() if self.delete_after != "never" else
-                              self.target.free_command() if self.target.holds else None)
-            record.save()
-            say(f"a supervisor (pid {pid}) watches it and {self._duties()}; its log: "
-                f"{os.path.join(record.dir, SUPERVISOR_LOG)}")
+            self._supervised_by(record, pid)
+            duties = self._duties()
+            log = os.path.join(record.dir, "console", "stderr") if self.kept else os.path.join(record.dir, SUPERVISOR_LOG)
+            say(f"a supervisor (pid {pid}) watches it{f' and {duties}' if duties else ''}; its log: {log}")
             return
         os._exit(self._supervise(record))
+
+    def _supervised_by(self, record: jobstore.JobRecord, pid: int) -> None:
+        record.supervisor = jobstore.process_identity(pid)
+        record.cleanup = (self.target.release_command() if self.delete_after != "never" else
+                          self.target.free_command() if self.target.holds else None)
+        record.save()
 
     def _duties(self) -> str:
         duties = []
@@ -300,24 +319,33 @@ class Lifecycle:
             duties.append(f"gives back {self.target.held} when it ends")
         return " and ".join(duties)
 
-    def _supervise(self, record: jobstore.JobRecord) -> int:
-        """The supervisor's life, in the forked child: watch, restart, clean up; its exit code is the job's."""
-        os.setsid()
-        log = os.open(os.path.join(record.dir, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    def _supervise(self, record: jobstore.JobRecord, resume: Callable[[], int] | None = None) -> int:
+        """The supervisor's life, in the forked child: watch, restart, clean up; its exit code is the job's.
+        `resume`: what a supervisor host's supervisor, started again, does first in place of the watch."""
+        if os.getsid(0) != os.getpid():  # one adopted again leads its session already (supervisor/adopt.py)
+            os.setsid()
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        record.supervisor = jobstore.process_identity(os.getpid())
+        if self.kept:  # what it says goes on into the job's console files (supervisor/daemon.py)
+            self.kept.hold(record)
+        else:
+            log = os.open(os.path.join(record.dir, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+        self._supervised_by(record, os.getpid())  # the same as its launcher saved: a supervisor adopted again is new
         with interrupts.interruptible_once(HANDLED_SIGNALS):
             try:
                 try:
-                    return self._restart_while_due(record, self._watch(record))
+                    return self._restart_while_due(record, (resume or (lambda: self._watch(record)))())
                 except KeyboardInterrupt:
-                    say("SIGTERM: stopping the job on every worker")
+                    taken = interrupts.taken() or signal.SIGTERM
+                    say(f"{signal.Signals(taken).name}: stopping the job on every worker")
                     from podrun.launch import detached
 
                     detached.stop(record)
-                    return exits.stopped_by(signal.SIGTERM)
+                    code = exits.INTERRUPTED if taken == signal.SIGINT else exits.stopped_by(taken)
+                    if record.state == jobstore.STOPPED:  # by this signal, whatever the workers' programs exited with
+                        record.finish(jobstore.STOPPED, code, f"stopped by {signal.Signals(taken).name}", record.ended_at)
+                    return code
             except PodrunError as error:
                 say_failure(str(error))
                 record.finish(jobstore.FAILED, error.exit_code, str(error))
@@ -328,7 +356,43 @@ class Lifecycle:
                 return exits.INTERNAL_ERROR
             finally:
                 self._ended(record, None, lambda: self._release_if_asked(record))
+                if self.kept:
+                    self.kept.done(record)
                 sys.stdout.flush()
+
+    # --- a supervisor host's job, adopted again (supervisor/adopt.py) -------------------------------
+    def adopt(self, record: jobstore.JobRecord, stop_grace_s: float) -> int:
+        """Take up a supervisor host's running job whose supervisor was cut off, in this process: follow
+        its run, or, cut off between attempts, make that attempt (after a preemption, the TPU created
+        again first); then on as its supervisor would have gone: restarts, deletion, notification."""
+        record.stop_grace_s = stop_grace_s
+        self.selected = {worker.index for worker in record.workers}
+        return self._supervise(record, resume=lambda: self._resume(record))
+
+    def _resume(self, record: jobstore.JobRecord) -> int:
+        if timeline.current(record, "run") is not None:
+            say(f"job {record.id}: adopted again, following attempt {record.attempt} on its workers")
+            try:
+                self.workers = self.target.workers(dry_run=False)  # where a failure's restart runs
+            except PodrunError as error:  # its TPU gone meanwhile: the watch judges it
+                say(f"job {record.id}: its workers, as the API has them: {error}")
+            return self._watch(record)
+        preempted = bool(record.attempts) and record.attempts[-1]["state"] == jobstore.PREEMPTED
+        say(f"job {record.id}: adopted again; attempt {record.attempt} had not begun: "
+            f"{'creating the TPU again' if preempted else 'running it on the same workers'}")
+        if preempted:
+            self.recreating = True
+            recreating = timeline.begin(record, "recreate", why="adopted again")
+            if self.target.departure() is not None:  # unless the TPU it made again serves already: made (again)
+                self.target.recreate()
+            self._record_moves(record)
+            self.recreating = False
+            timeline.end(recreating)
+        self.workers = self.target.workers(dry_run=False)
+        record.workers = self._worker_records()
+        record.save()
+        self._launch(record, self.plans(self.workers, self.selected, record.id, record.attempt))
+        return self._watch(record)
 
     def _watch(self, record: jobstore.JobRecord) -> int:
         """Follow a detached attempt to its end, as `podrun logs -f` does, watching its capacity as an
@@ -340,7 +404,11 @@ class Lifecycle:
     async def _follow(self, record: jobstore.JobRecord) -> None:
         from podrun.launch import detached
 
-        following = asyncio.ensure_future(detached.follow(record))
+        outputs = None
+        if self.kept and self.kept.shows_output:  # to the laptop that waits for the job (supervisor/daemon.py)
+            terminal = self._terminal([w.index for w in record.workers])
+            outputs = {w.index: WorkerOutput(w.index, terminal, log=None) for w in record.workers}
+        following = asyncio.ensure_future(detached.follow(record, outputs, self.kept.beat_every_s if self.kept else 0))
         watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.departs
                                          else asyncio.get_running_loop().create_future())  # never done
         either: list[asyncio.Future] = [following, watching]
@@ -354,13 +422,17 @@ class Lifecycle:
             record.finish(jobstore.PREEMPTED, exits.PREEMPTED, reason)
             return
         watching.cancel()
+        lost_why = None  # recorded only once judged: a preemption never reads `failed` in between
         try:
             following.result()
         except PodrunError as error:
-            record.finish(jobstore.FAILED, exits.LOST, str(error))
-        if record.state == jobstore.RUNNING:  # a worker's log ended without its exit: it cannot be followed
-            record.finish(jobstore.FAILED, exits.LOST, "a worker's agent ended without recording an exit")
-        if record.state == jobstore.FAILED and record.exit_code == exits.LOST and self.target.departs:
+            lost_why = str(error)
+        if lost_why is None and record.state == jobstore.RUNNING:  # a log ended without its exit: unfollowable
+            lost_why = "a worker's agent ended without recording an exit"
+        if self.target.departs and (lost_why or (record.state == jobstore.FAILED and record.exit_code == exits.LOST)):
             lost = {w.index: w.endpoint for w in record.workers if w.exit_code in (None, exits.LOST)}
             if judged := await judgment.judge(self.target, lost, record.id):
                 record.finish(jobstore.PREEMPTED, exits.PREEMPTED, judged)
+                return
+        if lost_why:
+            record.finish(jobstore.FAILED, exits.LOST, lost_why)

@@ -13,6 +13,7 @@ from podrun import jobstore
 from podrun.adhoc import COMMAND_LINE
 from podrun.errors import SpecError, UsageError
 from podrun.launch.exec_options import ExecOptions
+from podrun.launch.kept import Kept
 from podrun.output import ask, say
 from podrun.plan import parse_worker_selection, render, secrets_from_launcher
 from podrun.shipping import scan
@@ -22,16 +23,12 @@ from podrun.targets.base import target_for
 
 
 def run_here(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str | None = None,
-             on_running: Callable[[], None] | None = None) -> int:
+             on_running: Callable[[], None] | None = None, kept: Kept | None = None) -> int:
     """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none).
-    `job_id` and `on_running` (called once run has started everywhere) are a supervisor host's."""
+    `job_id`, `on_running` (called once run has started everywhere) and `kept` are a supervisor host's."""
     spec, max_restarts = prepare(spec, ships_code, options)
-    from podrun.launch.lifecycle import Lifecycle  # here: a spec refused above never loads asyncio
-
-    target = target_for(spec)
-    tree = scan_workdir(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
-    lifecycle = Lifecycle(spec, target, tree, options.env, options.kill_stale, options.detach, max_restarts,
-                          options.down, options.collapse, options.raw)
+    lifecycle = _lifecycle(spec, ships_code, options, max_restarts, kept)
+    target = lifecycle.target
     if options.dry_run:
         workers = target.workers(dry_run=True)
         job = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
@@ -40,6 +37,24 @@ def run_here(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str 
         return 0
     return lifecycle.run(options.worker, spec.stop_grace_s if options.grace_s is None else options.grace_s, job_id,
                          on_running)
+
+
+def adopt_here(spec: JobSpec, ships_code: bool, options: ExecOptions, record: jobstore.JobRecord) -> int:
+    """A supervisor host's running job, taken up again by a supervisor started anew (supervisor/adopt.py):
+    what the handover said, less the secrets' values, which this process's environment gives where a
+    restart needs them."""
+    if options.stall_s is not None:
+        spec = spec.model_copy(update={"stall_s": options.stall_s})
+    lifecycle = _lifecycle(spec, ships_code, options, _max_restarts(spec, options.restarts), Kept.here(False))
+    return lifecycle.adopt(record, spec.stop_grace_s if options.grace_s is None else options.grace_s)
+
+
+def _lifecycle(spec: JobSpec, ships_code: bool, options: ExecOptions, max_restarts: int, kept: Kept | None):
+    from podrun.launch.lifecycle import Lifecycle  # here: a spec refused before never loads asyncio
+
+    tree = scan_workdir(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
+    return Lifecycle(spec, target_for(spec), tree, options.env, options.kill_stale, options.detach, max_restarts,
+                     options.down, options.collapse, options.raw, kept)
 
 
 def prepare(spec: JobSpec, ships_code: bool, options: ExecOptions) -> tuple[JobSpec, int]:

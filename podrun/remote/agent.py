@@ -35,14 +35,17 @@ Protocol
           variables it set in the step's env)}, then waits for the line "go" (the launcher
           ships the code and checks every worker meanwhile); "stop" or end of input instead: it exits.
           So one channel per worker does what would otherwise take three.
-  watch   {token, worker, hub_worker, workers, bind, stall, alive_every, progress, auto}: a detached run (on several
-          workers, or with a stall limit), whose agents stop each other's steps when one fails, with no
-          launcher left (hub.py). The hub_worker's agent listens on `bind` (its internal
-          address) and reports {"event": "hub", "port": P} first; every agent waits for
+  watch   {token, worker, hub_worker, workers, bind, stall, alive_every, progress, auto, away_s, delete}: a detached
+          run (on several workers, with a stall limit, or kept by a supervisor host), whose agents stop each
+          other's steps when one fails, with no launcher left (hub.py). The hub_worker's agent listens on
+          `bind` (its internal address) and reports {"event": "hub", "port": P} first; every agent waits for
           "go HOST:PORT" (the hub's address) before it starts.
           With stall (seconds, or "auto" with auto's {multiple, floor_s, cap_s}), the hub also stops the job
           when no worker printed anything (with progress: reached a step) for that long: each agent first
-          saves its job's stacks as run.stacks (stacks.py).
+          saves its job's stacks as run.stacks (stacks.py). With away_s, the hub stops the job once the
+          supervisor host that keeps it has not followed it for that long (its supervisor.beat: hub.py), and
+          with delete ({api, names}: self_delete.py) worker 0's agent then deletes the job's TPU with the VM's
+          own credentials, writing what came of it to self_delete.txt after run.exit.
   notify  {url, on, name, attempt}, to worker 0's agent of a detached run that nothing watches: once every
           agent is done (the hub says), it tells the job's end (failure, preemption, stall, success) as
           a notification (notice.py) and writes what came of it to notify.json, then run.exit.
@@ -125,6 +128,8 @@ def main():
         watch.serve(job_step)
     if telling is not None:  # its exit last: whoever sees the job's end sees what was told of it
         job_step.write_exit(tell_end(telling, config, job_step, watch, code))
+    if watch is not None and (deleted := watch.delete_if_away()):
+        job_step.write_file("self_delete.txt", deleted + "\n")
     # everything went out through os.write: skipping the interpreter's teardown saves ~1 ms of CPU
     # on every worker for every step
     os._exit(code)
@@ -137,7 +142,7 @@ def prepare(config, control, job_step):
     hub_here = None
     if watch_config and watch_config["worker"] == watch_config["hub_worker"]:
         try:
-            hub_here = hub.Hub(watch_config)
+            hub_here = hub.Hub(watch_config, job_step.job_dir)
         except OSError as error:  # the internal address is not one of this host's own (NAT)
             agent_io.emit(event="error", message="cannot listen on %s, this worker's internal address, for the "
                           "other workers' agents to watch the job: %s" % (watch_config["bind"], error.strerror or error))

@@ -9,15 +9,17 @@ import sys
 import time
 
 try:  # on a worker, sent ahead of this file (transport/base.py, script_modules)
-    agent_io, step_reader = (sys.modules["podrun_remote_" + name] for name in ("agent_io", "step_reader"))
+    agent_io, self_delete, step_reader = (sys.modules["podrun_remote_" + name]
+                                          for name in ("agent_io", "self_delete", "step_reader"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import agent_io, step_reader
+    from podrun.remote import agent_io, self_delete, step_reader
 try:  # hmac.compare_digest, without the 6.7 ms of imports (_hashlib) that hmac brings
     from _operator import _compare_digest as same_secret
 except ImportError:  # not CPython
     from hmac import compare_digest as same_secret  # type: ignore[no-redef]
 
 LOST = 255  # the code of a worker whose agent is gone (as podrun.exits.LOST)
+BEAT_FILE = "supervisor.beat"  # touched by a supervisor host's follower while it follows the job
 
 
 class Hub:
@@ -40,7 +42,7 @@ class Hub:
     STRANGERS_KEPT = 16
     ACCEPT_PAUSE_S = 1.0
 
-    def __init__(self, config):
+    def __init__(self, config, job_dir):
         import socket  # only watched jobs pay for it (it imports enum)
 
         self.token = config["token"].encode()
@@ -71,9 +73,17 @@ class Hub:
         self.started_at = None  # when the step started: the stall clock's start
         self.heard_at = {}  # each worker's last output, or step (time.monotonic()), as far as the hub knows
         self.advances = []  # (time.monotonic(), step) each time the job's step rose, the last few: stall auto's
+        # a job kept by a supervisor host: its follower touches this file (log_follower.py); once it is older
+        # than away_s, the supervisor is gone and nothing would watch the job: it stops
+        self.away_s = config.get("away_s")
+        self.beat_file = os.path.join(job_dir, BEAT_FILE)
+        self.watched_since = time.time()
+        self.away = None  # how long the supervisor had been away when the job stopped for it
+        self.delete = config.get("delete")  # the job's TPU, to delete then (self_delete.py)
+        self.on_away = None
 
-    def attach(self, poller, on_failure, on_stall):
-        self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
+    def attach(self, poller, on_failure, on_stall, on_away):
+        self.poller, self.on_failure, self.on_stall, self.on_away = poller, on_failure, on_stall, on_away
         if self.started_at is None:
             self.started_at = self.heard_at[self.worker] = time.monotonic()
         if self.accepting_at is None:
@@ -138,7 +148,7 @@ class Hub:
             self.fail(link.worker, LOST)
 
     def fail(self, worker, code):
-        if self.failure is not None or self.stalled:
+        if self.failure is not None or self.stalled or self.away is not None:
             return
         self.failure = (worker, code)
         for link in self.links.values():
@@ -171,9 +181,8 @@ class Hub:
             dues.append(next(iter(self.strangers.values())).since + self.HELLO_WITHIN_S - time.monotonic())
         if self.accepting_at is not None:
             dues.append(self.accepting_at - time.monotonic())
-        until_stall = self.until_stall() if stall else None
-        if until_stall is not None:
-            dues.append(until_stall)
+        if stall:
+            dues += [until for until in (self.until_stall(), self.until_away()) if until is not None]
         return max(0.0, min(dues)) if dues else None
 
     def tick(self, stall):
@@ -185,6 +194,7 @@ class Hub:
             self.poller.register(self.listener.fileno(), "watch")
         if stall:
             self.check_stall()
+            self.check_away()
 
     def until_stall(self):
         """Seconds until the job counts as stalled (None: it is not watched for one, or already did)."""
@@ -202,6 +212,35 @@ class Hub:
             link.send("stall %.3f\n" % (now - self.heard_at[link.worker]))
         self.on_stall(now - self.heard_at[self.worker])
 
+    def until_away(self):
+        """Seconds until the job's supervisor counts as gone (None: it has none, or the job stops already)."""
+        if self.away_s is None or self.stalled or self.failure is not None or self.away is not None:
+            return None
+        try:
+            beat_at = max(os.stat(self.beat_file).st_mtime, self.watched_since)
+        except OSError:  # no follower came yet: the supervisor follows a run once it started
+            beat_at = self.watched_since
+        return max(0.0, beat_at + self.away_s - time.time())
+
+    def check_away(self):
+        """Once the supervisor has been away for away_s: every agent stops its job, as on a stall."""
+        if self.until_away() != 0.0:
+            return
+        try:
+            self.away = time.time() - max(os.stat(self.beat_file).st_mtime, self.watched_since)
+        except OSError:
+            self.away = time.time() - self.watched_since
+        for link in self.links.values():
+            link.send("away %.3f\n" % self.away)
+        self.on_away(self.away)
+
+    def delete_if_away(self):
+        """Once the job stopped because its supervisor was away: delete its TPU if the job's spec asked for
+        that (config's delete), with the VM's own credentials; what came of it, in a line (else None)."""
+        if self.away is None or not self.delete:
+            return None
+        return self_delete.delete(self.delete)
+
     def step_ended(self, code, word=""):
         self.ended.add(self.worker)
         if word:
@@ -212,7 +251,7 @@ class Hub:
 
     def serve(self, step):
         """Stay, after worker 0's own step, until every other agent is done (or podrun stop says so)."""
-        self.attach(agent_io.Poller(), lambda worker, code: None, lambda silent_s: None)
+        self.attach(agent_io.Poller(), lambda worker, code: None, lambda silent_s: None, lambda away_s: None)
         self.poller.register(step.wakeup, "signal")
         while not step.stop_reason and self._waiting():
             timeout = None if self.links else max(0.0, self.hello_deadline - time.monotonic())
@@ -246,13 +285,14 @@ class HubLink:
         self.hub_worker = config["hub_worker"]
         self.on_failure = None
         self.on_stall = None
+        self.on_away = None
         # output is told to the hub as "alive", at most this often: never a message per line; with progress,
         # only steps are (step.py reports one at most every second)
         self.alive_every = config.get("alive_every") if config.get("stall") and not config.get("progress") else None
         self.alive_due = 0.0
 
-    def attach(self, poller, on_failure, on_stall):
-        self.poller, self.on_failure, self.on_stall = poller, on_failure, on_stall
+    def attach(self, poller, on_failure, on_stall, on_away):
+        self.poller, self.on_failure, self.on_stall, self.on_away = poller, on_failure, on_stall, on_away
         poller.register(self.connection.fileno(), "watch")
 
     def heard(self):
@@ -276,9 +316,14 @@ class HubLink:
                 self.on_failure(int(words[1]), int(words[2]))
             elif len(words) == 2 and words[0] == "stall":
                 self.on_stall(float(words[1]))
+            elif len(words) == 2 and words[0] == "away":
+                self.on_away(float(words[1]))
         if lines is None:
             self.poller.unregister(fd)
             self.on_failure(self.hub_worker, LOST)  # its agent, or its host, is gone
+
+    def delete_if_away(self):
+        return None  # worker 0's agent does it
 
     def step_ended(self, code, word=""):
         self.link.send("exit %d %s\n" % (code, word) if word else "exit %d\n" % code)

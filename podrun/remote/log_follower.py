@@ -1,11 +1,15 @@
 """A detached job's output on one worker, from an offset, and its exit once the run has ended.
 
-stdin: JOB_DIR, OFFSET and FOLLOW (1: keep following output.log until run.exit exists), a line each
-(not argv, which `ps` shows to everyone). Writes the log's bytes from OFFSET to stdout, then to stderr
-one JSON line, {"exit": run.exit's JSON or null, "output_at": when output.log last grew (epoch seconds)
-or null, "step": [the job's step on this worker, when it was reached] from run.step, or null (the spec's
-progress: step.py), "samples": once the run ended, its steps over time from run.steps, [T, S, ...] or
-null, "notified": notify.json's JSON (what worker 0's agent told of the job's end: agent.py) or null},
+stdin: JOB_DIR, OFFSET, FOLLOW (1: keep following output.log until run.exit exists) and BEAT (seconds, 0
+for none: a supervisor host follows: touch supervisor.beat that often while following, which tells the
+job's hub that it is there: hub.py), a line each (not argv, which `ps` shows to everyone). A follower whose reader is gone
+(its SSH session ended: the supervisor was killed) stops following at once.
+
+Writes the log's bytes from OFFSET to stdout, then to stderr one JSON line, {"exit": run.exit's JSON or
+null, "output_at": when output.log last grew (epoch seconds) or null, "step": [the job's step on this
+worker, when it was reached] from run.step, or null (the spec's progress: step.py), "samples": once the
+run ended, its steps over time from run.steps, [T, S, ...] or null, "notified": notify.json's JSON (what
+worker 0's agent told of the job's end: agent.py) or null},
 then the stacks a stall saved (run.stacks), if any.
 """
 
@@ -14,12 +18,20 @@ import sys
 import time
 
 POLL_S = 0.2
+BEAT_FILE = "supervisor.beat"  # as hub.BEAT_FILE
 
 
 def main():
-    job_dir, offset, follow = sys.stdin.read().splitlines()[:3]
-    offset, follow = int(offset), follow == "1"
+    job_dir, offset, follow, beat = (sys.stdin.read().splitlines() + ["0"])[:4]
+    offset, follow, beat_every = int(offset), follow == "1", float(beat)
     log, exit_file = os.path.join(job_dir, "output.log"), os.path.join(job_dir, "run.exit")
+    beat_due = 0.0 if beat_every else None
+    reader = None
+    if follow:
+        import select
+
+        reader = select.poll()
+        reader.register(1, 0)  # reports only POLLERR and POLLHUP: the other end closed
     while True:
         done = os.path.exists(exit_file)  # looked at before reading: no tail is lost
         try:
@@ -33,6 +45,11 @@ def main():
             pass
         if done or not follow:
             break
+        if reader.poll(0):
+            return
+        if beat_due is not None and time.monotonic() >= beat_due:
+            _touch(os.path.join(job_dir, BEAT_FILE))
+            beat_due = time.monotonic() + beat_every
         time.sleep(POLL_S)
     try:
         output_at = repr(os.path.getmtime(log))
@@ -46,6 +63,14 @@ def main():
     sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s, "samples": %s, "notified": %s}\n'
                      % (_read(exit_file) or "null", output_at, step, samples, notified))
     sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
+
+
+def _touch(path):
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _read(path):

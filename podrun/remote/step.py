@@ -45,14 +45,14 @@ class Step:
         env.update(self.config["env"])
         env["PODRUN_JOB_DIR"] = self.job_dir
         for name, text in self.config.get("job_files", {}).items():  # the workers' IPs; rank_output.py for torchrun
-            self._write_file(name, text)
+            self.write_file(name, text)
         for key, name in self.config.get("file_env", {}).items():
             env[key] = os.path.join(self.job_dir, name)
         # the py-spy for the step's stacks, fixed now: a process's own PATH later may be anyone's choosing
         self.py_spy = stacks.find_py_spy(env.get("PATH", ""), self.config["cwd"])
-        self._write_file(self.config["step"] + ".py-spy", self.py_spy)
+        self.write_file(self.config["step"] + ".py-spy", self.py_spy)
         if self.container:  # its processes are the daemon's children, not ours: stacks.py finds them by its name
-            self._write_file(self.config["step"] + ".container", self.container)
+            self.write_file(self.config["step"] + ".container", self.container)
         read_end, write_end = os.pipe()
         try:
             self.pid = processes.spawn([processes.shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -61,9 +61,9 @@ class Step:
         self.output = read_end
         self.log = os.open(os.path.join(self.job_dir, "output.log"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._write_file(self.config["step"] + ".pid", str(self.pid))
+        self.write_file(self.config["step"] + ".pid", str(self.pid))
         start = stacks.start_of(os.getpid())  # with the pid, who the agent is: `podrun stop` checks it
-        self._write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
+        self.write_file(self.config["step"] + ".agent", "%d %s" % (os.getpid(), start) if start else str(os.getpid()))
 
     def supervise(self, control, watch):
         """Pump output until the step and everything it started are gone; returns (code, signal name).
@@ -76,7 +76,7 @@ class Step:
         self.wakeup = wakeup = self._watch_signals()
         poller.register(wakeup, "signal")
         if watch is not None:
-            watch.attach(poller, self.stop_for_failure, self.stop_for_stall)
+            watch.attach(poller, self.stop_for_failure, self.stop_for_stall, self.stop_for_away)
         notices = vm_notice.Notices(self.config["env"]) if self.config.get("vm_notices") else None
         if notices is not None:
             notices.attach(poller)
@@ -173,8 +173,8 @@ class Step:
         detached_stopper.py); after `notified`, notify.json (what worker 0's agent told of the job's end:
         agent.tell_end), so that whoever sees the end reads that with it."""
         if notified is not None:
-            self._write_file("notify.json", notified)
-        self._write_file(self.config["step"] + ".exit", self.exit_text)
+            self.write_file("notify.json", notified)
+        self.write_file(self.config["step"] + ".exit", self.exit_text)
 
     def _report_step(self, watch, final=False):
         """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
@@ -187,7 +187,7 @@ class Step:
         if watch is not None:
             watch.stepped(step, at)
         if self.config.get("detach"):
-            self._write_file("run.step", "%d %r" % (step, at))
+            self.write_file("run.step", "%d %r" % (step, at))
             if time.monotonic() >= self.samples_due:
                 self._write_samples()
 
@@ -195,7 +195,7 @@ class Step:
         """A detached run's steps over time (step_reader's samples, bounded), as "T S T S ...": what its
         end's fetch puts in the record (log_follower.py), every SAMPLES_EVERY_S and at its end."""
         self.samples_due = time.monotonic() + SAMPLES_EVERY_S
-        self._write_file("run.steps", " ".join(map(repr, self.steps.samples)))
+        self.write_file("run.steps", " ".join(map(repr, self.steps.samples)))
 
     def stop_for_failure(self, worker, code):
         """Another worker of a watched job failed (or its agent is gone): stop this one too."""
@@ -207,9 +207,14 @@ class Step:
         """No worker of a watched job printed anything for its stall limit: save this worker's stacks
         (before anything is stopped), then stop."""
         if self.stop_reason is None and self.status is None:
-            self._write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
+            self.write_file("run.stacks", stacks.text(os.getpid(), self.pid, self.py_spy or None, self.container))
             self.stalled, self.stalled_at = silent_s, time.time()
             self.request_stop("stalled: silent for %.1fs" % silent_s)
+
+    def stop_for_away(self, away_s):
+        """The supervisor host that keeps the job has been away for its bound (hub.py): nothing would
+        restart it or clean up after it, so it stops."""
+        self.request_stop("its supervisor was away for %.0fs" % away_s)
 
     def request_stop(self, reason):
         if self.stop_reason is None:
@@ -274,7 +279,7 @@ class Step:
                 return  # no such container
             time.sleep(0.1)
 
-    def _write_file(self, name, text):
+    def write_file(self, name, text):
         path = os.path.join(self.job_dir, name)
         with open(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             handle.write(text)

@@ -203,7 +203,7 @@ STEPS = _object({"attempt": COUNT, "first": COUNT, "first_at": SECONDS, "last": 
                  "samples": _samples}, required=("attempt", "first", "first_at", "last", "last_at", "samples"))
 PRICE = _object({"per_hour": _kind(_at_least(1e-9), "a price above 0", nullable=True),
                  "source": TEXT, "why": TEXT}, required=("per_hour",))  # JobRecord.price, where it has one
-DERIVED = ("cost",)  # what `jobs --json` adds to a record, worked out from its fields again here
+DERIVED = ("cost", "notes")  # what `jobs --json` adds to a record: worked out again here, or kept apart
 EVENT = _object({"event": TEXT, "attempt": COUNT, "at": SECONDS, "to": TEXT, "by": TEXT, "delivered": FLAG,
                  "tries": COUNT, "error": MAYBE_TEXT}, required=("event", "attempt", "delivered"))  # notify.py
 RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers": _list_of(WORKER), "state": STATE,
@@ -211,5 +211,5 @@ RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers
            "launcher": ANY_OBJECT, "detached": FLAG, "stop_grace_s": DURATION, "attempt": COUNT,
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
            "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
-           "events": _list_of(EVENT), "price": _or_null(PRICE), "cost": ANY_OBJECT},
+           "events": _list_of(EVENT), "price": _or_null(PRICE), "cost": ANY_OBJECT, "notes": _list_of(TEXT)},
           ("id", "name", "target", "spec_path", "workers"), False)

@@ -42,7 +42,7 @@ from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
 SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
             "PODRUN_TPU_WATCH_INTERVAL", "PODRUN_RELAY_FANOUT", "PODRUN_ACCELERATOR_FILES", "PODRUN_SSH_HANDSHAKES",
-            "PODRUN_SSH_CONNECT_RETRY")
+            "PODRUN_SSH_CONNECT_RETRY", "PODRUN_SUPERVISOR_AWAY")
 # which APIs to use; never the account, which is the host's own (as its credentials are)
 GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT)
 
@@ -153,10 +153,17 @@ async def _follow(channel, host: str, job_id: str, raw: bool) -> int | None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupt)
     try:
-        return await remote.relay(channel, raw, stdout_begun=True)
+        status = await remote.relay_status(channel, raw, stdout_begun=True)
+        if status < 0:  # killed there (`kill -9`, a reboot): the job is not over
+            say(f"podrun on the supervisor {host} was killed ({signal.Signals(-status).name}); job {job_id} goes on "
+                f"under its workers' watch, and `podrun supervisor start` there adopts it again (README: the "
+                f"supervisor's life)")
+            return None
+        return status
     except ChannelLost as lost:
         say(f"the link to the supervisor {host} broke ({lost}); job {job_id} goes on there: `podrun logs -f {job_id}` "
-            f"follows it, `podrun stop {job_id}` stops it")
+            f"follows it, `podrun stop {job_id}` stops it (if the host rebooted, `podrun supervisor start` there adopts "
+            f"it again)")
         return None
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):

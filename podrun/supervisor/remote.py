@@ -59,7 +59,13 @@ def forward(record: jobstore.JobRecord, supervisor: dict, argv: list[str], raw: 
 async def relay(channel: Channel, raw: bool = False, stdout_begun: bool = False) -> int:
     """Copy a begun() command's stdout and stderr to ours as they come, past what the host's login printed
     (stdout's from where it is, if `stdout_begun`), made harmless for the terminal (stdout as it is, with
-    `raw`: the workers' output the user asked for so; stderr is podrun's words, never raw); its exit code."""
+    `raw`: the workers' output the user asked for so; stderr is podrun's words, never raw); its exit code
+    as a shell gives it."""
+    return exits.of_process(await relay_status(channel, raw, stdout_begun))
+
+
+async def relay_status(channel: Channel, raw: bool = False, stdout_begun: bool = False) -> int:
+    """relay(), returning the command's status as the channel gives it: -N where signal N ended it."""
     async def copy(source, target, begun: bool, raw: bool) -> None:
         shown = None if raw else escapes.Stream(colour_wanted(target))
         chunk = b"" if begun else await past_login.past_login(source)
@@ -74,7 +80,7 @@ async def relay(channel: Channel, raw: bool = False, stdout_begun: bool = False)
 
     await asyncio.gather(copy(channel.stdout, sys.stdout.buffer, stdout_begun, raw),
                          copy(channel.stderr, sys.stderr.buffer, False, False))
-    return exits.of_process(await channel.wait())
+    return await channel.wait()
 
 
 def reread(record: jobstore.JobRecord, supervisor: dict) -> None:
@@ -152,6 +158,7 @@ async def refresh_one(record: jobstore.JobRecord, supervisor: dict, transport: T
         return False
     record.take_fields(answers.record(listed[0], record.id, supervisor["host"]))
     supervisor[RECORDED] = True
+    supervisor[jobstore.SUPERVISOR_NOTES] = listed[0].get("notes") or []  # checked with the record: a list of texts
     record.save()
     return True
 

@@ -127,6 +127,11 @@ class Target(ABC):
         """The command that does what free() does, for a user to run when podrun could not."""
         return None
 
+    def self_delete_config(self) -> dict | None:
+        """What a worker of this target needs to delete what release() deletes, with its own credentials
+        (remote/self_delete.py); None where it cannot."""
+        return None
+
     def release_command(self) -> str | None:
         """The command that does what release() does, for a user to run; None if there is nothing to delete."""
         return None

@@ -10,12 +10,10 @@ each request. Run under `flock /tmp/podrun-lab.lock`."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,16 +21,19 @@ from helpers import (
     LAPTOP_TOKEN,
     SUPERVISOR_HOST,
     SUPERVISOR_TOKEN,
+    UNTIL_RELEASED,
     Background,
+    anything_of_the_job,
+    as_run,
     job_id_in,
     left_in_api,
-    lifecycle_spec,
-    live_processes,
+    listed_as_json,
     packets_dropped,
     podrun,
     podrun_on_this_machine,
     processes_of_job,
     require_nft,
+    supervised_tpu_spec,
     wait_until,
 )
 
@@ -64,20 +65,6 @@ def test_the_stand_in_on_the_labs_network_never_hands_out_the_supervisor_host(la
 
 # --- handing jobs over
 
-def supervised_tpu_spec(job_file, lab, supervisor, run: str) -> Path:
-    """A spot v4-16 that exec creates (helpers.lifecycle_spec: `life`, two lab hosts), restarted after up
-    to two preemptions and deleted at the end, handed over to the supervisor; the lab's key reaches it."""
-    spec = lifecycle_spec(job_file, run, "spot: true", restarts="{max: 2, on: [preemption]}", delete_after="always")
-    text = spec.read_text().replace("ssh: {user: root}", f"ssh: {{user: root, identity_file: {lab.client_key}}}")
-    spec.write_text(text + supervisor.spec)
-    return spec
-
-
-def as_run(script: str) -> str:
-    """A spec's `run:` holding these lines."""
-    return "run: |\n" + "".join(f"  {line}\n" for line in script.splitlines())
-
-
 def row_of(job_id: str) -> str:
     """The job's row in the laptop's `podrun jobs` (a pipe: whole rows)."""
     listed = podrun("jobs")
@@ -85,24 +72,9 @@ def row_of(job_id: str) -> str:
     return next(line for line in listed.stdout.splitlines() if line.startswith(job_id))
 
 
-def listed_as_json(job_id: str) -> dict:
-    """The job as the laptop's `podrun jobs --json` gives it."""
-    listed = podrun("jobs", "--json")
-    assert listed.returncode == 0, listed.stderr
-    return next(job for job in json.loads(listed.stdout) if job["id"] == job_id)
-
-
 def worker_log_on_the_laptop(job_id: str, worker: int) -> str:
     """What the laptop's `podrun logs ID --worker N` shows."""
     return podrun("logs", job_id, "--worker", str(worker)).stdout
-
-
-def anything_of_the_job(job_id: str) -> list[str]:
-    """The job's processes on this machine and on every lab host (they share its pid namespace): its
-    workers (PODRUN_JOB_ID in their environment) and any process whose command line names the job."""
-    marker = f"PODRUN_JOB_ID={job_id}".encode()
-    return [f"{pid} {command}" for pid, command, environ in live_processes()
-            if pid != os.getpid() and (job_id in command or marker in environ)]
 
 
 @pytest.mark.slow
@@ -141,12 +113,6 @@ def test_a_preempted_spot_job_is_recovered_by_its_supervisor_alone_and_stop_leav
     assert tpu_api_on_lab.callers(since=handed_over) == {(supervisor.ip, SUPERVISOR_TOKEN)}
     changes = {(request.client, request.token) for request in tpu_api_on_lab.received if request.method != "GET"}
     assert changes == {(supervisor.ip, SUPERVISOR_TOKEN)}
-
-
-# a run that prints, then waits until the test lets it go on (the lab hosts see this machine's /tmp)
-UNTIL_RELEASED = ('echo "started on worker $PODRUN_WORKER"\n'
-                  'until [ -e {release} ]; do sleep 0.1; done\n'
-                  'echo "finished on worker $PODRUN_WORKER"\n')
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -88,19 +87,6 @@ def test_secrets_reach_the_workers_but_no_file_or_command_line_on_the_supervisor
                            capture_output=True, text=True)
     assert found.stdout == "", f"secret values in files on the supervisor: {found.stdout}"
     stop_leaves_nothing(job_id)
-
-
-@pytest.mark.slow
-def test_a_supervisor_that_dies_leaves_its_workers_to_stop_on_their_own_and_reads_lost(home, lab, hosts_spec,
-                                                                                       supervisor):
-    spec = supervised(hosts_spec, supervisor, "run: 'echo up; exec sleep 600'")
-    _, job_id = detached(spec)
-    wait_until(lambda: processes_of_job(job_id), "the job's processes")
-    os.kill(supervisor.record(job_id)["launcher"]["pid"], signal.SIGKILL)  # as a reboot ends it
-    wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop without their launcher", timeout=45)
-    listing = podrun("jobs", "--json")
-    assert listing.returncode == 0, listing.stderr
-    assert next(job for job in json.loads(listing.stdout) if job["id"] == job_id)["state"] == "lost"
 
 
 def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(home, lab, job_file, supervisor):

@@ -130,8 +130,8 @@ def test_an_agent_that_comes_after_the_jobs_failure_is_told_to_stop_at_once():
 
     from podrun.remote import agent_io, hub
 
-    watch = hub.Hub({"token": "t0ken", "worker": 0, "workers": 2, "bind": "127.0.0.1"})
-    watch.attach(agent_io.Poller(), lambda worker, code: None, lambda silent_s: None)
+    watch = hub.Hub({"token": "t0ken", "worker": 0, "workers": 2, "bind": "127.0.0.1"}, "/nonexistent")
+    watch.attach(agent_io.Poller(), lambda worker, code: None, lambda silent_s: None, lambda away_s: None)
     watch.step_ended(3)  # worker 0's own run failed before worker 1's agent said hello
     late = socket.create_connection(("127.0.0.1", watch.port), timeout=5)
     late.sendall(b"hello t0ken 1\n")

@@ -69,7 +69,7 @@ def test_worker_0_tells_a_stop_a_preemption_a_lost_worker_and_a_stall_apart():
     from podrun.remote import agent, hub
 
     def ended(own_code=0, own_reason=None, said=None, failure=None, stalled=False):
-        watch = hub.Hub({"token": "t", "worker": 0, "workers": 3, "bind": "127.0.0.1"})
+        watch = hub.Hub({"token": "t", "worker": 0, "workers": 3, "bind": "127.0.0.1"}, "/nonexistent")
         watch.listener.close()
         watch.ended, watch.words, watch.failure, watch.stalled, watch.stall = {0, 1, 2}, said or {}, failure, stalled, 60
         return agent.job_end(0, SimpleNamespace(stop_reason=own_reason, stalled=None, steps=None), watch, own_code)

@@ -30,6 +30,7 @@ LINES = {
     "stacks": (["job-1"], [["--worker", "0,2"], ["--all"], ["--raw"]]),
     "report": (["job-1"], []),
     "disk": (["job.yaml"], [["--free"]]),
+    "supervisor": (["start"], []),
 }
 
 

@@ -1,0 +1,218 @@
+"""The supervisor's life (README: the supervisor's life): a job kept by a supervisor host outlives every
+podrun process there. Killed with -9 (as a reboot kills them), the job's workers go on under their own
+watch; `podrun supervisor start` there adopts the job again, wherever it was: in its run, in a
+preemption's recovery, in its TPU's creation. Left without a supervisor past PODRUN_SUPERVISOR_AWAY,
+the workers stop the job themselves.
+
+The supervisor host is a lab host (the `supervisor` fixture); every process podrun has there is killed
+as its VM's reboot would (its namespace's processes but its sshd). Run under `flock /tmp/podrun-lab.lock`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+
+import pytest
+
+from helpers import (
+    SUPERVISOR_HOST,
+    UNTIL_RELEASED,
+    Background,
+    anything_of_the_job,
+    as_run,
+    job_id_in,
+    left_in_api,
+    listed_as_json,
+    podrun,
+    processes_of_job,
+    supervised_tpu_spec,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def kill_everything_on(lab) -> list[int]:
+    """Every process on the supervisor host but its sshd, killed with -9: what its reboot does to podrun."""
+    host = lab.hosts[SUPERVISOR_HOST]
+    pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split()
+    killed = [pid for pid in map(int, pids) if pid != host.sshd.pid]
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    return killed
+
+
+def agents_and_shells(job_id: str) -> list[str]:
+    """The job's processes but the short ones its run starts again and again (UNTIL_RELEASED's sleeps)."""
+    return [process for process in processes_of_job(job_id) if "sleep 0.1" not in process]
+
+
+def on_host(lab, supervisor, command: str) -> subprocess.CompletedProcess:
+    """A command on the supervisor host in a login's bare environment (as cron or a unit runs it there)."""
+    return lab.run(supervisor.index, f"env -i HOME=/root PATH=/usr/bin:/bin sh -c {shlex.quote(command)}")
+
+
+def supervisor_start(lab, supervisor) -> subprocess.CompletedProcess:
+    started = on_host(lab, supervisor, f"{supervisor.podrun} supervisor start")
+    assert started.returncode == 0, started.stderr
+    return started
+
+
+def state_there(supervisor, job_id: str) -> str:
+    return supervisor.record(job_id)["state"]
+
+
+def test_a_job_outlives_its_killed_supervisor_and_a_supervisor_started_again_adopts_it(
+        home, lab, hosts_spec, supervisor, tmp_path):
+    release = tmp_path / "release"
+    spec = hosts_spec(supervisor.spec + as_run(UNTIL_RELEASED.format(release=release)), hosts=(0, 1))
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "started on worker 1" in podrun("logs", job_id).stdout, "worker 1's first line")
+    workers = agents_and_shells(job_id)
+
+    assert kill_everything_on(lab)
+    # its workers go on: the laptop reads it running, its supervisor gone
+    listed = listed_as_json(job_id)
+    assert listed["state"] == "running", listed
+    assert "supervisor away" in podrun("jobs").stdout
+    assert agents_and_shells(job_id) == workers
+
+    adopted = supervisor_start(lab, supervisor)
+    assert f"job {job_id}: adopted again" in adopted.stderr
+    # once adopted, a second start finds nothing to adopt: the job has its supervisor again
+    assert "no job of this host's is without its supervisor" in supervisor_start(lab, supervisor).stderr
+    assert "supervisor away" not in podrun("jobs").stdout
+
+    release.touch()
+    wait_until(lambda: state_there(supervisor, job_id) == "succeeded", "the adopted job to succeed", timeout=60)
+    assert listed_as_json(job_id)["state"] == "succeeded"
+    everything = podrun("logs", job_id)
+    for worker in (0, 1):
+        assert f"[w{worker}] started on worker {worker}" in everything.stdout
+        assert f"[w{worker}] finished on worker {worker}" in everything.stdout
+    assert anything_of_the_job(job_id) == []
+    assert not (supervisor.job_dir(job_id) / "supervise.json").exists()  # nothing left to adopt
+
+
+def test_a_job_whose_supervisor_stays_away_is_stopped_by_its_workers_within_the_bound(
+        home, lab, hosts_spec, supervisor, monkeypatch):
+    monkeypatch.setenv("PODRUN_SUPERVISOR_AWAY", "3")  # a setting the laptop hands over with the job
+    spec = hosts_spec(supervisor.spec + 'run: echo "up on worker $PODRUN_WORKER"; exec sleep 600\n', hosts=(0, 1))
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "up on worker 1" in podrun("logs", job_id).stdout, "worker 1's line")
+    # followed, the job outlives its bound: its supervisor says it is there
+    wait_until(lambda: (supervisor.job_dir(job_id) / "console" / "stderr").exists(), "the supervisor's console")
+    assert processes_of_job(job_id)
+
+    kill_everything_on(lab)
+    took = wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop the job themselves", timeout=30)
+    assert took < 20
+
+    adopted = supervisor_start(lab, supervisor)  # follows it to the end it had
+    assert f"job {job_id}: adopted again" in adopted.stderr
+    wait_until(lambda: state_there(supervisor, job_id) != "running", "the adopted job's end", timeout=30)
+    record = supervisor.record(job_id)
+    assert record["state"] == "stopped", record["summary"]
+    assert "its supervisor was away for" in record["summary"]
+    assert listed_as_json(job_id)["state"] == "stopped"
+
+
+def test_a_spot_tpu_job_adopted_again_is_recovered_from_a_later_preemption_and_succeeds(
+        home, lab, tpu_api_on_lab, supervisor, job_file, tmp_path):
+    release = tmp_path / "release"
+    run = f'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; until [ -e {release} ]; do sleep 0.1; done'
+    started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+
+    kill_everything_on(lab)
+    assert f"job {job_id}: adopted again" in supervisor_start(lab, supervisor).stderr
+    tpu_api_on_lab.preempt("life")  # recovered by the supervisor adopted again
+    wait_until(lambda: "attempt 1 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+               "attempt 1 on the TPU created again", timeout=90)
+    release.touch()
+    wait_until(lambda: state_there(supervisor, job_id) == "succeeded", "the job to succeed", timeout=60)
+    record = supervisor.record(job_id)
+    assert record["attempt"] == 1 and record["attempts"][0]["state"] == "preempted"
+    assert listed_as_json(job_id)["state"] == "succeeded"
+    assert anything_of_the_job(job_id) == []
+    assert left_in_api(tpu_api_on_lab) == ([], [])  # delete_after: always, by the supervisor adopted again
+
+
+def test_a_preemption_recovery_cut_off_is_taken_up_by_a_supervisor_started_again(
+        home, lab, tpu_api_on_lab, supervisor, job_file):
+    run = 'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; exec sleep 600'
+    started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+
+    tpu_api_on_lab.operation_delay_s = 5.0  # the recovery's deletion and creation take a while
+    tpu_api_on_lab.preempt("life")
+    wait_until(lambda: supervisor.record(job_id)["attempt"] == 1, "the supervisor to begin the recovery", timeout=60)
+    kill_everything_on(lab)
+    tpu_api_on_lab.operation_delay_s = 0.3
+
+    adopted = supervisor_start(lab, supervisor)
+    assert f"job {job_id}: adopted again" in adopted.stderr
+    wait_until(lambda: "attempt 1 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+               "attempt 1 on the TPU created again", timeout=90)
+    console = (supervisor.job_dir(job_id) / "console" / "stderr").read_text()
+    assert "adopted again; attempt 1 had not begun: creating the TPU again" in console
+
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert state_there(supervisor, job_id) == "stopped"
+    assert anything_of_the_job(job_id) == []
+    assert left_in_api(tpu_api_on_lab) == ([], [])
+
+
+def test_a_create_cut_off_is_begun_again_by_a_supervisor_started_again(
+        home, lab, tpu_api_on_lab, supervisor, job_file):
+    tpu_api_on_lab.operation_delay_s = 5.0  # the TPU's creation takes a while
+    run = 'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; exec sleep 600'
+    handing = Background("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")
+    handing.wait_for(r"waiting for life to be READY")
+    job_id = job_id_in(handing.text)
+    kill_everything_on(lab)
+    assert handing.finish(timeout=30) != 0
+    assert "`podrun supervisor start` there adopts it again" in handing.text, handing.text
+    tpu_api_on_lab.operation_delay_s = 0.3
+
+    adopted = supervisor_start(lab, supervisor)
+    assert f"job {job_id}: adopted again" in adopted.stderr
+    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+               "the job begun again on the TPU its first launcher asked for", timeout=90)
+    console = (supervisor.job_dir(job_id) / "console" / "stderr").read_text()
+    assert "its launcher was cut off while its TPU was made: that request is deleted and made again" in console
+
+    stopped = podrun("stop", job_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert anything_of_the_job(job_id) == []
+    assert left_in_api(tpu_api_on_lab) == ([], [])
+
+
+def test_supervisor_install_adds_one_boot_line_that_starts_the_adoption(lab, supervisor):
+    try:
+        installed = on_host(lab, supervisor, f"{supervisor.podrun} supervisor install")
+        assert installed.returncode == 0, installed.stderr
+        assert "added an @reboot line" in installed.stderr  # the lab's hosts run no systemd
+        again = on_host(lab, supervisor, f"{supervisor.podrun} supervisor install")
+        assert again.returncode == 0, again.stderr
+        table = lab.run(supervisor.index, "crontab -l").stdout
+        lines = [line for line in table.splitlines() if line.startswith("@reboot")]
+        assert len(lines) == 1, table
+        # what cron runs at boot, run now: it adopts (here: nothing) and says so in its log
+        booted = on_host(lab, supervisor, lines[0].removeprefix("@reboot "))
+        assert booted.returncode == 0, (lines[0], lab.run(supervisor.index, "cat ~/.podrun/supervisor-start.log").stdout)
+        log = lab.run(supervisor.index, "cat ~/.podrun/supervisor-start.log").stdout
+        assert "no job of this host's is without its supervisor" in log
+    finally:
+        lab.run(supervisor.index, "crontab -r")
