@@ -88,7 +88,7 @@ class Lifecycle:
             return self._run_as(selection, stop_grace_s, job_id)
         owners.warn_of_orphans(api)
         # what it creates is labelled with the job's id, and owned by this launcher until its record runs (owners.py)
-        self.target.labels = labels.owner_labels(job_id, self.delete_after != "never")
+        self.target.labels = labels.owner_labels(job_id, self.delete_after != "never", self.spec.idle_delete_s)
         with owners.claim(job_id):
             return self._run_as(selection, stop_grace_s, job_id)
 
@@ -105,6 +105,7 @@ class Lifecycle:
             record = self._new_record(job_id, stop_grace_s)
             if self.target.just_created:
                 self._record_creation(record, provision_started, provisioned)
+                self._watch_idle()
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._launch(record, job)
@@ -171,6 +172,18 @@ class Lifecycle:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
                 for w in self.workers if w.index in self.selected]
 
+    def _watch_idle(self) -> None:
+        """The spec's idle_delete, on a TPU just made for the job: its worker 0 watches (launch/idle_watch.py); a
+        watch that cannot start is said, and the job goes on (delete_after still applies)."""
+        if self.spec.idle_delete_s is None:
+            return
+        from podrun.launch import idle_watch
+
+        try:
+            idle_watch.start(self.target, self.workers, self.spec.idle_delete_s)
+        except PodrunError as error:
+            say(f"{error}; the TPU stays until deleted: `{self.target.release_command()}`")
+
     def _restart_while_due(self, record: jobstore.JobRecord, code: int) -> int:
         while self._restart_due(record):
             self._next_attempt(record)
@@ -236,6 +249,7 @@ class Lifecycle:
                 recreating["capacity_at"] = round(self.target.queued_until, 3)
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
+            self._watch_idle()
             timeline.end(recreating)
         else:
             delay = restart_policy.backoff_s(record, self.backoff_s)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from podrun.cloud import accelerators
 from podrun.cloud.no_external_ips import say_if_internal_only, unreachable_hint
-from podrun.cloud.settings import location
+from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
 from podrun.spec import JobSpec
@@ -292,6 +292,14 @@ class TpuVm(Target):
         elif lines:
             raise PodrunError("the TPU is in use on the workers (left from an earlier run?):\n  " + "\n  ".join(lines)
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
+
+
+def created_tpu(name: str, where: Location) -> TpuVm:
+    """The TPU VM `podrun create` just made, as a target whose workers podrun reaches as an ad-hoc job's."""
+    from podrun.spec_problems import validate_fields
+
+    tpu = {"name": name, "zone": where.zone, "project": where.project}
+    return TpuVm(validate_fields({"name": "create", "run": "true", "target": {"tpu": tpu}}))
 
 
 def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_created: bool = False
