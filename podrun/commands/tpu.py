@@ -82,21 +82,22 @@ def create(options: CreateOptions) -> int:
         return 0
     print(_slices_text(nodes))
     if idle_s is not None:
-        _watch_idle(name, api.location, idle_s)
+        _watch_idle(request, api.location, idle_s)
     return 0
 
 
-def _watch_idle(name: str, where: Location, idle_s: float) -> None:
+def _watch_idle(request: TpuRequest, where: Location, idle_s: float) -> None:
     """--idle-delete: the TPU's worker 0 watches it (launch/idle_watch.py); a watch that cannot start fails the
     command, naming the TPU, which stays."""
     from podrun.launch import idle_watch
     from podrun.targets.tpu import created_tpu
 
-    target = created_tpu(name, where)
+    target = created_tpu(request, where)
     try:
         idle_watch.start(target, target.workers(dry_run=False), idle_s)
     except PodrunError as error:
-        raise PodrunError(f"{name} was created, but {error}; it stays until deleted: `{target.release_command()}`") from None
+        raise PodrunError(f"{request.name} was created, but {error}; it stays until deleted: "
+                          f"`{target.release_command()}`") from None
 
 
 def _idle_s(duration: str | None) -> float | None:

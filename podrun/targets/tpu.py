@@ -294,11 +294,11 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
-def created_tpu(name: str, where: Location) -> TpuVm:
-    """The TPU VM `podrun create` just made, as a target whose workers podrun reaches as an ad-hoc job's."""
+def created_tpu(made: TpuRequest, where: Location) -> TpuVm:
+    """The TPU `podrun create` just made (a VM, or a multislice), as a target whose workers podrun reaches."""
     from podrun.spec_problems import validate_fields
-
-    tpu = {"name": name, "zone": where.zone, "project": where.project}
+    tpu = {"name": made.name, "zone": where.zone, "project": where.project, "accelerator_type": made.accelerator_type,
+           "internal_ip": not made.external_ips, **({"slices": made.slices} if made.slices > 1 else {})}
     return TpuVm(validate_fields({"name": "create", "run": "true", "target": {"tpu": tpu}}))
 
 

@@ -127,3 +127,14 @@ def test_a_tpu_exec_created_for_a_spec_with_idle_delete_goes_once_idle_after_the
     assert "podrun: the TPU deletes itself after 3s with no job on it: worker 0 watches" in ran.stderr, ran.stderr
     assert tpu_api_on_lab.node_requests()[0][1]["labels"]["podrun-idle-delete"] == "3s"
     wait_until(lambda: nodes(tpu_api_on_lab) == [], "the TPU to be deleted once idle", timeout=60)
+
+
+@pytest.mark.slow
+def test_a_multislice_deletes_its_queued_resource_with_every_slice(home, tpu_api_on_lab, lab, vm_metadata):
+    created = podrun("create", "v4-8", "--name", "set", "--slices", "2", "--idle-delete", "3s")
+    assert created.returncode == 0 and "deletes itself after 3s" in created.stderr, created.stderr
+    assert nodes(tpu_api_on_lab) == ["set-0", "set-1"]
+    wait_until(lambda: nodes(tpu_api_on_lab) == [] and not tpu_api_on_lab.queued, "every slice gone", timeout=60)
+    with tpu_api_on_lab.lock:
+        deleted = [(path, query) for method, path, query, _ in tpu_api_on_lab.bodies if method == "DELETE"]
+    assert deleted == [(f"/v2/{PARENT}/queuedResources/set", {"force": ["true"]})]
