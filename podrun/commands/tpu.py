@@ -57,7 +57,7 @@ def create(options: CreateOptions) -> int:
     if options.valid_for is not None and not through_queue(options.queued, options.reservation, slices):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
     zones = _zones(options, accelerator.name, through_queue(options.queued, options.reservation, slices))
-    idle_s = _idle_s(options.idle_delete)
+    idle_s = _duration_s("--idle-delete", options.idle_delete)
     if idle_s is not None and not options.wait:
         raise UsageError("--idle-delete: worker 0 watches from the moment the TPU VM is READY; drop --no-wait")
     request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, options.queued,
@@ -98,17 +98,6 @@ def _watch_idle(request: TpuRequest, where: Location, idle_s: float) -> None:
     except PodrunError as error:
         raise PodrunError(f"{request.name} was created, but {error}; it stays until deleted: "
                           f"`{target.release_command()}`") from None
-
-
-def _idle_s(duration: str | None) -> float | None:
-    if duration is None:
-        return None
-    from podrun.spec import parse_idle_delete
-
-    try:
-        return parse_idle_delete(duration)
-    except ValueError as error:
-        raise UsageError(f"--idle-delete {duration!r}: {error}") from None
 
 
 def _type_and_name(positional: str | None, accelerator_flag: str | None, name: str | None) -> tuple[str, str | None]:
@@ -159,10 +148,11 @@ def _zones(options: CreateOptions, accelerator_type: str, queued: bool) -> list[
 def _duration_s(flag: str, duration: str | None) -> float | None:
     if duration is None:
         return None
-    from podrun.targets.tpu_options import parse_valid_for  # pydantic loads only with a duration flag
+    from podrun.spec import parse_idle_delete  # pydantic loads only with a duration flag
+    from podrun.targets.tpu_options import parse_valid_for
 
     try:
-        return parse_valid_for(duration)
+        return (parse_idle_delete if flag == "--idle-delete" else parse_valid_for)(duration)
     except ValueError as error:
         raise UsageError(f"{flag} {duration!r}: {error}") from None
 

@@ -13,7 +13,7 @@ import signal
 import pytest
 from metadata_stand_in import VM_TOKEN, MetadataStandIn
 
-from helpers import lifecycle_spec, live_processes, podrun, wait_until
+from helpers import lifecycle_spec, live_processes, podrun, stderr_lines_without_traceback, wait_until
 
 IDLE_LOG = ".podrun/idle_delete.log"
 WHERE = "podrun-test/us-central2-b"
@@ -138,3 +138,12 @@ def test_a_multislice_deletes_its_queued_resource_with_every_slice(home, tpu_api
     with tpu_api_on_lab.lock:
         deleted = [(path, query) for method, path, query, _ in tpu_api_on_lab.bodies if method == "DELETE"]
     assert deleted == [(f"/v2/{PARENT}/queuedResources/set", {"force": ["true"]})]
+
+
+def test_create_refuses_an_idle_delete_that_is_no_duration_and_one_without_waiting(home):
+    bad = podrun("create", "v4-8", "--idle-delete", "soon")
+    assert bad.returncode == 2 and stderr_lines_without_traceback(bad.stderr) == [
+        "podrun: error: --idle-delete 'soon': expected a duration above 0 such as 2h, 30m or 90 (seconds), got 'soon'"]
+    unwatched = podrun("create", "v4-8", "--idle-delete", "2h", "--no-wait")
+    assert unwatched.returncode == 2 and stderr_lines_without_traceback(unwatched.stderr) == [
+        "podrun: error: --idle-delete: worker 0 watches from the moment the TPU VM is READY; drop --no-wait"]
