@@ -9,13 +9,17 @@ stdin, stdout or a terminal, until the TPU is deleted (its VM goes with it) or t
 
 A job runs on this VM while a process of any user runs podrun's agent or relay node (a step, its
 probe and setup, the code arriving): each is a BOOTSTRAP'd script whose command line names it
-(transport/base.py). Every `poll_s` the watcher looks; the idle time counts from the last look that
-found one, or from its own start. Also the job directories under ~/.podrun/jobs changing (an agent
-that just started or ended) counts as a job then. One watcher per VM: a new one (a TPU created again
-under the same home, another `idle_delete`) stops the one in ~/.podrun/idle_watch.pid, known by its pid
-and start time, and waits for its lock. What came of the deletion goes to ~/.podrun/idle_delete.log,
-one line each: where the VM's service account may not delete it, the TPU stays, labelled, and
-`podrun list --orphans` shows it. Standard library only, Python 3.8+, nothing done at import; Linux.
+(transport/base.py). A process in another network namespace is on another machine as far as this
+one is concerned (a host of the test lab, which shares this kernel); one whose namespace cannot be
+read (another user's, to a user without the right to look) counts. Every `poll_s` the watcher looks;
+the idle time counts from the last look that found one, or from its own start. The job directories
+under ~/.podrun/jobs changing (an agent that just started or ended) count as a job then too.
+
+One watcher per VM: a new one (a TPU created again under the same home, another `idle_delete`) stops
+the one in ~/.podrun/idle_watch.pid, known by its pid and start time, and waits for its lock. What
+came of the deletion goes to ~/.podrun/idle_delete.log, one line each: where the VM's service account
+may not delete it, the TPU stays, labelled, and `podrun list --orphans` shows it. Standard library
+only, Python 3.8+, nothing done at import; Linux.
 """
 
 import os
@@ -75,6 +79,7 @@ def idle_for(idle_s, poll_s):
 def in_use():
     """Whether a process on this VM runs one of podrun's job scripts (any user's: the VM is shared)."""
     marks = [("c('%s-" % name).encode() for name in SCRIPTS]
+    here = (_network_namespace("self"), None)
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -83,9 +88,16 @@ def in_use():
                 command = handle.read()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if any(mark in command for mark in marks):
+        if any(mark in command for mark in marks) and _network_namespace(entry) in here:
             return True
     return False
+
+
+def _network_namespace(process):
+    try:
+        return os.readlink("/proc/%s/ns/net" % process)
+    except OSError:
+        return None
 
 
 def _jobs_changed():
