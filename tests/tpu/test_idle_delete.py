@@ -147,3 +147,22 @@ def test_create_refuses_an_idle_delete_that_is_no_duration_and_one_without_waiti
     unwatched = podrun("create", "v4-8", "--idle-delete", "2h", "--no-wait")
     assert unwatched.returncode == 2 and stderr_lines_without_traceback(unwatched.stderr) == [
         "podrun: error: --idle-delete: worker 0 watches from the moment the TPU VM is READY; drop --no-wait"]
+
+
+@pytest.mark.slow
+def test_a_second_watch_on_the_vm_replaces_the_first(home, tpu_api_on_lab, lab, vm_metadata):
+    from podrun.cloud.request import TpuRequest
+    from podrun.cloud.settings import Location
+    from podrun.launch import idle_watch
+    from podrun.targets.tpu import created_tpu
+
+    create("twice", "1h")
+    worker_0 = tpu_api_on_lab.node_endpoints_of("twice")[0]
+    (first,) = watchers()
+    target = created_tpu(TpuRequest("twice", "v4-16", "tpu-ubuntu2204-base"), Location("podrun-test", "us-central2-b"))
+    idle_watch.start(target, target.workers(dry_run=False), 2)  # as a later create's of the same VM would
+    assert first not in watchers() and len(watchers()) == 1
+    wait_until(lambda: nodes(tpu_api_on_lab) == [], "the second watch to delete the TPU", timeout=60)
+    log = idle_log(lab, worker_0.host_index)
+    tail = log[log.rindex("watching: deletes this TPU after 1h"):]
+    assert "watching: deletes this TPU after 2s" in tail and "no job for 2s: deleting TPU VM twice" in tail, log
