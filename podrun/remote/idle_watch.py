@@ -38,8 +38,9 @@ LOG_FILE = os.path.join(HOME, "idle_delete.log")
 JOBS_DIR = os.path.join(HOME, "jobs")
 SCRIPTS = ("agent", "relay_node")  # the worker-side scripts of a job: while one runs, the VM is in use
 LOCK_WAIT_S = 15  # for the watcher it replaced to go
-ORPHANS = ("the TPU stays, labelled: `podrun list --orphans` shows it and `podrun delete --orphans` deletes it "
-           "(or give the VM's service account roles/tpu.admin)")
+TRIES, RETRY_S = 5, 60  # a deletion that failed as a whole (no token, no answer) is tried again this often
+ORPHANS = "the TPU stays, labelled: `podrun list --orphans` shows it and `podrun delete --orphans` deletes it"
+GRANT = " (or give the VM's service account roles/tpu.admin)"
 
 
 def main():
@@ -59,8 +60,14 @@ def main():
     os.replace(PID_FILE + ".new", PID_FILE)
     _log("watching: deletes this TPU after %s with no job on it" % _duration(config["idle_s"]))
     idle_for(config["idle_s"], config["poll_s"])
-    line = self_delete.delete(config["delete"])
-    _log("no job for %s: %s%s" % (_duration(config["idle_s"]), line, "; " + ORPHANS if self_delete.denied(line) else ""))
+    idle = "no job for %s: " % _duration(config["idle_s"])
+    for left in range(TRIES - 1, -1, -1):
+        line, outcome = self_delete.attempt(config["delete"])
+        if outcome != "failed" or not left:
+            break
+        _log(idle + line + "; trying again in %ds" % RETRY_S)
+        time.sleep(RETRY_S)
+    _log(idle + line + ("" if outcome == "done" else "; " + ORPHANS + (GRANT if outcome == "denied" else "")))
     os.unlink(PID_FILE)
 
 

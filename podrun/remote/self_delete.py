@@ -26,10 +26,23 @@ DENIED = "PERMISSION_DENIED: the VM's service account may not delete TPUs (it ne
 
 def delete(config):
     """Ask the API to delete each of config["names"] with the VM's token; what came of it, in one line."""
+    return attempt(config)[0]
+
+
+def attempt(config):
+    """delete()'s line, and how it went as a whole: "done" (each deletion under way, or gone already),
+    "denied" (the service account lacks the permission for one), or "failed" (nothing was deleted:
+    no token, no answer, another error; it may work a while later)."""
+    names = config["names"]
+    if not names:
+        return "nothing to delete", "done"
     token, failure = access_token(config.get("metadata_host"))
     if token is None:
-        return "cannot delete %s: %s" % (", ".join(map(_named, config["names"])), failure)
-    return "; ".join(_delete_one(_api_base(config["api"]), name, token) for name in config["names"])
+        return "cannot delete %s: %s" % (", ".join(map(_named, names)), failure), "failed"
+    outcomes = [_delete_one(_api_base(config["api"]), name, token) for name in names]
+    line = "; ".join(text for text, _ in outcomes)
+    kinds = {kind for _, kind in outcomes}
+    return line, "denied" if "denied" in kinds else "done" if kinds == {"done"} else "failed"
 
 
 def denied(line):
@@ -59,15 +72,15 @@ def _delete_one(base, name, token):
     status, body = _request("DELETE", url, {"Authorization": "Bearer " + token})
     what = _named(name)
     if status is None:
-        return "cannot delete %s: the Cloud TPU API at %s cannot be reached (%s)" % (what, base, body)
+        return "cannot delete %s: the Cloud TPU API at %s cannot be reached (%s)" % (what, base, body), "failed"
     if 200 <= status < 300:
-        return "deleting %s: the Cloud TPU API accepted the request" % what
+        return "deleting %s: the Cloud TPU API accepted the request" % what, "done"
     code, message = _google_error(status, body)
     if code == "NOT_FOUND":
-        return "%s is gone already" % what
+        return "%s is gone already" % what, "done"
     if code == "PERMISSION_DENIED" and "has not been used" not in message and "is disabled" not in message:
-        return "cannot delete %s: %s: %s" % (what, DENIED, message)
-    return "cannot delete %s: the Cloud TPU API answered %d %s: %s" % (what, status, code, message)
+        return "cannot delete %s: %s: %s" % (what, DENIED, message), "denied"
+    return "cannot delete %s: the Cloud TPU API answered %d %s: %s" % (what, status, code, message), "failed"
 
 
 def _named(name):

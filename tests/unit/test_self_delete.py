@@ -57,8 +57,9 @@ def test_a_node_is_deleted_with_the_vms_token(google):
     config = made(api, "solo")
     assert config == {"api": stand_in_url(stand_in), "names": [f"{PARENT}/nodes/solo"], "metadata_host": None}
 
-    line = self_delete.delete({**config, "metadata_host": host})
+    line, outcome = self_delete.attempt({**config, "metadata_host": host})
     assert line == "deleting TPU VM solo in podrun-test/us-central2-b: the Cloud TPU API accepted the request"
+    assert outcome == "done"
     wait_until(lambda: api.state("solo") == "gone", "the node to be deleted")
     assert deletes(stand_in) == [(f"/v2/{PARENT}/nodes/solo", {}, VM_TOKEN)]
     assert metadata.tokens_given == 1
@@ -88,7 +89,7 @@ def test_a_service_account_without_the_permission_leaves_the_node_and_says_which
                     f"account may not delete TPUs (it needs roles/tpu.admin, Cloud TPU Admin): Permission "
                     f"'tpu.nodes.delete' denied on resource '//tpu.googleapis.com/{PARENT}/nodes/kept' (or it may not "
                     f"exist).")
-    assert self_delete.denied(line)
+    assert self_delete.denied(line) and self_delete.attempt(config) == (line, "denied")
     assert api.state("kept") == "READY"
     assert api.delete("kept")  # the user's own account may
 
@@ -99,7 +100,8 @@ def test_no_metadata_server_is_one_line_and_nothing_is_asked(google):
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    line = self_delete.delete({**config, "metadata_host": f"127.0.0.1:{port}"})
+    line, outcome = self_delete.attempt({**config, "metadata_host": f"127.0.0.1:{port}"})
+    assert outcome == "failed"
     assert line.startswith(f"cannot delete TPU VM alone in podrun-test/us-central2-b: no access token: the metadata "
                            f"server at 127.0.0.1:{port} cannot be reached ("), line
     assert "\n" not in line and deletes(stand_in) == []
