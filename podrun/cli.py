@@ -178,7 +178,8 @@ def _create(args: argparse.Namespace) -> int:
         raise UsageError(refusal(args.gcloud_only[0]))
     return create(CreateOptions(args.accelerator_type, args.name, args.zone, args.project, args.version, args.spot,
                                 args.wait, args.queued, args.reservation, args.valid_for, args.replace, args.slices,
-                                args.internal_ips, args.accelerator_flag, args.zones, args.zone_wait))
+                                args.internal_ips, args.accelerator_flag, args.zones, args.zone_wait,
+                                args.idle_delete))
 
 
 def _list(args: argparse.Namespace) -> int:

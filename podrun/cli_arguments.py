@@ -48,6 +48,9 @@ def create_arguments(sub: argparse.ArgumentParser) -> None:
                           "waiting after --zone-wait, deletes the request and asks in the next")
     sub.add_argument("--zone-wait", metavar="DURATION",
                      help="with --zones and --queued: how long a queued request may wait in one zone, e.g. 30m")
+    sub.add_argument("--idle-delete", metavar="DURATION",
+                     help="delete the TPU VM once no job has run on it for this long, e.g. 2h: its worker 0 watches "
+                          "and deletes it with the VM's service account, which needs roles/tpu.admin")
     sub.add_argument("--internal-ips", action="store_true",
                      help="no external IPs: its workers are reached from inside its VPC network only "
                           "(a job spec says so with target.tpu.internal_ip: true)")

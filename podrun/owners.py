@@ -10,7 +10,10 @@ during a create leaves a claim whose process is gone, and no record: what it mad
 An orphan is what podrun made that nobody owns and podrun meant to delete (podrun-delete-after
 `true`): a job's TPU with delete_after success or always, or exec --down. A TPU kept on purpose
 (delete_after never, for the next run to use, or one `podrun create` made, which the user deletes)
-is the user's: an orphan only to `--all`.
+is the user's: an orphan only to `--all`. A TPU made with `idle_delete` (labelled `podrun-idle-delete`)
+deletes itself from its worker 0 once idle that long; one that is up longer than that, and no running
+job owns, is an orphan too, `create`'s included: its VM's service account may have been refused the
+deletion (or it has been in use all along, which podrun cannot tell from here).
 """
 
 from __future__ import annotations
@@ -109,11 +112,21 @@ def orphans(nodes: list[TpuNode], requests: list[QueuedResource], everything: bo
         job = each.labels.get(labels.JOB)
         if job is None or (user and each.labels.get(labels.USER) != user):
             continue
-        if not everything and (job == labels.CREATED_BY_COMMAND or each.labels.get(labels.DELETE_AFTER) != "true"):
+        idle_over = _idle_over(each)
+        if not everything and not idle_over and (job == labels.CREATED_BY_COMMAND
+                                                 or each.labels.get(labels.DELETE_AFTER) != "true"):
             continue
         if job == labels.CREATED_BY_COMMAND or not owned_by.setdefault(job, owned(job)):
             found.append(each)
     return sorted(found, key=lambda each: each.requested_at)
+
+
+def _idle_over(made: Orphan) -> bool:
+    """Whether it was made with idle_delete and has been up longer than that: it was to delete itself by now."""
+    from podrun.spec_fields import duration_s
+
+    idle_s = duration_s(made.labels.get(labels.IDLE_DELETE, "") or "x")
+    return idle_s is not None and time.time() - made.requested_at > idle_s
 
 
 def _epoch(timestamp: str, default: float) -> float:

@@ -162,7 +162,7 @@ Device = Annotated[DeviceName, BeforeValidator(_device),
 
 def parse_stop_grace(value: Any) -> float:
     """`stop_grace` (and `exec --grace`): a duration from 0s to 1h, a number being seconds -> seconds."""
-    seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    seconds = _seconds(value)
     if seconds is None or not 0 <= seconds <= MAX_STOP_GRACE_S:  # NaN fails the comparison too
         raise ValueError(f"expected {EXPECTED['stop_grace']}, got {got(value)}")
     return float(seconds)
@@ -176,10 +176,24 @@ def parse_stall(value: Any) -> float | str:
     (launch/stall.py derives the bound from the job's step times)."""
     if isinstance(value, str) and value.strip().lower() == STALL_AUTO:
         return STALL_AUTO
-    seconds = duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
+    return _above_zero(value, "stall")
+
+
+def parse_idle_delete(value: Any) -> float:
+    """`idle_delete` (and `create --idle-delete`): a duration above 0, a number being seconds -> seconds."""
+    return _above_zero(value, "idle_delete")
+
+
+def _above_zero(value: Any, field: str) -> float:
+    seconds = _seconds(value)
     if seconds is None or not 0 < seconds < float("inf"):  # NaN fails the comparison too
-        raise ValueError(f"expected {EXPECTED['stall']}, got {got(value)}")
+        raise ValueError(f"expected {EXPECTED[field]}, got {got(value)}")
     return float(seconds)
+
+
+def _seconds(value: Any) -> float | None:
+    """A duration's seconds (`90`, `1m30s`, 90), or None if it is none."""
+    return duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
 
 
 DeleteAfter = Literal["never", "success", "always"]
@@ -316,6 +330,11 @@ class JobSpec(Model):
     delete_after: Annotated[DeleteAfter, BeforeValidator(_lower_choice("delete_after", ("never", "success", "always")))] \
         = Field("never", description="delete the TPU VM when the job ends: never, success or always")
     restarts: Restarts | None = Field(None, description="restart the job on preemption, failure and/or stall")
+    idle_delete_s: Annotated[float, BeforeValidator(parse_idle_delete), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+        None, alias="idle_delete",
+        description="delete the TPU VM podrun created for the job once no job has run on it for this long, e.g. 2h: "
+                    "its worker 0 watches and deletes it with the VM's service account (roles/tpu.admin); "
+                    "default: never")
     notify: Notify | None = Field(None, description="POST a JSON message to a URL on the job's events")
     cost: Cost | None = Field(None, description="the job's accelerators' price per hour")
     supervisor: Supervisor | None = Field(None, description="a host that runs the job's whole life (exec "

@@ -129,6 +129,10 @@ def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
     if spec.delete_after != "never" and not declared.deletes:
         raise SpecError(path, "delete_after", f"{spec.delete_after} deletes the TPU VM the job ran on, but the "
                                               f"target is {spec.target.kind}: remove it")
+    if spec.idle_delete_s is not None and not declared.recreates(spec.target.options):
+        raise SpecError(path, "idle_delete", "deletes a TPU VM that podrun creates: it needs target.tpu.accelerator_type"
+                        if declared.deletes else f"deletes a TPU VM that podrun creates, but the target is "
+                                                 f"{spec.target.kind}: remove it")
     if spec.restarts and spec.restarts.exit_codes and "failure" not in spec.restart_on:
         raise SpecError(path, "restarts.exit_codes", "limits failure restarts, but restarts.on does not hold "
                                                      "failure: add it, or remove exit_codes")

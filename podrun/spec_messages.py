@@ -55,6 +55,7 @@ EXPECTED = {
     "cost": "a mapping such as {per_hour: 12.5}",
     "cost.per_hour": "a price per hour above 0, such as 12.5",
     "delete_after": "never, success or always",
+    "idle_delete": "a duration above 0 such as 2h, 30m or 90 (seconds)",
     "restarts": "a mapping such as {max: 3, on: [preemption]}",
     "restarts.max": "a number of restarts from 0 to 100",
     "restarts.on": "a list of preemption, failure and/or stall",

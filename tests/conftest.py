@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from helpers import LAPTOP_TOKEN, SUPERVISOR_HOST, SupervisorHost, live_processes, network_of_its_own
+from helpers import LAPTOP_TOKEN, SUPERVISOR_HOST, SupervisorHost, idle_watchers, live_processes, network_of_its_own
 
 # CI's property tests are derandomized (a fixed seed, no example database), so a run's outcome
 # depends on the code alone; scripts/fuzz.py runs the same properties with random seeds and a
@@ -276,3 +276,23 @@ def pytest_runtest_setup(item):
 from docker_lab import docker, docker_engine  # noqa: E402, F401
 from oslogin_lab import os_login, os_login_on_lab  # noqa: E402, F401
 from slurm_lab import slurm_lab  # noqa: E402, F401
+
+
+@pytest.fixture
+def vm_metadata(lab, monkeypatch):
+    """The metadata stand-in on the lab's bridge, in every lab host's SSH sessions as GCE_METADATA_HOST; the
+    watch looks for jobs every 0.3 s. Afterwards no idle watch runs on any host."""
+    from metadata_stand_in import MetadataStandIn
+
+    from lab import BRIDGE_IP
+
+    server = MetadataStandIn()
+    lab.set_sshd_extra(f"SetEnv GCE_METADATA_HOST={server.serve(BRIDGE_IP)}\n")
+    monkeypatch.setenv("PODRUN_IDLE_POLL_S", "0.3")
+    yield server
+    left = idle_watchers()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    lab.set_sshd_extra("")
+    server.shutdown()
+    assert left == [], "an idle watch outlived its test"

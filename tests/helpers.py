@@ -540,6 +540,11 @@ UNTIL_RELEASED = ('echo "started on worker $PODRUN_WORKER"\n'
 
 
 
+def idle_watchers() -> list[int]:
+    """The idle watches running on any lab host (the source they run names their lock)."""
+    return [pid for pid, command, _ in live_processes() if "idle_watch.lock" in command]
+
+
 # --- notifications (the spec's `notify`; tests/webhook_stand_in.py)
 
 # worker 1 fails attempt 0 (worker 0 ends well at once: the failure is worker 1's whatever the timing)

@@ -5,21 +5,31 @@ answers text/plain with an `ETag`; with `wait_for_change=true` it holds the requ
 differs from `last_etag` (at once if it differs already; without one, until the next change) or
 `timeout_sec` passes. One value for all the VMs it serves; on the lab's bridge, where every lab host
 reaches it (GCE_METADATA_HOST=ADDRESS:PORT).
+
+`instance/service-accounts/default/token` gives the VM's service account's access token as Google's
+server does (application/json: `access_token`, `expires_in`, `token_type`): `token` (VM_TOKEN), which
+the TPU stand-in (tests/tpu_stand_in.py) accepts as it accepts any bearer token, unless told that its
+account lacks a permission (`TpuStandIn.deny`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 PREFIX = "/computeMetadata/v1/instance/"
+TOKEN_KEY = "service-accounts/default/token"
+VM_TOKEN = "ya29.stand-in-vm-service-account"  # the VMs' service account's access token
 
 
 class MetadataStandIn:
     def __init__(self):
         self.values = {"preempted": "FALSE", "maintenance-event": "NONE"}
+        self.token = VM_TOKEN
+        self.tokens_given = 0
         self.changed = threading.Condition()
         self.waiting = 0  # requests held for a change now
         self.server: ThreadingHTTPServer | None = None
@@ -41,6 +51,11 @@ class MetadataStandIn:
                 key = url.path.removeprefix(PREFIX)
                 if self.headers.get("Metadata-Flavor") != "Google":
                     return self._answer(403, "Missing required header: Metadata-Flavor", "")
+                if key == TOKEN_KEY:
+                    with stand_in.changed:
+                        stand_in.tokens_given += 1
+                    token = {"access_token": stand_in.token, "expires_in": 3599, "token_type": "Bearer"}
+                    return self._answer(200, json.dumps(token), "", "application/json")
                 if not url.path.startswith(PREFIX) or key not in stand_in.values:
                     return self._answer(404, "Not Found", "")
                 query = parse_qs(url.query)
@@ -48,10 +63,10 @@ class MetadataStandIn:
                                        query.get("last_etag", [None])[0], float(query.get("timeout_sec", ["3600"])[0]))
                 self._answer(200, value, _etag(value))
 
-            def _answer(self, status: int, text: str, etag: str) -> None:
+            def _answer(self, status: int, text: str, etag: str, content_type: str = "text/plain") -> None:
                 data = text.encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Metadata-Flavor", "Google")
                 if etag:
                     self.send_header("ETag", etag)

@@ -6,7 +6,10 @@ projects.locations.nodes) and as the real clients on these machines were seen to
 integers, both are accepted), `"apiVersion": "V2"`, long-running operations
 named `projects/P/locations/Z/operations/ID` that finish after `operation_delay_s`, and errors as
 google.rpc.Status bodies. A bearer token is required, as Google requires one; with `accepted_tokens`
-set, any other is answered 401 UNAUTHENTICATED, as Google answers an expired one.
+set, any other is answered 401 UNAUTHENTICATED, as Google answers an expired one. `deny(token,
+permission)` takes an IAM permission (`tpu.nodes.delete`, `tpu.queuedResources.delete`) from the
+account of that token (a VM's service account, tests/metadata_stand_in.py): its DELETE is answered 403
+PERMISSION_DENIED in Google's words.
 
 Capacity is the lab: a node of k hosts takes the next k free lab hosts as its `networkEndpoints`
 (internal `ipAddress`; `accessConfig.externalIp` only when its `networkConfig.enableExternalIps` is
@@ -199,6 +202,7 @@ class TpuStandIn:
         self.bodies: list[tuple[str, str, dict, dict]] = []  # (method, path, query, JSON body) as received
         self.received: list[Received] = []  # every request, answered or refused, with who sent it
         self.accepted_tokens: set[str] | None = None  # None: any bearer token; else others get 401, as an expired one does
+        self.lacking: dict[str, set[str]] = {}  # bearer token -> the IAM permissions its account lacks (deny)
         self.publishes_host_keys = True  # False: guest agents that published nothing (yet)
         self.stall_s = 0.0  # seconds each request waits before it is answered; math.inf: never
         self.preemption_lag_s = 1.0  # from a preemption (its hosts gone) to the API showing it
@@ -274,6 +278,7 @@ class TpuStandIn:
                         raise ApiError("UNAUTHENTICATED", "Request is missing required authentication credential.")
                     if stand_in.accepted_tokens is not None and authorization[7:] not in stand_in.accepted_tokens:
                         raise ApiError("UNAUTHENTICATED", INVALID_CREDENTIALS)
+                    stand_in.check_permission(method, url.path, authorization[7:])
                     status, answer = 200, stand_in.handle(method, url.path, parse_qs(url.query), body)
                 except ApiError as error:
                     status, answer = error_body(error)
@@ -300,7 +305,24 @@ class TpuStandIn:
         if vanished:
             self.on_revive(vanished)
 
+    def check_permission(self, method: str, path: str, token: str) -> None:
+        """PERMISSION_DENIED, as IAM words it, for a DELETE whose permission the token's account lacks."""
+        deleted = re.fullmatch(r"/v2/(projects/[^/]+/locations/[^/]+/(nodes|queuedResources)/[^/:]+)", path)
+        if method != "DELETE" or not deleted:
+            return
+        permission = f"tpu.{deleted[2]}.delete"
+        with self.lock:
+            lacking = permission in self.lacking.get(token, set())
+        if lacking:
+            raise ApiError("PERMISSION_DENIED", f"Permission '{permission}' denied on resource "
+                                                f"'//tpu.googleapis.com/{deleted[1]}' (or it may not exist).")
+
     # --- test hooks ----------------------------------------------------------------------------
+    def deny(self, token: str, *permissions: str) -> None:
+        """The account whose access token is `token` lacks these IAM permissions from now on."""
+        with self.lock:
+            self.lacking.setdefault(token, set()).update(permissions)
+
     def withhold_capacity(self, seconds: float) -> None:
         """For `seconds` from now (math.inf: until called again with 0), queued requests find no
         capacity and stay WAITING_FOR_RESOURCES."""

@@ -181,6 +181,16 @@ def release(api: TpuApi, name: str, quiet: bool = False) -> bool:
     return True
 
 
+def self_delete_config(api: TpuApi, names: list[str]) -> dict:
+    """What a TPU VM needs to delete what release() would delete for `names`, with its own credentials
+    (remote/self_delete.py): this API's base URL, and each name's queued resource where one holds it,
+    else its node, by full name. The metadata server is the VM's own (None)."""
+    parent = api.location.parent
+    return {"api": api.base_url, "metadata_host": None,
+            "names": [f"{parent}/queuedResources/{name}" if api.get_queued(name) else f"{parent}/nodes/{name}"
+                      for name in names]}
+
+
 def _until_gone(api: TpuApi, name: str, queued: bool, waiting: Waiting) -> None:
     """Poll a deletion that another podrun (or an earlier interrupt) began, up to the wait timeout."""
     interval = POLL_FIRST_S

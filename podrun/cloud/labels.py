@@ -5,7 +5,9 @@ and orphans), so that `podrun list --orphans` finds what no live job owns:
   `-YYYYMMDD-HHMMSS-xxxx`, so no job's id reads `create`);
 - `podrun-user`: the local user who made it;
 - `podrun-delete-after`: `true` where podrun is to delete it after the job (delete_after success or
-  always, exec --down), else `false`.
+  always, exec --down), else `false`;
+- `podrun-idle-delete`, only on a TPU made with `idle_delete` (`create --idle-delete`): the idle time
+  after which its worker 0 deletes it (`2h`, `1h30m`), as request.duration_text writes it.
 
 A queued resource has no labels of its own in the v2 API: its node spec's node carries them
 (`tpu.nodeSpec[].node.labels`), and so do the nodes it makes. Values follow Google's label rules
@@ -18,7 +20,7 @@ from __future__ import annotations
 import getpass
 import re
 
-JOB, USER, DELETE_AFTER = "podrun-job", "podrun-user", "podrun-delete-after"
+JOB, USER, DELETE_AFTER, IDLE_DELETE = "podrun-job", "podrun-user", "podrun-delete-after", "podrun-idle-delete"
 CREATED_BY_COMMAND = "create"  # podrun-job of what `podrun create` made
 MAX_VALUE = 63
 NOT_IN_VALUE = re.compile(r"[^a-z0-9_-]")
@@ -37,6 +39,10 @@ def user() -> str:
         return "unknown"
 
 
-def owner_labels(job: str, delete_after: bool) -> dict[str, str]:
-    """The three labels of what podrun creates for `job` (a job id, or CREATED_BY_COMMAND)."""
-    return {JOB: label_value(job), USER: user(), DELETE_AFTER: "true" if delete_after else "false"}
+def owner_labels(job: str, delete_after: bool, idle_delete_s: float | None = None) -> dict[str, str]:
+    """The labels of what podrun creates for `job` (a job id, or CREATED_BY_COMMAND): three, and the idle time
+    after which it deletes itself, where it does."""
+    from podrun.cloud.request import duration_text
+
+    idle = {IDLE_DELETE: duration_text(idle_delete_s)} if idle_delete_s else {}
+    return {JOB: label_value(job), USER: user(), DELETE_AFTER: "true" if delete_after else "false", **idle}

@@ -4,7 +4,13 @@ each said in one line."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from podrun.errors import PodrunError
+from podrun.output import say
+
+if TYPE_CHECKING:
+    from podrun.cloud.tpu_resources import TpuNode
 
 # the list constraint that, enforced with no VM allowed, makes Google refuse any VM an external IP
 EXTERNAL_IP_CONSTRAINT = "constraints/compute.vmExternalIpAccess"
@@ -31,3 +37,16 @@ def external_ips_refused(doing: str, project: str) -> ExternalIpsRefused:
 def unreachable_hint(host: str) -> str:
     """What a failed connection to a worker's internal IP adds: the ways in from outside the VPC."""
     return f"{host} is an internal IP of a TPU VM, which only its VPC network reaches: from elsewhere, go {WAYS_IN}"
+
+
+def say_if_internal_only(nodes: list[TpuNode]) -> None:
+    """One line naming the nodes whose workers have no external IP: podrun falls back to their
+    internal IPs, which only a machine in their VPC network reaches."""
+    lacking = [node for node in nodes if any(not worker.external_ip for worker in node.workers)]
+    if not lacking:
+        return
+    internal = [worker.internal_ip for node in lacking for worker in node.workers if not worker.external_ip]
+    shown = ", ".join(internal[:3]) + (f" and {len(internal) - 3} more" if len(internal) > 3 else "")
+    what = f"TPU VM {lacking[0].name} has" if len(lacking) == 1 else f"TPU VMs {', '.join(n.name for n in lacking)} have"
+    say(f"{what} no external IPs: connecting to internal IPs {shown}, which only a machine in its VPC network "
+        f"(or on a VPN to it) reaches; from there, set target.tpu.internal_ip: true; from elsewhere, go {WAYS_IN}")

@@ -228,10 +228,15 @@ class TpuApi:
         """The JSON of `nodes/NAME` or `queuedResources/NAME` in this location, with one GET."""
         return self._request("GET", path)
 
+    @property
+    def base_url(self) -> str:
+        """The API's URL before `/v2/...`: the endpoint override's (https:// unless it names a scheme), else Google's."""
+        base = self.endpoint or GOOGLE_ENDPOINT
+        return base if "://" in base else "https://" + base
+
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         """One request to `path` in this location (a JSON body with it): the answer's JSON."""
-        base = self.endpoint or GOOGLE_ENDPOINT
-        return self.call(method, f"{base if '://' in base else 'https://' + base}/v2/{self.location.parent}/{path}", body)
+        return self.call(method, f"{self.base_url}/v2/{self.location.parent}/{path}", body)
 
     def call(self, method: str, url: str, body: dict | None = None) -> dict:
         """One request to a Google API's `url` with these credentials (a JSON body with it), through

@@ -19,7 +19,8 @@ from podrun.report.cost import money
 if TYPE_CHECKING:
     from podrun.cloud.tpu_api import TpuApi
 
-WHAT = "TPUs podrun made, was to delete after their job, and no running job owns; --all adds those kept on purpose"
+WHAT = ("TPUs podrun made, was to delete after their job or once idle, and no running job owns; --all adds those "
+        "kept on purpose")
 WHAT_ALL = "TPUs podrun made that no running job owns, those kept on purpose too"
 
 

@@ -41,6 +41,7 @@ class CreateOptions:
     accelerator_flag: str | None = None
     zones: str | None = None  # --zones A,B: tried in order (zone_moves.py)
     zone_wait: str | None = None
+    idle_delete: str | None = None  # --idle-delete 2h: worker 0 deletes the TPU once no job ran on it that long
 
 
 def create(options: CreateOptions) -> int:
@@ -56,10 +57,13 @@ def create(options: CreateOptions) -> int:
     if options.valid_for is not None and not through_queue(options.queued, options.reservation, slices):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
     zones = _zones(options, accelerator.name, through_queue(options.queued, options.reservation, slices))
+    idle_s = _duration_s("--idle-delete", options.idle_delete)
+    if idle_s is not None and not options.wait:
+        raise UsageError("--idle-delete: worker 0 watches from the moment the TPU VM is READY; drop --no-wait")
     request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, options.queued,
                          options.spot, options.reservation, _duration_s("--valid-for", options.valid_for), slices=slices,
                          external_ips=not options.internal_ips,
-                         labels=labels.owner_labels(labels.CREATED_BY_COMMAND, delete_after=False))
+                         labels=labels.owner_labels(labels.CREATED_BY_COMMAND, delete_after=False, idle_delete_s=idle_s))
     apis = [api_for(location(options.project, zone)) for zone in zones]
     api = (len(apis) > 1 and zone_moves.holding(apis, request.node_names, name)) or apis[0]
     owners.warn_of_orphans(api)
@@ -77,7 +81,23 @@ def create(options: CreateOptions) -> int:
         say(f"{what}; `podrun describe {name} {api.location.flags}` shows when it is READY")
         return 0
     print(_slices_text(nodes))
+    if idle_s is not None:
+        _watch_idle(request, api.location, idle_s)
     return 0
+
+
+def _watch_idle(request: TpuRequest, where: Location, idle_s: float) -> None:
+    """--idle-delete: the TPU's worker 0 watches it (launch/idle_watch.py); a watch that cannot start fails the
+    command, naming the TPU, which stays."""
+    from podrun.launch import idle_watch
+    from podrun.targets.tpu import created_tpu
+
+    target = created_tpu(request, where)
+    try:
+        idle_watch.start(target, target.workers(dry_run=False), idle_s)
+    except PodrunError as error:
+        raise PodrunError(f"{request.name} was created, but {error}; it stays until deleted: "
+                          f"`{target.release_command()}`") from None
 
 
 def _type_and_name(positional: str | None, accelerator_flag: str | None, name: str | None) -> tuple[str, str | None]:
@@ -128,10 +148,11 @@ def _zones(options: CreateOptions, accelerator_type: str, queued: bool) -> list[
 def _duration_s(flag: str, duration: str | None) -> float | None:
     if duration is None:
         return None
-    from podrun.targets.tpu_options import parse_valid_for  # pydantic loads only with a duration flag
+    from podrun.spec import parse_idle_delete  # pydantic loads only with a duration flag
+    from podrun.targets.tpu_options import parse_valid_for
 
     try:
-        return parse_valid_for(duration)
+        return (parse_idle_delete if flag == "--idle-delete" else parse_valid_for)(duration)
     except ValueError as error:
         raise UsageError(f"{flag} {duration!r}: {error}") from None
 

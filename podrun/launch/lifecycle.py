@@ -91,7 +91,7 @@ class Lifecycle:
         if (api := self.target.labelling_api()) is None:
             return self._run_as(selection, stop_grace_s, job_id)
         # what it creates is labelled with the job's id, and owned by this launcher until its record runs (owners.py)
-        self.target.labels = labels.owner_labels(job_id, self.delete_after != "never")
+        self.target.labels = labels.owner_labels(job_id, self.delete_after != "never", self.spec.idle_delete_s)
         with owners.claim(job_id):  # first: a job adopted again (supervisor/adopt.py) owns its TPU already
             owners.warn_of_orphans(api)
             return self._run_as(selection, stop_grace_s, job_id)
@@ -109,6 +109,7 @@ class Lifecycle:
             record = self._new_record(job_id, stop_grace_s)
             if self.target.just_created:
                 self._record_creation(record, provision_started, provisioned)
+                self._watch_idle()
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._launch(record, job)
@@ -175,6 +176,18 @@ class Lifecycle:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
                 for w in self.workers if w.index in self.selected]
 
+    def _watch_idle(self) -> None:
+        """The spec's idle_delete, on a TPU just made for the job: its worker 0 watches (launch/idle_watch.py); a
+        watch that cannot start is said, and the job goes on (delete_after still applies)."""
+        if self.spec.idle_delete_s is None:
+            return
+        from podrun.launch import idle_watch
+
+        try:
+            idle_watch.start(self.target, self.workers, self.spec.idle_delete_s)
+        except PodrunError as error:
+            say(f"{error}; the TPU stays until deleted: `{self.target.release_command()}`")
+
     def _restart_while_due(self, record: jobstore.JobRecord, code: int) -> int:
         while self._restart_due(record):
             self._next_attempt(record)
@@ -195,12 +208,10 @@ class Lifecycle:
             interrupts.rearm(HANDLED_SIGNALS)
 
     def _terminal(self, indexes: list[int]) -> Terminal:
-        return Terminal(worker_count=len(self.workers), collapse=Collapse(indexes) if self.collapse else None,
-                        raw=self.raw)
+        return Terminal(worker_count=len(self.workers), collapse=Collapse(indexes) if self.collapse else None, raw=self.raw)
 
     def _away(self) -> dict | None:
-        """A supervisor host's detached run: how long its workers wait for their supervisor to come back
-        before they stop the job, and then what worker 0 deletes (remote/hub.py)."""
+        """A supervisor host's run: how long its workers wait for an absent supervisor, then what worker 0 deletes."""
         if not (self.kept and self.detach):
             return None
         deletes = self.delete_after != "never" and self.spec.target.declared.deletes
@@ -251,6 +262,7 @@ class Lifecycle:
                 recreating["capacity_at"] = round(self.target.queued_until, 3)
             self.recreating = False
             self.workers = self.target.workers(dry_run=False)
+            self._watch_idle()
             timeline.end(recreating)
         else:
             delay = restart_policy.backoff_s(record, self.backoff_s)
@@ -359,40 +371,6 @@ class Lifecycle:
                 if self.kept:
                     self.kept.done(record)
                 sys.stdout.flush()
-
-    # --- a supervisor host's job, adopted again (supervisor/adopt.py) -------------------------------
-    def adopt(self, record: jobstore.JobRecord, stop_grace_s: float) -> int:
-        """Take up a supervisor host's running job whose supervisor was cut off, in this process: follow
-        its run, or, cut off between attempts, make that attempt (after a preemption, the TPU created
-        again first); then on as its supervisor would have gone: restarts, deletion, notification."""
-        record.stop_grace_s = stop_grace_s
-        self.selected = {worker.index for worker in record.workers}
-        return self._supervise(record, resume=lambda: self._resume(record))
-
-    def _resume(self, record: jobstore.JobRecord) -> int:
-        if timeline.current(record, "run") is not None:
-            say(f"job {record.id}: adopted again, following attempt {record.attempt} on its workers")
-            try:
-                self.workers = self.target.workers(dry_run=False)  # where a failure's restart runs
-            except PodrunError as error:  # its TPU gone meanwhile: the watch judges it
-                say(f"job {record.id}: its workers, as the API has them: {error}")
-            return self._watch(record)
-        preempted = bool(record.attempts) and record.attempts[-1]["state"] == jobstore.PREEMPTED
-        say(f"job {record.id}: adopted again; attempt {record.attempt} had not begun: "
-            f"{'creating the TPU again' if preempted else 'running it on the same workers'}")
-        if preempted:
-            self.recreating = True
-            recreating = timeline.begin(record, "recreate", why="adopted again")
-            if self.target.departure() is not None:  # unless the TPU it made again serves already: made (again)
-                self.target.recreate()
-            self._record_moves(record)
-            self.recreating = False
-            timeline.end(recreating)
-        self.workers = self.target.workers(dry_run=False)
-        record.workers = self._worker_records()
-        record.save()
-        self._launch(record, self.plans(self.workers, self.selected, record.id, record.attempt))
-        return self._watch(record)
 
     def _watch(self, record: jobstore.JobRecord) -> int:
         """Follow a detached attempt to its end, as `podrun logs -f` does, watching its capacity as an

@@ -46,7 +46,9 @@ def adopt_here(spec: JobSpec, ships_code: bool, options: ExecOptions, record: jo
     if options.stall_s is not None:
         spec = spec.model_copy(update={"stall_s": options.stall_s})
     lifecycle = _lifecycle(spec, ships_code, options, _max_restarts(spec, options.restarts), Kept.here(False))
-    return lifecycle.adopt(record, spec.stop_grace_s if options.grace_s is None else options.grace_s)
+    from podrun.launch import adoption
+
+    return adoption.adopt(lifecycle, record, spec.stop_grace_s if options.grace_s is None else options.grace_s)
 
 
 def _lifecycle(spec: JobSpec, ships_code: bool, options: ExecOptions, max_restarts: int, kept: Kept | None):

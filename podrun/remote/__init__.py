@@ -25,4 +25,6 @@ imported (each runs its main() only as __main__).
   placement.py             put `podrun cp`'s files in place from their staging directory (commands/copy.py)
   stacks.py                the job's Python processes and their stacks (step.py, launch/stacks.py)
   vm_notice.py             a TPU VM's own preemption and maintenance notice (step.py)
+  self_delete.py           a TPU VM deleting itself with its own service account's token (idle_watch.py)
+  idle_watch.py            idle_delete: worker 0 deletes its TPU once no job ran on it that long (launch/idle_watch.py)
 """

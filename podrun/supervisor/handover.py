@@ -41,8 +41,8 @@ from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
 SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
-            "PODRUN_TPU_WATCH_INTERVAL", "PODRUN_RELAY_FANOUT", "PODRUN_ACCELERATOR_FILES", "PODRUN_SSH_HANDSHAKES",
-            "PODRUN_SSH_CONNECT_RETRY", "PODRUN_SUPERVISOR_AWAY")
+            "PODRUN_TPU_WATCH_INTERVAL", "PODRUN_IDLE_POLL_S", "PODRUN_RELAY_FANOUT", "PODRUN_ACCELERATOR_FILES",
+            "PODRUN_SSH_HANDSHAKES", "PODRUN_SSH_CONNECT_RETRY", "PODRUN_SUPERVISOR_AWAY")
 # which APIs to use; never the account, which is the host's own (as its credentials are)
 GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT)
 

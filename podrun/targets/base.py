@@ -112,6 +112,12 @@ class Target(ABC):
     def release(self) -> None:
         """Delete what the job ran on (`delete_after`, `exec --down`)."""
 
+    def self_delete_config(self) -> dict | None:
+        """What a worker needs to delete what release() deletes with its own VM's credentials
+        (remote/self_delete.py's config: the API's base URL and the resources' full names); None where
+        the target has nothing podrun may delete."""
+        return None
+
     def release_preempted(self) -> None:
         """After a preemption that ended the job: delete what is of no use now, or say how to."""
 
@@ -125,11 +131,6 @@ class Target(ABC):
 
     def free_command(self) -> str | None:
         """The command that does what free() does, for a user to run when podrun could not."""
-        return None
-
-    def self_delete_config(self) -> dict | None:
-        """What a worker of this target needs to delete what release() deletes, with its own credentials
-        (remote/self_delete.py); None where it cannot."""
         return None
 
     def release_command(self) -> str | None:

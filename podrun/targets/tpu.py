@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podrun.cloud import accelerators
-from podrun.cloud.no_external_ips import WAYS_IN, unreachable_hint
-from podrun.cloud.settings import location
+from podrun.cloud.no_external_ips import say_if_internal_only, unreachable_hint
+from podrun.cloud.settings import Location, location
 from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
 from podrun.spec import JobSpec
@@ -203,6 +203,11 @@ class TpuVm(Target):
         for name in self._deleted_names():
             capacity.release(self.api, name)
 
+    def self_delete_config(self) -> dict | None:
+        from podrun.cloud import capacity
+
+        return capacity.self_delete_config(self.api, self._deleted_names())
+
     def release_preempted(self) -> None:
         if self.tpu.accelerator_type:
             say(f"deleting the preempted TPU VM {self.tpu.label}; the next `podrun exec` creates it again")
@@ -289,6 +294,14 @@ class TpuVm(Target):
                               + "\nstop them, or run again with --kill-stale to have podrun kill them")
 
 
+def created_tpu(made: TpuRequest, where: Location) -> TpuVm:
+    """The TPU `podrun create` just made (a VM, or a multislice), as a target whose workers podrun reaches."""
+    from podrun.spec_problems import validate_fields
+    tpu = {"name": made.name, "zone": where.zone, "project": where.project, "accelerator_type": made.accelerator_type,
+           "internal_ip": not made.external_ips, **({"slices": made.slices} if made.slices > 1 else {})}
+    return TpuVm(validate_fields({"name": "create", "run": "true", "target": {"tpu": tpu}}))
+
+
 def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_created: bool = False
                 ) -> tuple[list[TpuNode], list[Worker]]:
     """The nodes (one, or the slices in slice order) and their workers ready to connect to, slice by
@@ -315,7 +328,7 @@ def tpu_workers(spec: JobSpec, api: TpuApi, oslogin: OsLogin | None, just_create
         attributes = [future.result() if future else [] for future in published]
     routed = tpu.iap or bool(spec.ssh.proxy_command or spec.ssh.proxy_jump)  # the spec names how the workers are reached
     if not tpu.internal_ip and not routed:
-        _say_if_internal_only([node for node, _ in reached], tpu.label)
+        say_if_internal_only([node for node, _ in reached])
     # OS Login's guest asks the API at each login: a key it took works at once, a refusal is final
     logins = {node.name: oslogin.login(node.metadata, key_line.partition(":")[2])
               for node, _ in reached if oslogin and key_line and oslogin.governs(node.metadata)}
@@ -386,19 +399,6 @@ def host_key_alias(node: TpuNode, worker: int, host_keys: tuple[str, ...]) -> st
         return None
     ed25519 = next((key.split()[1] for key in host_keys if key.startswith("ssh-ed25519 ")), None)
     return f"tpu.{node.id}-{worker}" + (f"-{ed25519[-6:]}" if ed25519 else "")
-
-
-def _say_if_internal_only(nodes: list[TpuNode], label: str) -> None:
-    """One line naming the nodes whose workers have no external IP: podrun falls back to their
-    internal IPs, which only a machine in their VPC network reaches."""
-    lacking = [node for node in nodes if any(not worker.external_ip for worker in node.workers)]
-    if not lacking:
-        return
-    internal = [worker.internal_ip for node in lacking for worker in node.workers if not worker.external_ip]
-    shown = ", ".join(internal[:3]) + (f" and {len(internal) - 3} more" if len(internal) > 3 else "")
-    what = f"TPU VM {lacking[0].name} has" if len(lacking) == 1 else f"TPU VMs {', '.join(n.name for n in lacking)} have"
-    say(f"{what} no external IPs: connecting to internal IPs {shown}, which only a machine in its VPC network "
-        f"(or on a VPN to it) reaches; from there, set target.tpu.internal_ip: true; from elsewhere, go {WAYS_IN}")
 
 
 def _reach(api: TpuApi, name: str, key_line: str | None, oslogin: OsLogin | None) -> tuple[TpuNode, bool]:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 
 import pytest
+from metadata_stand_in import VM_TOKEN
 
 from helpers import (
     SUPERVISOR_HOST,
@@ -144,6 +145,34 @@ def test_a_spot_tpu_job_adopted_again_is_recovered_from_a_later_preemption_and_s
     assert listed_as_json(job_id)["state"] == "succeeded"
     assert anything_of_the_job(job_id) == []
     assert left_in_api(tpu_api_on_lab) == ([], [])  # delete_after: always, by the supervisor adopted again
+
+
+def test_a_tpu_job_left_without_its_supervisor_stops_and_worker_0_deletes_its_tpu_with_the_vms_token(
+        home, lab, tpu_api_on_lab, supervisor, job_file, vm_metadata, monkeypatch):
+    monkeypatch.setenv("PODRUN_SUPERVISOR_AWAY", "3")
+    run = 'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"; exec sleep 600'
+    started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")  # delete_after: always
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+    worker_0 = tpu_api_on_lab.node_endpoints_of("life")[0]
+    asked_before = len(tpu_api_on_lab.received)
+
+    kill_everything_on(lab)
+    wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop the job themselves", timeout=30)
+    wait_until(lambda: left_in_api(tpu_api_on_lab) == ([], []), "worker 0 to delete the TPU", timeout=30)
+    deletions = {(request.client, request.token) for request in tpu_api_on_lab.received[asked_before:]
+                 if request.method == "DELETE"}
+    assert deletions == {(worker_0.internal_ip, VM_TOKEN)}  # worker 0, with its VM's own credentials
+    said = (lab.hosts[worker_0.host_index].home / ".podrun" / "jobs" / job_id / "self_delete.txt").read_text()
+    assert "the Cloud TPU API accepted the request" in said, said
+
+    adopted = supervisor_start(lab, supervisor)  # its TPU is gone: the job is over, nothing is made again
+    assert f"job {job_id}: adopted again" in adopted.stderr
+    wait_until(lambda: state_there(supervisor, job_id) != "running", "the adopted job's end", timeout=60)
+    assert "its TPU was gone when a supervisor adopted it again" in supervisor.record(job_id)["summary"]
+    assert tpu_api_on_lab.node_requests()[1:] == []  # created once, never again
+    assert left_in_api(tpu_api_on_lab) == ([], [])
 
 
 def test_a_preemption_recovery_cut_off_is_taken_up_by_a_supervisor_started_again(

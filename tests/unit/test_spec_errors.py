@@ -88,6 +88,12 @@ BAD_SPECS = [
     ("progress both a pattern and a file", "run: echo\nprogress: {pattern: 'step (\\d+)', file: s.txt}\n",
      "{file}: progress: expected a regular expression whose first group is the step, such as 'step (\\d+)', "
      "or {{file: PATH}}"),
+    ("idle_delete not a duration", "run: echo\nidle_delete: soon\n",
+     "{file}: idle_delete: expected a duration above 0 such as 2h, 30m or 90 (seconds), got 'soon'"),
+    ("idle_delete of nothing podrun creates", "run: echo\nidle_delete: 2h\n",
+     "{file}: idle_delete: deletes a TPU VM that podrun creates, but the target is local: remove it"),
+    ("idle_delete of a TPU the spec only names", "run: echo\nidle_delete: 2h\ntarget: {tpu: {name: p}}\n",
+     "{file}: idle_delete: deletes a TPU VM that podrun creates: it needs target.tpu.accelerator_type"),
     ("stall auto without progress", "run: echo\nstall: auto\n",
      "{file}: stall: auto needs progress (the job's step) to measure its step time; add progress: 'step (\\d+)' "
      "or give a duration such as 15m"),
