@@ -290,7 +290,7 @@ def vm_metadata(lab, monkeypatch):
     lab.set_sshd_extra(f"SetEnv GCE_METADATA_HOST={server.serve(BRIDGE_IP)}\n")
     monkeypatch.setenv("PODRUN_IDLE_POLL_S", "0.3")
     yield server
-    left = idle_watchers()
+    left = idle_watchers(lab)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     lab.set_sshd_extra("")

@@ -540,9 +540,19 @@ UNTIL_RELEASED = ('echo "started on worker $PODRUN_WORKER"\n'
 
 
 
-def idle_watchers() -> list[int]:
-    """The idle watches running on any lab host (the source they run names their lock)."""
-    return [pid for pid, command, _ in live_processes() if "idle_watch.lock" in command]
+def idle_watchers(lab) -> list[int]:
+    """The idle watches running on this lab's hosts (the source they run names their lock); another
+    test process's lab (pytest -n) has hosts of its own, in network namespaces of their own."""
+    namespaces = {_network_namespace(host.sshd.pid) for host in lab.hosts}
+    return [pid for pid, command, _ in live_processes()
+            if "idle_watch.lock" in command and _network_namespace(pid) in namespaces]
+
+
+def _network_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:  # it ended meanwhile
+        return None
 
 
 # --- notifications (the spec's `notify`; tests/webhook_stand_in.py)

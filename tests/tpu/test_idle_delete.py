@@ -56,7 +56,7 @@ def test_a_created_tpu_with_no_job_on_it_is_deleted_by_its_worker_0_with_the_vms
     log = idle_log(lab, worker_0.host_index)
     assert "watching: deletes this TPU after 3s with no job on it" in log
     assert f"no job for 3s: deleting TPU VM idle in {WHERE}: the Cloud TPU API accepted the request" in log, log
-    wait_until(lambda: idle_watchers() == [], "the watch to end")
+    wait_until(lambda: idle_watchers(lab) == [], "the watch to end")
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_a_vm_whose_service_account_may_not_delete_leaves_the_tpu_labelled_for_o
             f"not delete TPUs (it needs roles/tpu.admin, Cloud TPU Admin): Permission 'tpu.nodes.delete' denied on "
             f"resource '//tpu.googleapis.com/{PARENT}/nodes/denied' (or it may not "
             f"exist).; the TPU stays, labelled: `podrun list --orphans` shows it") in log, log
-    wait_until(lambda: idle_watchers() == [], "the watch to end")
+    wait_until(lambda: idle_watchers(lab) == [], "the watch to end")
     assert nodes(tpu_api_on_lab) == ["denied"]
 
     listed = podrun("list", "--orphans")
@@ -132,10 +132,10 @@ def test_a_second_watch_on_the_vm_replaces_the_first(home, tpu_api_on_lab, lab, 
 
     create("twice", "1h")
     worker_0 = tpu_api_on_lab.node_endpoints_of("twice")[0]
-    (first,) = idle_watchers()
+    (first,) = idle_watchers(lab)
     target = created_tpu(TpuRequest("twice", "v4-16", "tpu-ubuntu2204-base"), Location("podrun-test", "us-central2-b"))
     idle_watch.start(target, target.workers(dry_run=False), 2)  # as a later create's of the same VM would
-    assert first not in idle_watchers() and len(idle_watchers()) == 1
+    assert first not in idle_watchers(lab) and len(idle_watchers(lab)) == 1
     wait_until(lambda: nodes(tpu_api_on_lab) == [], "the second watch to delete the TPU", timeout=60)
     log = idle_log(lab, worker_0.host_index)
     tail = log[log.rindex("watching: deletes this TPU after 1h"):]
