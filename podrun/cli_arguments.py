@@ -47,7 +47,7 @@ def create_arguments(sub: argparse.ArgumentParser) -> None:
                      help="ask in these zones in order (instead of --zone): a stockout, or a queued request still "
                           "waiting after --zone-wait, deletes the request and asks in the next")
     sub.add_argument("--zone-wait", metavar="DURATION",
-                     help="with --zones and --queued: how long a queued request may wait in one zone, e.g. 30m")
+                     help="with --zones: how long a queued request may wait in one zone, e.g. 30m (implies --queued)")
     sub.add_argument("--internal-ips", action="store_true",
                      help="no external IPs: its workers are reached from inside its VPC network only "
                           "(a job spec says so with target.tpu.internal_ip: true)")
