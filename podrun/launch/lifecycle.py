@@ -340,7 +340,7 @@ class Lifecycle:
     async def _follow(self, record: jobstore.JobRecord) -> None:
         from podrun.launch import detached
 
-        following = asyncio.ensure_future(detached.follow(record))
+        following = asyncio.ensure_future(detached.follow(record, self.target.time_limit_reached))
         watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.departs
                                          else asyncio.get_running_loop().create_future())  # never done
         either: list[asyncio.Future] = [following, watching]
@@ -356,10 +356,13 @@ class Lifecycle:
         watching.cancel()
         try:
             following.result()
+            # a worker's log ended without its exit: it cannot be followed
+            unfollowed = "a worker's agent ended without recording an exit" if record.state == jobstore.RUNNING else ""
         except PodrunError as error:
-            record.finish(jobstore.FAILED, exits.LOST, str(error))
-        if record.state == jobstore.RUNNING:  # a worker's log ended without its exit: it cannot be followed
-            record.finish(jobstore.FAILED, exits.LOST, "a worker's agent ended without recording an exit")
+            unfollowed = str(error)
+        if unfollowed:  # a Slurm time limit ends the steps that follow the workers' logs too: said as attached
+            over_time = await asyncio.to_thread(self.target.time_limit_reached)
+            record.finish(jobstore.FAILED, exits.TIME_LIMIT if over_time else exits.LOST, over_time or unfollowed)
         if record.state == jobstore.FAILED and record.exit_code == exits.LOST and self.target.departs:
             lost = {w.index: w.endpoint for w in record.workers if w.exit_code in (None, exits.LOST)}
             if judged := await judgment.judge(self.target, lost, record.id):
