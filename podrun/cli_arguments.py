@@ -47,7 +47,7 @@ def create_arguments(sub: argparse.ArgumentParser) -> None:
                      help="ask in these zones in order (instead of --zone): a stockout, or a queued request still "
                           "waiting after --zone-wait, deletes the request and asks in the next")
     sub.add_argument("--zone-wait", metavar="DURATION",
-                     help="with --zones and --queued: how long a queued request may wait in one zone, e.g. 30m")
+                     help="with --zones: how long a queued request may wait in one zone, e.g. 30m (implies --queued)")
     sub.add_argument("--idle-delete", metavar="DURATION",
                      help="delete the TPU VM once no job has run on it for this long, e.g. 2h: its worker 0 watches "
                           "and deletes it with the VM's service account, which needs roles/tpu.admin")

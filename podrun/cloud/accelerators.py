@@ -15,9 +15,10 @@ cube 2x2x1, 2x2x2, 2x2x4, 2x4x4 (v4-8, -16, -32, -64), else every side a multipl
 16x16x24 (6144 chips, v5p-12288). v5litepod-24 or v4-40 are no slice of any shape.
 
 The zones each generation is offered in (ZONES) are Google's table "TPU regions and zones"
-(https://cloud.google.com/tpu/docs/regions-zones), as read on ZONES_AS_OF: `target.tpu.zones` and
-`create --zones` are checked against it before anything is asked for, so that a zone that never has
-the type is a one-line error, not a move to it after minutes in the queue.
+(https://cloud.google.com/tpu/docs/regions-zones), as read on ZONES_AS_OF: a zone of `target.tpu.zones`
+or `create --zones` that it does not list for the type is one warning line before anything is asked
+for, and podrun asks there all the same: Google adds zones, so the table may be behind the API,
+whose answer decides. A name that is no zone's at all (ZONE_NAME) is an error.
 
 Names are taken in any case (`V4-8` is v4-8). Other spellings are refused with the name the API
 takes: Google's docs call v5litepod "v5e", but the API, the console, quotas and `podrun list` say
@@ -51,6 +52,7 @@ LOOSE_PATTERN = re.compile(r"^(?:tpu[-_ ]?)?(v\d+[a-z]*|trillium)[-_ ]*(\d*)$")
 GENERATION_ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6": "v6e", "trillium": "v6e"}
 SEE_HELP = "(podrun create --help lists the generations)"
 ZONES_AS_OF = "2026-11-27"
+ZONE_NAME = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]\Z")  # a region (us-central2, europe-west4) and a letter
 ZONES = {
     "v2": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "asia-east1-c"),
     "v3": ("us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"),
@@ -114,12 +116,13 @@ def _not_valid(name: str, known_generation: bool) -> str:
     return f"{problem}; expected a generation and a size, such as v4-8, v5p-8, v5litepod-8 or v6e-8 {SEE_HELP}"
 
 
-def unknown_zones(name: str, zones: list[str]) -> str | None:
-    """Why the accelerator type is not to be asked for in these zones (those Google's table does not
-    offer its generation in), in one line; None when every zone offers it."""
+def unlisted_zones(name: str, zones: list[str]) -> str | None:
+    """A warning, in one line, naming the zones that the table does not list for the type's generation;
+    None when it lists every one."""
     generation = parse(name).generation
     offered = ZONES[generation]
     if not (missing := [zone for zone in zones if zone not in offered]):
         return None
-    return (f"{name} is not offered in {', '.join(missing)}: {generation} is in {', '.join(offered)} "
-            f"(Google's TPU regions and zones, as of {ZONES_AS_OF})")
+    return (f"{name} is not in {', '.join(missing)} by podrun's table, which lists {', '.join(offered)} for "
+            f"{generation} (Google's TPU regions and zones, as of {ZONES_AS_OF}; Google adds zones): podrun asks "
+            f"there all the same, and the API's answer decides")

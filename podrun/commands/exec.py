@@ -4,7 +4,7 @@ hand it to a supervisor host (supervisor/handover.py)."""
 from __future__ import annotations
 
 from podrun.launch.exec_options import ExecOptions
-from podrun.launch.run_here import prepare, run_here, scan_workdir, warn_of_written_secrets
+from podrun.launch.run_here import prepare, run_here, scan_workdir, warn_of_doubts
 from podrun.output import say
 from podrun.spec import JobSpec
 from podrun.spec_commands import check_run_script
@@ -14,7 +14,7 @@ from podrun.spec_loading import load_spec
 def validate(spec_path: str) -> JobSpec:
     spec = load_spec(spec_path)
     check_run_script(spec)
-    warn_of_written_secrets(spec)
+    warn_of_doubts(spec)
     say(f"{spec_path}: valid; job {spec.name!r} on {spec.target.declared.summary(spec.target.options)}")
     return spec
 

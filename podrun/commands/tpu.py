@@ -54,13 +54,14 @@ def create(options: CreateOptions) -> int:
     if not 1 <= slices <= accelerators.MAX_SLICES:
         raise UsageError(f"--slices {slices}: expected a number of slices from 2 to {accelerators.MAX_SLICES} "
                          f"(1: a single TPU VM)")
-    if options.valid_for is not None and not through_queue(options.queued, options.reservation, slices):
+    queued = options.queued or options.zone_wait is not None  # only a queued request waits in a zone
+    if options.valid_for is not None and not through_queue(queued, options.reservation, slices):
         raise UsageError("--valid-for: how long a queued request may wait for capacity; add --queued")
-    zones = _zones(options, accelerator.name, through_queue(options.queued, options.reservation, slices))
+    zones = _zones(options, accelerator.name)
     idle_s = _duration_s("--idle-delete", options.idle_delete)
     if idle_s is not None and not options.wait:
         raise UsageError("--idle-delete: worker 0 watches from the moment the TPU VM is READY; drop --no-wait")
-    request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, options.queued,
+    request = TpuRequest(name, accelerator.name, options.version or accelerator.default_runtime, queued,
                          options.spot, options.reservation, _duration_s("--valid-for", options.valid_for), slices=slices,
                          external_ips=not options.internal_ips,
                          labels=labels.owner_labels(labels.CREATED_BY_COMMAND, delete_after=False, idle_delete_s=idle_s))
@@ -127,8 +128,8 @@ def _accelerator(accelerator_type: str, gcloud_order: bool) -> accelerators.Acce
                          f"--accelerator-type v4-8`)") from None
 
 
-def _zones(options: CreateOptions, accelerator_type: str, queued: bool) -> list[str | None]:
-    """The zones to ask in, in order: --zones (checked against the type's known zones), else --zone's."""
+def _zones(options: CreateOptions, accelerator_type: str) -> list[str | None]:
+    """The zones to ask in, in order: --zones (those the type's known zones lack, a warning), else --zone's."""
     if options.zones is None:
         if options.zone_wait is not None:
             raise UsageError("--zone-wait: how long a queued request waits in one of --zones; add --zones")
@@ -138,10 +139,11 @@ def _zones(options: CreateOptions, accelerator_type: str, queued: bool) -> list[
         raise UsageError("--zone and --zones exclude each other: list every zone in --zones, the first is tried first")
     if "" in zones or len(set(zones)) < len(zones):
         raise UsageError(f"--zones {options.zones!r}: expected zones, each once, separated by commas")
-    if options.zone_wait is not None and not queued:
-        raise UsageError("--zone-wait: how long a queued request waits in one zone; add --queued")
-    if unknown := accelerators.unknown_zones(accelerator_type, zones):
-        raise UsageError(f"--zones: {unknown}")
+    if not_zones := [zone for zone in zones if not accelerators.ZONE_NAME.match(zone)]:
+        raise UsageError(f"--zones: expected zones such as us-east5-a (a region and a letter), got "
+                         f"{', '.join(map(repr, not_zones))}")
+    if unlisted := accelerators.unlisted_zones(accelerator_type, zones):
+        say(f"--zones: {unlisted}")
     return list(zones)
 
 

@@ -39,11 +39,14 @@ def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, Wor
     asyncio.run(_fetch_all(record, indexes, outputs, follow))
 
 
-async def follow(record: jobstore.JobRecord, outputs: dict[int, WorkerOutput] | None, beat_every_s: float) -> None:
-    """Follow every worker's log until the job ends, recording its end (the supervisor's watch), showing
-    new output through `outputs`, if given; `beat_every_s`: a supervisor host's follower on the first
-    worker says it is there that often (0: never), which the job's hub hears (launch/kept.py)."""
-    await _fetch_all(record, [w.index for w in record.workers], outputs, follow=True, beat_every_s=beat_every_s)
+async def follow(record: jobstore.JobRecord, outputs: dict[int, WorkerOutput] | None, beat_every_s: float,
+                 time_limit_reached: Callable[[], str | None] | None = None) -> None:
+    """Follow every worker's log until the job ends, recording its end (the supervisor's watch, which holds
+    the target: its `time_limit_reached` tells a Slurm time limit from a stop, as attached), showing new
+    output through `outputs`, if given; `beat_every_s`: a supervisor host's follower on the first worker
+    says it is there that often (0: never), which the job's hub hears (launch/kept.py)."""
+    await _fetch_all(record, [w.index for w in record.workers], outputs, follow=True, beat_every_s=beat_every_s,
+                     time_limit_reached=time_limit_reached)
 
 
 def refresh(records: list[jobstore.JobRecord]) -> None:
@@ -93,7 +96,7 @@ def stop(record: jobstore.JobRecord) -> None:
     fetch(record, [w.index for w in record.workers], None, follow=False)
 
 
-async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0) -> None:
+async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, time_limit_reached=None) -> None:
     workers = [w for w in record.workers if w.index in indexes]
     reports = await on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow,
@@ -128,7 +131,9 @@ async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0) 
     if record.workers and all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
         if stalls and not timeline.current(record, "stall"):
             stall.add_stopped(record, stalls, steps)
-        _record_end(record, causes, max(ended_at, default=None), silent_s, steps)
+        ended_badly = bool(causes) or any(w.exit_code or w.stop_reason for w in record.workers)
+        over_time = await asyncio.to_thread(time_limit_reached) if time_limit_reached and ended_badly else None
+        _record_end(record, causes, max(ended_at, default=None), silent_s, steps, over_time)
         if silent_s:  # what each agent saved before the stall stopped it
             for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):
                 say(line)
@@ -155,12 +160,14 @@ def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord]
 
 
 def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
-                silent_s: dict[int, float], steps: dict[int, int | None] | None = None) -> None:
+                silent_s: dict[int, float], steps: dict[int, int | None] | None = None,
+                over_time: str | None = None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
     stopped by `podrun stop` that another worker's agent took for a failure is no cause: the job was
-    stopped, even where every program, saving on SIGTERM, exited 0."""
+    stopped, even where every program, saving on SIGTERM, exited 0. `over_time`: why the target's
+    time ran out (a Slurm time limit, whose SIGTERM reads as a stop), which then decides it."""
     failed = [StepResult(w.index, w.exit_code, w.signal, rank=w.rank) for w in record.workers
               if w.exit_code and w.stop_reason is None]
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
@@ -170,6 +177,8 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     if noticed:  # the VM's own notice stopped it (remote/vm_notice.py)
         record.finish(jobstore.PREEMPTED, exits.PREEMPTED, f"worker {noticed[0].index}: {noticed[0].stop_reason}",
                       ended_at)
+    elif over_time:
+        record.finish(jobstore.FAILED, exits.TIME_LIMIT, over_time, ended_at)
     elif failed:
         record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
     elif silent_s:  # worker 0's agent saw no output from any worker for the job's stall

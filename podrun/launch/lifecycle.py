@@ -386,7 +386,8 @@ class Lifecycle:
         if self.kept and self.kept.shows_output:  # to the laptop that waits for the job (supervisor/daemon.py)
             terminal = self._terminal([w.index for w in record.workers])
             outputs = {w.index: WorkerOutput(w.index, terminal, log=None) for w in record.workers}
-        following = asyncio.ensure_future(detached.follow(record, outputs, self.kept.beat_every_s if self.kept else 0))
+        following = asyncio.ensure_future(detached.follow(record, outputs, self.kept.beat_every_s if self.kept else 0,
+                                                          self.target.time_limit_reached))
         watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.departs
                                          else asyncio.get_running_loop().create_future())  # never done
         either: list[asyncio.Future] = [following, watching]
@@ -407,6 +408,10 @@ class Lifecycle:
             lost_why = str(error)
         if lost_why is None and record.state == jobstore.RUNNING:  # a log ended without its exit: unfollowable
             lost_why = "a worker's agent ended without recording an exit"
+        # a Slurm time limit ends the steps that follow the workers' logs too: said as attached
+        if lost_why and (over_time := await asyncio.to_thread(self.target.time_limit_reached)):
+            record.finish(jobstore.FAILED, exits.TIME_LIMIT, over_time)
+            return
         if self.target.departs and (lost_why or (record.state == jobstore.FAILED and record.exit_code == exits.LOST)):
             lost = {w.index: w.endpoint for w in record.workers if w.exit_code in (None, exits.LOST)}
             if judged := await judgment.judge(self.target, lost, record.id):

@@ -65,7 +65,7 @@ def prepare(spec: JobSpec, ships_code: bool, options: ExecOptions) -> tuple[JobS
     if ships_code:
         check_run_script(spec)
     secrets_from_launcher(spec, os.environ)  # a secret_env not exported is an error, said before any warning
-    warn_of_written_secrets(spec)
+    warn_of_doubts(spec)
     if options.stall_s == "auto" and spec.progress is None:
         raise UsageError(f"--stall auto: needs progress (the job's step) in {spec.path}, such as progress: "
                          f"'step (\\d+)'; or give a duration such as 15m")
@@ -117,9 +117,12 @@ def _spec_in_workdir(spec: JobSpec) -> str | None:
         return None
 
 
-def warn_of_written_secrets(spec: JobSpec) -> None:
-    """One line per secret whose value is written in the spec file, where whoever reads the file reads it."""
+def warn_of_doubts(spec: JobSpec) -> None:
+    """One line per thing the spec says that may be wrong but is not refused: a secret whose value is
+    written in the file, where whoever reads the file reads it; what the target's kind doubts (kind.py)."""
     for key in spec.written_secrets():
         say(f"{spec.path}: env.{key}: a secret's value is written in the spec, readable by whoever can read the "
             f"file; keep it out: drop it from env, list it in secret_env ([{key}]) and `export {key}=...` before "
             f"podrun runs (secret_env takes it from podrun's environment)")
+    for field, doubt in spec.target.declared.doubts(spec.target.options):
+        say(f"{spec.path}: target.{spec.target.kind}.{field}: {doubt}")

@@ -60,6 +60,8 @@ class TargetKind:
     recreates: Callable[[Any], bool] = lambda options: False  # made again after a preemption (restarts.on)
     deletes: bool = False  # what the job ran on can be deleted after it (delete_after, exec --down)
     default_restart_on: tuple[str, ...] = ("failure",)  # restarts.on when the spec does not say
+    # (its field, one line) for each thing its options say that may be wrong but is not refused: a warning
+    doubts: Callable[[Any], list[tuple[str, str]]] = lambda options: []
 
     def expected_at(self) -> dict[str, str]:
         """Its fields' expectations keyed by their place in a spec (`target.tpu.names.*`)."""

@@ -66,6 +66,14 @@ def _node_name(value: str) -> str:
     return value
 
 
+def _zone_name(value: str) -> str:
+    if not accelerators.ZONE_NAME.match(value):
+        raise ValueError(f"expected {EXPECTED['zones.*']} (a region and a letter), got {value!r}")
+    return value
+
+
+ZoneName = Annotated[str, AfterValidator(_zone_name),
+                     WithJsonSchema({"type": "string", "pattern": accelerators.ZONE_NAME.pattern.replace("\\Z", "$")})]
 TpuName = Annotated[str, AfterValidator(_node_name),
                     WithJsonSchema({"type": "string", "pattern": NODE_NAME.pattern.replace("\\Z", "$")})]
 
@@ -78,12 +86,12 @@ class TpuOptions(Model):
     slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
                                description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
     zone: str | None = None
-    zones: list[Annotated[str, Field(min_length=1)]] | None = Field(
+    zones: list[ZoneName] | None = Field(
         None, min_length=1, description="zones to create the TPU in, tried in order: a stockout, or a queued request "
                                         "waiting past zone_wait, moves it to the next (instead of zone)")
     zone_wait_s: Annotated[float, BeforeValidator(parse_valid_for), WithJsonSchema(DURATION_SCHEMA)] | None = Field(
         None, alias="zone_wait", description="with zones: how long a queued request may wait in one zone before podrun "
-                                             "deletes it and asks in the next, e.g. 30m")
+                                             "deletes it and asks in the next, e.g. 30m (the TPU is asked for queued)")
     project: str | None = None
     internal_ip: bool = Field(False, description="connect to the workers' internal IPs")
     iap: bool = Field(False, description="reach each worker through an IAP tunnel (`gcloud compute start-iap-tunnel`), "
@@ -112,13 +120,15 @@ class TpuOptions(Model):
                 raise ValueError(f"names lists a TPU VM twice: {', '.join(self.names)}")
         given = [name for name in CREATION_FIELDS if name in self.model_fields_set]
         if given and not self.accelerator_type:
-            shown = _shown(given)
-            raise ValueError(f"{shown} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
+            if "zones" in given:
+                raise ValueError("zones are where podrun creates the TPU VM, which needs accelerator_type (e.g. v4-8); "
+                                 "a TPU VM that exists is in one zone: give it as zone")
+            raise ValueError(f"{_shown(given)} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
         if self.spot and self.reservation:
             raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
+        self._check_zones()
         if self.valid_for_s is not None and not through_queue(self.queued, self.reservation, self.slices):
             raise ValueError("valid_for is how long a queued request waits: set queued: true too")
-        self._check_zones()
         return self
 
     def _check_zones(self) -> None:
@@ -130,11 +140,8 @@ class TpuOptions(Model):
             raise ValueError("zone and zones exclude each other: list every zone in zones, the first is tried first")
         if len(set(self.zones)) < len(self.zones):
             raise ValueError(f"zones lists a zone twice: {', '.join(self.zones)}")
-        if self.zone_wait_s is not None and not through_queue(self.queued, self.reservation, self.slices):
-            raise ValueError("zone_wait is how long a queued request waits in one zone: set queued: true too")
-        assert self.accelerator_type, "zones is a creation field, which needs accelerator_type"
-        if unknown := accelerators.unknown_zones(self.accelerator_type, self.zones):
-            raise ValueError(unknown)
+        if self.zone_wait_s is not None:
+            self.queued = True  # only a queued request waits: zone_wait asks through the queue, as slices do
 
     @property
     def node_names(self) -> list[str]:
@@ -162,6 +169,13 @@ def _summary(tpu: TpuOptions) -> str:
     return f"the TPU VM {tpu.label}" + (f" ({tpu.accelerator_type}, created if missing)" if shape else "")
 
 
+def _doubts(tpu: TpuOptions) -> list[tuple[str, str]]:
+    """Zones that podrun's table does not list for the type: asked in all the same (accelerators.py)."""
+    if tpu.zones and tpu.accelerator_type and (unlisted := accelerators.unlisted_zones(tpu.accelerator_type, tpu.zones)):
+        return [("zones", unlisted)]
+    return []
+
+
 def _worker_count(tpu: TpuOptions) -> int | None:
     """Known before the API is asked only for a TPU podrun creates: its type says."""
     if not tpu.accelerator_type:
@@ -184,5 +198,5 @@ KIND = TargetKind(
                  AdhocFlag("--project", "P", "the TPU's project (default: gcloud's)"),
                  AdhocFlag("--tunnel-through-iap", "", "reach the TPU's workers through IAP, as gcloud's tpu-vm ssh "
                            "does: no external IP needed (target.tpu.iap: true; with a spec too)", spec_field="iap")),
-    to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=_worker_count,
+    to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=_worker_count, doubts=_doubts,
     recreates=lambda tpu: bool(tpu.accelerator_type), deletes=True, default_restart_on=("preemption",))

@@ -148,21 +148,34 @@ def test_jobs_asking_for_more_than_a_partition_has_pend_with_a_reason(cluster):
     print(f"reasons before the scheduler's pass: {reasons[:1]}; final after {time.monotonic() - started:.2f} s")
 
 
+MARKER_PREFIX = "srun-task1-runs-"
+
+
+def once_the_other_runs(first: str, second: str) -> str:
+    """A task for `srun -N2`: task 1 (node 1) makes a file in the shared home, then runs `second`; task 0
+    runs `first` once that file is there, so that it never ends before task 1 has started. On a loaded
+    machine the other node's slurmstepd may still be starting task 1 when task 0 ends at once, and srun
+    then handles an exit of a step not yet fully launched, which this test does not mean to pin."""
+    marker = f"/root/{MARKER_PREFIX}{time.time_ns()}"  # every node's /root is the lab's shared home
+    wait = f"for i in $(seq 600); do [ -e {marker} ] && break; sleep 0.05; done"  # polled, at most 30 s
+    return f"sh -c 'if [ $SLURM_NODEID = 0 ]; then {wait}; {first}; else touch {marker}; {second}; fi'"
+
+
 def test_srun_exit_codes_when_one_task_fails(cluster):
-    task = "sh -c 'if [ $SLURM_NODEID = 0 ]; then exit 7; else exit 3; fi'"
-    both_fail = cluster.slurm(f"srun -N2 {task}")
-    assert both_fail.returncode == 7  # the highest of the tasks' codes
+    nodes = "--nodelist=slurm-node1,slurm-node2"  # the messages name the nodes: not whichever two are free
+    both_fail = cluster.slurm(f"srun -N2 {nodes} {once_the_other_runs('exit 7', 'exit 3')}")
+    assert both_fail.returncode == 7, both_fail  # the highest of the tasks' codes
     assert "slurm-node1: task 0: Exited with exit code 7" in both_fail.stderr
     assert "slurm-node2: task 1: Exited with exit code 3" in both_fail.stderr
 
     # without --kill-on-bad-exit srun waits for the other tasks, and exits with the failed one's code
-    other_finishes = "sh -c 'if [ $SLURM_NODEID = 0 ]; then exit 7; else sleep 2; echo slept; fi'"
-    waited = cluster.slurm(f"srun -N2 -l {other_finishes}")
+    other_finishes = once_the_other_runs("exit 7", "sleep 2; echo slept")
+    waited = cluster.slurm(f"srun -N2 {nodes} -l {other_finishes}")
     assert (waited.returncode, waited.stdout) == (7, "1: slept\n"), waited
 
-    other_sleeps = "sh -c 'if [ $SLURM_NODEID = 0 ]; then exit 7; else sleep 60; fi'"
+    other_sleeps = once_the_other_runs("exit 7", "sleep 60")
     started = time.monotonic()
-    killed = cluster.slurm(f"srun -N2 --kill-on-bad-exit=1 {other_sleeps}")
+    killed = cluster.slurm(f"srun -N2 {nodes} --kill-on-bad-exit=1 {other_sleeps}")
     assert killed.returncode == 143, killed  # 128+SIGTERM: the task code 7 is lost
     assert time.monotonic() - started < 30
     assert "task 0: Exited with exit code 7" in killed.stderr and "task 1: Terminated" in killed.stderr, killed.stderr
@@ -174,3 +187,5 @@ def test_srun_exit_codes_when_one_task_fails(cluster):
     # exit_code is a wait status: 7 << 8; a signal shows as its number (15)
     assert (last["job_state"], last["exit_code"], last["derived_exit_code"]) == ("FAILED", 15, 7 << 8), last
     print(json.dumps({k: last[k] for k in ("job_state", "state_reason", "exit_code", "derived_exit_code")}))
+    for marker in cluster.home.glob(f"{MARKER_PREFIX}*"):
+        marker.unlink()

@@ -59,21 +59,18 @@ BAD_SPECS = [
     ("zone and zones",
      "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, zone: us-east5-a, zones: [us-east5-a]}}\n",
      "{file}: target.tpu: zone and zones exclude each other: list every zone in zones, the first is tried first"),
-    ("a zone without the type",
-     "run: echo\ntarget: {tpu: {name: p, accelerator_type: v4-8, zones: [us-central2-b, us-east5-a]}}\n",
-     "{file}: target.tpu: v4-8 is not offered in us-east5-a: v4 is in us-central2-b (Google's TPU regions and zones, "
-     "as of 2026-11-27)"),
+    ("a zone of no zone's shape",
+     "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, zones: [us-east5-a, us-central1]}}\n",
+     "{file}: target.tpu.zones.1: expected a zone such as us-east5-a (a region and a letter), got 'us-central1'"),
     ("zone_wait without zones",
      "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, queued: true, zone_wait: 30m}}\n",
      "{file}: target.tpu: zone_wait is how long a queued request waits in one of zones: set zones too"),
-    ("zone_wait without a queue", "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, zones: [us-east5-a, "
-     "us-central1-a], zone_wait: 30m}}\n",
-     "{file}: target.tpu: zone_wait is how long a queued request waits in one zone: set queued: true too"),
     ("bad zone_wait", "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, queued: true, zones: [us-east5-a], "
      "zone_wait: soon}}\n",
      "{file}: target.tpu.zone_wait: expected a duration above 0 such as 30m, 6h or 1h30m, got 'soon'"),
     ("zones without a type", "run: echo\ntarget: {tpu: {name: p, zones: [us-east5-a]}}\n",
-     "{file}: target.tpu: zones say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)"),
+     "{file}: target.tpu: zones are where podrun creates the TPU VM, which needs accelerator_type (e.g. v4-8); a TPU "
+     "VM that exists is in one zone: give it as zone"),
     ("env a list", "run: echo\nenv: [A=1]\n",
      "{file}: env: expected a mapping of variable names to values, such as {{WANDB_MODE: offline}}, got a list"),
     ("env key no variable name", "run: echo\nenv: {MY-VAR: 1}\n",

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from podrun.spec import JobSpec, parse_stop_grace
+from podrun.spec_loading import load_spec
 from podrun.spec_messages import EXPECTED, NAME_RULES
 from podrun.spec_problems import _model_in
 
@@ -124,6 +125,26 @@ def test_every_problem_is_listed_one_line_each(home, job_file):
         f"{spec}: env.MY-VAR: 'MY-VAR' is not a variable name: use letters, digits and '_', not starting with a digit",
         f"{spec}: env.OK: expected a string or number, got a list",
         f"{spec}: device: expected TPU, CUDA, ROCM or CPU (in any case), got 'gpu'"]
+
+
+def test_a_zone_the_table_does_not_list_for_the_type_is_one_warning_and_the_spec_loads(home, job_file):
+    """The README's zones example: no type is in podrun's table for both zones, but Google adds zones, so
+    podrun warns in one line and asks there all the same; zone_wait asks through the queue."""
+    spec = job_file("run: echo\ntarget:\n  tpu: {name: p, accelerator_type: v4-8, iap: true, "
+                    "zones: [us-central2-b, us-east5-a], zone_wait: 30m}\n")
+    result = podrun("validate", spec)
+    assert result.returncode == 0, result.stderr
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: {spec}: target.tpu.zones: v4-8 is not in us-east5-a by podrun's table, which lists us-central2-b "
+        f"for v4 (Google's TPU regions and zones, as of 2026-11-27; Google adds zones): podrun asks there all the "
+        f"same, and the API's answer decides",
+        f"podrun: {spec}: valid; job 'job' on the TPU VM p (v4-8, created if missing)"]
+    options = load_spec(spec).target.options
+    assert options.zone_order == ["us-central2-b", "us-east5-a"] and options.queued and options.zone_wait_s == 1800
+    listed = job_file("run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, zones: [us-east5-a, us-central1-a]}}\n")
+    quiet = podrun("validate", listed)
+    assert quiet.returncode == 0 and stderr_lines_without_traceback(quiet.stderr) == [
+        f"podrun: {listed}: valid; job 'job' on the TPU VM p (v5p-8, created if missing)"]
 
 
 def test_enums_are_read_in_any_case(home, job_file):
