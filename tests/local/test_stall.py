@@ -198,15 +198,17 @@ def test_jobs_shows_how_long_ago_a_running_jobs_last_line_came(home, job_file, t
 
 
 def test_on_ssh_hosts_podrun_stacks_and_a_detached_stall_name_where_each_worker_hangs(home, lab, hosts_spec):
-    spec = hosts_spec("run: python3 hang.py\nstall: 5s\nstop_grace: 1s\n", hosts=(0, 1), files={"hang.py": HANG})
+    # stall: 10s, so that `podrun stacks` comes well within it on a loaded machine (with 5 s, a fresh-clone CI run
+    # once saw the stall stop the job first: "the job's agent on this worker has ended")
+    spec = hosts_spec("run: python3 hang.py\nstall: 10s\nstop_grace: 1s\n", hosts=(0, 1), files={"hang.py": HANG})
     launched = podrun("exec", "--detach", spec)
     assert launched.returncode == 0, launched.stderr
     job_id = job_id_in(launched.stderr)
     wait_until(lambda: "step 1" in podrun("logs", job_id, "--worker", "1").stdout, "worker 1's first line")
-    shown = podrun("stacks", job_id)  # within the 5 s: the job still runs
+    shown = podrun("stacks", job_id)  # within the 10 s: the job still runs
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == NEITHER_ALIKE.removeprefix("podrun: ") + "\n"
-    wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=20)
+    wait_until(lambda: not processes_of_job(job_id), "worker 0's agent to stop the stalled job", timeout=30)
     followed = podrun("logs", "-f", job_id)
     assert followed.returncode == STALLED, followed.stderr
     assert NEITHER_ALIKE in followed.stderr

@@ -9,6 +9,7 @@ as its VM's reboot would (its namespace's processes but its sshd). Run under `fl
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import signal
@@ -245,3 +246,42 @@ def test_supervisor_install_adds_one_boot_line_that_starts_the_adoption(lab, sup
         assert "no job of this host's is without its supervisor" in log
     finally:
         lab.run(supervisor.index, "crontab -r")
+
+
+# fails on its first attempt once released, then shows a digest of its secret on the next
+FAILS_ONCE_RELEASED = ('echo "attempt $PODRUN_ATTEMPT got $(printf %s "$HF_TOKEN" | sha256sum | cut -c1-16)"\n'
+                       '[ "$PODRUN_ATTEMPT" = 0 ] || exit 0\n'
+                       'until [ -e {release} ]; do sleep 0.1; done\n'
+                       'exit 3\n')
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["secret given to start", "secret not given"])
+def test_a_restart_after_adoption_takes_the_secret_from_the_environment_of_supervisor_start(
+        home, lab, hosts_spec, supervisor, tmp_path, monkeypatch, given):
+    secret = "hf-" + os.urandom(8).hex()
+    monkeypatch.setenv("HF_TOKEN", secret)
+    release = tmp_path / "release"
+    spec = hosts_spec(supervisor.spec + "secret_env: [HF_TOKEN]\nrestarts: {max: 1, on: [failure]}\n"
+                      + as_run(FAILS_ONCE_RELEASED.format(release=release)), hosts=(0, 1))
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "attempt 0 got" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+    kill_everything_on(lab)
+    found = subprocess.run(["grep", "-rlF", secret, str(supervisor.home)], capture_output=True, text=True)
+    assert found.stdout == "", f"the secret in files on the supervisor: {found.stdout}"
+
+    adopted = on_host(lab, supervisor, f"{'HF_TOKEN=' + secret + ' ' if given else ''}{supervisor.podrun} "
+                                       f"supervisor start")
+    assert f"job {job_id}: adopted again" in adopted.stderr, adopted.stderr
+    release.touch()
+    wait_until(lambda: state_there(supervisor, job_id) != "running", "the adopted job's end", timeout=60)
+    record = supervisor.record(job_id)
+    if given:
+        digest = hashlib.sha256(secret.encode()).hexdigest()[:16]
+        assert record["state"] == "succeeded", record["summary"]
+        assert f"attempt 1 got {digest}" in podrun("logs", job_id, "--worker", "1").stdout
+    else:
+        assert record["state"] == "failed"
+        assert "HF_TOKEN is neither set in env nor in podrun's environment" in record["summary"], record["summary"]
+    assert anything_of_the_job(job_id) == []
