@@ -460,7 +460,9 @@ class TpuStandIn:
         hosts = ACCELERATOR_HOSTS[accelerator]
 
         def finish() -> dict | ApiError:
-            if name not in self.nodes:  # deleted while it was being created
+            # deleted while it was being created, and perhaps made again since: an operation acts on its own node,
+            # never on a later one of the same name (as Google's: a resource's operation is that resource's)
+            if self.nodes.get(name) is not node:
                 return {"@type": NODE_TYPE, **node}
             if refusal := self._external_ips_refused(parent, zone, node["id"], node["networkConfig"]):
                 del self.nodes[name]
@@ -538,8 +540,9 @@ class TpuStandIn:
         node["state"] = "DELETING"
 
         def finish() -> dict:
-            del self.nodes[name]
-            self._release_hosts(name)
+            if self.nodes.get(name) is node:  # not a node of the same name made since (another operation's)
+                del self.nodes[name]
+                self._release_hosts(name)
             return {"@type": EMPTY_TYPE}
 
         return self._start_operation(parent, name, "delete", finish)
