@@ -70,9 +70,12 @@ With "detach": true the agent reports {"event": "detached", "pid": P} and carrie
 of its own, without stdin or stdout, until the step ends or it receives SIGTERM.
 
 Stopping sends SIGTERM, once per process, to the step's process group (to its leader alone with
-"term": "leader": torchrun passes it on to its ranks) and to every other process that still
-carries this job's PODRUN_JOB_ID and PODRUN_WORKER in its environment and is this user's (which catches
-children that left the group with setsid), then SIGKILL after the grace period. A container is stopped by name
+"term": "leader": torchrun passes it on to its ranks) and to every other process of the step: on Linux
+the agent is a child subreaper (it imports _ctypes for that, 0.5 ms: processes.become_subreaper), so
+whatever the step started stays below it, setsid'd and orphaned processes included, and it walks that
+tree through /proc/PID/task/TID/children; elsewhere, every process that still carries this job's
+PODRUN_JOB_ID and PODRUN_WORKER in its environment and is this user's, read from all of /proc. SIGKILL
+follows after the grace period. A container is stopped by name
 (docker stop -t GRACE, then docker kill), and the step ends only once it is gone. The same sweep
 runs after a normal exit, so nothing the step started outlives it.
 """

@@ -1,6 +1,6 @@
 """The step's processes: starting one in a session of its own (spawn), whether it exited, and
-who else belongs to the step (its process group, its ancestry in /proc). Standard library only,
-Python 3.8+, nothing done at import.
+who else belongs to the step (its process group, its ancestry in /proc, the tree below the agent as
+a child subreaper). Standard library only, Python 3.8+, nothing done at import.
 """
 
 import os
@@ -11,6 +11,7 @@ except ImportError:  # not CPython
     import signal
 
 SPAWN_FAILED = 127
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 # signal numbers by name, without the aliases Linux also defines for SIGCHLD, SIGABRT and SIGIO
 SIGNAL_NAMES = {getattr(signal, name): name for name in dir(signal)
                 if name.startswith("SIG") and "_" not in name and name not in ("SIGCLD", "SIGIOT", "SIGPOLL")}
@@ -66,6 +67,62 @@ def descends_from(pid, ancestor):
         if pid == ancestor:
             return True
     return False
+
+
+def become_subreaper():
+    """Make this process the reaper of its orphaned descendants (Linux 3.4+): a process the step started
+    then stays below the agent once its parent is gone (setsid and a double fork included), where
+    children() finds it. True if that holds here: the prctl worked and /proc lists children (Linux 3.5+,
+    CONFIG_PROC_CHILDREN). prctl is reached through _ctypes, ctypes' C core: 0.5 ms to import, where
+    ctypes itself costs 3 ms (CPython 3.8 to 3.13; `os` has no prctl). Not inherited by a fork: the
+    agent calls it itself, after detaching."""
+    if not os.path.exists("/proc/self/task/%d/children" % os.getpid()):
+        return False
+    try:
+        import _ctypes
+        prctl = _ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl")
+        return _ctypes.call_function(prctl, (PR_SET_CHILD_SUBREAPER, 1)) == 0
+    except (ImportError, AttributeError, OSError):  # no _ctypes, no prctl in this libc
+        return False
+
+
+def children(pid):
+    """The pids of pid's children, through each of its threads' /proc/PID/task/TID/children: reads only
+    pid's own entries, never all of /proc."""
+    found = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, task)) as handle:
+                found.extend(int(child) for child in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def descendants(pids):
+    """Every process below the given ones (not themselves), read from their children() downwards."""
+    found = []
+    pending = list(pids)
+    while pending:
+        below = children(pending.pop())
+        found.extend(below)
+        pending.extend(below)
+    return found
+
+
+def reap_adopted(ours):
+    """Reap the exited orphans a subreaper adopted (nothing else waits for them), leaving the children
+    in `ours` to whoever waits for each."""
+    for pid in children(os.getpid()):
+        if pid not in ours:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def group_of(pid):

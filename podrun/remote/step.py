@@ -34,6 +34,7 @@ class Step:
         self.rank = None  # under torchrun: the rank that failed first, whose exit code the step's is
         self.killed = False  # a stop's SIGKILL ended it, after the grace period
         self.helpers = []  # docker commands started to stop the container: reaped at the end
+        self.subreaper = False  # orphans of the step re-parent to the agent (processes.become_subreaper)
         self.py_spy = ""  # the py-spy on the job's PATH as the step started (stacks.py), or ""
         self.exit_text = None  # the step's <step>.exit, once it has ended (write_exit)
         # the job's step on this worker (the spec's progress), reported to the launcher or the hub
@@ -53,6 +54,7 @@ class Step:
         self.write_file(self.config["step"] + ".py-spy", self.py_spy)
         if self.container:  # its processes are the daemon's children, not ours: stacks.py finds them by its name
             self.write_file(self.config["step"] + ".container", self.container)
+        self.subreaper = processes.become_subreaper()
         read_end, write_end = os.pipe()
         try:
             self.pid = processes.spawn([processes.shell(), "-c", self.config["command"]], self.config["cwd"], env, write_end)
@@ -124,6 +126,8 @@ class Step:
                         self.request_stop("stop requested")
                 elif ready == "signal":
                     os.read(wakeup, 512)
+                    if self.subreaper:  # a SIGCHLD among them, perhaps of an orphan we adopted
+                        processes.reap_adopted([self.pid] + self.helpers)
                 elif ready == "exit":
                     poller.unregister(exit_watch)
                 elif ready == "watch":
@@ -226,6 +230,8 @@ class Step:
         signal.set_wakeup_fd(wake_write)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, lambda signum, frame: self.request_stop(processes.SIGNAL_NAMES[signum]))
+        if self.subreaper:  # only to wake the loop, which reaps the orphans that exited
+            signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         return wake_read
 
     def _signal_job(self, signum):
@@ -249,13 +255,27 @@ class Step:
                 os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
-        for pid in stacks.marked(self.config["job_id"], self.config["worker"]):
-            if processes.group_of(pid) == self.pid or (leader_only and processes.descends_from(pid, self.pid)):
-                continue  # signalled above, or the leader's to stop
+        for pid in self._outside_group(leader_only):
             try:
                 os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _outside_group(self, leader_only):
+        """The step's processes that the signal to its group does not reach (those that left it, with
+        setsid or setpgid), without the leader's descendants when the leader stops them itself."""
+        if self.subreaper:
+            # the tree below the agent: the step's, and its orphans, re-parented to us. Each agent reads
+            # only its own processes, where N agents on one machine reading all of /proc read N x N.
+            adopted = [pid for pid in processes.children(os.getpid()) if pid != self.pid and pid not in self.helpers]
+            found = adopted + processes.descendants(adopted + ([] if leader_only else [self.pid]))
+        else:
+            # no subreaper or no children lists here (not Linux; an old or restricted kernel): an orphan
+            # is init's, so the job's processes are known by the marker in their environment, read from
+            # every process in /proc
+            found = [pid for pid in stacks.marked(self.config["job_id"], self.config["worker"])
+                     if not (leader_only and processes.descends_from(pid, self.pid))]
+        return [pid for pid in found if processes.group_of(pid) != self.pid]
 
     def _docker(self, *args):
         docker = processes.which("docker")

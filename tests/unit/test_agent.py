@@ -8,9 +8,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from podrun.remote import code_record
 from podrun.transport.base import agent_command, agent_source
+
+from helpers import wait_until
 
 STEP_LIMIT_S = 20
 
@@ -140,3 +143,28 @@ def test_an_agent_that_comes_after_the_jobs_failure_is_told_to_stop_at_once():
     watch.ready(fd)  # its hello
     assert late.recv(64) == b"stop 0 3\n"
     late.close()
+
+
+def test_a_daemon_the_step_leaves_behind_is_stopped_even_without_the_jobs_environment(tmp_path):
+    # a grandchild in a session of its own whose parent is gone by the time the step ends, its
+    # environment cleared: only the agent's tree (it is a child subreaper) still knows it as the step's
+    command = """
+        ( setsid env -i sleep 303 < /dev/null > /dev/null 2>&1 & echo $! > daemon.pid )
+        daemon=$(cat daemon.pid)
+        while [ "$(ps -o comm= -p "$daemon")" != sleep ]; do sleep 0.01; done
+        echo "daemon $daemon under $(ps -o ppid= -p "$daemon")"
+    """
+    output, events, code = run_agent(tmp_path, command, str(tmp_path))
+    assert code == 0, events
+    daemon, parent = (int(word) for word in output.split()[1::2])
+    assert parent != 1  # re-parented to the agent, not to init
+
+    def daemon_alive() -> bool:
+        try:
+            state = Path(f"/proc/{daemon}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command_line = Path(f"/proc/{daemon}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return state != "Z" and command_line == b"sleep\x00303\x00"
+
+    wait_until(lambda: not daemon_alive(), "the daemon the step left behind to be stopped", timeout=5)
