@@ -6,11 +6,15 @@ stdout: a pseudo-terminal (where the line shows at once as a row of the live reg
 (where it goes out when its window ends, unless every worker joined it). Each case runs with the
 collapse on (the default) and with --no-collapse: the difference is what the collapse adds.
 
-    python scripts/bench_collapse.py [--workers 1,64] [--lines 10] [--cost 64,1024,4096]
+    python scripts/bench_collapse.py [--workers 1,64] [--lines 10] [--cost 64,1024,4096] [--ranks 1000000]
 
 --cost: the collapse's own CPU per line (podrun/collapse.py alone, a clock that steps 0.5 s a
 round), with N workers that each print a line of their own and a line all print, 20 rounds, and one
 worker a warning more each round.
+
+--ranks N: the memory the collapse keeps for many sources: one worker prints a line from each of N
+ranks (`[rank7]: ...`, with newlines, then without), through `podrun exec` and then `podrun logs` of that
+job, each with the collapse on and with --no-collapse: the peak RSS and CPU of podrun's process.
 """
 
 from __future__ import annotations
@@ -105,12 +109,51 @@ def cost_per_line(workers: int, rounds: int = 20) -> float:
     return (time.process_time() - started) / lines
 
 
+RANKS = {"lines": ("import sys\nw = sys.stdout.buffer\n"
+                   "for r in range({n}): w.write(b'[rank%d]: hello from rank %d\\n' % (r, r))\n"),
+         "no newlines": "import sys\nsys.stdout.write(''.join('[rank%d]:x' % r for r in range({n})))\n"}
+
+
+def measured(command: list[str]) -> tuple[str, float, float]:
+    """The command's stderr, peak RSS (MB) and CPU (s), its stdout thrown away."""
+    process = subprocess.Popen(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{command} failed: {stderr}")
+    return stderr, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+
+
+def ranks_memory(ranks: int, work: Path) -> None:
+    print("| output | command | collapse | peak RSS | CPU |\n|---|---|---|---:|---:|")
+    for kind, source in RANKS.items():
+        printer = work / "ranks.py"
+        printer.write_text(source.format(n=ranks))
+        job = None
+        for collapse in (True, False):
+            stderr, rss, cpu = measured([sys.executable, "-m", "podrun", "exec", "--local", "1",
+                                         *([] if collapse else ["--no-collapse"]), "--", sys.executable, str(printer)])
+            job = job or re.search(r"job (\S+) succeeded", stderr)[1]  # type: ignore[index]
+            print(f"| {kind} | exec | {'on' if collapse else 'off'} | {rss:.0f} MB | {cpu:.1f} s |", flush=True)
+        for collapse in (True, False):
+            _, rss, cpu = measured([sys.executable, "-m", "podrun", "logs", str(job),
+                                    *([] if collapse else ["--no-collapse"])])
+            print(f"| {kind} | logs | {'on' if collapse else 'off'} | {rss:.0f} MB | {cpu:.1f} s |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,64", help="worker counts, comma-separated")
     parser.add_argument("--lines", type=int, default=10, help="lines the printing worker prints, 0.3 s apart")
     parser.add_argument("--cost", help="worker counts for the collapse's own CPU per line (instead of latency)")
+    parser.add_argument("--ranks", type=int, help="ranks for the memory of many sources (instead of latency)")
     args = parser.parse_args()
+    if args.ranks:
+        with tempfile.TemporaryDirectory() as work:
+            os.environ.setdefault("PODRUN_HOME", str(Path(work) / "home"))
+            ranks_memory(args.ranks, Path(work))
+        return
     if args.cost:
         print("| workers | CPU per line |\n|---|---|")
         for workers in map(int, args.cost.split(",")):

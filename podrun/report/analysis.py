@@ -40,6 +40,13 @@ class Analysis:
         self.now = time.time() if now is None else now
         self.attempts = _attempts(record)
         self.spans = [span for entry in record.phases for span in self._spans(entry)]
+        # per worker (None: the job's own): what the per-worker questions read, so that asking them of
+        # every worker stays linear in workers x attempts
+        self.spans_of: dict[int | None, list[Span]] = {}
+        for span in self.spans:
+            self.spans_of.setdefault(span.worker, []).append(span)
+        self._seconds_by_phase: dict[str, dict[int, float]] = {}
+        self._rates: dict[int, list[tuple[float, float, float]]] = {}
         self.start = min([record.started_at, *(span.start for span in self.spans)])
         self.end = record.ended_at or self.now
         self.wall_s = max(self.end - self.start, 1e-9)
@@ -62,11 +69,13 @@ class Analysis:
 
     def worker_seconds(self, phase: str) -> dict[int, float]:
         """Each worker's time in the phase, summed over attempts."""
-        seconds: dict[int, float] = {}
-        for span in self.spans:
-            if span.phase == phase and span.worker is not None:
-                seconds[span.worker] = seconds.get(span.worker, 0.0) + span.seconds
-        return seconds
+        if phase not in self._seconds_by_phase:
+            seconds: dict[int, float] = {}
+            for span in self.spans:
+                if span.phase == phase and span.worker is not None:
+                    seconds[span.worker] = seconds.get(span.worker, 0.0) + span.seconds
+            self._seconds_by_phase[phase] = seconds
+        return self._seconds_by_phase[phase]
 
     def slowest(self, phase: str) -> tuple[int, float, float] | None:
         """The worker longest in the phase: (worker, its seconds, the median worker's); None if no worker's."""
@@ -82,6 +91,11 @@ class Analysis:
 
     def line_rates(self, worker: int) -> list[tuple[float, float, float]]:
         """(start, end, lines per second) of the worker's run output over time, as the launcher counted it."""
+        if worker not in self._rates:
+            self._rates[worker] = self._line_rates(worker)
+        return self._rates[worker]
+
+    def _line_rates(self, worker: int) -> list[tuple[float, float, float]]:
         rates = []
         for entry in self.record.phases:
             counter = entry.get("lines", {}).get(str(worker))
@@ -109,10 +123,11 @@ class Analysis:
         if len(self.workers) <= max_rows:
             return [[worker] for worker in self.workers]
         step = self.wall_s / 200
+        output = {worker: self._output(worker) for worker in self.workers}
         while True:
             groups: dict[tuple, list[int]] = {}
             for worker in self.workers:
-                groups.setdefault(self._signature(worker, step), []).append(worker)
+                groups.setdefault(self._signature(worker, step, *output[worker]), []).append(worker)
             if len(groups) <= max_rows or step > self.wall_s:
                 break
             step *= 2
@@ -122,15 +137,19 @@ class Analysis:
             ordered = ordered[:max_rows - 1] + [rest]
         return sorted(ordered, key=lambda group: group[0])
 
-    def _signature(self, worker: int, step: float) -> tuple:
+    def _signature(self, worker: int, step: float, loudness: int, silent_s: float) -> tuple:
         spans = sorted((span.attempt, span.phase, round((span.start - self.start) / step),
-                        round((span.end - self.start) / step)) for span in self.spans if span.worker == worker)
+                        round((span.end - self.start) / step)) for span in self.spans_of.get(worker, ()))
+        return tuple(spans), loudness, silent_s // max(step, 1e-9)
+
+    def _output(self, worker: int) -> tuple[int, float]:
+        """The order of magnitude of the worker's lines per second in run (-1: none counted), and its
+        seconds without a line."""
         rates = self.line_rates(worker)
         seconds = sum(end - start for start, end, _ in rates)
         lines = sum((end - start) * rate for start, end, rate in rates)
         loudness = round(math.log2(1 + lines / seconds)) if seconds else -1
-        silent = sum(end - start for start, end, rate in rates if rate == 0) // max(step, 1e-9)
-        return tuple(spans), loudness, silent
+        return loudness, sum(end - start for start, end, rate in rates if rate == 0)
 
 
 def _attempts(record: jobstore.JobRecord) -> list[dict]:

@@ -91,13 +91,14 @@ class Row:
 def _row(analysis: Analysis, band: list[int]) -> Row:
     """A worker's row, or a band's: drawn as its first worker, its title giving the band's spread."""
     first = band[0]
-    spans = [span for span in analysis.spans if span.worker == first]
+    spans = analysis.spans_of.get(first, [])
     if len(band) == 1:
         return Row(f"w{first}", _address(analysis, first), band, spans)
     label = f"{worker_ranges(band)} ({len(band)})"
     spread = []
+    members = set(band)
     for phase in analysis.phases_shown():
-        seconds = [s for w, s in analysis.worker_seconds(phase).items() if w in set(band)]
+        seconds = [s for w, s in analysis.worker_seconds(phase).items() if w in members]
         if seconds:
             spread.append(f"{phase}: {min(seconds):.2f}s to {max(seconds):.2f}s, median {statistics.median(seconds):.2f}s")
     return Row(label, f"{len(band)} workers alike: {worker_ranges(band)}\n" + "\n".join(spread), band, spans)
