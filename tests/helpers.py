@@ -518,6 +518,11 @@ def as_run(script: str) -> str:
     return "run: |\n" + "".join(f"  {line}\n" for line in script.splitlines())
 
 
+def worker_log_on_the_laptop(job_id: str, worker: int) -> str:
+    """What the laptop's `podrun logs ID --worker N` shows."""
+    return podrun("logs", job_id, "--worker", str(worker)).stdout
+
+
 def listed_as_json(job_id: str) -> dict:
     """The job as the laptop's `podrun jobs --json` gives it."""
     listed = podrun("jobs", "--json")

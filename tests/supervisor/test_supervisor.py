@@ -35,6 +35,7 @@ from helpers import (
     require_nft,
     supervised_tpu_spec,
     wait_until,
+    worker_log_on_the_laptop,
 )
 
 # --- the lab itself: what the tests below stand on
@@ -70,11 +71,6 @@ def row_of(job_id: str) -> str:
     listed = podrun("jobs")
     assert listed.returncode == 0, listed.stderr
     return next(line for line in listed.stdout.splitlines() if line.startswith(job_id))
-
-
-def worker_log_on_the_laptop(job_id: str, worker: int) -> str:
-    """What the laptop's `podrun logs ID --worker N` shows."""
-    return podrun("logs", job_id, "--worker", str(worker)).stdout
 
 
 @pytest.mark.slow

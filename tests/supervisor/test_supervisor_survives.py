@@ -31,6 +31,7 @@ from helpers import (
     processes_of_job,
     supervised_tpu_spec,
     wait_until,
+    worker_log_on_the_laptop,
 )
 
 pytestmark = pytest.mark.slow
@@ -54,6 +55,12 @@ def agents_and_shells(job_id: str) -> list[str]:
 def on_host(lab, supervisor, command: str) -> subprocess.CompletedProcess:
     """A command on the supervisor host in a login's bare environment (as cron or a unit runs it there)."""
     return lab.run(supervisor.index, f"env -i HOME=/root PATH=/usr/bin:/bin sh -c {shlex.quote(command)}")
+
+
+def adopt_again(lab, supervisor, job_id: str) -> None:
+    """`podrun supervisor start` on the host, which says it adopted the job again."""
+    adopted = supervisor_start(lab, supervisor)
+    assert f"job {job_id}: adopted again" in adopted.stderr, adopted.stderr
 
 
 def supervisor_start(lab, supervisor) -> subprocess.CompletedProcess:
@@ -83,8 +90,7 @@ def test_a_job_outlives_its_killed_supervisor_and_a_supervisor_started_again_ado
     assert "supervisor away" in podrun("jobs").stdout
     assert agents_and_shells(job_id) == workers
 
-    adopted = supervisor_start(lab, supervisor)
-    assert f"job {job_id}: adopted again" in adopted.stderr
+    adopt_again(lab, supervisor, job_id)
     # once adopted, a second start finds nothing to adopt: the job has its supervisor again
     assert "no job of this host's is without its supervisor" in supervisor_start(lab, supervisor).stderr
     assert "supervisor away" not in podrun("jobs").stdout
@@ -116,8 +122,7 @@ def test_a_job_whose_supervisor_stays_away_is_stopped_by_its_workers_within_the_
     took = wait_until(lambda: processes_of_job(job_id) == [], "the workers to stop the job themselves", timeout=30)
     assert took < 20
 
-    adopted = supervisor_start(lab, supervisor)  # follows it to the end it had
-    assert f"job {job_id}: adopted again" in adopted.stderr
+    adopt_again(lab, supervisor, job_id)  # follows it to the end it had
     wait_until(lambda: state_there(supervisor, job_id) != "running", "the adopted job's end", timeout=30)
     record = supervisor.record(job_id)
     assert record["state"] == "stopped", record["summary"]
@@ -132,12 +137,12 @@ def test_a_spot_tpu_job_adopted_again_is_recovered_from_a_later_preemption_and_s
     started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
-    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+    wait_until(lambda: "attempt 0 on worker 1" in worker_log_on_the_laptop(job_id, 1), "attempt 0")
 
     kill_everything_on(lab)
-    assert f"job {job_id}: adopted again" in supervisor_start(lab, supervisor).stderr
+    adopt_again(lab, supervisor, job_id)
     tpu_api_on_lab.preempt("life")  # recovered by the supervisor adopted again
-    wait_until(lambda: "attempt 1 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+    wait_until(lambda: "attempt 1 on worker 1" in worker_log_on_the_laptop(job_id, 1),
                "attempt 1 on the TPU created again", timeout=90)
     release.touch()
     wait_until(lambda: state_there(supervisor, job_id) == "succeeded", "the job to succeed", timeout=60)
@@ -155,7 +160,7 @@ def test_a_tpu_job_left_without_its_supervisor_stops_and_worker_0_deletes_its_tp
     started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")  # delete_after: always
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
-    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+    wait_until(lambda: "attempt 0 on worker 1" in worker_log_on_the_laptop(job_id, 1), "attempt 0")
     worker_0 = tpu_api_on_lab.node_endpoints_of("life")[0]
     asked_before = len(tpu_api_on_lab.received)
 
@@ -168,8 +173,7 @@ def test_a_tpu_job_left_without_its_supervisor_stops_and_worker_0_deletes_its_tp
     said = (lab.hosts[worker_0.host_index].home / ".podrun" / "jobs" / job_id / "self_delete.txt").read_text()
     assert "the Cloud TPU API accepted the request" in said, said
 
-    adopted = supervisor_start(lab, supervisor)  # its TPU is gone: the job is over, nothing is made again
-    assert f"job {job_id}: adopted again" in adopted.stderr
+    adopt_again(lab, supervisor, job_id)  # its TPU is gone: the job is over, nothing is made again
     wait_until(lambda: state_there(supervisor, job_id) != "running", "the adopted job's end", timeout=60)
     assert "its TPU was gone when a supervisor adopted it again" in supervisor.record(job_id)["summary"]
     assert tpu_api_on_lab.node_requests()[1:] == []  # created once, never again
@@ -182,7 +186,7 @@ def test_a_preemption_recovery_cut_off_is_taken_up_by_a_supervisor_started_again
     started = podrun("exec", supervised_tpu_spec(job_file, lab, supervisor, run), "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
-    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+    wait_until(lambda: "attempt 0 on worker 1" in worker_log_on_the_laptop(job_id, 1), "attempt 0")
 
     tpu_api_on_lab.operation_delay_s = 5.0  # the recovery's deletion and creation take a while
     tpu_api_on_lab.preempt("life")
@@ -190,9 +194,8 @@ def test_a_preemption_recovery_cut_off_is_taken_up_by_a_supervisor_started_again
     kill_everything_on(lab)
     tpu_api_on_lab.operation_delay_s = 0.3
 
-    adopted = supervisor_start(lab, supervisor)
-    assert f"job {job_id}: adopted again" in adopted.stderr
-    wait_until(lambda: "attempt 1 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+    adopt_again(lab, supervisor, job_id)
+    wait_until(lambda: "attempt 1 on worker 1" in worker_log_on_the_laptop(job_id, 1),
                "attempt 1 on the TPU created again", timeout=90)
     console = (supervisor.job_dir(job_id) / "console" / "stderr").read_text()
     assert "adopted again; attempt 1 had not begun: creating the TPU again" in console
@@ -216,9 +219,8 @@ def test_a_create_cut_off_is_begun_again_by_a_supervisor_started_again(
     assert "`podrun supervisor start` there adopts it again" in handing.text, handing.text
     tpu_api_on_lab.operation_delay_s = 0.3
 
-    adopted = supervisor_start(lab, supervisor)
-    assert f"job {job_id}: adopted again" in adopted.stderr
-    wait_until(lambda: "attempt 0 on worker 1" in podrun("logs", job_id, "--worker", "1").stdout,
+    adopt_again(lab, supervisor, job_id)
+    wait_until(lambda: "attempt 0 on worker 1" in worker_log_on_the_laptop(job_id, 1),
                "the job begun again on the TPU its first launcher asked for", timeout=90)
     console = (supervisor.job_dir(job_id) / "console" / "stderr").read_text()
     assert "its launcher was cut off while its TPU was made: that request is deleted and made again" in console
@@ -266,7 +268,7 @@ def test_a_restart_after_adoption_takes_the_secret_from_the_environment_of_super
     started = podrun("exec", spec, "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
-    wait_until(lambda: "attempt 0 got" in podrun("logs", job_id, "--worker", "1").stdout, "attempt 0")
+    wait_until(lambda: "attempt 0 got" in worker_log_on_the_laptop(job_id, 1), "attempt 0")
     kill_everything_on(lab)
     found = subprocess.run(["grep", "-rlF", secret, str(supervisor.home)], capture_output=True, text=True)
     assert found.stdout == "", f"the secret in files on the supervisor: {found.stdout}"
@@ -280,7 +282,7 @@ def test_a_restart_after_adoption_takes_the_secret_from_the_environment_of_super
     if given:
         digest = hashlib.sha256(secret.encode()).hexdigest()[:16]
         assert record["state"] == "succeeded", record["summary"]
-        assert f"attempt 1 got {digest}" in podrun("logs", job_id, "--worker", "1").stdout
+        assert f"attempt 1 got {digest}" in worker_log_on_the_laptop(job_id, 1)
     else:
         assert record["state"] == "failed"
         assert "HF_TOKEN is neither set in env nor in podrun's environment" in record["summary"], record["summary"]
