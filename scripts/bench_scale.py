@@ -6,6 +6,7 @@ run; and output from 64 lab workers streaming 20,000 lines each without loss.
     python scripts/bench_scale.py --local 64 128 256 512 1024 --hosts --stream-hosts 0
     sudo python scripts/bench_scale.py [--hosts 16 64 256] [--rounds 3] [--stream-hosts 64] [--lines 20000]
     sudo python scripts/bench_scale.py --hosts 512 --handshakes 8 32 128 512 --stream-hosts 0
+    sudo python scripts/bench_scale.py --hosts 64 256 512 --reach direct tree --rounds 1 --stream-hosts 0
 
 1. `podrun exec` of `run: true` on N workers (lab hosts: code already shipped; local workers: a
    fresh PODRUN_HOME each round, so an empty workdir ships): wall time, the launcher's CPU time (user +
@@ -195,24 +196,35 @@ def local_costs(counts: list[int], rounds: int, workdir: Path) -> None:
         fit_table("local workers", rows)
 
 
-def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env: dict) -> None:
-    rows = {}
+# --reach: how the launcher reaches the hosts, as PODRUN_CONTROL_TREE sets it (launch/control_tree.py)
+REACH = {"default": None, "direct": "off", "tree": "2"}
+
+
+def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env: dict, reaches: list[str]) -> None:
+    rows: dict[str, dict[int, tuple[Sample, float]]] = {reach: {} for reach in reaches}
     for count in counts:
         spec = write_lab_spec(workdir / f"true{count}.yaml", lab, "code", "true", hosts=lab.hosts[:count])
         command = [sys.executable, "-m", "podrun", "exec", str(spec)]
         run_measured(command, env)  # trust host keys, ship the (empty) code
         ssh = all_at_once([" ".join(lab.ssh_args(i) + ["-o", "KexAlgorithms=curve25519-sha256", "true"])
                            for i in range(count)])
-        samples, raws = [], []
-        for _ in range(rounds):
-            samples.append(run_measured(command, env, BRIDGE))
+        samples: dict[str, list[Sample]] = {reach: [] for reach in reaches}
+        raws = []
+        for _ in range(rounds):  # interleaved: each way of reaching the hosts, then the raw baseline
+            for reach in reaches:
+                tree = REACH[reach]
+                samples[reach].append(run_measured(command, {**env, **({"PODRUN_CONTROL_TREE": tree} if tree else {})},
+                                                   BRIDGE))
             raws.append(timed(ssh))
-        rows[count] = (medians(samples), statistics.median(raws))
-        print(f"  {count} hosts: {rows[count][0]}", file=sys.stderr, flush=True)
-    cost_table(f"podrun exec of `true` on N lab hosts, code already shipped, the launcher process, median of "
-               f"{rounds} rounds; raw: parallel `ssh host true`", rows, "ssh")
-    if len(rows) >= 3:
-        fit_table("lab hosts", rows)
+        for reach in reaches:
+            rows[reach][count] = (medians(samples[reach]), statistics.median(raws))
+            print(f"  {count} hosts, {reach}: {rows[reach][count][0]}", file=sys.stderr, flush=True)
+    for reach, table in rows.items():
+        how = "" if reach == "default" else f", {reach} (PODRUN_CONTROL_TREE={REACH[reach]})"
+        cost_table(f"podrun exec of `true` on N lab hosts{how}, code already shipped, the launcher process, median of "
+                   f"{rounds} rounds; raw: parallel `ssh host true`", table, "ssh")
+        if len(table) >= 3:
+            fit_table(f"lab hosts{how}", table)
 
 
 def handshake_costs(lab: Lab, count: int, values: list[int], workdir: Path, env: dict) -> None:
@@ -259,6 +271,8 @@ def main() -> None:
     parser.add_argument("--local", type=int, nargs="*", default=[])
     parser.add_argument("--hosts", type=int, nargs="*", default=[16, 64, 256])
     parser.add_argument("--handshakes", type=int, nargs="*", default=[])
+    parser.add_argument("--reach", nargs="+", choices=list(REACH), default=["default"],
+                        help="how the launcher reaches lab hosts: podrun's default, direct, or through the control tree")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stream-hosts", type=int, default=64)
     parser.add_argument("--lines", type=int, default=20_000)
@@ -276,7 +290,7 @@ def main() -> None:
             (work / "code").mkdir()
             env = {**os.environ, "PODRUN_HOME": str(work / "podrun-home")}
             if args.hosts:
-                launcher_costs(lab, args.hosts, args.rounds, work, env)
+                launcher_costs(lab, args.hosts, args.rounds, work, env, args.reach)
             if args.handshakes:
                 handshake_costs(lab, max(args.hosts), args.handshakes, work, env)
             if args.stream_hosts:

@@ -37,9 +37,10 @@ CONNECTED = b"podrun-connected"
 # a command's ssh client that exits 255 may have lost its master: the master's own exit is awaited this long,
 # so that the launcher hears of a lost connection, not of a command that exited 255
 MASTER_EXIT_WAIT_S = 2.0
-INPUT_HELD_MAX = 1 << 20
-# what the master runs: it ends when its stdin does, so a relay killed outright leaves no master behind
-HELD_OPEN = "exec cat >/dev/null"  # bytes held for one command's stdin before the relay waits for it to take them
+INPUT_HELD_MAX = 1 << 20  # bytes held for one command's stdin before the relay waits for it to take them
+# what the master runs: it says it is up once the connection (and so its control socket) is, then ends when
+# its stdin does, so that a relay killed outright leaves no master behind
+HELD_OPEN = "echo %s; exec cat >/dev/null" % CONNECTED.decode()
 
 
 class Command:
@@ -122,12 +123,13 @@ class Relay:
                    "-S", os.path.join(self.directory, "c%d" % child)] + request["argv"]
         self.options[child] = options
         master = await asyncio.create_subprocess_exec(
-            "ssh", "-M", "-o", "ControlPersist=no", "-o", "PermitLocalCommand=yes",
-            "-o", "LocalCommand=echo " + CONNECTED.decode(), *options, HELD_OPEN,
+            "ssh", "-M", "-o", "ControlPersist=no", *options, HELD_OPEN,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         self.masters[child] = master
-        said = await master.stdout.readline()
-        if said.strip() != CONNECTED:
+        said = b"-"
+        while said and said.strip() != CONNECTED:  # a login's own words (a ~/.bashrc that echoes) come first
+            said = await master.stdout.readline()
+        if not said:
             await master.wait()
             self.masters.pop(child, None)
             self.send(tree_frames.FAILED, child, _last_words(await master.stderr.read(), master.returncode))

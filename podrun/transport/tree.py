@@ -181,19 +181,22 @@ class Relay:
 
     async def _read(self) -> None:
         assert self.channel is not None
-        pending = bytearray()
+        pending = b""
+        header = tree_frames.HEADER
         try:
             while chunk := await self.channel.stdout.read(1 << 18):
                 pending += chunk
-                while len(pending) >= tree_frames.HEADER.size:
-                    kind, ident, size = tree_frames.HEADER.unpack_from(pending)
+                start = 0
+                while len(pending) - start >= header.size:
+                    kind, ident, size = header.unpack_from(pending, start)
                     if size > tree_frames.MAX_PAYLOAD:
                         raise ChannelLost(f"a frame of {size} bytes from the relay")
-                    if len(pending) < tree_frames.HEADER.size + size:
+                    end = start + header.size + size
+                    if len(pending) < end:
                         break
-                    payload = bytes(pending[tree_frames.HEADER.size:tree_frames.HEADER.size + size])
-                    del pending[:tree_frames.HEADER.size + size]
-                    await self._take(kind, ident, payload)
+                    await self._take(kind, ident, pending[start + header.size:end])
+                    start = end
+                pending = pending[start:]
             why = (await self.channel.stderr.read()).decode(errors="replace").strip().splitlines()
             self._lose(why[-1] if why else "the relay process ended")
         except ChannelLost as lost:
