@@ -153,6 +153,7 @@ class Relay:
         self.children: dict[int, TreeTransport] = {}
         self.channels: dict[int, tuple[int, TreeChannel]] = {}  # command -> (its worker, its channel)
         self.reading: asyncio.Task | None = None
+        self.outgoing: list[bytes] = []  # frames queued this turn of the loop (send)
 
     def open(self) -> asyncio.Future[None]:
         """Connected to the relay worker and its relay started (once, however many ask)."""
@@ -168,13 +169,23 @@ class Relay:
         self.reading = asyncio.ensure_future(self._read())
 
     def send(self, data: bytes) -> None:
+        """Queue frames for the relay: what one turn of the loop queues goes out as one write (a `go`, a
+        heartbeat or a stop to every worker behind the relay is one packet, not one per worker)."""
         if self.lost is None and self.channel is not None:
+            if not self.outgoing:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self.outgoing.append(data)
+
+    def _flush(self) -> None:
+        data, self.outgoing = b"".join(self.outgoing), []
+        if data and self.lost is None and self.channel is not None:
             try:
                 self.channel.stdin.write(data)
             except (ChannelLost, OSError, RuntimeError) as error:
                 self._lose(str(error) or "its channel closed")
 
     async def drain(self) -> None:
+        self._flush()
         if self.lost is None and self.channel is not None:
             with contextlib.suppress(ChannelLost, OSError, RuntimeError):
                 await self.channel.stdin.drain()
@@ -237,6 +248,7 @@ class Relay:
             child.answered(False, self.lost)
 
     async def close(self) -> None:
+        self._flush()
         if self.channel is not None and self.lost is None:
             with contextlib.suppress(ChannelLost, OSError, RuntimeError):
                 self.channel.stdin.write_eof()
