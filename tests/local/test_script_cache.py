@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -87,6 +88,13 @@ def test_a_worker_with_the_agent_cached_is_sent_its_step_alone(tmp_path, python)
         pytest.skip(f"no {python} here")
     worker = CountingTransport(tmp_path, str(python))
     source, step = len(base.script_source("agent")), step_size(worker, "echo ran")
+    # a previous release's entry (no .v2, no header) of the same name is neither used nor touched
+    (tmp_path / ".podrun" / "cache").mkdir(parents=True, mode=0o700)
+    hexversion = subprocess.run([python, "-c", "import sys; print('%x' % sys.hexversion)"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    entry_name = base.script_command(str(python), "agent").split("c('")[1].split("'")[0]
+    old_release = tmp_path / ".podrun" / "cache" / f"{entry_name}-{hexversion}"
+    old_release.write_bytes(b"a previous release's marshalled code")
 
     assert ran(agent_step(worker, "echo ran"), b"ran\n")
     # the bootstrap found no entry: the agent started again with its source ahead of the same step
@@ -100,6 +108,7 @@ def test_a_worker_with_the_agent_cached_is_sent_its_step_alone(tmp_path, python)
     assert worker.commands == [base.script_command(str(python), "agent", cached=True)]
     assert worker.written == step  # the step's message, and no source
     assert len(worker.commands[0]) < 2000
+    assert old_release.read_bytes() == b"a previous release's marshalled code"
 
 
 def test_a_changed_agent_source_is_sent_and_cached_beside_the_old_one(tmp_path, monkeypatch):
