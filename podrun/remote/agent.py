@@ -1,9 +1,10 @@
 """podrun's worker-side agent: runs one step of a job on this worker and stays with it to the end.
 
 It starts from the worker's cache by the hash of its source, which is sent over the channel's stdin
-only where the worker lacks it (transport/base.py, BOOTSTRAP); never installed, so it uses the standard library only and runs on the worker's own python3 (3.8 or newer). It starts
-on every worker for every step, so it imports only built-in modules: json, subprocess, shutil and
-selectors would double its start-up (they pull in re, collections and more), and even `signal`
+only where the worker lacks it (transport/base.py, BOOTSTRAP); never installed, so it uses the
+standard library only and runs on the worker's own python3 (3.8 or newer). It starts on every worker
+for every step, so it imports only built-in modules: json, subprocess, shutil and selectors would
+double its start-up (they pull in re, collections and more), and even `signal`
 costs 4.5 ms of a 7 ms Python start (it builds enums), so the agent uses its C core, `_signal`.
 
 This module is its entry and protocol; its parts travel with it, compiled into its cache entry

@@ -75,12 +75,22 @@ class Transport(ABC):
         a command line is there for every user of the worker to see (`ps`), and a job's id or directory is
         not theirs to know."""
         arguments = "".join(" " + shlex.quote(arg) for arg in args)
-        channel = ScriptChannel(await self.start(script_command(self.python, name, cached=True) + arguments),
-                                partial(self.start, script_command(self.python, name) + arguments), script_source(name))
+        with_source = script_command(self.python, name) + arguments
+        if self.may_have(cache_name(name)):
+            channel: Channel = ScriptChannel(await self.start(script_command(self.python, name, cached=True) + arguments),
+                                             partial(self.start, with_source), script_source(name))
+        else:
+            channel = await self.start(with_source)
+            channel.stdin.write(script_source(name))
         if unlisted is not None:
             channel.stdin.write("".join(line + "\n" for line in unlisted).encode())
             channel.stdin.write_eof()
         return channel
+
+    def may_have(self, entry: str) -> bool:
+        """Whether the worker may have the cache entry `entry` (BOOTSTRAP) for some Python; where it cannot, a
+        script starts with its source at once, sparing the start that would only say it lacks it."""
+        return True
 
     @abstractmethod
     def endpoint(self) -> dict:
@@ -149,6 +159,7 @@ def c(n,z):
  return m(k)
 exec(c('{name}',{size}),{{'__name__':'__main__'}})"""
 CACHED, UNCACHED = b"podrun-script cached\n", b"podrun-script uncached\n"  # what BOOTSTRAP says on stderr
+CACHE_DIR = ".podrun/cache"  # BOOTSTRAP's, in the worker's root
 
 
 # The modules of podrun/remote/ a worker-side script imports: a worker, which has no podrun package, gets
@@ -187,12 +198,16 @@ def script_source(name: str) -> bytes:
 
 
 @cache
+def cache_name(name: str) -> str:
+    """The name of the worker-side script `name`'s cache entries (BOOTSTRAP), before the Python's version."""
+    return f"{name}-{hashlib.sha256(script_source(name)).hexdigest()[:16]}"
+
+
+@cache
 def script_command(python: str, name: str, cached: bool = False) -> str:
     """The command that runs the worker-side script `name`: its source follows on stdin, or with `cached`,
     the worker runs it from its cache or says it lacks it (BOOTSTRAP)."""
-    source = script_source(name)
-    cache_name = f"{name}-{hashlib.sha256(source).hexdigest()[:16]}"
-    bootstrap = BOOTSTRAP.format(size=0 if cached else len(source), name=cache_name)
+    bootstrap = BOOTSTRAP.format(size=0 if cached else len(script_source(name)), name=cache_name(name))
     # -I -S: the scripts need the standard library only; skipping site and PYTHON* variables saves
     # start-up on every worker and keeps the worker's Python settings out of them
     return f"exec {shlex.quote(python)} -I -S -c {shlex.quote(bootstrap)}"

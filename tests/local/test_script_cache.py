@@ -23,12 +23,16 @@ PYTHONS = [Path(sys.executable),
 class CountingTransport(LocalTransport):
     """A local worker whose channels count what the launcher writes to them."""
 
-    def __init__(self, root: Path, python: str, login: str = ""):
+    def __init__(self, root: Path, python: str, login: str = "", as_remote: bool = False):
         super().__init__(str(root))
         self.python = python
         self.login = login  # what a login prints before the command runs (a ~/.bashrc)
+        self.as_remote = as_remote  # it does not look into the worker's cache, as a remote worker's cannot
         self.commands: list[str] = []
         self.written = 0
+
+    def may_have(self, entry: str) -> bool:
+        return self.as_remote or super().may_have(entry)
 
     async def start(self, command: str):
         channel = await super().start(self.login + command)
@@ -82,11 +86,12 @@ def cache_entry(worker: CountingTransport, name: str = "agent") -> Path:
     return entry
 
 
+@pytest.mark.parametrize("as_remote", [False, True], ids=["local", "as-remote"])
 @pytest.mark.parametrize("python", PYTHONS, ids=str)
-def test_a_worker_with_the_agent_cached_is_sent_its_step_alone(tmp_path, python):
+def test_a_worker_with_the_agent_cached_is_sent_its_step_alone(tmp_path, python, as_remote):
     if not python.exists():
         pytest.skip(f"no {python} here")
-    worker = CountingTransport(tmp_path, str(python))
+    worker = CountingTransport(tmp_path, str(python), as_remote=as_remote)
     source, step = len(base.script_source("agent")), step_size(worker, "echo ran")
     # a previous release's entry (no .v2, no header) of the same name is neither used nor touched
     (tmp_path / ".podrun" / "cache").mkdir(parents=True, mode=0o700)
@@ -97,10 +102,12 @@ def test_a_worker_with_the_agent_cached_is_sent_its_step_alone(tmp_path, python)
     old_release.write_bytes(b"a previous release's marshalled code")
 
     assert ran(agent_step(worker, "echo ran"), b"ran\n")
-    # the bootstrap found no entry: the agent started again with its source ahead of the same step
-    assert worker.commands == [base.script_command(str(python), "agent", cached=True),
-                               base.script_command(str(python), "agent")]
-    assert worker.written == step + source + step
+    with_source = [base.script_command(str(python), "agent")]
+    if as_remote:  # the bootstrap found no entry: the agent started again with its source ahead of the same step
+        assert worker.commands == [base.script_command(str(python), "agent", cached=True), *with_source]
+        assert worker.written == step + source + step
+    else:  # a local worker's cache, seen to lack the entry: started with its source at once
+        assert (worker.commands, worker.written) == (with_source, source + step)
     assert oct(cache_entry(worker).stat().st_mode & 0o777) == "0o600"
     assert oct(cache_entry(worker).parent.stat().st_mode & 0o777) == "0o700"
 
@@ -117,15 +124,19 @@ def test_a_changed_agent_source_is_sent_and_cached_beside_the_old_one(tmp_path, 
     old_entry = cache_entry(worker)
     read = base.remote_source
     monkeypatch.setattr(base, "remote_source", lambda name: read(name) + (b"# changed\n" if name == "agent" else b""))
-    base.script_source.cache_clear()
-    base.script_command.cache_clear()
+    _forget_sources()
     try:
         assert ran(agent_step(worker, "echo after"), b"after\n")
-        assert len(worker.commands) == 2 and worker.written > len(base.script_source("agent"))
+        assert worker.commands == [base.script_command(str(PYTHONS[0]), "agent")]  # with its source: none cached
+        assert worker.written > len(base.script_source("agent"))
         assert old_entry.exists() and len(list(old_entry.parent.glob("agent-*.v2"))) == 2
     finally:
-        base.script_source.cache_clear()
-        base.script_command.cache_clear()
+        _forget_sources()
+
+
+def _forget_sources() -> None:
+    for remembered in (base.script_source, base.cache_name, base.script_command):
+        remembered.cache_clear()
 
 
 def _truncated(entry: Path) -> None:
@@ -170,7 +181,8 @@ async def _relay_node_started(worker: CountingTransport) -> None:
 
 def test_a_small_script_sends_its_input_alone_once_cached_and_a_login_s_lines_stay_in_stderr(tmp_path):
     # a login that prints on stderr, its last line without a newline, ahead of the bootstrap's word
-    worker = CountingTransport(tmp_path, str(PYTHONS[0]), login="echo welcome >&2; printf 'no newline' >&2; ")
+    worker = CountingTransport(tmp_path, str(PYTHONS[0]), login="echo welcome >&2; printf 'no newline' >&2; ",
+                               as_remote=True)
 
     async def connector_errors() -> tuple[list[bytes], int]:
         await worker.connect()
