@@ -203,6 +203,7 @@ def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env:
                    against: str | None = None) -> None:
     trees = {"this tree": REPO, **({against: podrun_at(against, workdir / "against")} if against else {})}
     rows: dict[str, dict[int, tuple[Sample, float]]] = {label: {} for label in trees}
+    paired: dict[int, float] = {}  # --against: the median of each round's ratio of wall times, this tree's to REV's
     for count in counts:
         commands = {}
         for label, tree in trees.items():  # each its own home: neither finds the other's records or known hosts
@@ -222,21 +223,26 @@ def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env:
         for label in trees:
             rows[label][count] = (medians(samples[label]), statistics.median(raws))
             print(f"  {count} hosts, {label}: {rows[label][count][0]}", file=sys.stderr, flush=True)
+        if against:
+            paired[count] = statistics.median(here.wall_s / there.wall_s
+                                              for here, there in zip(samples["this tree"], samples[against]))
     cost_table(f"podrun exec of `true` on N lab hosts, code already shipped, the launcher process, median of "
                f"{rounds} rounds; raw: parallel `ssh host true`", rows["this tree"], "ssh")
     if len(counts) >= 3:
         fit_table("lab hosts", rows["this tree"])
     if against:
-        against_table(rows["this tree"], rows[against], against, rounds)
+        against_table(rows["this tree"], rows[against], paired, against, rounds)
 
 
-def against_table(here: dict[int, tuple[Sample, float]], there: dict[int, tuple[Sample, float]], against: str,
-                  rounds: int) -> None:
-    print_table(f"the same, this tree against {against}, interleaved, median of {rounds} rounds",
-                ["hosts", "wall s", f"at {against}", "ratio", "KB sent/host", f"at {against}", "launcher CPU s",
-                 f"at {against}", "ssh s"],
+def against_table(here: dict[int, tuple[Sample, float]], there: dict[int, tuple[Sample, float]],
+                  paired: dict[int, float], against: str, rounds: int) -> None:
+    print_table(f"the same, this tree against {against}, interleaved, median of {rounds} rounds (paired: the "
+                "median of each round's ratio)",
+                ["hosts", "wall s", f"at {against}", "ratio", "paired", "KB sent/host", f"at {against}",
+                 "launcher CPU s", f"at {against}", "ssh s"],
                 {str(count): [f"{sample.wall_s:.2f}", f"{there[count][0].wall_s:.2f}",
-                              f"{sample.wall_s / there[count][0].wall_s:.2f}x", f"{sample.written / count / 1e3:.1f}",
+                              f"{sample.wall_s / there[count][0].wall_s:.2f}x", f"{paired[count]:.2f}x",
+                              f"{sample.written / count / 1e3:.1f}",
                               f"{there[count][0].written / count / 1e3:.1f}", f"{sample.cpu_s:.2f}",
                               f"{there[count][0].cpu_s:.2f}", f"{raw_s:.2f}"]
                  for count, (sample, raw_s) in here.items()})
