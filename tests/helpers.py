@@ -348,15 +348,21 @@ def packets_dropped(match: str, table: str = "podrun_lab_cut"):
 
 def bridge_sent_bytes() -> int:
     """Bytes this machine (the launcher's side) sent into the lab's bridge; traffic between lab
-    hosts crosses the bridge without passing this machine's network stack. From /proc/net/dev, which
-    shows this process's network namespace (/sys/class/net shows the one /sys was mounted in)."""
+    hosts crosses the bridge without passing this machine's network stack."""
     from lab import BRIDGE
 
+    return device_sent_bytes(BRIDGE)
+
+
+def device_sent_bytes(device: str) -> int:
+    """Bytes network device `device` has sent: the bridge's, or a lab host's side of it (lab.VETH_PREFIX +
+    its index: what the host received). From /proc/net/dev, which shows this process's network namespace
+    (/sys/class/net shows the one /sys was mounted in)."""
     for line in Path("/proc/self/net/dev").read_text().splitlines():
         name, _, counters = line.partition(":")
-        if name.strip() == BRIDGE:
+        if name.strip() == device:
             return int(counters.split()[8])  # 8 received counters, then the bytes sent
-    raise AssertionError(f"no device {BRIDGE} in /proc/self/net/dev")
+    raise AssertionError(f"no device {device} in /proc/self/net/dev")
 
 
 def require_nft() -> None:

@@ -21,7 +21,7 @@ import marshal
 from podrun.errors import PodrunError
 from podrun.remote import tree_frames
 from podrun.transport import key_agent, known_hosts
-from podrun.transport.base import Channel, ChannelLost, Transport, script_command, script_source
+from podrun.transport.base import Channel, ChannelLost, Transport
 from podrun.transport.ssh import SshTransport
 
 HELD_MAX = 1 << 20  # bytes a command's unread output may hold before the relay's channel is read no further
@@ -164,8 +164,7 @@ class Relay:
     async def _open(self) -> None:
         self.head.forward_agent = await self.agent.socket()
         await self.head.connect()
-        self.channel = await self.head.start(script_command(self.head.python, "tree_relay"))
-        self.channel.stdin.write(script_source("tree_relay"))
+        self.channel = await self.head.start_python("tree_relay")
         self.reading = asyncio.ensure_future(self._read())
 
     def send(self, data: bytes) -> None:
