@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from podrun.terminal import Terminal
-from podrun.worker_output import MAX_LINE, WorkerOutput
+from podrun.worker_output import KEPT_LINE, MAX_LINE, WorkerOutput
 
 
 def split(*chunks: bytes, index: int = 2) -> tuple[bytes, bytes]:
@@ -44,6 +44,33 @@ def test_a_huge_line_without_newline_is_shown_in_pieces():
     screen, log = split(b"x" * (MAX_LINE + 10))
     assert screen == b"[w2] " + b"x" * MAX_LINE + b"\n[w2] " + b"x" * 10 + b"\n"
     assert len(log) == MAX_LINE + 10
+
+
+def test_rank_headers_and_crlf_cut_between_chunks_are_read_as_if_whole():
+    chunks = b"[ra|nk3]:one\r|\n[rank|12]:two|[rank3]:|three\r|x\r\n[rank123456|78]:four\n".split(b"|")
+    screen, log = split(*chunks)
+    # rank 12's line is unfinished until the stream ends
+    assert screen == b"[w2 r3] one\n[w2 r3] x\n[w2]    [rank12345678]:four\n[w2 r12] two\n"
+    assert log == b"".join(chunks)
+
+
+def test_a_rank_line_without_newline_is_shown_in_pieces_and_goes_on_as_that_ranks():
+    screen, _ = split(b"[rank1]:" + b"x" * MAX_LINE, b"y[rank2]:z\n[rank1]:w\n")
+    assert screen.split(b"\n") == [b"[w2 r1] " + b"x" * MAX_LINE, b"[w2 r2] z", b"[w2 r1] yw", b""]
+
+
+def test_a_rank_header_inside_a_line_of_the_worker_own_counts_toward_its_length():
+    screen, _ = split(b"x" + b"[rank1]:" * (MAX_LINE // 8))
+    assert screen.split(b"\n") == [b"[w2] x" + b"[rank1]:" * (MAX_LINE // 8 - 1) + b"[rank1]",
+                                    b"[w2] :", b""]
+
+
+def test_tail_keeps_the_end_of_a_long_line():
+    output = WorkerOutput(0, None, None)
+    output.feed(b"a" * MAX_LINE + b"b" * 10 + b"\n[rank3]:" + b"c" * KEPT_LINE + b"d\n")
+    whole, rest, rank = output.tail()
+    assert whole == "..." + "a" * KEPT_LINE and rest == "b" * 10
+    assert rank == "[rank3]:..." + "c" * (KEPT_LINE - 1) + "d"
 
 
 def test_tail_keeps_the_last_lines_decoded():
