@@ -166,7 +166,7 @@ class WorkerOutput:
         self.rank = current
 
     def _end_line(self) -> None:
-        line, rank = self.lines.pop(self.rank, _Line()), self.rank
+        line, rank = self.lines.pop(self.rank, None) or _Line(), self.rank
         self.rank = None
         text = line.final()
         # a redrawn line left blank was erased; a rank's blank line is mostly a \r that torchrun's
