@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import io
+import re
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from podrun.remote.rank_output import split_segments
 from podrun.terminal import Terminal
 from podrun.worker_output import KEPT_LINE, MAX_LINE, WorkerOutput
 
@@ -77,3 +82,11 @@ def test_tail_keeps_the_last_lines_decoded():
     output = WorkerOutput(0, None, None, keep=2)
     output.feed(b"one\ntwo\nthr\xffee\n")
     assert output.tail() == ["two", "thr\ufffdee"]
+
+
+@given(st.lists(st.sampled_from([b"a", b"b", b"\r", b"\n"]), max_size=40).map(b"".join))
+def test_a_ranks_output_is_cut_into_the_segments_its_line_ends_make(data):
+    # each line end ends a segment, but a \r at the very end (half of a \r\n, perhaps); a lone \r is none
+    ends = [match.end() for match in re.finditer(rb"\r\n|\n|\r(?!\Z)", data)]
+    segments = [data[start:end] for start, end in zip([0, *ends], ends)]
+    assert split_segments(data) == ([s for s in segments if s != b"\r"], data[ends[-1] if ends else 0:])
