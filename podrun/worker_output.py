@@ -62,6 +62,11 @@ class _Line:
     def final(self) -> bytes:
         return bytes(self.text) or self.shown  # an empty last segment (`bar\r\r\n`) leaves the bar on screen
 
+    def live(self) -> bytes:
+        """What a live row shows of it: what was written since its last carriage return (tqdm writes `\r`
+        then the new state), or else the state before; its start only."""
+        return bytes(self.text[:LIVE_TEXT]) or self.shown[:LIVE_TEXT]
+
 
 class WorkerOutput:
     """One worker's stream: logged byte for byte, cut into lines, shown prefixed, its last lines kept.
@@ -140,11 +145,10 @@ class WorkerOutput:
                 self._end_line_of(next(rank for rank in self.lines if rank is not None))
 
     def _show_unfinished(self) -> None:
-        """On a live terminal, the current line's text as the terminal would show it: what was written
-        since its last carriage return (tqdm writes `\r` then the new state), or else the state before."""
+        """On a live terminal, the current line's text as the terminal would show it."""
         line = self.lines.get(self.rank)
         if self.terminal and self.terminal.live and line and line.redrawn:
-            self.terminal.show_live(self.index, self.rank, bytes(line.text[:LIVE_TEXT]) or line.shown[:LIVE_TEXT])
+            self.terminal.show_live(self.index, self.rank, line.live())
 
     def _carriage_return(self) -> None:
         line = self._current()
@@ -154,7 +158,7 @@ class WorkerOutput:
         if not self.terminal or not line.shown:
             return
         if self.terminal.live:
-            self.terminal.show_live(self.index, self.rank, line.shown)
+            self.terminal.show_live(self.index, self.rank, line.live())
         elif time.monotonic() - line.since >= PIPE_PROGRESS_S and line.shown.strip():
             line.since = time.monotonic()
             self.terminal.print_line(self.index, self.rank, line.shown)
