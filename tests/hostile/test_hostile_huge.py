@@ -165,6 +165,9 @@ def test_a_stream_without_newlines_costs_podrun_memory_flat_in_its_size_and_keep
         shown = result.stdout.split(b"\n")
         assert shown.pop() == b"" and all(line.startswith(b"[w0] ") for line in shown)
         assert b"".join(line[5:] + b"\n" * (kind == "lines") for line in shown) == printed
+        if (count, kind) == (12288, "none"):  # `podrun logs` shows it as exec did, in less memory than exec took for 4 MB
+            replayed, replay_mb, _ = podrun_own_usage("logs", job_id_in(result.stderr.decode()))
+            assert replayed.stdout == result.stdout and replay_mb < runs[1024, "none"][0]
     # 48 MB without a newline held 48 pieces of 1 MB for a failure report's last lines, and cost 3x the CPU
     growth_mb = runs[12288, "none"][0] - runs[1024, "none"][0]
     assert growth_mb < 10, f"48 MB without newlines cost podrun {growth_mb:.0f} MB more than 4 MB"
