@@ -16,8 +16,9 @@ of its rank.
 
 Memory and CPU stay bounded whatever the stream: each piece of it is looked at once (what is held
 between two pieces is at most a carriage return or the start of a rank header), a line longer than
-MAX_LINE shows in pieces of that size, and the last lines kept for a failure report keep only their
-last KEPT_LINE bytes.
+MAX_LINE shows in pieces of that size, a worker's unfinished lines hold MAX_HELD bytes at most in all
+(past that, the oldest shows as it stands), and the last lines kept for a failure report keep only
+their last KEPT_LINE bytes.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ LONGEST_HEADER = len("[rank1234567]:")
 # a worker's ranks with an unfinished line at once (each costs a line's state, and a live row); a stream
 # naming ever new ranks finishes the oldest one's line as it goes, so memory stays bounded
 MAX_OPEN_RANKS = 1024
-MAX_LINE = 1 << 20  # a longer run of bytes without a newline is shown in pieces of this size
+MAX_LINE = 1 << 16  # a longer run of bytes without a newline is shown in pieces of this size, as rank_output.py's
+MAX_HELD = 1 << 20  # the bytes a worker's unfinished lines hold in all (with the text each showed before its `\r`)
 KEPT_LINE = 4096  # a line kept for tail() keeps its last bytes: 200 lines of a stream without newlines cost 200 MB
 LIVE_TEXT = 4096  # a live row shows the start of its line, cut to the screen's width: no more of it is needed
 PIPE_PROGRESS_S = 30.0
@@ -81,6 +83,7 @@ class WorkerOutput:
         self.log = log
         self.undecided = b""  # the end of the last piece, which the next decides: a `\r`, or a rank header begun
         self.lines: dict[int | None, _Line] = {}  # unfinished lines by rank; None: the worker's own
+        self.held = 0  # the bytes they hold: their text, and what they showed before their last `\r`
         self.rank: int | None = None  # the rank whose line the next bytes continue
         self.last_lines: deque[bytes] = deque(maxlen=keep)
 
@@ -126,11 +129,13 @@ class WorkerOutput:
         in a line of its own."""
         while text:
             line = self._current()
-            room = MAX_LINE - len(line.text)
-            line.text += text[:room]
-            text = text[room:]
+            piece, text = text[:MAX_LINE - len(line.text)], text[MAX_LINE - len(line.text):]
+            line.text += piece
+            self.held += len(piece)
             if len(line.text) >= MAX_LINE:
                 self._end_line_of(self.rank)
+            while self.held > MAX_HELD:  # the current line alone holds 2 * MAX_LINE at most
+                self._end_line_of(next(rank for rank in self.lines if rank != self.rank))
 
     def _take(self, match: re.Match[bytes]) -> None:
         if match[0] == b"\r":
@@ -154,6 +159,7 @@ class WorkerOutput:
         line = self._current()
         line.redrawn = True
         if line.text:
+            self.held -= len(line.shown)
             line.shown, line.text = bytes(line.text), bytearray()
         if not self.terminal or not line.shown:
             return
@@ -172,6 +178,7 @@ class WorkerOutput:
     def _end_line(self) -> None:
         line, rank = self.lines.pop(self.rank, None) or _Line(), self.rank
         self.rank = None
+        self.held -= len(line.text) + len(line.shown)
         text = line.final()
         # a redrawn line left blank was erased; a rank's blank line is mostly a \r that torchrun's
         # --tee turned into a newline

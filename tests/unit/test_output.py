@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from podrun.remote.rank_output import split_segments
 from podrun.terminal import Terminal
-from podrun.worker_output import KEPT_LINE, MAX_LINE, WorkerOutput
+from podrun.worker_output import KEPT_LINE, MAX_HELD, MAX_LINE, WorkerOutput
 
 
 def split(*chunks: bytes, index: int = 2) -> tuple[bytes, bytes]:
@@ -68,6 +68,21 @@ def test_a_rank_header_inside_a_line_of_the_worker_own_counts_toward_its_length(
     screen, _ = split(b"x" + b"[rank1]:" * (MAX_LINE // 8))
     assert screen.split(b"\n") == [b"[w2] x" + b"[rank1]:" * (MAX_LINE // 8 - 1) + b"[rank1]",
                                     b"[w2] :", b""]
+
+
+def test_a_workers_unfinished_lines_hold_max_held_bytes_in_all_and_show_every_byte():
+    screen = io.BytesIO()
+    output = WorkerOutput(0, Terminal(screen), None)
+    rounds = b"".join(b"[rank%d]:" % rank + b"x" * 30_000 + b"\r" * (rank % 2) for rank in range(100))
+    for _ in range(3):  # 100 ranks' lines of 90 KB, half of them redrawn: 9 MB unfinished
+        output.feed(rounds)
+        assert output.held == sum(len(line.text) + len(line.shown) for line in output.lines.values()) <= MAX_HELD
+    output.close()
+    shown: dict[int, int] = {}
+    for rank, text in re.findall(rb"\[w0 r(\d+)\] +(x+)\n", screen.getvalue()):
+        shown[int(rank)] = shown.get(int(rank), 0) + len(text)
+    # each line, pushed out by newer ones before its rank's next round, shows as it stood: every byte
+    assert shown == {rank: 90_000 for rank in range(100)}
 
 
 def test_tail_keeps_the_end_of_a_long_line():
