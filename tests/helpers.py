@@ -107,6 +107,22 @@ def podrun(*args: str, timeout: float = 120, text: bool = True, **kwargs) -> sub
                           timeout=timeout, cwd=REPO, **kwargs)
 
 
+OWN_USAGE = ("import os, re, sys; from podrun import cli; code = cli.main(sys.argv[1:]); times = os.times(); "
+             "peak = re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read())[1]; "
+             "print('own usage', peak, times.user + times.system, file=sys.stderr); cli._exit(code)")
+
+
+def podrun_own_usage(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run the real CLI as podrun() does, with its own peak RSS (MB, VmHWM) and CPU seconds, for its process
+    alone: wait4's would count its agents and workers, and a process that subprocess starts with vfork begins
+    with its parent's peak (a test's that captured 200 MB)."""
+    result = subprocess.run([sys.executable, "-c", OWN_USAGE, *map(str, args)], capture_output=True,
+                            timeout=timeout, cwd=REPO)
+    usage = re.search(rb"own usage (\d+) (\S+)\n\Z", result.stderr)
+    assert usage, result.stderr[-2000:]
+    return result, int(usage[1]) / 1024, float(usage[2])
+
+
 IMPORT_PROBE = """
 import sys
 sys.argv = ["podrun", *{args!r}]
