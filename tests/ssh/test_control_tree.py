@@ -88,6 +88,7 @@ def test_dry_run_names_the_relays_and_below_the_count_there_are_none(home, lab, 
     spec = hosts_spec("run: 'true'", hosts=HOSTS)
     shown = podrun("exec", "--dry-run", spec)
     assert shown.returncode == 0, shown.stderr
-    assert "target: 4 SSH hosts (through 2 relay workers: 0, 3; PODRUN_CONTROL_TREE)" in shown.stdout
+    ips = ", ".join(lab.hosts[index].ip for index in HOSTS)
+    assert f"# target: 4 SSH hosts: {ips} (through 2 relay workers: 0, 3; PODRUN_CONTROL_TREE)\n" in shown.stdout
     monkeypatch.setenv("PODRUN_CONTROL_TREE", "5")
     assert "relay" not in podrun("exec", "--dry-run", spec).stdout
