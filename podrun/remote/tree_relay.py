@@ -115,7 +115,7 @@ class AgentProxy:
         if self.connection is None:
             self.connection = asyncio.ensure_future(self._connect())
         upstream = await self.connection
-        reply = asyncio.get_event_loop().create_future()
+        reply = asyncio.get_running_loop().create_future()
         self.waiting.append(reply)
         upstream.write(len(request).to_bytes(4, "big") + request)
         reply = await reply
@@ -149,7 +149,7 @@ class MuxSession:
 
     @classmethod
     async def open(cls, path, command):
-        loop = asyncio.get_event_loop()
+        loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
@@ -214,7 +214,7 @@ async def _mux_read(sock):
 async def _mux_exactly(sock, size):
     data = b""
     while len(data) < size:
-        more = await asyncio.get_event_loop().sock_recv(sock, size - len(data))
+        more = await asyncio.get_running_loop().sock_recv(sock, size - len(data))
         if not more:
             raise EOFError("the master closed its control socket")
         data += more
@@ -223,12 +223,12 @@ async def _mux_exactly(sock, size):
 
 async def _pipe_reader(fd):
     reader = asyncio.StreamReader()
-    await asyncio.get_event_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
     return reader
 
 
 async def _pipe_writer(fd):
-    loop = asyncio.get_event_loop()
+    loop = asyncio.get_running_loop()
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0))
     return asyncio.StreamWriter(transport, protocol, None, loop)
 
@@ -367,7 +367,7 @@ def _last_words(stderr, code):
 
 
 async def main():
-    loop = asyncio.get_event_loop()
+    loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=tree_frames.MAX_PAYLOAD + tree_frames.HEADER.size)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", 0))
     writer = await _pipe_writer(1)
@@ -390,5 +390,5 @@ async def main():
 
 
 if __name__ == "__main__":
-    asyncio.get_event_loop().run_until_complete(main())
+    asyncio.run(main())
     sys.exit(0)
