@@ -352,9 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and return its exit code (bad usage: 2, as argparse prints it)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [SUPERVISE]:  # not a user's command: what a handover starts on a supervisor host
+        from podrun.supervisor import greeting
+
+        job = greeting.answer()  # before the rest of podrun loads
+        if job is None:
+            return exits.USAGE
         from podrun.supervisor import daemon
 
-        return handled(daemon.main)
+        return handled(lambda: daemon.main(job))
     try:
         args = parse(argv)
     except SystemExit as argparse_exit:  # bad usage, or --help

@@ -23,20 +23,20 @@ import shutil
 import signal
 import sys
 
-from podrun import escapes, exits, jobstore
+from podrun import __version__, exits, jobstore
 from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.errors import PodrunError, UsageError
 from podrun.launch.exec_options import ExecOptions
-from podrun.output import colour_wanted, say, say_success
+from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
 from podrun.spec_fields import HOST_FORMS, parse_host, parse_jumps
-from podrun.supervisor import answers, install, remote
+from podrun.supervisor import answers, greeting, install, remote
 from podrun.targets.base import Worker, target_for
 from podrun.transport import known_hosts, past_login
-from podrun.transport.base import ChannelLost
+from podrun.transport.base import Channel, ChannelLost
 from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
@@ -87,17 +87,18 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
                      options: ExecOptions) -> int:
     try:
         await remote.connect(transport, host)
-        podrun = await install.podrun_on_host(transport, host, spec.supervisor.podrun if spec.supervisor else None)
-        if tree is not None:
-            await _ship(transport, host, tree, spec.name)
-        channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
+        # the code goes to the supervisor's store while its podrun starts
+        shipped = asyncio.ensure_future(_ship(transport, host, tree, spec.name)) if tree is not None else None
+        try:
+            podrun, channel = await _supervise(transport, host, spec.supervisor.podrun if spec.supervisor else None)
+        finally:
+            if shipped is not None:
+                await shipped
         channel.stdin.write(json.dumps(payload).encode() + b"\n")
         if options.dry_run:
-            return await remote.relay(channel, options.raw)
-        said = await past_login.past_login(channel.stdout)
+            return await remote.relay(channel, options.raw, stdout_begun=True)
         started = await channel.stdout.readline()
-        if not started:  # it refused the job before starting it (its one line says why), or its shell failed
-            sys.stdout.buffer.write(escapes.shown(said, colour_wanted(sys.stdout.buffer)))
+        if not started:  # it refused the job before starting it (its one line says why)
             return await remote.relay(channel, stdout_begun=True)
         job_id, console = answers.started(started, host, spec.name)
         supervisor = {"host": host, "endpoint": transport.endpoint(), "podrun": podrun}
@@ -119,6 +120,35 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         raise PodrunError(f"supervisor {host}: the link broke ({lost})") from None
     finally:
         await transport.close()
+
+
+async def _supervise(transport: SshTransport, host: str, configured: str | None) -> tuple[str, Channel]:
+    """`podrun _supervise` started on the host, past its answer that it is of this version (greeting.py):
+    its path there and its channel, ready for the job. The podrun this laptop found there last time is
+    started at once; the host is asked for one (install.py) only if that one does not answer so."""
+    podrun = install.remembered(host, configured)
+    if podrun is not None:
+        channel, answer = await _start(transport, podrun)
+        if answer == greeting.this_version():
+            return podrun, channel
+    podrun = await install.podrun_on_host(transport, host, configured)
+    channel, answer = await _start(transport, podrun)
+    if answer != greeting.this_version():
+        raise PodrunError(f"supervisor {host}: {podrun} there says it is {greeting.this_version()} (--version), but "
+                          f"`{podrun} _supervise` answered {answer or 'nothing'} to the handover; install "
+                          f"podrun {__version__} there")
+    install.remember(host, configured, podrun)
+    return podrun, channel
+
+
+async def _start(transport: SshTransport, podrun: str) -> tuple[Channel, str | None]:
+    """`podrun _supervise` started, told the version wanted: its channel and the version it answered (None:
+    it said nothing so, such as a shell that found no such podrun, or a podrun from before greeting.py)."""
+    channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
+    channel.stdin.write(greeting.wanted_line())
+    if await past_login.past_login(channel.stdout):  # its shell failed before it ran podrun
+        return channel, None
+    return channel, greeting.answered(await channel.stdout.readline())
 
 
 async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) -> None:
