@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun import jobstore
+from podrun import __version__, jobstore
 
 from helpers import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
@@ -188,3 +188,75 @@ def test_a_pointer_whose_record_vanished_on_the_supervisor_reads_lost_with_why(h
     again = podrun("jobs")  # kept: not asked again
     assert "lost" in next(line for line in again.stdout.splitlines() if line.startswith(job_id))
     assert again.stderr == ""
+
+
+# --- the podrun a handover starts there: found once, then started at once (supervisor/greeting.py)
+
+def logging_podrun(supervisor, log: Path, body: str) -> Path:
+    """The supervisor's podrun replaced by a script that notes each command it runs (its first argument) in
+    `log`, then runs `body`."""
+    supervisor.podrun.write_text(f'#!/bin/sh\necho "$1" >> {log}\n{body}')
+    return supervisor.podrun
+
+
+def commands_run(log: Path, *names: str) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line in names] if log.exists() else []
+
+
+def test_a_second_handover_asks_for_no_version_and_still_reports_a_failed_start(home, lab, hosts_spec, supervisor,
+                                                                                job_file, tmp_path):
+    log = tmp_path / "commands"
+    this_podrun = supervisor.podrun.read_text().splitlines()[-1]
+    logging_podrun(supervisor, log, this_podrun)
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'exec sleep 600'"))
+    assert commands_run(log, "--version", "_supervise") == ["--version", "_supervise"]
+    stop_leaves_nothing(job_id)
+    log.unlink()
+    # the podrun found there is remembered: the next handover starts it at once, and a worker it cannot
+    # reach still fails `--detach` in one line, as the first handover's did
+    result, error = failed_handover(job_file, lab, supervisor, f"{{hosts: [{lab.hosts[0].ip}, '{lab.hosts[1].ip}:2222']}}")
+    assert error == [f"podrun: error: on the supervisor root@{supervisor.ip}: {lab.hosts[1].ip}:2222: "
+                     f"cannot connect: Connection refused"], result.stderr
+    assert commands_run(log, "--version", "_supervise") == ["_supervise"]
+    failed = job_id_in(result.stderr)
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert sorted((job["id"], job["state"]) for job in listed) == sorted([(job_id, "stopped"), (failed, "failed")])
+
+
+def test_a_remembered_podrun_of_another_version_gets_no_job_and_the_host_is_asked_again(home, lab, hosts_spec,
+                                                                                       supervisor, tmp_path,
+                                                                                       monkeypatch):
+    log = tmp_path / "commands"
+    this_podrun = supervisor.podrun.read_text()
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'exec sleep 600'"))
+    stop_leaves_nothing(job_id)
+    # the same path now holds an older podrun, which knows no greeting: whatever it is sent, it notes
+    stdin_log = tmp_path / "its-stdin"
+    logging_podrun(supervisor, log, f"read -r first; echo \"$first\" >> {stdin_log}\ncat <&0 >> {stdin_log} &\n"
+                   "echo 'podrun 0.0.9'\n")
+    secret = "secret-" + os.urandom(8).hex()
+    monkeypatch.setenv("HF_TOKEN", secret)
+    spec = supervised(hosts_spec, supervisor, "secret_env: [HF_TOKEN]\nrun: 'exec sleep 600'")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 1, result.stderr
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: supervisor {supervisor.address}: supervisor.podrun {supervisor.podrun}: podrun 0.0.9 at "
+        f"{supervisor.podrun} there, and this podrun is {__version__}; install podrun {__version__} there, or leave "
+        f"supervisor.podrun out and podrun installs itself into ~/.podrun/venv on that host"], result.stderr
+    assert commands_run(log, "--version", "_supervise") == ["_supervise", "--version"]
+    wait_until(lambda: stdin_log.read_text().startswith(f"podrun {__version__}\n"), "the version it was sent")
+    assert secret not in stdin_log.read_text()  # never the job: its channel closed with the laptop's podrun
+    assert [job["id"] for job in json.loads(podrun("jobs", "--json").stdout)] == [job_id]
+    # this podrun back in its place: the host is asked again, and the job handed over
+    supervisor.podrun.write_text(this_podrun)
+    _, job_id = detached(spec)
+    stop_leaves_nothing(job_id)
+
+
+def test_supervise_of_another_version_answers_with_its_own_and_takes_no_job(home):
+    job = json.dumps({"spec": {}, "options": {}}).encode()
+    answered = subprocess.run([sys.executable, "-m", "podrun", "_supervise"], input=b"podrun 0.0.9\n" + job + b"\n",
+                              capture_output=True, timeout=60)
+    assert (answered.returncode, answered.stdout, answered.stderr) == (
+        2, f"@podrun:version=podrun {__version__}\n".encode(), b"")
+    assert not (home / "jobs").exists()
