@@ -10,8 +10,9 @@ already shipped, host keys already trusted everywhere.
     spec against the same spec without it, interleaved (the order alternates from round to round);
     each job is stopped after with `podrun stop ID`, and every host is then checked to run nothing
     but its sshd. Then a few more supervised rounds with the handover's steps timed inside the
-    laptop's podrun (a wrapper around podrun/supervisor/ functions): SSH connection, the version
-    check, the code check, `_supervise` starting, the supervisor's launch to run started.
+    laptop's podrun (a wrapper around podrun/supervisor/ functions): SSH connection, `_supervise`
+    started and its version answered (the code checked meanwhile), its start-up to the job's id, the
+    supervisor's launch to run started.
   - cost per job: K detached supervised jobs on 4 workers each (spread over the workers); on the
     supervisor each has its launcher (an attached exec there, for as long as the job runs); for each
     K, every process on the supervisor host but its sshd: count, RSS (VmRSS) and PSS (smaps_rollup),
@@ -60,8 +61,7 @@ def wrap(module, name, asynchronous=True):
             return inner(*args, **kwargs)
     setattr(module, name, timed)
 
-for module, name in ((remote, "connect"), (install, "podrun_on_host"), (handover, "_ship"),
-                     (handover, "_follow")):
+for module, name in ((remote, "connect"), (handover, "_supervise"), (handover, "_follow")):
     wrap(module, name)
 wrap(handover, "_pointer", asynchronous=False)
 from podrun import cli
@@ -164,8 +164,8 @@ def handover(bench: Bench, counts: list[int], rounds: int, step_rounds: int) -> 
 def handover_steps(bench: Bench, spec: Path, rounds: int, everyone: list[int]) -> dict[str, float]:
     """Median seconds of each step of a handover, timed inside the laptop's podrun."""
     names = ["laptop's start-up (Python, imports, spec, code scan)", "SSH connection to the supervisor",
-             "version check (`sh -lc 'podrun --version'` there)", "code check (`test -d` there)",
-             "`podrun _supervise` there: start-up to the job's id", "the supervisor's launch, to run started",
+             "`podrun _supervise` there: started, its version answered (the code checked meanwhile)",
+             "`_supervise`: the rest of its start-up, to the job's id", "the supervisor's launch, to run started",
              "laptop's exit", "whole `exec --detach`"]
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
@@ -177,8 +177,8 @@ def handover_steps(bench: Bench, spec: Path, rounds: int, everyone: list[int]) -
         bench.stop(job)
         bench.wait_clean(everyone)
         marks = {name: (begin, end) for name, begin, end in json.loads(record.read_text())}
-        points = [started, marks["connect"][0], marks["connect"][1], marks["podrun_on_host"][1],
-                  marks["_ship"][1], marks["_pointer"][0], marks["_follow"][1], ended]
+        points = [started, marks["connect"][0], marks["connect"][1], marks["_supervise"][1], marks["_pointer"][0],
+                  marks["_follow"][1], ended]
         for name, begin, end in zip(names, points, points[1:]):
             samples[name].append(end - begin)
         samples[names[-1]].append(ended - started)

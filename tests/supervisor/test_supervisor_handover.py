@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from podrun import __version__, jobstore
+from podrun.supervisor import greeting
+from podrun.transport.past_login import MARK
 
 from helpers import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
@@ -260,3 +262,4 @@ def test_supervise_of_another_version_answers_with_its_own_and_takes_no_job(home
     assert (answered.returncode, answered.stdout, answered.stderr) == (
         2, f"@podrun:version=podrun {__version__}\n".encode(), b"")
     assert not (home / "jobs").exists()
+    assert greeting.ANSWER.startswith(MARK)
