@@ -33,10 +33,10 @@ from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
 from podrun.spec_fields import HOST_FORMS, parse_host, parse_jumps
-from podrun.supervisor import answers, greeting, install, remote
+from podrun.supervisor import answers, early, greeting, install, remote
 from podrun.targets.base import Worker, target_for
 from podrun.transport import known_hosts, past_login
-from podrun.transport.base import Channel, ChannelLost
+from podrun.transport.base import Channel, ChannelLost, Transport
 from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
@@ -47,11 +47,29 @@ SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAI
 GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT)
 
 
-def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> int:
-    """Run the job on `host`'s podrun; returns the job's exit code (0 once run started, with --detach)."""
+def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions,
+              begun: early.Begun | None = None) -> int:
+    """Run the job on `host`'s podrun; returns the job's exit code (0 once run started, with --detach).
+    `begun`: the handover begun before the spec was loaded (early.py), taken if it reaches `host` as the
+    spec does."""
     transport = supervisor_transport(spec, host, "--supervisor" if options.supervisor else "supervisor.host")
     payload = _payload(spec, host, tree, options)
-    return asyncio.run(_hand_over(spec, host, transport, tree, payload, options))
+    configured = spec.supervisor.podrun if spec.supervisor else None
+    if begun is not None and not begun.serves(host, configured, _endpoint(transport)):
+        begun.close()
+        begun = None
+    if begun is not None:
+        begun.taken = True
+    loop = begun.loop if begun else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(_hand_over(spec, host, begun.transport if begun else transport, tree, payload,
+                                                  options, begun))
+    finally:  # what asyncio.run does last
+        if pending := asyncio.all_tasks(loop):
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
 
 
 def supervisor_transport(spec: JobSpec, host: str, named_by: str) -> SshTransport:
@@ -83,14 +101,16 @@ def _known_as(spec: JobSpec) -> list[str]:
     return [*(name for host in hosts for name in host.route_known_as()), *known_as_of(jumps)]
 
 
-async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: scan.Tree | None, payload: dict,
-                     options: ExecOptions) -> int:
+async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.Tree | None, payload: dict,
+                     options: ExecOptions, begun: early.Begun | None) -> int:
     try:
-        await remote.connect(transport, host)
+        if begun is None:
+            await remote.connect(transport, host)
         # the code goes to the supervisor's store while its podrun starts
         shipped = asyncio.ensure_future(_ship(transport, host, tree, spec.name)) if tree is not None else None
         try:
-            podrun, channel = await _supervise(transport, host, spec.supervisor.podrun if spec.supervisor else None)
+            podrun, channel = await _supervise(transport, host, spec.supervisor.podrun if spec.supervisor else None,
+                                               begun)
         finally:
             if shipped is not None:
                 await shipped
@@ -122,36 +142,45 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         await transport.close()
 
 
-async def _supervise(transport: SshTransport, host: str, configured: str | None) -> tuple[str, Channel]:
+async def _supervise(transport: Transport, host: str, configured: str | None,
+                     begun: early.Begun | None) -> tuple[str, Channel]:
     """`podrun _supervise` started on the host, past its answer that it is of this version (greeting.py):
-    its path there and its channel, ready for the job. The podrun this laptop found there last time is
-    started at once; the host is asked for one (install.py) only if that one does not answer so."""
-    podrun = install.remembered(host, configured)
-    if podrun is not None:
-        channel, answer = await _start(transport, podrun)
-        if answer == greeting.this_version():
-            return podrun, channel
+    its path there and its channel, ready for the job. The one begun early, else the podrun this laptop
+    found there last time, is started at once; the host is asked for one (install.py) only if that one
+    does not answer so."""
+    known = early.remembered(host, configured)
+    if begun is not None:
+        if await _answer(begun.channel) == greeting.this_version():
+            return begun.podrun, begun.channel
+    elif known is not None:
+        channel = await early.start(transport, known["podrun"])
+        if await _answer(channel) == greeting.this_version():
+            return known["podrun"], channel
     podrun = await install.podrun_on_host(transport, host, configured)
-    channel, answer = await _start(transport, podrun)
+    channel = await early.start(transport, podrun)
+    answer = await _answer(channel)
     if answer != greeting.this_version():
         raise PodrunError(f"supervisor {host}: {podrun} there says it is {greeting.this_version()} (--version), but "
                           f"`{podrun} _supervise` answered {answer or 'nothing'} to the handover; install "
                           f"podrun {__version__} there")
-    install.remember(host, configured, podrun)
+    early.remember(host, configured, podrun, _endpoint(transport))
     return podrun, channel
 
 
-async def _start(transport: SshTransport, podrun: str) -> tuple[Channel, str | None]:
-    """`podrun _supervise` started, told the version wanted: its channel and the version it answered (None:
-    it said nothing so, such as a shell that found no such podrun, or a podrun from before greeting.py)."""
-    channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
-    channel.stdin.write(greeting.wanted_line())
+async def _answer(channel: Channel) -> str | None:
+    """The version `_supervise` answered (None: it said nothing so, such as a shell that found no such
+    podrun, or a podrun from before greeting.py)."""
     if await past_login.past_login(channel.stdout):  # its shell failed before it ran podrun
-        return channel, None
-    return channel, greeting.answered(await channel.stdout.readline())
+        return None
+    return greeting.answered(await channel.stdout.readline())
 
 
-async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) -> None:
+def _endpoint(transport: Transport) -> dict:
+    """How the laptop reaches the host, as early.remember keeps it (JSON)."""
+    return json.loads(json.dumps(transport.endpoint()))
+
+
+async def _ship(transport: Transport, host: str, tree: scan.Tree, name: str) -> None:
     """The code, to the supervisor's code store, unless it has it already; from there it ships to the workers."""
     directory = remote_code_dir(name, tree.digest)
     check = await transport.start(f"test -d {shlex.quote(directory)}")

@@ -8,8 +8,8 @@ says (pip.conf, PIP_INDEX_URL, find-links): podrun never names an index.
 
 The answer takes one round trip: one login shell finds the podrun on the login PATH and, unless that
 one is of this version, asks the venv's. An install is a second one. The laptop remembers the podrun
-it found for each host (REMEMBERED) and asks only when that one no longer answers a handover with
-this version (greeting.py).
+it found for each host (early.py) and asks only when that one no longer answers a handover with this
+version (greeting.py).
 Both run in the user's login shell (`$SHELL -l`): the login PATH, and pip's settings in ~/.profile.
 A login that waits (a prompt in ~/.profile) would hold the check forever: it gets CHECK_TIMEOUT. Two
 first handovers at once to one host install one at a time (flock(1) on ~/.podrun/install.lock, for at
@@ -19,12 +19,11 @@ most INSTALL_WAIT): the second finds the first's podrun in the venv and installs
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shlex
 
-from podrun import __version__, jobstore, paths
+from podrun import __version__, paths
 from podrun.cloud.settings import seconds
 from podrun.errors import PodrunError
 from podrun.output import say
@@ -33,7 +32,6 @@ from podrun.transport.base import ChannelLost, Transport
 from podrun.transport.past_login import MARK  # what the scripts report starts lines with
 
 VENV = "~/.podrun/venv"
-REMEMBERED = "supervisor-podruns.json"  # in PODRUN_HOME: {"HOST CONFIGURED": the podrun found there}
 CHECK_TIMEOUT = ("PODRUN_SUPERVISOR_CHECK_TIMEOUT", 30.0)  # the version check takes 0.09 s on a host that answers
 INSTALL_WAIT = ("PODRUN_SUPERVISOR_INSTALL_WAIT", 600.0)  # for another handover's install there (6 s from a cache)
 # `found KIND PATH` reports a podrun found: its path and what its --version printed (also left in $v)
@@ -108,35 +106,6 @@ async def podrun_on_host(transport: Transport, host: str, configured: str | None
     say(f"supervisor {host}: no podrun {__version__} on its login PATH (it has {on_path}){in_venv}; "
         f"installing this podrun ({__version__}) into {VENV} with its python3 and pip")
     return await _install(transport, host, want)
-
-
-def remembered(host: str, configured: str | None) -> str | None:
-    """The podrun this laptop last found of its version on `host` for `configured` (supervisor.podrun)."""
-    return _remembered().get(_key(host, configured))
-
-
-def remember(host: str, configured: str | None, podrun: str | None) -> None:
-    """Keep `podrun` as the one to start on `host` for `configured`; None forgets it."""
-    known = _remembered()
-    if podrun is None:
-        known.pop(_key(host, configured), None)
-    else:
-        known[_key(host, configured)] = podrun
-    paths.make_private_dir(paths.podrun_home())
-    jobstore.write_json(os.path.join(paths.podrun_home(), REMEMBERED), known)
-
-
-def _remembered() -> dict[str, str]:
-    try:
-        with open(os.path.join(paths.podrun_home(), REMEMBERED)) as file:
-            known = json.load(file)
-    except (OSError, ValueError):  # none yet, or unreadable: it is found again
-        return {}
-    return known if isinstance(known, dict) else {}
-
-
-def _key(host: str, configured: str | None) -> str:
-    return f"{host} {configured or ''}"
 
 
 async def _install(transport: Transport, host: str, want: str) -> str:
