@@ -3,6 +3,7 @@ the workers' environment does, and a supervisor that dies leaves nothing running
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -263,3 +264,50 @@ def test_supervise_of_another_version_answers_with_its_own_and_takes_no_job(home
         2, f"@podrun:version=podrun {__version__}\n".encode(), b"")
     assert not (home / "jobs").exists()
     assert greeting.ANSWER.startswith(MARK)
+
+
+def supervise_processes() -> list[int]:
+    """podrun _supervise processes on any lab host (the lab's hosts share this machine's processes)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if b"\0_supervise" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+    return found
+
+
+def remembered_supervisor(hosts_spec, supervisor, log: Path) -> None:
+    """A first handover, through a podrun that notes its commands in `log` (then emptied): the laptop now
+    remembers the supervisor's podrun and how it reached the host."""
+    logging_podrun(supervisor, log, supervisor.podrun.read_text().splitlines()[-1])
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'exec sleep 600'"))
+    stop_leaves_nothing(job_id)
+    log.unlink()
+
+
+def test_a_refused_spec_for_a_known_supervisor_is_one_line_and_what_began_there_ends(home, lab, hosts_spec,
+                                                                                   supervisor, tmp_path):
+    log = tmp_path / "commands"
+    remembered_supervisor(hosts_spec, supervisor, log)
+    result = podrun("exec", supervised(hosts_spec, supervisor, "run: 'true'\nrestarts: {max: -1}"), "--detach")
+    assert result.returncode == 2, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert len(lines) == 1 and "restarts.max" in lines[0], result.stderr
+    assert commands_run(log, "--version", "_supervise") == ["_supervise"]  # begun while the spec loaded
+    wait_until(lambda: supervise_processes() == [], "the _supervise begun there to end")
+    assert len(json.loads(podrun("jobs", "--json").stdout)) == 1  # the first job's alone, here and there
+    assert len(list((supervisor.home / ".podrun" / "jobs").iterdir())) == 1
+
+
+def test_a_spec_that_reaches_the_supervisor_another_way_hands_over_on_a_new_connection(home, lab, hosts_spec,
+                                                                                      supervisor, tmp_path):
+    log = tmp_path / "commands"
+    remembered_supervisor(hosts_spec, supervisor, log)
+    spec = supervised(hosts_spec, supervisor, "run: 'exec sleep 600'")
+    spec.write_text(spec.read_text().replace("ssh: {user: root,", "ssh: {user: root, port: 22,"))
+    _, job_id = detached(spec)
+    # the connection begun with what the laptop remembered is closed, and its _supervise ends unused
+    assert commands_run(log, "--version", "_supervise") == ["_supervise", "_supervise"]
+    assert supervisor.record(job_id)["state"] == "running"
+    stop_leaves_nothing(job_id)
+    wait_until(lambda: supervise_processes() == [], "every _supervise there to end")
