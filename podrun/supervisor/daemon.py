@@ -1,6 +1,7 @@
 """The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
 
-It reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
+After the greeting (greeting.py: the version the laptop wants, answered before podrun loads), it
+reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
 parsed them (launch/exec_options.py), the environment the job needs from the launcher: secret values,
 the API endpoint, podrun's settings) with the launcher's known-hosts lines for the job's hosts (public
 keys: a host's key that matched one is kept in this host's podrun known-hosts file, as one seen on

@@ -1,8 +1,10 @@
 """Handing a job to a supervisor host (`exec --supervisor HOST`, the spec's `supervisor:`): the laptop
 connects to HOST as to any SSH host (the spec's ssh: settings, ~/.ssh/config, podrun's host-key
-rules), finds or installs podrun there (install.py), ships the code to it once, as to a worker, and
-starts `podrun _supervise` (daemon.py) with the job on its stdin. HOST runs the job's whole life from
-then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `supervised_by`).
+rules), starts `podrun _supervise` (daemon.py) there, and once that podrun has answered that it is of
+this version (greeting.py) sends the job on its stdin; the code ships to HOST's code store meanwhile,
+once, as to a worker. Which podrun: the one this laptop found there before (early.py, which starts it
+while this podrun loads the spec), else the one install.py finds or installs. HOST runs the job's
+whole life from then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `supervised_by`).
 
 What travels: the spec's fields, the exec flags, and from this machine's environment only what the
 job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
