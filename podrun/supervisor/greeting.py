@@ -2,7 +2,7 @@
 the supervisor host's `podrun _supervise` answers with its own, before it loads the rest of podrun.
 
 So a handover needs no version check of its own (a login shell and `podrun --version` there, a round
-trip and a Python start): the laptop remembers which podrun answered (install.remember) and starts
+trip and a Python start): the laptop remembers which podrun answered (early.remember) and starts
 that one the next time; one that answers another version, or nothing (a podrun from before this
 exchange fails on the line: it is not the job it reads), is asked no further, and the laptop finds or
 installs the right one (install.podrun_on_host). The job, secrets included, goes only to a podrun

@@ -311,3 +311,19 @@ def test_a_spec_that_reaches_the_supervisor_another_way_hands_over_on_a_new_conn
     assert supervisor.record(job_id)["state"] == "running"
     stop_leaves_nothing(job_id)
     wait_until(lambda: supervise_processes() == [], "every _supervise there to end")
+
+
+def test_a_podrun_whose_version_matches_but_that_answers_no_greeting_gets_no_job(home, lab, hosts_spec, supervisor,
+                                                                               tmp_path):
+    stdin_log = tmp_path / "its-stdin"
+    # a podrun from before the greeting, of this version: it reads the job from its first line
+    supervisor.podrun.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec echo "podrun {__version__}"\n'
+                                 f'read -r first; echo "$first" >> {stdin_log}\n')
+    result = podrun("exec", supervised(hosts_spec, supervisor, "run: 'true'"), "--detach")
+    assert result.returncode == 1, result.stderr
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: supervisor {supervisor.address}: {supervisor.podrun} there says it is podrun {__version__} "
+        f"(--version), but `{supervisor.podrun} _supervise` answered nothing to the handover; install podrun "
+        f"{__version__} there"], result.stderr
+    assert stdin_log.read_text() == f"podrun {__version__}\n"  # what it was sent: the version wanted, no job
+    assert json.loads(podrun("jobs", "--json").stdout) == []
