@@ -48,13 +48,16 @@ def _exec(args: argparse.Namespace) -> int:
     # work (~50 ms with asyncssh and pydantic loaded); launch/lifecycle.py freezes it and turns the collector
     # back on before the launch
     gc.disable()
+    begun = args.begun
     try:
         from podrun.adhoc import job_spec
         from podrun.commands.exec import execute
 
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
-        return execute(spec, args.spec is not None or args.workdir is not None, _exec_options(args))
+        return execute(spec, args.spec is not None or args.workdir is not None, _exec_options(args), begun)
     finally:
+        if begun is not None and not begun.taken:
+            begun.close()
         gc.enable()
 
 
@@ -352,14 +355,33 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and return its exit code (bad usage: 2, as argparse prints it)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [SUPERVISE]:  # not a user's command: what a handover starts on a supervisor host
+        from podrun.supervisor import greeting
+
+        job = greeting.answer()  # before the rest of podrun loads
+        if job is None:
+            return exits.USAGE
         from podrun.supervisor import daemon
 
-        return handled(daemon.main)
+        return handled(lambda: daemon.main(job))
+    begun = _handover_begun(argv)
     try:
         args = parse(argv)
     except SystemExit as argparse_exit:  # bad usage, or --help
+        if begun is not None:
+            begun.close()
         return int(argparse_exit.code or 0)
+    args.begun = begun
     return handled(lambda: args.handler(args))
+
+
+def _handover_begun(argv: list[str]):
+    """`exec` to a supervisor host this laptop knows: the handover begun while argparse and the spec load
+    import pydantic (supervisor/early.py)."""
+    if argv[:1] != ["exec"]:
+        return None
+    from podrun.supervisor import early
+
+    return early.begin(_split_at_dashes(argv[1:])[0])
 
 
 def handled(command: Callable[[], int]) -> int:

@@ -10,8 +10,10 @@ already shipped, host keys already trusted everywhere.
     spec against the same spec without it, interleaved (the order alternates from round to round);
     each job is stopped after with `podrun stop ID`, and every host is then checked to run nothing
     but its sshd. Then a few more supervised rounds with the handover's steps timed inside the
-    laptop's podrun (a wrapper around podrun/supervisor/ functions): SSH connection, the version
-    check, the code check, `_supervise` starting, the supervisor's launch to run started.
+    laptop's podrun (a wrapper around podrun/supervisor/ functions): the handover begun (SSH
+    connection, `_supervise` started: early.py), the laptop's own start-up meanwhile, `_supervise`'s
+    start-up to the job's id, the supervisor's launch to run started. The first handover to the host
+    (the podrun found there, then remembered) is not among the rounds timed.
   - cost per job: K detached supervised jobs on 4 workers each (spread over the workers); on the
     supervisor each has its launcher (an attached exec there, for as long as the job runs); for each
     K, every process on the supervisor host but its sshd: count, RSS (VmRSS) and PSS (smaps_rollup),
@@ -41,9 +43,8 @@ SETTLE_S = 5  # before sampling the supervisor: the handovers' SSH sessions end
 # the laptop's podrun with the handover's steps timed: each wrapped function's start and end, written
 # to $BENCH_STEPS before the process exits
 TIMED_STEPS = """
-import json, os, time
+import importlib.abc, importlib.util, json, os, sys, time
 steps = [("process", time.time(), None)]
-from podrun.supervisor import handover, install, remote
 
 def wrap(module, name, asynchronous=True):
     inner = getattr(module, name)
@@ -56,14 +57,34 @@ def wrap(module, name, asynchronous=True):
                 steps.append((name, begin, time.time()))
     else:
         def timed(*args, **kwargs):
-            steps.append((name, time.time(), None))
-            return inner(*args, **kwargs)
+            begin = time.time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                steps.append((name, begin, time.time()))
     setattr(module, name, timed)
 
-for module, name in ((remote, "connect"), (install, "podrun_on_host"), (handover, "_ship"),
-                     (handover, "_follow")):
-    wrap(module, name)
-wrap(handover, "_pointer", asynchronous=False)
+class AfterHandover(importlib.abc.MetaPathFinder):
+    # wraps handover.py's steps once the CLI imports it: importing it here would load pydantic before the
+    # handover begins (supervisor/early.py), which is what is timed
+    def find_spec(self, name, path, target=None):
+        if name != "podrun.supervisor.handover":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            wrap(module, "_supervise")
+            wrap(module, "_follow")
+            wrap(module, "_pointer", asynchronous=False)
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, AfterHandover())
+from podrun.supervisor import early
+wrap(early, "begin", asynchronous=False)
 from podrun import cli
 code = cli.main()
 with open(os.environ["BENCH_STEPS"], "w") as record:
@@ -163,9 +184,10 @@ def handover(bench: Bench, counts: list[int], rounds: int, step_rounds: int) -> 
 
 def handover_steps(bench: Bench, spec: Path, rounds: int, everyone: list[int]) -> dict[str, float]:
     """Median seconds of each step of a handover, timed inside the laptop's podrun."""
-    names = ["laptop's start-up (Python, imports, spec, code scan)", "SSH connection to the supervisor",
-             "version check (`sh -lc 'podrun --version'` there)", "code check (`test -d` there)",
-             "`podrun _supervise` there: start-up to the job's id", "the supervisor's launch, to run started",
+    names = ["laptop's start-up to the handover begun (Python, podrun's CLI, the spec read as YAML)",
+             "SSH connection and `podrun _supervise` started there (asyncssh imported here)",
+             "laptop: arguments, spec checked, code scanned; `_supervise` answered its version meanwhile",
+             "`_supervise`: the rest of its start-up, to the job's id", "the supervisor's launch, to run started",
              "laptop's exit", "whole `exec --detach`"]
     samples: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
@@ -177,8 +199,8 @@ def handover_steps(bench: Bench, spec: Path, rounds: int, everyone: list[int]) -
         bench.stop(job)
         bench.wait_clean(everyone)
         marks = {name: (begin, end) for name, begin, end in json.loads(record.read_text())}
-        points = [started, marks["connect"][0], marks["connect"][1], marks["podrun_on_host"][1],
-                  marks["_ship"][1], marks["_pointer"][0], marks["_follow"][1], ended]
+        points = [started, marks["begin"][0], marks["begin"][1], marks["_supervise"][1], marks["_pointer"][0],
+                  marks["_follow"][1], ended]
         for name, begin, end in zip(names, points, points[1:]):
             samples[name].append(end - begin)
         samples[names[-1]].append(ended - started)

@@ -9,6 +9,7 @@ from podrun.output import say
 from podrun.spec import JobSpec
 from podrun.spec_commands import check_run_script
 from podrun.spec_loading import load_spec
+from podrun.supervisor.early import Begun
 
 
 def validate(spec_path: str) -> JobSpec:
@@ -19,13 +20,13 @@ def validate(spec_path: str) -> JobSpec:
     return spec
 
 
-def execute(spec: JobSpec, ships_code: bool, options: ExecOptions) -> int:
+def execute(spec: JobSpec, ships_code: bool, options: ExecOptions, begun: Begun | None = None) -> int:
     """Run the spec's job, here or on its supervisor host; `ships_code`: ship its workdir (an ad-hoc
-    command without --workdir ships none)."""
+    command without --workdir ships none); `begun`: the handover begun while the spec loaded."""
     if supervisor := options.supervisor or (spec.supervisor and spec.supervisor.host):
         from podrun.supervisor import handover
 
         spec, _ = prepare(spec, ships_code, options)  # the supervisor runs the job with its own run_here
         tree = scan_workdir(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
-        return handover.hand_over(spec, supervisor, tree, options)
+        return handover.hand_over(spec, supervisor, tree, options, begun)
     return run_here(spec, ships_code, options)

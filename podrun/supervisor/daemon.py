@@ -1,6 +1,7 @@
 """The supervisor host's side of a handover: `podrun _supervise`, which handover.py starts over SSH.
 
-It reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
+After the greeting (greeting.py: the version the laptop wants, answered before podrun loads), it
+reads the job from stdin (one JSON line: the spec's fields, the exec flags as the laptop's CLI
 parsed them (launch/exec_options.py), the environment the job needs from the launcher: secret values,
 the API endpoint, podrun's settings) with the launcher's known-hosts lines for the job's hosts (public
 keys: a host's key that matched one is kept in this host's podrun known-hosts file, as one seen on
@@ -48,8 +49,9 @@ POLL_S = 0.1
 READ_SIZE = 1 << 16
 
 
-def main() -> int:
-    payload_line, more = _read_line(0)
+def main(pending: bytes) -> int:
+    """`pending`: what the laptop sent after its wanted version (greeting.py), the job's start."""
+    payload_line, more = _read_line(0, pending)
     payload = json.loads(payload_line)
     spec = spec_of(payload)
     # the job runs detached here, whatever the laptop asked: the laptop's --detach is how long it waits
@@ -236,9 +238,9 @@ class _Tail:
         self.stream.flush()
 
 
-def _read_line(fd: int) -> tuple[bytes, bytes]:
-    """The first line of what `fd` gives, and what came after it, read unbuffered: the relay reads on."""
-    data = b""
+def _read_line(fd: int, data: bytes) -> tuple[bytes, bytes]:
+    """The first line of `data` and what `fd` gives after it, and what came after that line, read
+    unbuffered: the relay reads on."""
     while b"\n" not in data:
         chunk = os.read(fd, READ_SIZE)
         if not chunk:

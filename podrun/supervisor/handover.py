@@ -1,8 +1,10 @@
 """Handing a job to a supervisor host (`exec --supervisor HOST`, the spec's `supervisor:`): the laptop
 connects to HOST as to any SSH host (the spec's ssh: settings, ~/.ssh/config, podrun's host-key
-rules), finds or installs podrun there (install.py), ships the code to it once, as to a worker, and
-starts `podrun _supervise` (daemon.py) with the job on its stdin. HOST runs the job's whole life from
-then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `supervised_by`).
+rules), starts `podrun _supervise` (daemon.py) there, and once that podrun has answered that it is of
+this version (greeting.py) sends the job on its stdin; the code ships to HOST's code store meanwhile,
+once, as to a worker. Which podrun: the one this laptop found there before (early.py, which starts it
+while this podrun loads the spec), else the one install.py finds or installs. HOST runs the job's
+whole life from then on; the laptop keeps a pointer to the record HOST keeps (jobstore's `supervised_by`).
 
 What travels: the spec's fields, the exec flags, and from this machine's environment only what the
 job's plan takes from it (secret_env values) and what says which API to use: the project, zone and
@@ -23,20 +25,20 @@ import shutil
 import signal
 import sys
 
-from podrun import escapes, exits, jobstore
+from podrun import __version__, exits, jobstore
 from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.errors import PodrunError, UsageError
 from podrun.launch.exec_options import ExecOptions
-from podrun.output import colour_wanted, say, say_success
+from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
 from podrun.spec import JobSpec
 from podrun.spec_fields import HOST_FORMS, parse_host, parse_jumps
-from podrun.supervisor import answers, install, remote
+from podrun.supervisor import answers, early, greeting, install, remote
 from podrun.targets.base import Worker, target_for
 from podrun.transport import known_hosts, past_login
-from podrun.transport.base import ChannelLost
+from podrun.transport.base import Channel, ChannelLost, Transport
 from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 
 # podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
@@ -47,11 +49,29 @@ SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAI
 GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT)
 
 
-def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> int:
-    """Run the job on `host`'s podrun; returns the job's exit code (0 once run started, with --detach)."""
+def hand_over(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions,
+              begun: early.Begun | None = None) -> int:
+    """Run the job on `host`'s podrun; returns the job's exit code (0 once run started, with --detach).
+    `begun`: the handover begun before the spec was loaded (early.py), taken if it reaches `host` as the
+    spec does."""
     transport = supervisor_transport(spec, host, "--supervisor" if options.supervisor else "supervisor.host")
     payload = _payload(spec, host, tree, options)
-    return asyncio.run(_hand_over(spec, host, transport, tree, payload, options))
+    configured = spec.supervisor.podrun if spec.supervisor else None
+    if begun is not None and not begun.serves(host, configured, _endpoint(transport)):
+        begun.close()
+        begun = None
+    if begun is not None:
+        begun.taken = True
+    loop = begun.loop if begun else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(_hand_over(spec, host, begun.transport if begun else transport, tree, payload,
+                                                  options, begun))
+    finally:  # what asyncio.run does last
+        if pending := asyncio.all_tasks(loop):
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
 
 
 def supervisor_transport(spec: JobSpec, host: str, named_by: str) -> SshTransport:
@@ -83,21 +103,24 @@ def _known_as(spec: JobSpec) -> list[str]:
     return [*(name for host in hosts for name in host.route_known_as()), *known_as_of(jumps)]
 
 
-async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: scan.Tree | None, payload: dict,
-                     options: ExecOptions) -> int:
+async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.Tree | None, payload: dict,
+                     options: ExecOptions, begun: early.Begun | None) -> int:
     try:
-        await remote.connect(transport, host)
-        podrun = await install.podrun_on_host(transport, host, spec.supervisor.podrun if spec.supervisor else None)
-        if tree is not None:
-            await _ship(transport, host, tree, spec.name)
-        channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
+        if begun is None:
+            await remote.connect(transport, host)
+        # the code goes to the supervisor's store while its podrun starts
+        shipped = asyncio.ensure_future(_ship(transport, host, tree, spec.name)) if tree is not None else None
+        try:
+            podrun, channel = await _supervise(transport, host, spec.supervisor.podrun if spec.supervisor else None,
+                                               begun)
+        finally:
+            if shipped is not None:
+                await shipped
         channel.stdin.write(json.dumps(payload).encode() + b"\n")
         if options.dry_run:
-            return await remote.relay(channel, options.raw)
-        said = await past_login.past_login(channel.stdout)
+            return await remote.relay(channel, options.raw, stdout_begun=True)
         started = await channel.stdout.readline()
-        if not started:  # it refused the job before starting it (its one line says why), or its shell failed
-            sys.stdout.buffer.write(escapes.shown(said, colour_wanted(sys.stdout.buffer)))
+        if not started:  # it refused the job before starting it (its one line says why)
             return await remote.relay(channel, stdout_begun=True)
         job_id, console = answers.started(started, host, spec.name)
         supervisor = {"host": host, "endpoint": transport.endpoint(), "podrun": podrun}
@@ -121,7 +144,45 @@ async def _hand_over(spec: JobSpec, host: str, transport: SshTransport, tree: sc
         await transport.close()
 
 
-async def _ship(transport: SshTransport, host: str, tree: scan.Tree, name: str) -> None:
+async def _supervise(transport: Transport, host: str, configured: str | None,
+                     begun: early.Begun | None) -> tuple[str, Channel]:
+    """`podrun _supervise` started on the host, past its answer that it is of this version (greeting.py):
+    its path there and its channel, ready for the job. The one begun early, else the podrun this laptop
+    found there last time, is started at once; the host is asked for one (install.py) only if that one
+    does not answer so."""
+    known = early.remembered(host, configured)
+    if begun is not None:
+        if await _answer(begun.channel) == greeting.this_version():
+            return begun.podrun, begun.channel
+    elif known is not None:
+        channel = await early.start(transport, known["podrun"])
+        if await _answer(channel) == greeting.this_version():
+            return known["podrun"], channel
+    podrun = await install.podrun_on_host(transport, host, configured)
+    channel = await early.start(transport, podrun)
+    answer = await _answer(channel)
+    if answer != greeting.this_version():
+        raise PodrunError(f"supervisor {host}: {podrun} there says it is {greeting.this_version()} (--version), but "
+                          f"`{podrun} _supervise` answered {answer or 'nothing'} to the handover; install "
+                          f"podrun {__version__} there")
+    early.remember(host, configured, podrun, _endpoint(transport))
+    return podrun, channel
+
+
+async def _answer(channel: Channel) -> str | None:
+    """The version `_supervise` answered (None: it said nothing so, such as a shell that found no such
+    podrun, or a podrun from before greeting.py)."""
+    if await past_login.past_login(channel.stdout):  # its shell failed before it ran podrun
+        return None
+    return greeting.answered(await channel.stdout.readline())
+
+
+def _endpoint(transport: Transport) -> dict:
+    """How the laptop reaches the host, as early.remember keeps it (JSON)."""
+    return json.loads(json.dumps(transport.endpoint()))
+
+
+async def _ship(transport: Transport, host: str, tree: scan.Tree, name: str) -> None:
     """The code, to the supervisor's code store, unless it has it already; from there it ships to the workers."""
     directory = remote_code_dir(name, tree.digest)
     check = await transport.start(f"test -d {shlex.quote(directory)}")

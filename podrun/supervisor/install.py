@@ -6,8 +6,10 @@ this podrun's wheel (wheel.py) goes over the channel's stdin, the host's python3
 the venv's pip installs the wheel, taking the requirements from wherever the host's own configuration
 says (pip.conf, PIP_INDEX_URL, find-links): podrun never names an index.
 
-Every handover asks, so the answer takes one round trip: one login shell finds the podrun on the
-login PATH and, unless that one is of this version, asks the venv's. An install is a second one.
+The answer takes one round trip: one login shell finds the podrun on the login PATH and, unless that
+one is of this version, asks the venv's. An install is a second one. The laptop remembers the podrun
+it found for each host (early.py) and asks only when that one no longer answers a handover with this
+version (greeting.py).
 Both run in the user's login shell (`$SHELL -l`): the login PATH, and pip's settings in ~/.profile.
 A login that waits (a prompt in ~/.profile) would hold the check forever: it gets CHECK_TIMEOUT. Two
 first handovers at once to one host install one at a time (flock(1) on ~/.podrun/install.lock, for at

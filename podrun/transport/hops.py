@@ -19,8 +19,6 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, Protocol
 
-from podrun.spec_fields import parse_jumps
-
 USER_CONFIG = "~/.ssh/config"
 
 
@@ -40,6 +38,8 @@ def config_proxy_jump(host: str, port: int | None, user: str | None) -> str | No
 def hops_of(proxy_jump: str) -> list[tuple[str | None, str, int | None]]:
     """(user, host, port) of each jump host, the first reached first; a malformed value from ~/.ssh/config
     is one line naming the file."""
+    from podrun.spec_fields import parse_jumps  # loads pydantic: a handover connects before it (supervisor/early.py)
+
     try:
         return parse_jumps(proxy_jump)
     except ValueError as error:

@@ -88,6 +88,8 @@ command = sys.argv[1]
 if command == "--version":
     print("podrun {version}")
 elif command == "_supervise":
+    sys.stdin.readline()  # the version the laptop wants (podrun/supervisor/greeting.py)
+    print("@podrun:version=podrun {version}", flush=True)
     sys.stdin.readline()
     print(json.dumps({{"job": answers["job"], "launcher": 1, "console": "/root/.podrun/supervised/x"}}), flush=True)
 elif command == "jobs":

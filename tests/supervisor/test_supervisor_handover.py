@@ -3,6 +3,7 @@ the workers' environment does, and a supervisor that dies leaves nothing running
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from podrun import jobstore
+from podrun import __version__, jobstore
+from podrun.supervisor import greeting
+from podrun.transport.past_login import MARK
 
 from helpers import job_id_in, podrun, processes_of_job, stderr_lines_without_traceback, wait_until
 
@@ -188,3 +191,139 @@ def test_a_pointer_whose_record_vanished_on_the_supervisor_reads_lost_with_why(h
     again = podrun("jobs")  # kept: not asked again
     assert "lost" in next(line for line in again.stdout.splitlines() if line.startswith(job_id))
     assert again.stderr == ""
+
+
+# --- the podrun a handover starts there: found once, then started at once (supervisor/greeting.py)
+
+def logging_podrun(supervisor, log: Path, body: str) -> Path:
+    """The supervisor's podrun replaced by a script that notes each command it runs (its first argument) in
+    `log`, then runs `body`."""
+    supervisor.podrun.write_text(f'#!/bin/sh\necho "$1" >> {log}\n{body}')
+    return supervisor.podrun
+
+
+def commands_run(log: Path, *names: str) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line in names] if log.exists() else []
+
+
+def test_a_second_handover_asks_for_no_version_and_still_reports_a_failed_start(home, lab, hosts_spec, supervisor,
+                                                                                job_file, tmp_path):
+    log = tmp_path / "commands"
+    this_podrun = supervisor.podrun.read_text().splitlines()[-1]
+    logging_podrun(supervisor, log, this_podrun)
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'exec sleep 600'"))
+    assert commands_run(log, "--version", "_supervise") == ["--version", "_supervise"]
+    stop_leaves_nothing(job_id)
+    log.unlink()
+    # the podrun found there is remembered: the next handover starts it at once, and a worker it cannot
+    # reach still fails `--detach` in one line, as the first handover's did
+    result, error = failed_handover(job_file, lab, supervisor, f"{{hosts: [{lab.hosts[0].ip}, '{lab.hosts[1].ip}:2222']}}")
+    assert error == [f"podrun: error: on the supervisor root@{supervisor.ip}: {lab.hosts[1].ip}:2222: "
+                     f"cannot connect: Connection refused"], result.stderr
+    assert commands_run(log, "--version", "_supervise") == ["_supervise"]
+    failed = job_id_in(result.stderr)
+    listed = json.loads(podrun("jobs", "--json").stdout)
+    assert sorted((job["id"], job["state"]) for job in listed) == sorted([(job_id, "stopped"), (failed, "failed")])
+
+
+def test_a_remembered_podrun_of_another_version_gets_no_job_and_the_host_is_asked_again(home, lab, hosts_spec,
+                                                                                       supervisor, tmp_path,
+                                                                                       monkeypatch):
+    log = tmp_path / "commands"
+    this_podrun = supervisor.podrun.read_text()
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'exec sleep 600'"))
+    stop_leaves_nothing(job_id)
+    # the same path now holds an older podrun, which knows no greeting: whatever it is sent, it notes
+    stdin_log = tmp_path / "its-stdin"
+    logging_podrun(supervisor, log, f"read -r first; echo \"$first\" >> {stdin_log}\ncat <&0 >> {stdin_log} &\n"
+                   "echo 'podrun 0.0.9'\n")
+    secret = "secret-" + os.urandom(8).hex()
+    monkeypatch.setenv("HF_TOKEN", secret)
+    spec = supervised(hosts_spec, supervisor, "secret_env: [HF_TOKEN]\nrun: 'exec sleep 600'")
+    result = podrun("exec", spec, "--detach")
+    assert result.returncode == 1, result.stderr
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: supervisor {supervisor.address}: supervisor.podrun {supervisor.podrun}: podrun 0.0.9 at "
+        f"{supervisor.podrun} there, and this podrun is {__version__}; install podrun {__version__} there, or leave "
+        f"supervisor.podrun out and podrun installs itself into ~/.podrun/venv on that host"], result.stderr
+    assert commands_run(log, "--version", "_supervise") == ["_supervise", "--version"]
+    wait_until(lambda: stdin_log.read_text().startswith(f"podrun {__version__}\n"), "the version it was sent")
+    assert secret not in stdin_log.read_text()  # never the job: its channel closed with the laptop's podrun
+    assert [job["id"] for job in json.loads(podrun("jobs", "--json").stdout)] == [job_id]
+    # this podrun back in its place: the host is asked again, and the job handed over
+    supervisor.podrun.write_text(this_podrun)
+    _, job_id = detached(spec)
+    stop_leaves_nothing(job_id)
+
+
+def test_supervise_of_another_version_answers_with_its_own_and_takes_no_job(home):
+    job = json.dumps({"spec": {}, "options": {}}).encode()
+    answered = subprocess.run([sys.executable, "-m", "podrun", "_supervise"], input=b"podrun 0.0.9\n" + job + b"\n",
+                              capture_output=True, timeout=60)
+    assert (answered.returncode, answered.stdout, answered.stderr) == (
+        2, f"@podrun:version=podrun {__version__}\n".encode(), b"")
+    assert not (home / "jobs").exists()
+    assert greeting.ANSWER.startswith(MARK)
+
+
+def supervise_processes() -> list[int]:
+    """podrun _supervise processes on any lab host (the lab's hosts share this machine's processes)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if b"\0_supervise" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+    return found
+
+
+def remembered_supervisor(hosts_spec, supervisor, log: Path) -> None:
+    """A first handover, through a podrun that notes its commands in `log` (then emptied): the laptop now
+    remembers the supervisor's podrun and how it reached the host."""
+    logging_podrun(supervisor, log, supervisor.podrun.read_text().splitlines()[-1])
+    _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'exec sleep 600'"))
+    stop_leaves_nothing(job_id)
+    log.unlink()
+
+
+def test_a_refused_spec_for_a_known_supervisor_is_one_line_and_what_began_there_ends(home, lab, hosts_spec,
+                                                                                   supervisor, tmp_path):
+    log = tmp_path / "commands"
+    remembered_supervisor(hosts_spec, supervisor, log)
+    result = podrun("exec", supervised(hosts_spec, supervisor, "run: 'true'\nrestarts: {max: -1}"), "--detach")
+    assert result.returncode == 2, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert len(lines) == 1 and "restarts.max" in lines[0], result.stderr
+    assert commands_run(log, "--version", "_supervise") == ["_supervise"]  # begun while the spec loaded
+    wait_until(lambda: supervise_processes() == [], "the _supervise begun there to end")
+    assert len(json.loads(podrun("jobs", "--json").stdout)) == 1  # the first job's alone, here and there
+    assert len(list((supervisor.home / ".podrun" / "jobs").iterdir())) == 1
+
+
+def test_a_spec_that_reaches_the_supervisor_another_way_hands_over_on_a_new_connection(home, lab, hosts_spec,
+                                                                                      supervisor, tmp_path):
+    log = tmp_path / "commands"
+    remembered_supervisor(hosts_spec, supervisor, log)
+    spec = supervised(hosts_spec, supervisor, "run: 'exec sleep 600'")
+    spec.write_text(spec.read_text().replace("ssh: {user: root,", "ssh: {user: root, port: 22,"))
+    _, job_id = detached(spec)
+    # the connection begun with what the laptop remembered is closed, and its _supervise ends unused
+    assert commands_run(log, "--version", "_supervise") == ["_supervise", "_supervise"]
+    assert supervisor.record(job_id)["state"] == "running"
+    stop_leaves_nothing(job_id)
+    wait_until(lambda: supervise_processes() == [], "every _supervise there to end")
+
+
+def test_a_podrun_whose_version_matches_but_that_answers_no_greeting_gets_no_job(home, lab, hosts_spec, supervisor,
+                                                                               tmp_path):
+    stdin_log = tmp_path / "its-stdin"
+    # a podrun from before the greeting, of this version: it reads the job from its first line
+    supervisor.podrun.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec echo "podrun {__version__}"\n'
+                                 f'read -r first; echo "$first" >> {stdin_log}\n')
+    result = podrun("exec", supervised(hosts_spec, supervisor, "run: 'true'"), "--detach")
+    assert result.returncode == 1, result.stderr
+    assert stderr_lines_without_traceback(result.stderr) == [
+        f"podrun: error: supervisor {supervisor.address}: {supervisor.podrun} there says it is podrun {__version__} "
+        f"(--version), but `{supervisor.podrun} _supervise` answered nothing to the handover; install podrun "
+        f"{__version__} there"], result.stderr
+    assert stdin_log.read_text() == f"podrun {__version__}\n"  # what it was sent: the version wanted, no job
+    assert json.loads(podrun("jobs", "--json").stdout) == []
