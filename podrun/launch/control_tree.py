@@ -16,7 +16,7 @@ from podrun.output import counted
 from podrun.plan import JobPlan, WorkerPlan
 from podrun.transport.base import Transport
 
-DEFAULT_FROM = 64
+DEFAULT_FROM = 1024
 DEFAULT_FANOUT = 32
 MAX_FANOUT = 1024
 
