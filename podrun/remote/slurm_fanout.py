@@ -1,0 +1,217 @@
+"""Slurm's one step for a whole job, run on the login node: ONE srun whose task on each node
+(slurm_connector.py) connects back here, and every node's channel carried over this script's stdin
+and stdout, the launcher's one SSH channel, as frames (channel_frames.py). Slurm's daemons fan the
+start out to the nodes; the launcher still talks to each node's agent on a channel of its own.
+
+stdin   a message (framing.py): {nodes (Slurm node names, in the launcher's slot order), srun (argv
+        without the task), python, connector (the task's source), command (what each node runs),
+        address (the host the nodes connect to, or null: this host's SSH_CONNECTION address, then
+        its host name's)}; then frames for the nodes (INPUT, INPUT_END). Its end: the launcher is gone,
+        and every node's connection is closed, which ends each command's stdin.
+stdout  frames: each node's CONNECTED, then its OUTPUT, EVENTS and EXITED as its connector sent them
+        (LOST if its connection ends first), or UNREACHED; SAID: a line srun wrote.
+Ends once srun has ended and every node's connection has.
+
+The nodes prove themselves with a token made here, given to srun's tasks in their environment (never
+on a command line, never on disk). Standard library only.
+"""
+
+import hmac
+import os
+import select
+import socket
+import subprocess
+import sys
+
+try:  # on the login node: sent ahead of this file (transport/base.py)
+    channel_frames, framing = sys.modules["podrun_remote_channel_frames"], sys.modules["podrun_remote_framing"]
+except KeyError:  # imported on the launcher, by tests and type checks
+    from podrun.remote import channel_frames, framing
+
+UNREACHED_SAID = "podrun-unreached "  # slurm_connector.py's line for a node that reached no address
+HELLO_MAX = 4096
+
+
+class Input:
+    """fd 0, unbuffered: the configuration message (read_line, read_exactly), then frames."""
+
+    def __init__(self):
+        self.pending = b""
+
+    def read_line(self):
+        while b"\n" not in self.pending:
+            self._more()
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line
+
+    def read_exactly(self, size):
+        while len(self.pending) < size:
+            self._more()
+        data, self.pending = self.pending[:size], self.pending[size:]
+        return data
+
+    def _more(self):
+        chunk = os.read(0, 262144)
+        if not chunk:
+            sys.exit(0)  # the launcher is gone before it said what to run
+        self.pending += chunk
+
+
+def addresses(port, given):
+    """Where the nodes try to reach this host: "HOST,HOST:PORT"."""
+    hosts = [given] if given else []
+    if not given:
+        hosts += os.environ.get("SSH_CONNECTION", "").split()[2:3]
+        try:
+            hosts += socket.gethostbyname_ex(socket.gethostname())[2]
+        except OSError:
+            pass
+        hosts = [host for host in dict.fromkeys(hosts) if not host.startswith("127.")] or ["127.0.0.1"]
+    return "%s:%d" % (",".join(hosts), port)
+
+
+class Fanout:
+    def __init__(self, config):
+        self.nodes = config["nodes"]
+        self.slots = {node: slot for slot, node in enumerate(self.nodes)}
+        self.token = os.urandom(16).hex()
+        self.listener = socket.socket()
+        self.listener.bind(("", 0))
+        self.listener.listen(len(self.nodes) + 16)
+        env = dict(os.environ, PODRUN_STEP_AT=addresses(self.listener.getsockname()[1], config.get("address")),
+                   PODRUN_STEP_TOKEN=self.token)
+        argv = list(config["srun"]) + [config["python"], "-I", "-S", "-c", config["connector"], config["command"]]
+        # a session of its own: nothing signals srun but Slurm (a second SIGINT within a second cancels the step)
+        self.srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, start_new_session=True)
+        self.hellos = {}  # connection -> what it said so far, until its token and node name
+        self.connections = {}  # slot -> connection
+        self.slot_of = {}  # connection -> slot
+        self.frames = {}  # connection -> channel_frames.Frames
+        self.ended = set()  # slots that were reached, unreached or lost: each is told once
+        self.srun_lines = {self.srun.stdout: b"", self.srun.stderr: b""}
+        self.said = []  # srun's last lines on stderr
+
+    def run(self, control):
+        frames = channel_frames.Frames()
+        frames.feed(control.pending)
+        self.route(frames.take())
+        launcher_here = True
+        while self.srun_lines or self.connections or self.hellos:
+            watched = [self.listener, *self.srun_lines, *self.hellos, *self.slot_of] + ([0] if launcher_here else [])
+            for ready in select.select(watched, [], [])[0]:
+                if ready == 0:
+                    data = os.read(0, 262144)
+                    if not data:  # the launcher is gone: so is every node's input
+                        launcher_here = False
+                        for connection in list(self.slot_of):
+                            self.drop(connection)
+                        return
+                    frames.feed(data)
+                    self.route(frames.take())
+                elif ready is self.listener:
+                    connection, _ = self.listener.accept()
+                    self.hellos[connection] = b""
+                elif ready in self.srun_lines:
+                    self.srun_said(ready)
+                elif ready in self.hellos:
+                    self.hello(ready)
+                else:
+                    self.carry(ready)
+
+    def route(self, frames):
+        for slot, kind, payload in frames:
+            connection = self.connections.get(slot)
+            if connection is not None:
+                try:
+                    connection.sendall(channel_frames.pack(0, kind, payload))
+                except OSError:
+                    self.drop(connection, "its connection to the login node broke")
+
+    def hello(self, connection):
+        data = connection.recv(HELLO_MAX)
+        said = self.hellos[connection] + data
+        if b"\n" not in said:
+            if data and len(said) < HELLO_MAX:
+                self.hellos[connection] = said
+                return
+            del self.hellos[connection]
+            connection.close()
+            return
+        del self.hellos[connection]
+        token, _, node = said.split(b"\n", 1)[0].decode(errors="replace").partition(" ")
+        slot = self.slots.get(node)
+        if not hmac.compare_digest(token.encode(), self.token.encode()) or slot is None or slot in self.ended:
+            connection.close()  # not a task of this step, or a node twice
+            return
+        self.connections[slot], self.slot_of[connection] = connection, slot
+        self.frames[connection] = channel_frames.Frames()
+        self.ended.add(slot)
+        self.tell(slot, channel_frames.CONNECTED)
+
+    def carry(self, connection):
+        slot = self.slot_of[connection]
+        try:
+            data = connection.recv(262144)
+        except OSError:
+            data = b""
+        if not data:
+            self.drop(connection, "its connection to the login node ended before its exit code")
+            return
+        frames = self.frames[connection]
+        frames.feed(data)
+        for _, kind, payload in frames.take():
+            self.tell(slot, kind, payload)
+            if kind == channel_frames.EXITED:
+                self.drop(connection)
+
+    def drop(self, connection, lost=None):
+        slot = self.slot_of.pop(connection)
+        del self.connections[slot], self.frames[connection]
+        connection.close()
+        if lost:
+            self.tell(slot, channel_frames.LOST, lost.encode())
+
+    def srun_said(self, stream):
+        data = os.read(stream.fileno(), 65536)
+        if data:
+            *lines, self.srun_lines[stream] = (self.srun_lines[stream] + data).split(b"\n")
+        else:
+            lines = [self.srun_lines.pop(stream)] if self.srun_lines[stream] else []
+        for line in lines:
+            text = line.decode(errors="replace").strip()
+            node, _, why = text[len(UNREACHED_SAID):].partition(" ")
+            if text.startswith(UNREACHED_SAID) and node in self.slots and self.slots[node] not in self.ended:
+                self.ended.add(self.slots[node])
+                self.tell(self.slots[node], channel_frames.UNREACHED, why.encode())
+            elif text:
+                self.said = (self.said + [text])[-3:]
+                self.tell(channel_frames.ALL, channel_frames.SAID, text.encode())
+        if not self.srun_lines:
+            self.srun_ended()
+
+    def srun_ended(self):
+        """Every node whose task ended without reaching this fanout is told so, with what srun said."""
+        code = self.srun.wait()
+        why = "; ".join(self.said) or "srun ended (exit code %d) before its task connected" % code
+        for slot in range(len(self.nodes)):
+            if slot not in self.ended:
+                self.ended.add(slot)
+                self.tell(slot, channel_frames.UNREACHED, why.encode())
+        for connection in list(self.hellos):
+            connection.close()
+        self.hellos.clear()
+
+    def tell(self, slot, kind, payload=b""):
+        view = memoryview(channel_frames.pack(slot, kind, payload))
+        while view:
+            view = view[os.write(1, view):]
+
+
+def main():
+    control = Input()
+    Fanout(framing.read_message(control)).run(control)
+
+
+if __name__ == "__main__":
+    main()

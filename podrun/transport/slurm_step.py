@@ -1,0 +1,227 @@
+"""One srun for the agents of a whole step: the launcher's side of remote/slurm_fanout.py.
+
+The workers' agents of one step (every worker's `setup`, then every worker's `run`) start together: each
+SlurmTransport.start of the agent joins a batch (Steps.join), which starts once every connected worker
+has joined (or GATHER_S after the first). A batch runs `slurm_fanout` on the login node over the link's
+one SSH connection; its ONE srun starts a connector on every node (Slurm's daemons fan the start out),
+and each worker's start returns a StepChannel once its node's connector has reached the fanout. Its
+stdin, stdout, stderr and exit code are frames of the fanout's channel (remote/channel_frames.py),
+so each worker keeps its own streams and its own exit code.
+
+A node whose connector reaches no address of the login node (compute nodes that cannot open TCP
+connections to it) runs its agent as a step of its own, srun per node, as before; once one did, the
+link uses steps per node for the rest of the job. PODRUN_SLURM_STEPS=per-node chooses them from the
+start, PODRUN_SLURM_LOGIN_ADDRESS the address the nodes connect to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from podrun.errors import PodrunError
+from podrun.remote import channel_frames, framing
+from podrun.transport.base import (
+    UNCACHED_COMPILE,
+    Channel,
+    ChannelInput,
+    ChannelLost,
+    script_command,
+    script_source,
+)
+
+GATHER_S = 0.05  # a batch short of every connected worker starts this long after its first join
+READ_LIMIT = 1 << 20  # a line of a channel's stderr (the agent's events) may be this long
+STEPS_VARIABLE = "PODRUN_SLURM_STEPS"  # "per-node": one srun per node, as before one step did it all
+ADDRESS_VARIABLE = "PODRUN_SLURM_LOGIN_ADDRESS"
+SAID_KEPT = 3  # srun's last lines, for the error of a fanout that ended early
+
+
+def srun_argv(job_id: str, nodes: Sequence[str], pty: bool = False) -> list[str]:
+    """srun for one task on each of `nodes` of the allocation (as many tasks as nodes: one on each),
+    beside any other step there.
+    --overlap: the steps of the job's workers (and `podrun ssh`'s) share the nodes' resources;
+    --whole: the step gets all of each node's allocated CPUs, memory and GPUs, not one CPU;
+    --mpi=none: no PMI set-up for a step that is not MPI; --quiet: no "job step created" notes on stderr,
+    which carries the agent's events; --kill-on-bad-exit=0 and --wait=0: one task's end decides nothing."""
+    return ["srun", f"--jobid={job_id}", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--overlap", "--whole", "--mpi=none", "--quiet",
+            "--kill-on-bad-exit=0", "--wait=0", *(["--pty"] if pty else [])]
+
+
+def connector_source() -> str:
+    """The task each node runs, for `python3 -I -S -c`: the connector, channel_frames ahead of it."""
+    return UNCACHED_COMPILE + script_source("slurm_connector").decode()
+
+
+class StepInput:
+    """A node's stdin: frames on the fanout's stdin."""
+
+    def __init__(self, fanout: ChannelInput, slot: int):
+        self.fanout, self.slot = fanout, slot
+        self.ended = False
+
+    def write(self, data: bytes, /) -> None:
+        self.fanout.write(channel_frames.pack(self.slot, channel_frames.INPUT, bytes(data)))
+
+    def write_eof(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.fanout.write(channel_frames.pack(self.slot, channel_frames.INPUT_END))
+
+    def is_closing(self) -> bool:
+        return self.ended or self.fanout.is_closing()
+
+    async def drain(self) -> None:
+        await self.fanout.drain()
+
+
+class StepChannel:
+    """One node's agent in the one step (transport.base.Channel)."""
+
+    def __init__(self, fanout: ChannelInput, slot: int):
+        self.stdin = StepInput(fanout, slot)
+        self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
+        self.stderr = asyncio.StreamReader(limit=READ_LIMIT)
+        self.exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.exit)
+
+    def took(self, kind: bytes, payload: bytes) -> None:
+        if kind == channel_frames.OUTPUT:
+            self.stdout.feed_data(payload)
+        elif kind == channel_frames.EVENTS:
+            self.stderr.feed_data(payload)
+        elif kind == channel_frames.EXITED and not self.exit.done():
+            self.stdout.feed_eof()
+            self.stderr.feed_eof()
+            self.exit.set_result(int(payload))
+        elif kind == channel_frames.LOST:
+            self.lose(payload.decode(errors="replace"))
+
+    def lose(self, why: str) -> None:
+        if not self.exit.done():
+            lost = ChannelLost(why)
+            self.stdout.set_exception(lost)
+            self.stderr.set_exception(lost)
+            self.exit.set_exception(lost)
+            self.exit.exception()  # retrieved: a worker nobody waits on any more is no warning
+
+
+@dataclass
+class Joined:
+    node: str
+    started: asyncio.Future[Channel]
+    per_node: Callable[[], Awaitable[Channel]]
+
+
+@dataclass
+class Batch:
+    job_id: str
+    command: str
+    joined: list[Joined] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+
+
+class Steps:
+    """A login link's batches: the agents of one step started as one srun (see the module's docstring)."""
+
+    def __init__(self, start: Callable[[str], Awaitable[Channel]], python: str):
+        self.start_on_login = start  # runs a shell line on the login node (or here)
+        self.python = python
+        self.one_step = os.environ.get(STEPS_VARIABLE, "one") != "per-node"
+        self.batch: Batch | None = None
+        self.running: set[asyncio.Task] = set()
+
+    async def join(self, job_id: str, node: str, command: str, expected: int,
+                   per_node: Callable[[], Awaitable[Channel]]) -> Channel:
+        """The channel to `command` on `node`, started with the others of its batch; `expected`: how many
+        workers a whole batch has."""
+        if not self.one_step:
+            return await per_node()
+        loop = asyncio.get_running_loop()
+        if self.batch and (self.batch.job_id, self.batch.command) != (job_id, command):
+            self._launch()
+        if self.batch is None:
+            self.batch = Batch(job_id, command)
+            self.batch.timer = loop.call_later(GATHER_S, self._launch)
+        joined = Joined(node, loop.create_future(), per_node)
+        self.batch.joined.append(joined)
+        if len(self.batch.joined) >= expected:
+            self._launch()
+        return await joined.started
+
+    def _launch(self) -> None:
+        batch, self.batch = self.batch, None
+        if batch is None:
+            return
+        if batch.timer:
+            batch.timer.cancel()
+        task = asyncio.ensure_future(self._run(batch))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _run(self, batch: Batch) -> None:
+        if len(batch.joined) == 1:  # one node: its own step is one srun already, without a fanout
+            await self._per_node(batch.joined[0])
+            return
+        try:
+            fanout = await self.start_on_login(script_command(self.python, "slurm_fanout"))
+            fanout.stdin.write(script_source("slurm_fanout") + framing.message({
+                "nodes": [joined.node for joined in batch.joined],
+                "srun": srun_argv(batch.job_id, [joined.node for joined in batch.joined]),
+                "python": self.python, "connector": connector_source(), "command": batch.command,
+                "address": os.environ.get(ADDRESS_VARIABLE) or None}))
+        except Exception as error:
+            for joined in batch.joined:
+                if not joined.started.done():
+                    joined.started.set_exception(error)
+            return
+        await self._carry(batch, fanout)
+
+    async def _carry(self, batch: Batch, fanout: Channel) -> None:
+        """Read the fanout's frames into each node's channel until it ends."""
+        channels: dict[int, StepChannel] = {}
+        handed: set[int] = set()  # the slots whose agent runs as a step of its own
+        said: list[str] = []
+        frames = channel_frames.Frames()
+        try:
+            while data := await fanout.stdout.read(262144):
+                frames.feed(data)
+                for slot, kind, payload in frames.take():
+                    if kind == channel_frames.SAID:
+                        said = [*said, payload.decode(errors="replace")][-SAID_KEPT:]
+                    elif kind == channel_frames.CONNECTED:
+                        channels[slot] = StepChannel(fanout.stdin, slot)
+                        batch.joined[slot].started.set_result(channels[slot])
+                    elif kind == channel_frames.UNREACHED:
+                        self.one_step = False  # the rest of the job: steps per node
+                        handed.add(slot)
+                        self._per_node_soon(batch.joined[slot])
+                    elif slot in channels:
+                        channels[slot].took(kind, payload)
+            code = await fanout.wait()
+            complaint = (await fanout.stderr.read()).decode(errors="replace").strip().splitlines()
+            why = "; ".join(said + complaint[-1:]) or f"the login node's fanout ended (exit code {code}) before it"
+        except ChannelLost as lost:
+            why = str(lost)
+        for channel in channels.values():
+            channel.lose(why)
+        for slot, joined in enumerate(batch.joined):
+            if not joined.started.done() and slot not in handed:
+                joined.started.set_exception(PodrunError(f"srun did not start podrun's agent on {joined.node}: {why}"))
+
+    def _per_node_soon(self, joined: Joined) -> None:
+        task = asyncio.ensure_future(self._per_node(joined))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    @staticmethod
+    async def _per_node(joined: Joined) -> None:
+        try:
+            joined.started.set_result(await joined.per_node())
+        except Exception as error:
+            joined.started.set_exception(error)
