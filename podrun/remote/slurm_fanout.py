@@ -84,11 +84,14 @@ class Fanout:
         # a session of its own: nothing signals srun but Slurm (a second SIGINT within a second cancels the step)
         self.srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
+        # poll, not select: a step of thousands of nodes holds a connection each (select stops at 1,024)
+        self.poller = select.poll()
+        self.watched = {}  # descriptor -> what it is: 0 (the launcher), the listener, srun's streams, connections
         self.hellos = {}  # connection -> what it said so far, until its token and node name
         self.connections = {}  # slot -> connection
         self.slot_of = {}  # connection -> slot
         self.frames = {}  # connection -> channel_frames.Frames
-        self.ended = set()  # slots that were reached, unreached or lost: each is told once
+        self.decided = set()  # slots told CONNECTED or UNREACHED: each is told one of them, once
         self.srun_lines = {self.srun.stdout: b"", self.srun.stderr: b""}
         self.said = []  # srun's last lines on stderr
 
@@ -96,14 +99,14 @@ class Fanout:
         frames = channel_frames.Frames()
         frames.feed(control.pending)
         self.route(frames.take())
-        launcher_here = True
+        for watched in (0, self.listener, *self.srun_lines):
+            self.watch(watched)
         while self.srun_lines or self.connections or self.hellos:
-            watched = [self.listener, *self.srun_lines, *self.hellos, *self.slot_of] + ([0] if launcher_here else [])
-            for ready in select.select(watched, [], [])[0]:
+            for fd, _ in self.poller.poll():
+                ready = self.watched.get(fd)
                 if ready == 0:
                     data = os.read(0, 262144)
                     if not data:  # the launcher is gone: so is every node's input
-                        launcher_here = False
                         for connection in list(self.slot_of):
                             self.drop(connection)
                         return
@@ -112,12 +115,24 @@ class Fanout:
                 elif ready is self.listener:
                     connection, _ = self.listener.accept()
                     self.hellos[connection] = b""
+                    self.watch(connection)
                 elif ready in self.srun_lines:
                     self.srun_said(ready)
                 elif ready in self.hellos:
                     self.hello(ready)
-                else:
+                elif ready in self.slot_of:
                     self.carry(ready)
+
+    def watch(self, watched):
+        fd = watched if isinstance(watched, int) else watched.fileno()
+        self.poller.register(fd, select.POLLIN)
+        self.watched[fd] = watched
+
+    def unwatch(self, watched):
+        """Stop watching `watched` (a connection, before it is closed; a stream of srun's at its end)."""
+        fd = watched.fileno()
+        self.poller.unregister(fd)
+        del self.watched[fd]
 
     def route(self, frames):
         for slot, kind, payload in frames:
@@ -136,17 +151,19 @@ class Fanout:
                 self.hellos[connection] = said
                 return
             del self.hellos[connection]
+            self.unwatch(connection)
             connection.close()
             return
         del self.hellos[connection]
         token, _, node = said.split(b"\n", 1)[0].decode(errors="replace").partition(" ")
         slot = self.slots.get(node)
-        if not hmac.compare_digest(token.encode(), self.token.encode()) or slot is None or slot in self.ended:
+        if not hmac.compare_digest(token.encode(), self.token.encode()) or slot is None or slot in self.decided:
+            self.unwatch(connection)
             connection.close()  # not a task of this step, or a node twice
             return
         self.connections[slot], self.slot_of[connection] = connection, slot
         self.frames[connection] = channel_frames.Frames()
-        self.ended.add(slot)
+        self.decided.add(slot)
         self.tell(slot, channel_frames.CONNECTED)
 
     def carry(self, connection):
@@ -168,6 +185,7 @@ class Fanout:
     def drop(self, connection, lost=None):
         slot = self.slot_of.pop(connection)
         del self.connections[slot], self.frames[connection]
+        self.unwatch(connection)
         connection.close()
         if lost:
             self.tell(slot, channel_frames.LOST, lost.encode())
@@ -177,12 +195,13 @@ class Fanout:
         if data:
             *lines, self.srun_lines[stream] = (self.srun_lines[stream] + data).split(b"\n")
         else:
+            self.unwatch(stream)
             lines = [self.srun_lines.pop(stream)] if self.srun_lines[stream] else []
         for line in lines:
             text = line.decode(errors="replace").strip()
             node, _, why = text[len(UNREACHED_SAID):].partition(" ")
-            if text.startswith(UNREACHED_SAID) and node in self.slots and self.slots[node] not in self.ended:
-                self.ended.add(self.slots[node])
+            if text.startswith(UNREACHED_SAID) and node in self.slots and self.slots[node] not in self.decided:
+                self.decided.add(self.slots[node])
                 self.tell(self.slots[node], channel_frames.UNREACHED, why.encode())
             elif text:
                 self.said = (self.said + [text])[-3:]
@@ -195,10 +214,11 @@ class Fanout:
         code = self.srun.wait()
         why = "; ".join(self.said) or "srun ended (exit code %d) before its task connected" % code
         for slot in range(len(self.nodes)):
-            if slot not in self.ended:
-                self.ended.add(slot)
+            if slot not in self.decided:
+                self.decided.add(slot)
                 self.tell(slot, channel_frames.UNREACHED, why.encode())
         for connection in list(self.hellos):
+            self.unwatch(connection)
             connection.close()
         self.hellos.clear()
 
@@ -208,9 +228,23 @@ class Fanout:
             view = view[os.write(1, view):]
 
 
+def more_files(wanted):
+    """The soft limit on open files raised towards the hard one, for a connection per node."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard == resource.RLIM_INFINITY else min(hard, wanted), hard))
+    except (ImportError, ValueError, OSError):
+        pass  # the limit stays: srun's tasks past it cannot connect, and run as steps of their own
+
+
 def main():
     control = Input()
-    Fanout(framing.read_message(control)).run(control)
+    config = framing.read_message(control)
+    more_files(2 * len(config["nodes"]) + 64)
+    Fanout(config).run(control)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
 """The `slurm` target without a cluster: its options, Slurm's time forms, the commands it builds,
-what it reads from scontrol, the checks made before allocating, and --dry-run."""
+what it reads from scontrol, the checks made before allocating, --dry-run, and the one step's channels
+through a stand-in srun that runs each node's task here."""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import sys
 
 import pytest
 
@@ -11,6 +16,7 @@ from podrun.targets.base import target_for
 from podrun.targets.slurm import SlurmCluster, ended_by_slurm, parse_records
 from podrun.targets.slurm_options import slurm_time_s
 from podrun.transport.slurm import srun_command
+from podrun.transport.slurm_step import Steps
 
 from helpers import podrun
 
@@ -149,3 +155,49 @@ def test_bad_adhoc_flags_are_named(home, flags, line):
 ])
 def test_an_allocation_slurm_ended_is_named(shown, said):
     assert ended_by_slurm(parse_records(shown)) == said
+
+
+# srun as far as the one step needs it: each node of --nodelist runs the task, SLURMD_NODENAME set
+SRUN_STAND_IN = """#!/bin/sh
+for option; do case $option in --nodelist=*) nodes=${option#--nodelist=}; shift;; --*) shift;; *) break;; esac; done
+for node in $(echo "$nodes" | tr , ' '); do SLURMD_NODENAME=$node "$@" & done
+wait
+"""
+
+
+def run_one_step(command: str, inputs: dict[str, str]) -> list[tuple[bytes, bytes, int]]:
+    """Each node's stdout, stderr and exit code, `command` started on every node through Steps (the login
+    node: here), each given its own line of input."""
+    async def on_login(command: str):
+        return await asyncio.create_subprocess_exec("/bin/sh", "-c", command, stdin=-1, stdout=-1, stderr=-1)
+
+    async def one(steps: Steps, node: str, line: str):
+        channel = await steps.join("7", node, command, len(inputs), lambda: on_login("echo a step of its own"))
+        channel.stdin.write(line.encode() + b"\n")
+        channel.stdin.write_eof()
+        return await channel.stdout.read(), await channel.stderr.read(), await channel.wait()
+
+    async def every():
+        steps = Steps(on_login, sys.executable)
+        return await asyncio.gather(*(one(steps, node, line) for node, line in inputs.items()))
+
+    return asyncio.run(every())
+
+
+@pytest.fixture
+def srun_stand_in(tmp_path, monkeypatch):
+    (tmp_path / "srun").write_text(SRUN_STAND_IN)
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_one_step_keeps_each_nodes_streams_and_exit_code(srun_stand_in, monkeypatch):
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "127.0.0.1")  # the tests' network namespace has loopback only
+    ran = run_one_step("read code; echo out on $SLURMD_NODENAME; echo err >&2; exit $code",
+                       {"n1": "0", "n2": "3", "n3": "0"})
+    assert ran == [(b"out on n1\n", b"err\n", 0), (b"out on n2\n", b"err\n", 3), (b"out on n3\n", b"err\n", 0)]
+
+
+def test_nodes_that_reach_no_address_of_the_login_node_run_a_step_each(srun_stand_in, monkeypatch):
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "nowhere.invalid")
+    assert run_one_step("echo one step", {"n1": "", "n2": ""}) == [(b"a step of its own\n", b"", 0)] * 2
