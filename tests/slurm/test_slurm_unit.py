@@ -115,7 +115,8 @@ def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_fil
     assert "# target: 2 Slurm nodes, allocated for the job; Slurm's commands run via me@login1:" in out
     assert ("allocate: salloc --no-shell --job-name=podrun-job --nodes=2 --ntasks-per-node=1 --partition=gpu "
             "--time=1:00:00\n") in out
-    assert "worker 1: srun '--jobid=<job id>' '--nodelist=<node 1>' --nodes=1 --ntasks=1 --overlap" in out
+    assert ("start:    srun '--jobid=<job id>' '--nodelist=<node 0>,<node 1>' --nodes=2 --ntasks=2 --overlap --whole "
+            "--mpi=none --quiet --kill-on-bad-exit=0 --wait=0 python3 -I -S -c <connector> <agent>\n") in out
     assert "release:  scancel <job id>" in out
     assert "# worker 0: node 0 of the allocation" in out and "# worker 1: node 1 of the allocation" in out
     assert out.count("echo hi") == 2
