@@ -25,7 +25,7 @@ from podrun.cloud import labels
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError
-from podrun.launch import judgment, restart_policy
+from podrun.launch import control_tree, judgment, restart_policy
 from podrun.launch.kept import Kept
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.notify import Notifier, secret_values
@@ -65,6 +65,7 @@ class Lifecycle:
         self.notifier = Notifier(spec.notify, secret_values(spec, extra_env, os.environ))  # the spec's notify
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
+        control_tree.settings()
         if target.departs:
             judgment.settings()
 
@@ -201,7 +202,7 @@ class Lifecycle:
     def _launch(self, record: jobstore.JobRecord, job: JobPlan) -> int:
         try:
             terminal = self._terminal([plan.worker.index for plan in job.workers])
-            return asyncio.run(Launch(self.target, job, self.tree, record, terminal,
+            return asyncio.run(Launch(self.target, control_tree.arrange(job), self.tree, record, terminal,
                                       self.detach, self.kill_stale, self._running_once,
                                       self._workers_notify(record), self._away()).run())
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers

@@ -91,6 +91,7 @@ class SshTransport(Transport):
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
         self.handshake_attempts = 0  # how many handshakes connect() began (dropped ones tried again)
+        self.forward_agent: str | None = None  # a control tree's relay: the agent socket its connection forwards
 
     @property
     def label(self) -> str:
@@ -179,6 +180,8 @@ class SshTransport(Transport):
         if self.user:
             options["username"] = self.user
         options.update(await client_keys.auth_options(self.identity_file))
+        if self.forward_agent:
+            options.update(agent_forwarding=True, agent_path=self.forward_agent)
         if tunnel is not None:
             options["tunnel"] = tunnel
         elif self.proxy_command:

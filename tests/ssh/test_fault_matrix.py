@@ -31,12 +31,25 @@ from helpers import (
     wait_until,
 )
 
-# three in CI keeps the suite's time in bounds; PODRUN_FAULT_ATTEMPTS=10 hunts a race that shows 1 time in 6
-ATTEMPTS = range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "3")))
+# three in CI keeps the suite's time in bounds; PODRUN_FAULT_ATTEMPTS=10 hunts a race that shows 1 time in 6;
+# then once more with workers 1 and 2 behind worker 0, a control tree's relay (launch/control_tree.py)
+TREE = "tree"
+ATTEMPTS = [*range(int(os.environ.get("PODRUN_FAULT_ATTEMPTS", "3"))), TREE]
 KEEPALIVE_TIMEOUT_S = 15  # the launcher: keepalives 5 s apart, given up after 3 intervals (podrun/transport/ssh.py)
 HEARTBEAT_TIMEOUT_S = 20  # a worker: no word from the launcher (podrun/launch.py)
 repeated = pytest.mark.parametrize("attempt", ATTEMPTS)
 pytestmark = pytest.mark.slow  # minutes: every fault three times
+
+
+@pytest.fixture(autouse=True)
+def reach(request, monkeypatch) -> str:
+    """How the launcher reaches the workers: "direct", or through a control tree (the TREE attempt)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec and callspec.params.get("attempt") == TREE:
+        monkeypatch.setenv("PODRUN_CONTROL_TREE", "2")
+        monkeypatch.setenv("PODRUN_CONTROL_TREE_FANOUT", "2")
+        return TREE
+    return "direct"
 
 
 def started_job(hosts_spec, run: str, files: dict[str, str] | None = None,
@@ -183,7 +196,7 @@ def test_a_detached_job_whose_host_loses_its_link_stops_everywhere_with_no_launc
 
 
 @repeated
-def test_sshd_stopped_on_one_host_is_one_line_and_nothing_starts(home, lab, hosts_spec, fault_time, attempt):
+def test_sshd_stopped_on_one_host_is_one_line_and_nothing_starts(home, lab, hosts_spec, fault_time, attempt, reach):
     spec = hosts_spec("run: echo started; sleep 300")
     jobs_before = [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts]
     lab.stop_sshd(1)
@@ -194,8 +207,9 @@ def test_sshd_stopped_on_one_host_is_one_line_and_nothing_starts(home, lab, host
     finally:
         lab.start_sshd(1)
     assert result.returncode == 1
+    through = f" through relay worker 0 ({lab.hosts[0].ip})" if reach == TREE else ""
     assert stderr_lines_without_traceback(result.stderr)[-1] == (
-        f"podrun: error: {lab.hosts[1].ip}: cannot connect: Connection refused")
+        f"podrun: error: {lab.hosts[1].ip}: cannot connect{through}: Connection refused")
     assert "started" not in result.stdout
     # no agent ran anywhere: it would have made a job directory on its host
     assert [sorted((host.home / ".podrun" / "jobs").glob("*")) for host in lab.hosts] == jobs_before

@@ -1,0 +1,223 @@
+"""podrun's control-tree relay: on a relay worker, it opens the SSH connections to its share of the other
+workers and carries their commands' streams to the launcher over its one channel (transport/tree.py).
+
+Sent over stdin like the agent (transport.script_command), never installed: standard library only,
+Python 3.8+. A connection is an OpenSSH master (`ssh -M`), each command a client of it (`ssh -S`), so
+each worker behind the relay has one SSH connection per job, as a directly connected one has. They sign
+in with the agent the launcher forwarded (SSH_AUTH_SOCK) and check host keys against the lines the
+launcher sends, as its own connections would.
+
+stdin/stdout  frames (tree_frames.py). From the launcher:
+  OPEN    child  {argv: ssh's options and destination, known: known-hosts lines, check: "yes",
+                  "accept-new" or "no"}: connect
+  START   chan   {child, command}: run a command on the child's connection
+  INPUT   chan   bytes for its stdin;  EOF chan: its stdin ends
+  CLOSE   child  close the connection (its commands end with it)
+To the launcher:
+  OPENED  child  the known-hosts lines the connection added (a host seen for the first time), or nothing
+  FAILED  child  why it could not connect (ssh's last words)
+  LOST    child  why the connection ended under its commands
+  STDOUT / STDERR  chan  bytes;  EXIT chan  its exit code, in decimal
+End of stdin: every connection is closed, then the relay exits.
+"""
+
+import asyncio
+import marshal
+import os
+import shutil
+import sys
+import tempfile
+
+try:  # on a worker: sent ahead of this file (transport/base.py)
+    tree_frames = sys.modules["podrun_remote_tree_frames"]
+except KeyError:  # imported on the launcher, by tests and type checks
+    from podrun.remote import tree_frames
+
+CONNECTED = b"podrun-connected"
+# a command's ssh client that exits 255 may have lost its master: the master's own exit is awaited this long,
+# so that the launcher hears of a lost connection, not of a command that exited 255
+MASTER_EXIT_WAIT_S = 2.0
+INPUT_HELD_MAX = 1 << 20
+# what the master runs: it ends when its stdin does, so a relay killed outright leaves no master behind
+HELD_OPEN = "exec cat >/dev/null"  # bytes held for one command's stdin before the relay waits for it to take them
+
+
+class Command:
+    """A command's ssh client, and what came for its stdin before it started."""
+
+    def __init__(self):
+        self.process = None
+        self.pending = []
+        self.ended = False
+
+    def started(self, process):
+        self.process = process
+        for data in self.pending:
+            process.stdin.write(data)
+        self.pending = []
+        if self.ended:
+            process.stdin.close()
+
+    async def write(self, data):
+        if self.process is None:
+            self.pending.append(data)
+        elif not self.process.stdin.is_closing():
+            self.process.stdin.write(data)
+            if self.process.stdin.transport.get_write_buffer_size() > INPUT_HELD_MAX:
+                try:
+                    await self.process.stdin.drain()
+                except ConnectionError:
+                    pass
+
+    def end(self):
+        self.ended = True
+        if self.process is not None and not self.process.stdin.is_closing():
+            self.process.stdin.close()
+
+
+class Relay:
+    def __init__(self, writer, directory):
+        self.writer = writer
+        self.directory = directory
+        self.masters = {}  # child -> its ssh master process
+        self.options = {}  # child -> the ssh options and destination its commands use
+        self.lost = set()  # children whose connection ended
+        self.commands = {}  # channel -> its ssh client process
+        self.tasks = set()
+
+    def send(self, kind, ident, payload=b""):
+        self.writer.write(tree_frames.frame(kind, ident, payload))
+
+    def spawn(self, coroutine):
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def handle(self, kind, ident, payload):
+        if kind == tree_frames.OPEN:
+            self.spawn(self.open(ident, marshal.loads(payload)))
+        elif kind == tree_frames.START:
+            self.commands[ident] = Command()  # its input may come before its process is up
+            self.spawn(self.start(ident, marshal.loads(payload)))
+        elif kind == tree_frames.INPUT:
+            command = self.commands.get(ident)
+            if command:
+                await command.write(payload)
+        elif kind == tree_frames.EOF:
+            command = self.commands.get(ident)
+            if command:
+                command.end()
+        elif kind == tree_frames.CLOSE:
+            self.close(ident)
+
+    async def open(self, child, request):
+        known = os.path.join(self.directory, "known-%d" % child)
+        with open(known, "w") as handle:
+            handle.write(request["known"])
+        check = request["check"]
+        options = ["-F", "none", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+                   "-o", "ServerAliveCountMax=2", "-o", "LogLevel=ERROR", "-o", "GlobalKnownHostsFile=/dev/null",
+                   "-o", "UserKnownHostsFile=" + (known if check != "no" else "/dev/null"),
+                   "-o", "StrictHostKeyChecking=" + check, "-o", "HashKnownHosts=no", "-o", "CheckHostIP=no",
+                   "-S", os.path.join(self.directory, "c%d" % child)] + request["argv"]
+        self.options[child] = options
+        master = await asyncio.create_subprocess_exec(
+            "ssh", "-M", "-o", "ControlPersist=no", "-o", "PermitLocalCommand=yes",
+            "-o", "LocalCommand=echo " + CONNECTED.decode(), *options, HELD_OPEN,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        self.masters[child] = master
+        said = await master.stdout.readline()
+        if said.strip() != CONNECTED:
+            await master.wait()
+            self.masters.pop(child, None)
+            self.send(tree_frames.FAILED, child, _last_words(await master.stderr.read(), master.returncode))
+            return
+        with open(known) as handle:
+            added = handle.read()[len(request["known"]):]
+        self.send(tree_frames.OPENED, child, added.encode() if check == "accept-new" else b"")
+        await master.wait()
+        if child in self.masters:  # not closed by the launcher: lost under its commands
+            del self.masters[child]
+            self.lost.add(child)
+            self.send(tree_frames.LOST, child, _last_words(await master.stderr.read(), master.returncode))
+
+    async def start(self, channel, request):
+        child = request["child"]
+        if child not in self.masters:
+            del self.commands[channel]
+            self.send(tree_frames.LOST, child, b"the connection is closed")
+            return
+        process = await asyncio.create_subprocess_exec(
+            "ssh", "-T", *self.options[child], request["command"],
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        self.commands[channel].started(process)
+        await asyncio.gather(self.pump(process.stdout, tree_frames.STDOUT, channel),
+                             self.pump(process.stderr, tree_frames.STDERR, channel))
+        code = await process.wait()
+        del self.commands[channel]
+        if code == 255 and child in self.masters:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.masters[child].wait()), MASTER_EXIT_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        if child in self.lost or self.masters.get(child, None) is None:
+            return  # LOST tells of it
+        self.send(tree_frames.EXIT, channel, b"%d" % code)
+
+    async def pump(self, stream, kind, channel):
+        while True:
+            data = await stream.read(65536)
+            if not data:
+                return
+            self.send(kind, channel, data)
+            await self.writer.drain()
+
+    def close(self, child):
+        master = self.masters.pop(child, None)
+        if master and master.returncode is None:
+            master.terminate()
+
+    def close_all(self):
+        """Every connection closed; returns their masters, to wait for."""
+        masters = list(self.masters.values())
+        for child in list(self.masters):
+            self.close(child)
+        return masters
+
+
+def _last_words(stderr, code):
+    """ssh's last line, without its "ssh: connect to host H port P: " (the launcher names the host)."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    if not lines:
+        return ("ssh exited with code %s" % code).encode()
+    last = lines[-1]
+    if last.startswith("ssh: connect to host ") and ": " in last[len("ssh: "):]:
+        last = last[len("ssh: "):].split(": ", 1)[1]
+    return last.encode()
+
+
+async def main():
+    loop = asyncio.get_event_loop()
+    reader = asyncio.StreamReader(limit=tree_frames.MAX_PAYLOAD + tree_frames.HEADER.size)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", 0))
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(1, "wb", 0))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    directory = tempfile.mkdtemp(prefix="podrun-tree-")
+    relay = Relay(writer, directory)
+    try:
+        while True:
+            try:
+                header = await reader.readexactly(tree_frames.HEADER.size)
+            except asyncio.IncompleteReadError:
+                return
+            kind, ident, size = tree_frames.HEADER.unpack(header)
+            await relay.handle(kind, ident, await reader.readexactly(size) if size else b"")
+    finally:
+        for master in relay.close_all():
+            await master.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.get_event_loop().run_until_complete(main())
+    sys.exit(0)
