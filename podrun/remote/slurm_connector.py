@@ -1,6 +1,6 @@
 """The task of Slurm's one step on each node: connect back to the login node's fanout (slurm_fanout.py)
 and run the worker's command (podrun's agent) with its stdin, stdout and stderr carried over that one
-connection as frames (channel_frames.py).
+connection as frames (tree_frames.py).
 
 argv: COMMAND (a shell line). Environment, removed before COMMAND starts: PODRUN_STEP_AT
 ("HOST,HOST,...:PORT", the fanout's addresses, tried in order) and PODRUN_STEP_TOKEN (the step's
@@ -9,8 +9,8 @@ secret, said first with the node's name: SLURMD_NODENAME). A node that reaches n
 runs that node's command as a step of its own.
 
 The connection's end (the launcher or its fanout gone) ends COMMAND's stdin: the agent stops its job,
-as over SSH. Its exit code goes back as the EXITED frame once its stdout and stderr have ended.
-Standard library only, run with `python3 -I -S -c`, channel_frames.py's source ahead of it.
+as over SSH. Its exit code goes back as the EXIT frame once its stdout and stderr have ended.
+Standard library only, run with `python3 -I -S -c`, tree_frames.py's source ahead of it.
 """
 
 import os
@@ -19,9 +19,9 @@ import socket
 import sys
 
 try:  # on a node: sent ahead of this file (transport/slurm_step.py)
-    channel_frames = sys.modules["podrun_remote_channel_frames"]
+    tree_frames = sys.modules["podrun_remote_tree_frames"]
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import channel_frames
+    from podrun.remote import tree_frames
 
 ADDRESS, TOKEN = "PODRUN_STEP_AT", "PODRUN_STEP_TOKEN"
 CONNECT_TIMEOUT_S = 5  # per address: a login node whose firewall drops the nodes' packets costs this once
@@ -65,8 +65,8 @@ def spawn(command):
 
 def pump(connection, pid, stdin, stdout, stderr):
     """Carry the command's streams until its output has ended; its exit code."""
-    frames = channel_frames.Frames()
-    kinds = {stdout: channel_frames.OUTPUT, stderr: channel_frames.EVENTS}
+    frames = tree_frames.Frames()
+    kinds = {stdout: tree_frames.STDOUT, stderr: tree_frames.STDERR}
     watched = [connection, stdout, stderr]
     open_ = True  # the connection: once it ends, the command's input ends and its output goes nowhere
     while stdout in watched or stderr in watched:
@@ -77,10 +77,10 @@ def pump(connection, pid, stdin, stdout, stderr):
                 except OSError:
                     data = b""
                 frames.feed(data)
-                for _, kind, payload in frames.take():
-                    if kind == channel_frames.INPUT and stdin is not None:
+                for kind, _, payload in frames.take():
+                    if kind == tree_frames.INPUT and stdin is not None:
                         write_all(stdin, payload)
-                    elif kind == channel_frames.INPUT_END:
+                    elif kind == tree_frames.EOF:
                         stdin = close(stdin)
                 if not data:  # the launcher is gone
                     watched.remove(connection)
@@ -91,12 +91,12 @@ def pump(connection, pid, stdin, stdout, stderr):
                 watched.remove(ready)
                 os.close(ready)
             elif open_:
-                open_ = send(connection, channel_frames.pack(0, kinds[ready], data))
+                open_ = send(connection, tree_frames.frames(kinds[ready], 0, data))
     close(stdin)
     status = os.waitpid(pid, 0)[1]
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     if open_:
-        send(connection, channel_frames.pack(0, channel_frames.EXITED, str(code).encode()))
+        send(connection, tree_frames.frame(tree_frames.EXIT, 0, str(code).encode()))
     return code
 
 

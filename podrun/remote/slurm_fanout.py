@@ -1,15 +1,17 @@
 """Slurm's one step for a whole job, run on the login node: ONE srun whose task on each node
 (slurm_connector.py) connects back here, and every node's channel carried over this script's stdin
-and stdout, the launcher's one SSH channel, as frames (channel_frames.py). Slurm's daemons fan the
+and stdout, the launcher's one SSH channel, as frames (tree_frames.py, the control tree's). Slurm's daemons fan the
 start out to the nodes; the launcher still talks to each node's agent on a channel of its own.
 
 stdin   a message (framing.py): {nodes (Slurm node names, in the launcher's slot order), srun (argv
         without the task), python, connector (the task's source), command (what each node runs),
         address (the host the nodes connect to, or null: this host's SSH_CONNECTION address, then
-        its host name's)}; then frames for the nodes (INPUT, INPUT_END). Its end: the launcher is gone,
-        and every node's connection is closed, which ends each command's stdin.
-stdout  frames: each node's CONNECTED, then its OUTPUT, EVENTS and EXITED as its connector sent them
-        (LOST if its connection ends first), or UNREACHED; SAID: a line srun wrote.
+        its host name's)}; then frames for the nodes (INPUT, EOF; a frame's id is the node's slot). Its
+        end: the launcher is gone, and every node's connection is closed, which ends each command's stdin.
+stdout  frames: each node's OPENED (its connector reached this fanout), then its STDOUT, STDERR and EXIT
+        as its connector sent them (LOST if its connection ends first); or FAILED (it reached no address
+        of this host, or srun ended first: why, with srun's last lines): the launcher runs that node's
+        command as a step of its own.
 Ends once srun has ended and every node's connection has.
 
 The nodes prove themselves with a token made here, given to srun's tasks in their environment (never
@@ -24,9 +26,9 @@ import subprocess
 import sys
 
 try:  # on the login node: sent ahead of this file (transport/base.py)
-    channel_frames, framing = sys.modules["podrun_remote_channel_frames"], sys.modules["podrun_remote_framing"]
+    framing, tree_frames = sys.modules["podrun_remote_framing"], sys.modules["podrun_remote_tree_frames"]
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import channel_frames, framing
+    from podrun.remote import framing, tree_frames
 
 UNREACHED_SAID = "podrun-unreached "  # slurm_connector.py's line for a node that reached no address
 HELLO_MAX = 4096
@@ -90,13 +92,13 @@ class Fanout:
         self.hellos = {}  # connection -> what it said so far, until its token and node name
         self.connections = {}  # slot -> connection
         self.slot_of = {}  # connection -> slot
-        self.frames = {}  # connection -> channel_frames.Frames
-        self.decided = set()  # slots told CONNECTED or UNREACHED: each is told one of them, once
+        self.frames = {}  # connection -> tree_frames.Frames
+        self.decided = set()  # slots told OPENED or FAILED: each is told one of them, once
         self.srun_lines = {self.srun.stdout: b"", self.srun.stderr: b""}
-        self.said = []  # srun's last lines on stderr
+        self.said = []  # srun's last lines (what it said of a failure), for the nodes it never started
 
     def run(self, control):
-        frames = channel_frames.Frames()
+        frames = tree_frames.Frames()
         frames.feed(control.pending)
         self.route(frames.take())
         for watched in (0, self.listener, *self.srun_lines):
@@ -135,11 +137,11 @@ class Fanout:
         del self.watched[fd]
 
     def route(self, frames):
-        for slot, kind, payload in frames:
+        for kind, slot, payload in frames:
             connection = self.connections.get(slot)
             if connection is not None:
                 try:
-                    connection.sendall(channel_frames.pack(0, kind, payload))
+                    connection.sendall(tree_frames.frame(kind, 0, payload))
                 except OSError:
                     self.drop(connection, "its connection to the login node broke")
 
@@ -162,9 +164,9 @@ class Fanout:
             connection.close()  # not a task of this step, or a node twice
             return
         self.connections[slot], self.slot_of[connection] = connection, slot
-        self.frames[connection] = channel_frames.Frames()
+        self.frames[connection] = tree_frames.Frames()
         self.decided.add(slot)
-        self.tell(slot, channel_frames.CONNECTED)
+        self.tell(tree_frames.OPENED, slot)
 
     def carry(self, connection):
         slot = self.slot_of[connection]
@@ -177,9 +179,9 @@ class Fanout:
             return
         frames = self.frames[connection]
         frames.feed(data)
-        for _, kind, payload in frames.take():
-            self.tell(slot, kind, payload)
-            if kind == channel_frames.EXITED:
+        for kind, _, payload in frames.take():
+            self.tell(kind, slot, payload)
+            if kind == tree_frames.EXIT:
                 self.drop(connection)
 
     def drop(self, connection, lost=None):
@@ -188,7 +190,7 @@ class Fanout:
         self.unwatch(connection)
         connection.close()
         if lost:
-            self.tell(slot, channel_frames.LOST, lost.encode())
+            self.tell(tree_frames.LOST, slot, lost.encode())
 
     def srun_said(self, stream):
         data = os.read(stream.fileno(), 65536)
@@ -202,10 +204,9 @@ class Fanout:
             node, _, why = text[len(UNREACHED_SAID):].partition(" ")
             if text.startswith(UNREACHED_SAID) and node in self.slots and self.slots[node] not in self.decided:
                 self.decided.add(self.slots[node])
-                self.tell(self.slots[node], channel_frames.UNREACHED, why.encode())
+                self.tell(tree_frames.FAILED, self.slots[node], why.encode())
             elif text:
                 self.said = (self.said + [text])[-3:]
-                self.tell(channel_frames.ALL, channel_frames.SAID, text.encode())
         if not self.srun_lines:
             self.srun_ended()
 
@@ -216,14 +217,14 @@ class Fanout:
         for slot in range(len(self.nodes)):
             if slot not in self.decided:
                 self.decided.add(slot)
-                self.tell(slot, channel_frames.UNREACHED, why.encode())
+                self.tell(tree_frames.FAILED, slot, why.encode())
         for connection in list(self.hellos):
             self.unwatch(connection)
             connection.close()
         self.hellos.clear()
 
-    def tell(self, slot, kind, payload=b""):
-        view = memoryview(channel_frames.pack(slot, kind, payload))
+    def tell(self, kind, slot, payload=b""):
+        view = memoryview(tree_frames.frame(kind, slot, payload))
         while view:
             view = view[os.write(1, view):]
 

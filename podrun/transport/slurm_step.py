@@ -5,8 +5,8 @@ SlurmTransport.start of the agent joins a batch (Steps.join), which starts once 
 has joined (or GATHER_S after the first). A batch runs `slurm_fanout` on the login node over the link's
 one SSH connection; its ONE srun starts a connector on every node (Slurm's daemons fan the start out),
 and each worker's start returns a StepChannel once its node's connector has reached the fanout. Its
-stdin, stdout, stderr and exit code are frames of the fanout's channel (remote/channel_frames.py),
-so each worker keeps its own streams and its own exit code.
+stdin, stdout, stderr and exit code are frames of the fanout's channel (remote/tree_frames.py, the
+control tree's; framed_channel.py), so each worker keeps its own streams and its own exit code.
 
 A node whose connector reaches no address of the login node (compute nodes that cannot open TCP
 connections to it) runs its agent as a step of its own, srun per node, as before; once one did, the
@@ -17,26 +17,19 @@ start, PODRUN_SLURM_LOGIN_ADDRESS the address the nodes connect to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from podrun.errors import PodrunError
-from podrun.remote import channel_frames, framing
-from podrun.transport.base import (
-    UNCACHED_COMPILE,
-    Channel,
-    ChannelInput,
-    ChannelLost,
-    script_command,
-    script_source,
-)
+from podrun.remote import framing, tree_frames
+from podrun.transport.base import UNCACHED_COMPILE, Channel, ChannelLost, script_command, script_source
+from podrun.transport.framed_channel import FramedChannel
 
 GATHER_S = 0.05  # a batch short of every connected worker starts this long after its first join
-READ_LIMIT = 1 << 20  # a line of a channel's stderr (the agent's events) may be this long
 STEPS_VARIABLE = "PODRUN_SLURM_STEPS"  # "per-node": one srun per node, as before one step did it all
 ADDRESS_VARIABLE = "PODRUN_SLURM_LOGIN_ADDRESS"
-SAID_KEPT = 3  # srun's last lines, for the error of a fanout that ended early
 
 
 def srun_argv(job_id: str, nodes: Sequence[str], pty: bool = False) -> list[str]:
@@ -52,63 +45,28 @@ def srun_argv(job_id: str, nodes: Sequence[str], pty: bool = False) -> list[str]
 
 
 def connector_source() -> str:
-    """The task each node runs, for `python3 -I -S -c`: the connector, channel_frames ahead of it."""
+    """The task each node runs, for `python3 -I -S -c`: the connector, tree_frames ahead of it."""
     return UNCACHED_COMPILE + script_source("slurm_connector").decode()
 
 
-class StepInput:
-    """A node's stdin: frames on the fanout's stdin."""
+class Fanout:
+    """The launcher's end of one batch's fanout: the frames it sends (a FrameSink) and those it reads."""
 
-    def __init__(self, fanout: ChannelInput, slot: int):
-        self.fanout, self.slot = fanout, slot
-        self.ended = False
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.lost: str | None = None
 
-    def write(self, data: bytes, /) -> None:
-        self.fanout.write(channel_frames.pack(self.slot, channel_frames.INPUT, bytes(data)))
-
-    def write_eof(self) -> None:
-        if not self.ended:
-            self.ended = True
-            self.fanout.write(channel_frames.pack(self.slot, channel_frames.INPUT_END))
-
-    def is_closing(self) -> bool:
-        return self.ended or self.fanout.is_closing()
+    def send(self, data: bytes) -> None:
+        if self.lost is None:
+            try:
+                self.channel.stdin.write(data)
+            except (ChannelLost, OSError, RuntimeError) as error:
+                self.lost = str(error) or "the login node's fanout closed its input"
 
     async def drain(self) -> None:
-        await self.fanout.drain()
-
-
-class StepChannel:
-    """One node's agent in the one step (transport.base.Channel)."""
-
-    def __init__(self, fanout: ChannelInput, slot: int):
-        self.stdin = StepInput(fanout, slot)
-        self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
-        self.stderr = asyncio.StreamReader(limit=READ_LIMIT)
-        self.exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self.exit)
-
-    def took(self, kind: bytes, payload: bytes) -> None:
-        if kind == channel_frames.OUTPUT:
-            self.stdout.feed_data(payload)
-        elif kind == channel_frames.EVENTS:
-            self.stderr.feed_data(payload)
-        elif kind == channel_frames.EXITED and not self.exit.done():
-            self.stdout.feed_eof()
-            self.stderr.feed_eof()
-            self.exit.set_result(int(payload))
-        elif kind == channel_frames.LOST:
-            self.lose(payload.decode(errors="replace"))
-
-    def lose(self, why: str) -> None:
-        if not self.exit.done():
-            lost = ChannelLost(why)
-            self.stdout.set_exception(lost)
-            self.stderr.set_exception(lost)
-            self.exit.set_exception(lost)
-            self.exit.exception()  # retrieved: a worker nobody waits on any more is no warning
+        if self.lost is None:
+            with contextlib.suppress(ChannelLost, OSError, RuntimeError):
+                await self.channel.stdin.drain()
 
 
 @dataclass
@@ -180,34 +138,32 @@ class Steps:
                 if not joined.started.done():
                     joined.started.set_exception(error)
             return
-        await self._carry(batch, fanout)
+        await self._carry(batch, Fanout(fanout))
 
-    async def _carry(self, batch: Batch, fanout: Channel) -> None:
+    async def _carry(self, batch: Batch, fanout: Fanout) -> None:
         """Read the fanout's frames into each node's channel until it ends."""
-        channels: dict[int, StepChannel] = {}
+        channels: dict[int, FramedChannel] = {}
         handed: set[int] = set()  # the slots whose agent runs as a step of its own
-        said: list[str] = []
-        frames = channel_frames.Frames()
+        frames = tree_frames.Frames()
         try:
-            while data := await fanout.stdout.read(262144):
+            while data := await fanout.channel.stdout.read(262144):
                 frames.feed(data)
-                for slot, kind, payload in frames.take():
-                    if kind == channel_frames.SAID:
-                        said = [*said, payload.decode(errors="replace")][-SAID_KEPT:]
-                    elif kind == channel_frames.CONNECTED:
-                        channels[slot] = StepChannel(fanout.stdin, slot)
+                for kind, slot, payload in frames.take():
+                    if kind == tree_frames.OPENED:
+                        channels[slot] = FramedChannel(fanout, slot)
                         batch.joined[slot].started.set_result(channels[slot])
-                    elif kind == channel_frames.UNREACHED:
+                    elif kind == tree_frames.FAILED:
                         self.one_step = False  # the rest of the job: steps per node
                         handed.add(slot)
                         self._per_node_soon(batch.joined[slot])
                     elif slot in channels:
-                        channels[slot].took(kind, payload)
-            code = await fanout.wait()
-            complaint = (await fanout.stderr.read()).decode(errors="replace").strip().splitlines()
-            why = "; ".join(said + complaint[-1:]) or f"the login node's fanout ended (exit code {code}) before it"
-        except ChannelLost as lost:
+                        await take(channels[slot], kind, payload)
+            code = await fanout.channel.wait()
+            complaint = (await fanout.channel.stderr.read()).decode(errors="replace").strip().splitlines()
+            why = complaint[-1] if complaint else f"the login node's fanout ended (exit code {code})"
+        except (ChannelLost, ValueError) as lost:
             why = str(lost)
+        fanout.lost = why
         for channel in channels.values():
             channel.lose(why)
         for slot, joined in enumerate(batch.joined):
@@ -225,3 +181,19 @@ class Steps:
             joined.started.set_result(await joined.per_node())
         except Exception as error:
             joined.started.set_exception(error)
+
+
+async def take(channel: FramedChannel, kind: int, payload: bytes) -> None:
+    """A frame of a node's channel: its output (read no further while the launcher has not taken enough of
+    what came before), its exit, or its loss."""
+    if kind in (tree_frames.STDOUT, tree_frames.STDERR):
+        stream = channel.stdout if kind == tree_frames.STDOUT else channel.stderr
+        stream.feed(payload)
+        await stream.room()
+    elif kind == tree_frames.EXIT:
+        for stream in (channel.stdout, channel.stderr):
+            stream.end()
+        if not channel.exited.done():
+            channel.exited.set_result(int(payload or b"255"))
+    elif kind == tree_frames.LOST:
+        channel.lose(payload.decode(errors="replace") or "its connection to the login node closed")

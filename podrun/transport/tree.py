@@ -22,102 +22,8 @@ from podrun.errors import PodrunError
 from podrun.remote import tree_frames
 from podrun.transport import key_agent, known_hosts
 from podrun.transport.base import Channel, ChannelLost, Transport, script_command, script_source
+from podrun.transport.framed_channel import FramedChannel
 from podrun.transport.ssh import SshTransport
-
-HELD_MAX = 1 << 20  # bytes a command's unread output may hold before the relay's channel is read no further
-
-
-class _Output:
-    """A command's stdout or stderr behind a relay: what the relay sent, until its end."""
-
-    def __init__(self) -> None:
-        self.held = bytearray()
-        self.ended = False
-        self.lost: str | None = None
-        self.changed = asyncio.Event()
-        self.taken = asyncio.Event()
-
-    def feed(self, data: bytes) -> None:
-        self.held += data
-        self.changed.set()
-
-    def end(self, lost: str | None = None) -> None:
-        self.ended, self.lost = True, self.lost or lost
-        self.changed.set()
-
-    async def _wait(self) -> None:
-        while not self.held and not self.ended:
-            self.changed.clear()
-            await self.changed.wait()
-        if not self.held and self.lost:
-            raise ChannelLost(self.lost)
-
-    async def read(self, size: int = -1) -> bytes:
-        await self._wait()
-        size = len(self.held) if size < 0 else min(size, len(self.held))
-        data = bytes(self.held[:size])
-        del self.held[:size]
-        self.taken.set()
-        return data
-
-    async def readline(self) -> bytes:
-        while b"\n" not in self.held and not self.ended:
-            self.changed.clear()
-            await self.changed.wait()
-        if not self.held and self.lost:
-            raise ChannelLost(self.lost)
-        end = self.held.find(b"\n") + 1 or len(self.held)
-        data = bytes(self.held[:end])
-        del self.held[:end]
-        self.taken.set()
-        return data
-
-    async def room(self) -> None:
-        """Until the reader has taken enough that more may come."""
-        while len(self.held) > HELD_MAX and not self.ended:
-            self.taken.clear()
-            await self.taken.wait()
-
-
-class _Input:
-    def __init__(self, relay: Relay, ident: int):
-        self.relay, self.ident = relay, ident
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self.relay.send(tree_frames.frames(tree_frames.INPUT, self.ident, data))
-
-    def write_eof(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.relay.send(tree_frames.frame(tree_frames.EOF, self.ident))
-
-    def is_closing(self) -> bool:
-        return self.closed or self.relay.lost is not None
-
-    async def drain(self) -> None:
-        await self.relay.drain()
-
-
-class TreeChannel:
-    """A command on a worker behind a relay."""
-
-    def __init__(self, relay: Relay, ident: int):
-        self.stdin = _Input(relay, ident)
-        self.stdout, self.stderr = _Output(), _Output()
-        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    def lose(self, why: str) -> None:
-        for stream in (self.stdout, self.stderr):
-            stream.end(why)
-        if not self.exited.done():
-            self.exited.set_exception(ChannelLost(why))
-            self.exited.exception()  # retrieved here: a channel nobody waits for is no error
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self.exited)
 
 
 class SharedAgent:
@@ -151,7 +57,7 @@ class Relay:
         self.lost: str | None = None
         self.ids = itertools.count(1)
         self.children: dict[int, TreeTransport] = {}
-        self.channels: dict[int, tuple[int, TreeChannel]] = {}  # command -> (its worker, its channel)
+        self.channels: dict[int, tuple[int, FramedChannel]] = {}  # command -> (its worker, its channel)
         self.reading: asyncio.Task | None = None
 
     def open(self) -> asyncio.Future[None]:
@@ -287,7 +193,7 @@ class TreeTransport(Transport):
         if self.relay.lost:
             raise ChannelLost(self.relay.lost)
         ident = next(self.relay.ids)
-        channel = TreeChannel(self.relay, ident)
+        channel = FramedChannel(self.relay, ident)
         self.relay.channels[ident] = (self.ident, channel)
         self.relay.send(tree_frames.frame(tree_frames.START, ident,
                                           marshal.dumps({"child": self.ident, "command": command}, 4)))
