@@ -2,7 +2,9 @@
 and run the worker's command (podrun's agent) with its stdin, stdout and stderr carried over that one
 connection as frames (tree_frames.py).
 
-argv: COMMAND (a shell line). Environment, removed before COMMAND starts: PODRUN_STEP_AT
+argv: HOW WHAT: "shell" and a shell line, or "python" and the code of a `python3 -I -S -c` (podrun's
+agent's bootstrap), run in a child forked from this process, not in a second interpreter. Environment,
+removed before COMMAND starts: PODRUN_STEP_AT
 ("HOST,HOST,...:PORT", the fanout's addresses, tried in order) and PODRUN_STEP_TOKEN (the step's
 secret, said first with the node's name: SLURMD_NODENAME). A node that reaches none prints
 "podrun-unreached NODE WHY" on stdout, which srun passes to the fanout, and exits 0: the launcher
@@ -45,22 +47,53 @@ def connect(node):
     return None
 
 
-def spawn(command):
-    """`/bin/sh -c command` with pipes for its stdin, stdout and stderr: (pid, stdin, stdout, stderr)."""
+def spawn(how, what, connection):
+    """The command, with pipes for its stdin, stdout and stderr: (pid, stdin, stdout, stderr). `how` is
+    "shell" (`what`: a line for /bin/sh) or "python" (`what`: the code of a `python3 -I -S -c`, which the
+    forked child runs itself: a node's agent starts without a second interpreter)."""
     child_in, stdin = os.pipe()
     stdout, child_out = os.pipe()
     stderr, child_err = os.pipe()
     pid = os.fork()
     if pid == 0:
         for fd, target in ((child_in, 0), (child_out, 1), (child_err, 2)):
-            os.dup2(fd, target)  # the pipes themselves are not inherited (PEP 446): exec closes them
-        try:
-            os.execv("/bin/sh", ["/bin/sh", "-c", command])
+            os.dup2(fd, target)
+        if how == "python":
+            run_here(what, (child_in, stdin, stdout, child_out, stderr, child_err, connection.fileno()))
+        try:  # the pipes and the connection are not inherited (PEP 446): exec closes them
+            os.execv("/bin/sh", ["/bin/sh", "-c", what])
         finally:
             os._exit(127)
     for fd in (child_in, child_out, child_err):
         os.close(fd)
     return pid, stdin, stdout, stderr
+
+
+def run_here(code, inherited):
+    """Run `code` as `python3 -I -S -c` would, in this forked child, and exit with its status."""
+    for fd in inherited:
+        os.close(fd)
+    sys.argv = ["-c"]
+    status = 1
+    try:
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        status = 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            status = stop.code or 0
+        else:
+            sys.stderr.write("%s\n" % stop.code)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(status & 0xFF)
 
 
 def pump(connection, pid, stdin, stdout, stderr):
@@ -130,7 +163,7 @@ def main():
     connection = connect(os.environ.get("SLURMD_NODENAME") or socket.gethostname())
     if connection is None:
         return 0
-    code = pump(connection, *spawn(sys.argv[1]))
+    code = pump(connection, *spawn(sys.argv[1], sys.argv[2], connection))
     connection.close()
     return code & 0xFF if code >= 0 else 128 - code
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -131,7 +132,7 @@ class Steps:
             fanout.stdin.write(script_source("slurm_fanout") + framing.message({
                 "nodes": [joined.node for joined in batch.joined],
                 "srun": srun_argv(batch.job_id, [joined.node for joined in batch.joined]),
-                "python": self.python, "connector": connector_source(), "command": batch.command,
+                "python": self.python, "connector": connector_source(), "task": self.task(batch.command),
                 "address": os.environ.get(ADDRESS_VARIABLE) or None}))
         except Exception as error:
             for joined in batch.joined:
@@ -169,6 +170,14 @@ class Steps:
         for slot, joined in enumerate(batch.joined):
             if not joined.started.done() and slot not in handed:
                 joined.started.set_exception(PodrunError(f"srun did not start podrun's agent on {joined.node}: {why}"))
+
+    def task(self, command: str) -> list[str]:
+        """What the connector runs (slurm_connector.py's argv): the code of `exec PYTHON -I -S -c CODE` (the
+        agent's start), in the connector's own interpreter; any other command through /bin/sh."""
+        argv = shlex.split(command)
+        if argv[:5] == ["exec", self.python, "-I", "-S", "-c"] and len(argv) == 6:
+            return ["python", argv[5]]
+        return ["shell", command]
 
     def _per_node_soon(self, joined: Joined) -> None:
         task = asyncio.ensure_future(self._per_node(joined))

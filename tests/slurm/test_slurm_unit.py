@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import sys
 
 import pytest
@@ -192,10 +193,16 @@ def srun_stand_in(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
 
 
-def test_one_step_keeps_each_nodes_streams_and_exit_code(srun_stand_in, monkeypatch):
+# a command of its own, and the agent's form (`exec PYTHON -I -S -c CODE`), which the connector runs itself
+SHELL_NODE = "read code; echo out on $SLURMD_NODENAME; echo err >&2; exit $code"
+PYTHON_NODE = ("import os, sys; code = int(sys.stdin.readline()); print('out on', os.environ['SLURMD_NODENAME']); "
+               "print('err', file=sys.stderr); sys.exit(code)")
+
+
+@pytest.mark.parametrize("command", [SHELL_NODE, f"exec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(PYTHON_NODE)}"])
+def test_one_step_keeps_each_nodes_streams_and_exit_code(srun_stand_in, monkeypatch, command):
     monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "127.0.0.1")  # the tests' network namespace has loopback only
-    ran = run_one_step("read code; echo out on $SLURMD_NODENAME; echo err >&2; exit $code",
-                       {"n1": "0", "n2": "3", "n3": "0"})
+    ran = run_one_step(command, {"n1": "0", "n2": "3", "n3": "0"})
     assert ran == [(b"out on n1\n", b"err\n", 0), (b"out on n2\n", b"err\n", 3), (b"out on n3\n", b"err\n", 0)]
 
 
