@@ -11,7 +11,6 @@ one shared home), reached over SSH as a user reaches a login node, interleaved r
             each node connects back to the login node and runs the agent: transport/slurm_step.py)
             podrun exec, a step per node (PODRUN_SLURM_STEPS=per-node: one srun per node, as before)
             by hand: `salloc --no-shell -N N` then ONE `srun --jobid J -N N python3 -c ...`, one ssh command
-          and slurmctld's CPU time for each of podrun's jobs (a step per node is a step for slurmctld to make)
   stop    from a failure (the failing node prints its time, then exits 7) to every node's processes
           gone (ps on this machine, which shares the nodes' pid namespace), the other nodes in `sleep`:
             podrun exec, one step and a step per node (fail-fast: SIGTERM to the others through their agents)
@@ -65,22 +64,13 @@ def podrun(spec_path: Path, env: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def slurmctld_cpu_s(lab: SlurmLab) -> float:
-    """The CPU time slurmctld has used so far (the lab starts it under nsenter, which execs it)."""
-    assert lab.login.daemon is not None
-    fields = Path(f"/proc/{lab.login.daemon.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def start_podrun(lab: SlurmLab, spec_path: Path, env: dict, nodes: int) -> tuple[float, float]:
-    """Seconds to every node's first line, and slurmctld's CPU seconds for the whole job."""
-    cpu = slurmctld_cpu_s(lab)
+def start_podrun(lab: SlurmLab, spec_path: Path, env: dict, nodes: int) -> float:
     started = time.time()
     result = podrun(spec_path, env)
     assert result.returncode == 0, result.stderr
     stamps = times_in(result.stdout)
     assert len(stamps) == nodes, result.stdout
-    return max(stamps) - started, slurmctld_cpu_s(lab) - cpu
+    return max(stamps) - started
 
 
 def start_by_hand(lab: SlurmLab, nodes: int) -> float:
@@ -162,9 +152,8 @@ def main() -> None:
             podrun(starting, env)  # the code shipped, the login node's host key trusted
             for _ in range(args.rounds):
                 for how, knobs in ours.items():
-                    took, cpu = start_podrun(lab, starting, {**env, **knobs}, args.nodes)
-                    rows.setdefault(f"start: podrun exec, {how}", []).append(took)
-                    rows.setdefault(f"slurmctld CPU per job: podrun exec, {how}", []).append(cpu)
+                    rows.setdefault(f"start: podrun exec, {how}", []).append(
+                        start_podrun(lab, starting, {**env, **knobs}, args.nodes))
                 rows.setdefault("start: salloc + one srun by hand", []).append(start_by_hand(lab, args.nodes))
                 for how, knobs in ours.items():
                     gone, exited = stop_podrun(lab, failing, {**env, **knobs})
