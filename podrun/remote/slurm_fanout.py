@@ -27,37 +27,13 @@ import subprocess
 import sys
 
 try:  # on the login node: sent ahead of this file (transport/base.py)
-    framing, tree_frames = sys.modules["podrun_remote_framing"], sys.modules["podrun_remote_tree_frames"]
+    agent_io, framing, tree_frames = (sys.modules["podrun_remote_" + name]
+                                      for name in ("agent_io", "framing", "tree_frames"))
 except KeyError:  # imported on the launcher, by tests and type checks
-    from podrun.remote import framing, tree_frames
+    from podrun.remote import agent_io, framing, tree_frames
 
 UNREACHED_SAID = "podrun-unreached "  # slurm_connector.py's line for a node that reached no address
 HELLO_MAX = 4096
-
-
-class Input:
-    """fd 0, unbuffered: the configuration message (read_line, read_exactly), then frames."""
-
-    def __init__(self):
-        self.pending = b""
-
-    def read_line(self):
-        while b"\n" not in self.pending:
-            self._more()
-        line, self.pending = self.pending.split(b"\n", 1)
-        return line
-
-    def read_exactly(self, size):
-        while len(self.pending) < size:
-            self._more()
-        data, self.pending = self.pending[:size], self.pending[size:]
-        return data
-
-    def _more(self):
-        chunk = os.read(0, 262144)
-        if not chunk:
-            sys.exit(0)  # the launcher is gone before it said what to run
-        self.pending += chunk
 
 
 def addresses(port, given):
@@ -243,7 +219,7 @@ def more_files(wanted):
 
 
 def main():
-    control = Input()
+    control = agent_io.ControlInput()  # the configuration, read as the agent reads its step
     config = framing.read_message(control)
     more_files(2 * len(config["nodes"]) + 64)
     Fanout(config).run(control)
