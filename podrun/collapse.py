@@ -50,7 +50,9 @@ class Group:
         self.sources: list[Source] = []
         self.opened = opened
         self.level = level
-        self.after: dict[Group, None] = {}  # the groups its sources' next lines joined (an ordered set)
+        # the groups its sources' next lines joined while it was held (an ordered set); None until one does: a
+        # million ranks' one line each never does, and a dict for each group was a fifth of the collapse's time
+        self.after: dict[Group, None] | None = None
         self.waiting = 0  # the groups held that must go out before it
         self.out = False
 
@@ -71,36 +73,43 @@ class Collapse:
 
     def add(self, source: Source, text: bytes) -> tuple[Group, bool]:
         """The group the line joined, and whether it opened it."""
-        key = (text, source[1] is not None)
-        group, previous = self.open.get(key), self.last.get(source)
-        before = previous if previous is not None and not previous.out else None
-        new = group is None or group is previous or (before is not None and not _may_follow(group, before))
+        ranked = source[1] is not None
+        key = (text, ranked)
+        group, before = self.open.get(key), self.last.get(source)  # `last` holds only groups held: not out
+        new = group is None or group is before or (before is not None and not _may_follow(group, before))
         if new:
-            group = self.open[key] = Group(text, key[1], self.clock(), before.level + 1 if before else 0)
+            group = self.open[key] = Group(text, ranked, self.clock(), before.level + 1 if before else 0)
             self.held[group] = None
         assert group is not None
         group.sources.append(source)
         self.held_lines += 1
-        if self._complete(group):
+        if not ranked and len(group.sources) >= self.worker_count:  # _complete(group)
             self.completed.append(group)
         self.last[source] = group
-        if before is not None and group not in before.after:
-            before.after[group] = None
-            group.waiting += 1
+        if before is not None:
+            if before.after is None:
+                before.after = {}
+            if group not in before.after:
+                before.after[group] = None
+                group.waiting += 1
         return group, new
 
     def due(self, everything: bool = False) -> list[Group]:
         """The groups to show now (every group held, with `everything`), taken out, in order."""
         everything = everything or self.crowded
         ended = self.clock() - self.window
-        ready = list(itertools.takewhile(lambda group: everything or group.opened <= ended, self.held))
+        ready = list(self.held) if everything else list(itertools.takewhile(lambda group: group.opened <= ended,
+                                                                              self.held))
         ready += self.completed
         self.completed = []
         shown: list[Group] = []
+
+        def follows(after: Group) -> bool:
+            return everything or after.opened <= ended or self._complete(after)
+
         for group in ready:
             if not group.waiting and not group.out:
-                self._take_out(group, shown, lambda after: everything or after.opened <= ended
-                               or self._complete(after))
+                self._take_out(group, shown, follows)
         return shown
 
     def due_in(self) -> float | None:
@@ -118,13 +127,14 @@ class Collapse:
             group.out = True
             del self.held[group]
             self.held_lines -= len(group.sources)
-            if self.open.get((group.text, group.ranked)) is group:
-                del self.open[(group.text, group.ranked)]
+            key = (group.text, group.ranked)
+            if self.open.get(key) is group:
+                del self.open[key]
             for source in group.sources:  # a line out orders nothing after it: `last` keeps only sources held
                 if self.last.get(source) is group:
                     del self.last[source]
             shown.append(group)
-            for after in reversed(group.after):
+            for after in reversed(group.after or ()):
                 after.waiting -= 1
                 if not after.waiting and ready(after):
                     going.append(after)
@@ -145,7 +155,7 @@ def _may_follow(group: Group, before: Group) -> bool:
         seen = {group}
         going = [group]
         while going:
-            for after in going.pop().after:
+            for after in going.pop().after or ():
                 if after is before:
                     return False
                 if not after.out and after.level < before.level and after not in seen:
@@ -155,7 +165,7 @@ def _may_follow(group: Group, before: Group) -> bool:
         raising = [group]
         while raising:
             lower = raising.pop()
-            for after in lower.after:
+            for after in lower.after or ():
                 if not after.out and after.level <= lower.level:
                     after.level = lower.level + 1
                     raising.append(after)

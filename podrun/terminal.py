@@ -73,10 +73,14 @@ class Terminal:
         """`[w1] `, `[w1 r3] `, padded to the widest label so far, so the lines' text starts in one column."""
         if rank is None and not self.prefixed:
             return b""
-        names = [f"w{index}"] * self.prefixed + [f"r{rank}"] * (rank is not None)
-        text = f"[{' '.join(names)}]"
-        self.label_width = max(self.label_width, len(text))
-        return self._coloured(text, index)
+        return self._coloured(self._widened(index, rank), index)
+
+    def _widened(self, index: int, rank: int | None) -> str:
+        """The label's text, `[w1 r3]`, with the column widened to it."""
+        text = f"[w{index}]" if rank is None else f"[w{index} r{rank}]" if self.prefixed else f"[r{rank}]"
+        if len(text) > self.label_width:
+            self.label_width = len(text)
+        return text
 
     def group_label(self, group: Group) -> bytes:
         """A collapsed line's label, `[w0-511,513-1023] `, `[w0-3 r0-31] `; one source's, as label() has it.
@@ -98,10 +102,11 @@ class Terminal:
     def print_line(self, index: int, rank: int | None, text: bytes | None) -> None:
         """A line of worker `index` (rank `rank`) is finished: it leaves the live region; `text`, if
         given, prints above it (or, collapsing, is held: collapse.py)."""
-        if self.live_lines.pop((index, rank), None) is not None or (text is not None and not self.collapse):
+        key = (index, rank)
+        if self.live_lines.pop(key, None) is not None or (text is not None and not self.collapse):
             self._lift()
-        self.drawn_at.pop((index, rank), None)  # a rank's row is gone for good: its line ended
-        self.stale.discard((index, rank))
+        self.drawn_at.pop(key, None)  # a rank's row is gone for good: its line ended
+        self.stale.discard(key)
         if text is None:
             return
         if not self.raw:
@@ -110,8 +115,8 @@ class Terminal:
             self.pending.append(self.label(index, rank) + text + b"\n")
             return
         if rank is not None or self.prefixed:
-            self.label(index, rank)  # the column is as wide as without collapsing
-        group, new = self.collapse.add((index, rank), text)
+            self._widened(index, rank)  # the column is as wide as without collapsing
+        group, new = self.collapse.add(key, text)
         if self.collapse.crowded:  # a flood of lines between two flushes: memory stays bounded
             self._show_groups(self.collapse.due())
         if not self.live:

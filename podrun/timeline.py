@@ -5,6 +5,7 @@ other fields (never a write of its own: recording costs a few dict updates per p
 
     {"phase": "run", "attempt": 0, "start": T, "end": T | None,
      "workers": {"0": [T, T | None], ...},          # a phase of each worker: when each began and ended
+     "open": 3,                                      # with workers, while the phase runs: their parts not ended
      "lines": {"0": {"start": T, "every_s": 1, "counts": "3 0 12"}, ...},  # run: lines received per slot
      ...details: "bytes" (ship), "why" (stall, preempted, restart, move), "capacity_at" (recreate: when its
         queued request found capacity), "zone" and "left" (move: the zone moved to, the zone left)}
@@ -38,6 +39,7 @@ def begin(record, phase: str, workers: list[int] | None = None, at: float | None
     entry: dict = {"phase": phase, "attempt": record.attempt, "start": at, "end": None, **details}
     if workers is not None:
         entry["workers"] = {str(index): [at, None] for index in workers}
+        entry["open"] = len(entry["workers"])  # so that ending each worker's part costs the same, however many
     record.phases.append(entry)
     return entry
 
@@ -53,15 +55,22 @@ def end(entry: dict, worker: int | None = None, at: float | None = None) -> None
     """End one worker's part of the phase, or (worker None) the phase: with it every part still open."""
     at = now() if at is None else round(at, 3)
     if worker is not None:
-        part = entry["workers"].get(str(worker))
-        if part is not None and part[1] is None:
-            part[1] = at
-        if all(part[1] is not None for part in entry["workers"].values()):
-            entry["end"] = max(part[1] for part in entry["workers"].values())
+        parts = entry["workers"]
+        part = parts.get(str(worker))
+        if part is None or part[1] is not None:
+            return
+        part[1] = at
+        # counted once where a record saved by an older podrun lacks the count
+        left = entry["open"] - 1 if "open" in entry else sum(part[1] is None for part in parts.values())
+        entry["open"] = left
+        if not left:
+            del entry["open"]
+            entry["end"] = max(part[1] for part in parts.values())
         return
     for part in entry.get("workers", {}).values():
         if part[1] is None:
             part[1] = at
+    entry.pop("open", None)
     if entry["end"] is None:
         entry["end"] = at
 

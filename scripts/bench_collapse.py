@@ -15,6 +15,10 @@ worker a warning more each round.
 --ranks N: the memory the collapse keeps for many sources: one worker prints a line from each of N
 ranks (`[rank7]: ...`, with newlines, then without), through `podrun exec` and then `podrun logs` of that
 job, each with the collapse on and with --no-collapse: the peak RSS and CPU of podrun's process.
+
+--stream MB: the cost of output without newlines: one worker prints MB megabytes of `x` in 4 KB writes,
+and a tenth of that in 64-byte writes, each without a newline and then as lines (the same bytes, every
+write's last byte a newline): podrun exec's peak RSS and CPU (its own process, not the worker's).
 """
 
 from __future__ import annotations
@@ -111,18 +115,27 @@ def cost_per_line(workers: int, rounds: int = 20) -> float:
 
 RANKS = {"lines": ("import sys\nw = sys.stdout.buffer\n"
                    "for r in range({n}): w.write(b'[rank%d]: hello from rank %d\\n' % (r, r))\n"),
-         "no newlines": "import sys\nsys.stdout.write(''.join('[rank%d]:x' % r for r in range({n})))\n"}
+         "no newlines": ("import sys\nw = sys.stdout.buffer\n"  # in pieces: the printer's own memory stays small
+                         "for s in range(0, {n}, 1000):\n"
+                         "    w.write(b''.join(b'[rank%d]:x' % r for r in range(s, min(s + 1000, {n}))))\n")}
+STREAM = "import os, sys\nwrite = os.write\ndata = {data!r}\nfor _ in range({count}): write(1, data)\n"
+# podrun's own peak RSS (VmHWM) and CPU, written last to its stderr: os.wait4's would count its agents and
+# workers too, and a process that subprocess starts with vfork begins with its parent's peak
+OWN_USAGE = ("import os, re, sys; from podrun import cli; code = cli.main(sys.argv[1:]); times = os.times(); "
+             "peak = re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read())[1]; "
+             "print('own usage', peak, times.user + times.system, file=sys.stderr); cli._exit(code)")
 
 
-def measured(command: list[str]) -> tuple[str, float, float]:
-    """The command's stderr, peak RSS (MB) and CPU (s), its stdout thrown away."""
-    process = subprocess.Popen(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
-    stderr = process.stderr.read().decode() if process.stderr else ""
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{command} failed: {stderr}")
-    return stderr, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+def measured(arguments: list[str]) -> tuple[str, float, float]:
+    """`podrun ARGUMENTS`: its stderr, its own peak RSS (MB) and CPU (s), its stdout thrown away."""
+    command = [sys.executable, "-c", OWN_USAGE, *arguments]
+    process = subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, check=False)
+    stderr = process.stderr.decode()
+    usage = re.search(r"own usage (\d+) (\S+)", stderr)
+    if process.returncode or usage is None:
+        raise SystemExit(f"podrun {arguments} failed: {stderr}")
+    return stderr, int(usage[1]) / 1024, float(usage[2])
 
 
 def ranks_memory(ranks: int, work: Path) -> None:
@@ -132,14 +145,23 @@ def ranks_memory(ranks: int, work: Path) -> None:
         printer.write_text(source.format(n=ranks))
         job = None
         for collapse in (True, False):
-            stderr, rss, cpu = measured([sys.executable, "-m", "podrun", "exec", "--local", "1",
-                                         *([] if collapse else ["--no-collapse"]), "--", sys.executable, str(printer)])
+            stderr, rss, cpu = measured(["exec", "--local", "1", *([] if collapse else ["--no-collapse"]), "--",
+                                         sys.executable, str(printer)])
             job = job or re.search(r"job (\S+) succeeded", stderr)[1]  # type: ignore[index]
             print(f"| {kind} | exec | {'on' if collapse else 'off'} | {rss:.0f} MB | {cpu:.1f} s |", flush=True)
         for collapse in (True, False):
-            _, rss, cpu = measured([sys.executable, "-m", "podrun", "logs", str(job),
-                                    *([] if collapse else ["--no-collapse"])])
+            _, rss, cpu = measured(["logs", str(job), *([] if collapse else ["--no-collapse"])])
             print(f"| {kind} | logs | {'on' if collapse else 'off'} | {rss:.0f} MB | {cpu:.1f} s |", flush=True)
+
+
+def stream_cost(megabytes: int, work: Path) -> None:
+    print("| writes | output | MB | peak RSS | CPU |\n|---|---|---:|---:|---:|")
+    for size, total in ((4096, megabytes << 20), (64, (megabytes << 20) // 10)):
+        for kind, data in (("no newlines", b"x" * size), ("lines", b"x" * (size - 1) + b"\n")):
+            printer = work / "stream.py"
+            printer.write_text(STREAM.format(data=data, count=total // size))
+            _, rss, cpu = measured(["exec", "--local", "1", "--", sys.executable, str(printer)])
+            print(f"| {size} bytes | {kind} | {total / (1 << 20):.0f} | {rss:.0f} MB | {cpu:.1f} s |", flush=True)
 
 
 def main() -> None:
@@ -148,11 +170,15 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=10, help="lines the printing worker prints, 0.3 s apart")
     parser.add_argument("--cost", help="worker counts for the collapse's own CPU per line (instead of latency)")
     parser.add_argument("--ranks", type=int, help="ranks for the memory of many sources (instead of latency)")
+    parser.add_argument("--stream", type=int, help="megabytes one worker prints without newlines (instead of latency)")
     args = parser.parse_args()
-    if args.ranks:
+    if args.stream or args.ranks:
         with tempfile.TemporaryDirectory() as work:
             os.environ.setdefault("PODRUN_HOME", str(Path(work) / "home"))
-            ranks_memory(args.ranks, Path(work))
+            if args.stream:
+                stream_cost(args.stream, Path(work))
+            if args.ranks:
+                ranks_memory(args.ranks, Path(work))
         return
     if args.cost:
         print("| workers | CPU per line |\n|---|---|")

@@ -20,12 +20,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import Lab, all_at_once, print_table, require_lab_tools, timed, timed_with_cpu, write_lab_spec
+from benchlib import (
+    Lab,
+    all_at_once,
+    podrun_at,
+    print_table,
+    require_lab_tools,
+    timed,
+    timed_with_cpu,
+    write_lab_spec,
+)
 
 BARE_ASYNCSSH = """
 import asyncio, sys, asyncssh
@@ -41,14 +49,6 @@ REPO = Path(__file__).resolve().parents[1]
 # the tree before issues 20-25 (stall, preemption judgment, the interface doctor, ...): the release
 # the exec path is measured against until the next one
 PREVIOUS_RELEASE = "2c8c477"
-
-
-def podrun_at(revision: str, folder: Path) -> list[str]:
-    """A command running podrun as it was at `revision` (git archive of podrun/ into `folder`).
-    -P keeps the current directory off sys.path, so PYTHONPATH alone picks which podrun runs."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "podrun"], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    return [sys.executable, "-P", "-m", "podrun"]
 
 
 def openssh_fan_out(lab: Lab, extra: list[str]) -> list[str]:
@@ -70,10 +70,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as workdir, Lab(count, Path(workdir)) as lab:
             work = Path(workdir)
             (work / "code").mkdir()
-            (work / "previous").mkdir()
             previous = f"podrun exec at {args.against}"
             podruns = {"podrun exec": ([sys.executable, "-P", "-m", "podrun"], REPO),
-                       previous: (podrun_at(args.against, work / "previous"), work / "previous")}
+                       previous: ([sys.executable, "-P", "-m", "podrun"], podrun_at(args.against, work / "previous"))}
             commands = {}
             for name, (podrun, tree) in podruns.items():
                 # each its own home and job name: neither finds the other's code cache or job files

@@ -6,6 +6,8 @@ run; and output from 64 lab workers streaming 20,000 lines each without loss.
     python scripts/bench_scale.py --local 64 128 256 512 1024 --hosts --stream-hosts 0
     sudo python scripts/bench_scale.py [--hosts 16 64 256] [--rounds 3] [--stream-hosts 64] [--lines 20000]
     sudo python scripts/bench_scale.py --hosts 512 --handshakes 8 32 128 512 --stream-hosts 0
+    sudo python scripts/bench_scale.py --hosts 64 256 512 --reach direct tree --rounds 1 --stream-hosts 0
+    sudo python scripts/bench_scale.py --hosts 16 --rounds 3 --stream-hosts 0 --against REV
 
 1. `podrun exec` of `run: true` on N workers (lab hosts: code already shipped; local workers: a
    fresh PODRUN_HOME each round, so an empty workdir ships): wall time, the launcher's CPU time (user +
@@ -15,6 +17,9 @@ run; and output from 64 lab workers streaming 20,000 lines each without loss.
    raw baseline in the same round: N `python -I -S -c pass` spawned at once and waited for (a local
    worker's agent is a Python process started so), or plain parallel `ssh host true` (OpenSSH, curve25519).
 2. --handshakes: connecting to the largest --hosts count with each PODRUN_SSH_HANDSHAKES value.
+   --against REV: the lab hosts' runs also with podrun as it was at git revision REV (git archive, run
+   by the same interpreter with its own PODRUN_HOME), interleaved with this tree's in every round;
+   a table of the two side by side.
 3. Every one of --stream-hosts workers prints --lines numbered lines as fast as it can: every
    line must be in that worker's log, in order, and in podrun's live output, in order, under its
    own prefix. Timed against plain parallel ssh running the same command into the same pipe.
@@ -36,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchlib import BRIDGE, Lab, all_at_once, print_table, require_lab_tools, timed, write_lab_spec
+from benchlib import BRIDGE, Lab, all_at_once, podrun_at, print_table, require_lab_tools, timed, write_lab_spec
 
 PRINTER = ("import sys\nw = sys.argv[1]\nout = sys.stdout\n"
            "for i in range(int(sys.argv[2])):\n    out.write('w%s line %06d of the stream\\n' % (w, i))\n")
@@ -56,11 +61,11 @@ class Sample:
     phases: dict[str, float] = field(default_factory=dict)  # connect, ship, run: seconds, first start to last end
 
 
-def run_measured(command: list[str], env: dict, bridge: str | None = None) -> Sample:
+def run_measured(command: list[str], env: dict, bridge: str | None = None, tree: Path = REPO) -> Sample:
     """One podrun process's costs, read while it runs and from wait4; it must succeed. With `bridge`,
     the bytes written are those this machine sent to the lab hosts (the bridge's tx_bytes: socket
     sends are not in wchar; traffic between lab hosts, such as the relay's, is not on it)."""
-    env = {**env, "PYTHONPATH": str(REPO)}  # this checkout's podrun, not an installed one
+    env = {**env, "PYTHONPATH": str(tree)}  # this checkout's podrun (or --against's), not an installed one
     sent_before = _bridge_sent(bridge)
     started = time.perf_counter()
     with tempfile.TemporaryFile() as errors:  # a pipe left unread would stop podrun once full
@@ -195,24 +200,65 @@ def local_costs(counts: list[int], rounds: int, workdir: Path) -> None:
         fit_table("local workers", rows)
 
 
-def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env: dict) -> None:
-    rows = {}
+# --reach: how the launcher reaches the hosts, as PODRUN_CONTROL_TREE sets it (launch/control_tree.py)
+REACH = {"default": None, "direct": "off", "tree": "2"}
+
+
+def launcher_costs(lab: Lab, counts: list[int], rounds: int, workdir: Path, env: dict, reaches: list[str],
+                   against: str | None = None) -> None:
+    """Each of `reaches` with this tree, and with --against the default reach at REV, interleaved per round."""
+    variants = {(f"this tree, {reach}" if reach != "default" else "this tree"): (REPO, REACH[reach]) for reach in reaches}
+    if against:
+        variants[against] = (podrun_at(against, workdir / "against"), None)
+    rows: dict[str, dict[int, tuple[Sample, float]]] = {label: {} for label in variants}
+    paired: dict[int, float] = {}  # --against: the median of each round's ratio of wall times, this tree's to REV's
+    first = next(iter(variants))
     for count in counts:
-        spec = write_lab_spec(workdir / f"true{count}.yaml", lab, "code", "true", hosts=lab.hosts[:count])
-        command = [sys.executable, "-m", "podrun", "exec", str(spec)]
-        run_measured(command, env)  # trust host keys, ship the (empty) code
+        commands = {}
+        for label, (tree, reach) in variants.items():  # each tree its own home: neither finds the other's records
+            spec = write_lab_spec(workdir / f"true{count}-{len(commands)}.yaml", lab, "code", "true",
+                                  hosts=lab.hosts[:count])
+            tree_env = env if tree == REPO else {**env, "PODRUN_HOME": f"{env['PODRUN_HOME']}-against"}
+            tree_env = {**tree_env, **({"PODRUN_CONTROL_TREE": reach} if reach else {})}
+            commands[label] = ([sys.executable, "-P", "-m", "podrun", "exec", str(spec)], tree_env, tree)
+            run_measured(commands[label][0], tree_env, tree=tree)  # trust host keys, ship, fill the workers' caches
         ssh = all_at_once([" ".join(lab.ssh_args(i) + ["-o", "KexAlgorithms=curve25519-sha256", "true"])
                            for i in range(count)])
-        samples, raws = [], []
-        for _ in range(rounds):
-            samples.append(run_measured(command, env, BRIDGE))
+        samples: dict[str, list[Sample]] = {label: [] for label in variants}
+        raws = []
+        for _ in range(rounds):  # interleaved: each variant, then the raw baseline
+            for label, (command, tree_env, tree) in commands.items():
+                samples[label].append(run_measured(command, tree_env, BRIDGE, tree))
             raws.append(timed(ssh))
-        rows[count] = (medians(samples), statistics.median(raws))
-        print(f"  {count} hosts: {rows[count][0]}", file=sys.stderr, flush=True)
-    cost_table(f"podrun exec of `true` on N lab hosts, code already shipped, the launcher process, median of "
-               f"{rounds} rounds; raw: parallel `ssh host true`", rows, "ssh")
-    if len(rows) >= 3:
-        fit_table("lab hosts", rows)
+        for label in variants:
+            rows[label][count] = (medians(samples[label]), statistics.median(raws))
+            print(f"  {count} hosts, {label}: {rows[label][count][0]}", file=sys.stderr, flush=True)
+        if against:
+            paired[count] = statistics.median(here.wall_s / there.wall_s
+                                              for here, there in zip(samples[first], samples[against]))
+    for label, table in rows.items():
+        if label == against:
+            continue
+        cost_table(f"podrun exec of `true` on N lab hosts ({label}), code already shipped, the launcher process, "
+                   f"median of {rounds} rounds; raw: parallel `ssh host true`", table, "ssh")
+        if len(counts) >= 3:
+            fit_table(f"lab hosts ({label})", table)
+    if against:
+        against_table(rows[first], rows[against], paired, against, rounds)
+
+
+def against_table(here: dict[int, tuple[Sample, float]], there: dict[int, tuple[Sample, float]],
+                  paired: dict[int, float], against: str, rounds: int) -> None:
+    print_table(f"the same, this tree against {against}, interleaved, median of {rounds} rounds (paired: the "
+                "median of each round's ratio)",
+                ["hosts", "wall s", f"at {against}", "ratio", "paired", "KB sent/host", f"at {against}",
+                 "launcher CPU s", f"at {against}", "ssh s"],
+                {str(count): [f"{sample.wall_s:.2f}", f"{there[count][0].wall_s:.2f}",
+                              f"{sample.wall_s / there[count][0].wall_s:.2f}x", f"{paired[count]:.2f}x",
+                              f"{sample.written / count / 1e3:.1f}",
+                              f"{there[count][0].written / count / 1e3:.1f}", f"{sample.cpu_s:.2f}",
+                              f"{there[count][0].cpu_s:.2f}", f"{raw_s:.2f}"]
+                 for count, (sample, raw_s) in here.items()})
 
 
 def handshake_costs(lab: Lab, count: int, values: list[int], workdir: Path, env: dict) -> None:
@@ -259,9 +305,12 @@ def main() -> None:
     parser.add_argument("--local", type=int, nargs="*", default=[])
     parser.add_argument("--hosts", type=int, nargs="*", default=[16, 64, 256])
     parser.add_argument("--handshakes", type=int, nargs="*", default=[])
+    parser.add_argument("--reach", nargs="+", choices=list(REACH), default=["default"],
+                        help="how the launcher reaches lab hosts: podrun's default, direct, or through the control tree")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stream-hosts", type=int, default=64)
     parser.add_argument("--lines", type=int, default=20_000)
+    parser.add_argument("--against", metavar="REV", help="lab hosts: podrun at this git revision too, interleaved")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         work = Path(workdir)
@@ -276,7 +325,7 @@ def main() -> None:
             (work / "code").mkdir()
             env = {**os.environ, "PODRUN_HOME": str(work / "podrun-home")}
             if args.hosts:
-                launcher_costs(lab, args.hosts, args.rounds, work, env)
+                launcher_costs(lab, args.hosts, args.rounds, work, env, args.reach, args.against)
             if args.handshakes:
                 handshake_costs(lab, max(args.hosts), args.handshakes, work, env)
             if args.stream_hosts:

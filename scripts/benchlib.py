@@ -40,6 +40,16 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def podrun_at(revision: str, folder: Path) -> Path:
+    """`folder`, holding podrun/ as it was at git `revision` (git archive), to run with PYTHONPATH=folder and
+    `python -P` (which keeps the current directory, this checkout perhaps, off sys.path)."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", revision, "podrun"], check=True, capture_output=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
 def all_at_once(commands: list[str]) -> str:
     """A shell script running the commands in parallel that fails if any of them fails (a plain
     `a & b & wait` would hide a failed contender behind a fast time)."""

@@ -2,7 +2,7 @@
 tests of the launcher's logic: no processes, no network. What users rely on is checked in the lab with
 the real agent; this fake only lets the launcher's state machine be driven and watched quickly.
 
-Each channel runs a FakeAgent: it reads the framed step (after the agent's source), reports its probe
+Each channel runs a FakeAgent: its worker has the agent cached; it reads the framed step, reports its probe
 and waits for "go" in a job's first step, then starts, writes its scripted lines, and exits with its
 scripted code, or runs until it hears "stop" (then it exits as if killed by SIGTERM).
 """
@@ -15,7 +15,7 @@ import marshal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from podrun.transport.base import ChannelLost, Transport, agent_source
+from podrun.transport.base import CACHED, ChannelLost, Transport
 
 STOPPED_CODE, STOPPED_SIGNAL = 143, "SIGTERM"  # what the real agent reports after a stop: 128 + SIGTERM
 
@@ -89,6 +89,7 @@ class FakeAgent:
         self.code: int | None = None
         self.done = asyncio.Event()
         self.task = asyncio.ensure_future(self._live())
+        self.stderr.chunks.put_nowait(CACHED)  # as the agent's bootstrap says where the worker has it cached
 
     # stdin
     def write(self, data: bytes) -> None:
@@ -96,9 +97,7 @@ class FakeAgent:
             raise self.lost
         self.received += data
         if self.config is None:
-            source = agent_source()
-            assert self.received[:len(source)] == source[:len(self.received)], "the agent's source comes first"
-            size, newline, rest = self.received[len(source):].partition(b"\n")
+            size, newline, rest = self.received.partition(b"\n")
             if not newline or len(rest) < int(size):
                 return
             self.config = marshal.loads(rest[:int(size)])

@@ -107,6 +107,22 @@ def podrun(*args: str, timeout: float = 120, text: bool = True, **kwargs) -> sub
                           timeout=timeout, cwd=REPO, **kwargs)
 
 
+OWN_USAGE = ("import os, re, sys; from podrun import cli; code = cli.main(sys.argv[1:]); times = os.times(); "
+             "peak = re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read())[1]; "
+             "print('own usage', peak, times.user + times.system, file=sys.stderr); cli._exit(code)")
+
+
+def podrun_own_usage(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run the real CLI as podrun() does, with its own peak RSS (MB, VmHWM) and CPU seconds, for its process
+    alone: wait4's would count its agents and workers, and a process that subprocess starts with vfork begins
+    with its parent's peak (a test's that captured 200 MB)."""
+    result = subprocess.run([sys.executable, "-c", OWN_USAGE, *map(str, args)], capture_output=True,
+                            timeout=timeout, cwd=REPO)
+    usage = re.search(rb"own usage (\d+) (\S+)\n\Z", result.stderr)
+    assert usage, result.stderr[-2000:]
+    return result, int(usage[1]) / 1024, float(usage[2])
+
+
 IMPORT_PROBE = """
 import sys
 sys.argv = ["podrun", *{args!r}]
@@ -348,15 +364,21 @@ def packets_dropped(match: str, table: str = "podrun_lab_cut"):
 
 def bridge_sent_bytes() -> int:
     """Bytes this machine (the launcher's side) sent into the lab's bridge; traffic between lab
-    hosts crosses the bridge without passing this machine's network stack. From /proc/net/dev, which
-    shows this process's network namespace (/sys/class/net shows the one /sys was mounted in)."""
+    hosts crosses the bridge without passing this machine's network stack."""
     from lab import BRIDGE
 
+    return device_sent_bytes(BRIDGE)
+
+
+def device_sent_bytes(device: str) -> int:
+    """Bytes network device `device` has sent: the bridge's, or a lab host's side of it (lab.VETH_PREFIX +
+    its index: what the host received). From /proc/net/dev, which shows this process's network namespace
+    (/sys/class/net shows the one /sys was mounted in)."""
     for line in Path("/proc/self/net/dev").read_text().splitlines():
         name, _, counters = line.partition(":")
-        if name.strip() == BRIDGE:
+        if name.strip() == device:
             return int(counters.split()[8])  # 8 received counters, then the bytes sent
-    raise AssertionError(f"no device {BRIDGE} in /proc/self/net/dev")
+    raise AssertionError(f"no device {device} in /proc/self/net/dev")
 
 
 def require_nft() -> None:

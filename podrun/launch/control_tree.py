@@ -13,8 +13,7 @@ import os
 
 from podrun.errors import UsageError
 from podrun.plan import JobPlan, WorkerPlan
-from podrun.transport.ssh import SshTransport
-from podrun.transport.tree import Relay, RelayHead, SharedAgent, TreeTransport
+from podrun.transport.base import Transport
 
 DEFAULT_FROM = 64
 DEFAULT_FANOUT = 32
@@ -38,8 +37,14 @@ def arrange(job: JobPlan) -> JobPlan:
     """The job's plans, with the workers beyond the first level reached through relays (or as they were)."""
     start, fanout = settings()
     plans = job.workers
+    if start is None or len(plans) < start:
+        return job
+    # here, not at import: a launch on fewer workers, or local ones, never loads the SSH library
+    from podrun.transport.ssh import SshTransport
+    from podrun.transport.tree import Relay, RelayHead, SharedAgent, TreeTransport
+
     transports = [plan.worker.transport for plan in plans]
-    if start is None or len(plans) < start or not all(type(t) is SshTransport for t in transports):
+    if not all(type(t) is SshTransport for t in transports):
         return job
     heads = plans[::fanout + 1]
     agent = SharedAgent(transports[0].identity_file, len(heads))  # type: ignore[attr-defined]
@@ -51,7 +56,7 @@ def arrange(job: JobPlan) -> JobPlan:
         assert isinstance(inner, SshTransport)
         if position % (fanout + 1) == 0:
             relay = Relay(inner, f"worker {worker.index} ({worker.address})", agent)
-            transport: RelayHead | TreeTransport = RelayHead(relay)
+            transport: Transport = RelayHead(relay)
         else:
             assert relay is not None
             transport = TreeTransport(inner, relay, worker.internal_ip)

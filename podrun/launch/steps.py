@@ -21,7 +21,7 @@ from podrun.output import counted, say, worker_ranges
 from podrun.plan import FILE_VARIABLES, WorkerPlan, job_files
 from podrun.remote import framing
 from podrun.targets.base import Worker
-from podrun.transport.base import Channel, ChannelLost, agent_command, agent_source
+from podrun.transport.base import Channel, ChannelLost
 from podrun.worker_output import RANK_HEADER, WorkerOutput
 
 # the launcher says something to every agent this often; an agent that hears nothing for
@@ -132,8 +132,8 @@ class WorkerStep:
             config["watch"] = self.watch
         if self.notify is not None:
             config["notify"] = self.notify
-        self.channel = channel = await worker.transport.start(agent_command(worker.transport.python))
-        channel.stdin.write(agent_source() + framing.message(config))
+        self.channel = channel = await worker.transport.start_python("agent")
+        channel.stdin.write(framing.message(config))
         await channel.stdin.drain()
 
     async def probed(self) -> dict | None:

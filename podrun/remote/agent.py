@@ -1,12 +1,13 @@
 """podrun's worker-side agent: runs one step of a job on this worker and stays with it to the end.
 
-It is sent over the channel's stdin for every step (see transport.agent_command), never installed,
-so it uses the standard library only and runs on the worker's own python3 (3.8 or newer). It starts
-on every worker for every step, so it imports only built-in modules: json, subprocess, shutil and
-selectors would double its start-up (they pull in re, collections and more), and even `signal`
+It starts from the worker's cache by the hash of its source, which is sent over the channel's stdin
+only where the worker lacks it (transport/base.py, BOOTSTRAP); never installed, so it uses the
+standard library only and runs on the worker's own python3 (3.8 or newer). It starts on every worker
+for every step, so it imports only built-in modules: json, subprocess, shutil and selectors would
+double its start-up (they pull in re, collections and more), and even `signal`
 costs 4.5 ms of a 7 ms Python start (it builds enums), so the agent uses its C core, `_signal`.
 
-This module is its entry and protocol; its parts travel ahead of it, each compiled once per worker
+This module is its entry and protocol; its parts travel with it, compiled into its cache entry
 (transport/base.py, script_modules): agent_io.py (stdin and stderr), step.py (the user's command),
 processes.py (the step's processes), hub.py (a watched job), tpu_holders.py and checkout.py (the
 probe, the run directory).

@@ -62,15 +62,14 @@ def main():
 def split_segments(data):
     """(the complete segments of data, each ending in "\\n", "\\r\\n" or "\\r", the rest). A lone "\\r"
     (a redraw starting over at the beginning of a line) is no segment; a "\\r" at the very end waits:
-    it may be the first half of "\\r\\n"."""
+    it may be the first half of "\\r\\n". Each kind of line end is looked for once past the last: a
+    search for either from each segment's start was a pass over the rest per line."""
     segments = []
     start = 0
-    while True:
-        ends = [end for end in (data.find(b"\n", start), data.find(b"\r", start)) if end >= 0]
-        if not ends:
-            break
-        end = min(ends)
-        if data[end:end + 1] == b"\r":
+    newline, carriage = data.find(b"\n"), data.find(b"\r")
+    while newline >= 0 or carriage >= 0:
+        end = newline if carriage < 0 or 0 <= newline < carriage else carriage
+        if end == carriage:
             if end + 1 == len(data):
                 break
             if data[end + 1:end + 2] == b"\n":
@@ -78,6 +77,10 @@ def split_segments(data):
         if data[start:end + 1] != b"\r":
             segments.append(data[start:end + 1])
         start = end + 1
+        if 0 <= newline < start:
+            newline = data.find(b"\n", start)
+        if 0 <= carriage < start:
+            carriage = data.find(b"\r", start)
     return segments, data[start:]
 
 

@@ -1,9 +1,9 @@
 """podrun's worker-side code receiver: unpacks one shipment of the workdir and passes it on.
 
-Sent over stdin like the agent (transport.script_command), never installed: standard library only,
-any Python 3.8+. Every worker that lacks the code runs one. The launcher feeds the root of a tree
-(shipping/relay.py draws it) and each receiver forwards the frames, as they arrive, to its children over the
-workers' own network, so the launcher's uplink carries the code once.
+Started like the agent, from the worker's cache or with its source on stdin (transport/base.py), never
+installed: standard library only, any Python 3.8+. Every worker that lacks the code runs one. The
+launcher feeds the root of a tree (shipping/relay.py draws it) and each receiver forwards the frames, as
+they arrive, to its children over the workers' own network, so the launcher's uplink carries the code once.
 
 A shipment is a stream of frames (framing.py). The payloads of the frames before the end, unpacked, are one
 tar archive, packed while it is sent; the end frame's payload is its sha256 (hex), which must match

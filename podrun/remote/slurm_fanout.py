@@ -3,9 +3,9 @@
 and stdout, the launcher's one SSH channel, as frames (tree_frames.py, the control tree's). Slurm's daemons fan the
 start out to the nodes; the launcher still talks to each node's agent on a channel of its own.
 
-stdin   a message (framing.py): {nodes (Slurm node names, in the launcher's slot order), srun (argv
-        without the task), python, connector (the task's source), task (what each node runs: [how, what],
-        slurm_connector.py's argv),
+stdin   a message (framing.py): {nodes (Slurm node names, in the launcher's slot order), srun (its
+        argv, the task's included: slurm_connector.py from its bootstrap, then what each node runs),
+        connector (the source srun gives every task on stdin),
         address (the host the nodes connect to, or null: this host's SSH_CONNECTION address, then
         its host name's)}; then frames for the nodes (INPUT, EOF; a frame's id is the node's slot). Its
         end: the launcher is gone, and every node's connection is closed, which ends each command's stdin.
@@ -59,10 +59,14 @@ class Fanout:
         self.listener.listen(len(self.nodes) + 16)
         env = dict(os.environ, PODRUN_STEP_AT=addresses(self.listener.getsockname()[1], config.get("address")),
                    PODRUN_STEP_TOKEN=self.token)
-        argv = list(config["srun"]) + [config["python"], "-I", "-S", "-c", config["connector"], *config["task"]]
         # a session of its own: nothing signals srun but Slurm (a second SIGINT within a second cancels the step)
-        self.srun = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.srun = subprocess.Popen(config["srun"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
+        try:  # the connector's source, which srun passes to every task
+            self.srun.stdin.write(config["connector"])
+            self.srun.stdin.close()
+        except OSError:
+            pass  # srun ended at once: what it said tells why
         # poll, not select: a step of thousands of nodes holds a connection each (select stops at 1,024)
         self.poller = select.poll()
         self.watched = {}  # descriptor -> what it is: 0 (the launcher), the listener, srun's streams, connections

@@ -37,9 +37,11 @@ CONNECTED = b"podrun-connected"
 # a command's ssh client that exits 255 may have lost its master: the master's own exit is awaited this long,
 # so that the launcher hears of a lost connection, not of a command that exited 255
 MASTER_EXIT_WAIT_S = 2.0
-INPUT_HELD_MAX = 1 << 20
-# what the master runs: it ends when its stdin does, so a relay killed outright leaves no master behind
-HELD_OPEN = "exec cat >/dev/null"  # bytes held for one command's stdin before the relay waits for it to take them
+INPUT_HELD_MAX = 1 << 20  # bytes held for one command's stdin before the relay waits for it to take them
+# what the master runs: it says it is up once the connection (and so its control socket) is, then ends when
+# its stdin does, so that a relay killed outright leaves no master behind
+HELD_OPEN = "echo %s; exec cat >/dev/null" % CONNECTED.decode()
+IDENTITIES_REQUEST = b"\x0b"  # ssh-agent's SSH_AGENTC_REQUEST_IDENTITIES
 
 
 class Command:
@@ -73,6 +75,44 @@ class Command:
         self.ended = True
         if self.process is not None and not self.process.stdin.is_closing():
             self.process.stdin.close()
+
+
+class AgentProxy:
+    """The agent the masters sign in with: one connection to the agent the launcher forwarded, shared by every
+    master in turn (each asking over the forwarded agent would open a channel to the launcher per connection),
+    its list of identities asked once."""
+
+    def __init__(self, upstream, path):
+        self.upstream, self.path = upstream, path
+        self.lock = asyncio.Lock()
+        self.connection = None
+        self.identities = None
+
+    async def start(self):
+        await asyncio.start_unix_server(self.serve, self.path)
+
+    async def serve(self, reader, writer):
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                writer.write(await self.ask(await reader.readexactly(size)))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            writer.close()
+
+    async def ask(self, request):
+        """The agent's whole reply (length included) to one request."""
+        if request == IDENTITIES_REQUEST and self.identities:
+            return self.identities
+        async with self.lock:
+            if self.connection is None:
+                self.connection = await asyncio.open_unix_connection(self.upstream)
+            upstream_reader, upstream_writer = self.connection
+            upstream_writer.write(len(request).to_bytes(4, "big") + request)
+            size = await upstream_reader.readexactly(4)
+            reply = size + await upstream_reader.readexactly(int.from_bytes(size, "big"))
+        if request == IDENTITIES_REQUEST:
+            self.identities = reply
+        return reply
 
 
 class Relay:
@@ -111,6 +151,10 @@ class Relay:
             self.close(ident)
 
     async def open(self, child, request):
+        if not os.environ.get("SSH_AUTH_SOCK"):
+            self.send(tree_frames.FAILED, child, b"the relay's sshd did not forward podrun's ssh-agent "
+                                                b"(AllowAgentForwarding no there?)")
+            return
         known = os.path.join(self.directory, "known-%d" % child)
         with open(known, "w") as handle:
             handle.write(request["known"])
@@ -119,15 +163,17 @@ class Relay:
                    "-o", "ServerAliveCountMax=2", "-o", "LogLevel=ERROR", "-o", "GlobalKnownHostsFile=/dev/null",
                    "-o", "UserKnownHostsFile=" + (known if check != "no" else "/dev/null"),
                    "-o", "StrictHostKeyChecking=" + check, "-o", "HashKnownHosts=no", "-o", "CheckHostIP=no",
+                   "-o", "IdentityAgent=" + os.path.join(self.directory, "agent"),
                    "-S", os.path.join(self.directory, "c%d" % child)] + request["argv"]
         self.options[child] = options
         master = await asyncio.create_subprocess_exec(
-            "ssh", "-M", "-o", "ControlPersist=no", "-o", "PermitLocalCommand=yes",
-            "-o", "LocalCommand=echo " + CONNECTED.decode(), *options, HELD_OPEN,
+            "ssh", "-M", "-o", "ControlPersist=no", *options, HELD_OPEN,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         self.masters[child] = master
-        said = await master.stdout.readline()
-        if said.strip() != CONNECTED:
+        said = b"-"
+        while said and said.strip() != CONNECTED:  # a login's own words (a ~/.bashrc that echoes) come first
+            said = await master.stdout.readline()
+        if not said:
             await master.wait()
             self.masters.pop(child, None)
             self.send(tree_frames.FAILED, child, _last_words(await master.stderr.read(), master.returncode))
@@ -204,6 +250,8 @@ async def main():
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     directory = tempfile.mkdtemp(prefix="podrun-tree-")
     relay = Relay(writer, directory)
+    if os.environ.get("SSH_AUTH_SOCK"):
+        await AgentProxy(os.environ["SSH_AUTH_SOCK"], os.path.join(directory, "agent")).start()
     try:
         while True:
             try:

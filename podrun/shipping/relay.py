@@ -26,7 +26,7 @@ from podrun.output import say, size_text
 from podrun.remote import framing
 from podrun.targets.base import Worker
 from podrun.transport import past_login
-from podrun.transport.base import Channel, ChannelLost, script_command, script_source
+from podrun.transport.base import Channel, ChannelLost
 
 # children per receiver (PODRUN_RELAY_FANOUT; 0: the launcher feeds every worker itself);
 # scripts/bench_ship.py --fanout compares values
@@ -176,9 +176,8 @@ class Receiver:
     async def start(self, shipment: Shipment, token: str, listen: bool) -> None:
         config = {"code_dir": shipment.code_dir, "token": token, "listen": listen, "record": shipment.recorded}
         try:
-            self.channel = await self.worker.transport.start(script_command(self.worker.transport.python,
-                                                                            "relay_node"))
-            if not await self.send(script_source("relay_node") + framing.message(config)):
+            self.channel = await self.worker.transport.start_python("relay_node")
+            if not await self.send(framing.message(config)):
                 return
             # past what the host's login printed (past_login.py)
             self.port = await asyncio.wait_for(past_login.read_report(self.channel.stdout, _port), RECEIVER_STALL_S)

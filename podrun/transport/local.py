@@ -9,7 +9,7 @@ import sys
 from typing import cast
 
 from podrun import file_limit, paths
-from podrun.transport.base import Channel, Transport, loop_gate
+from podrun.transport.base import CACHE_DIR, Channel, Transport, loop_gate
 
 # Processes spawned at once. A spawn (fork and exec) holds the event loop: 1,024 workers' starts, all
 # ready at once, ran as one turn of the loop, 12-15 s on a loaded 2-core machine, during which no
@@ -42,6 +42,12 @@ class LocalTransport(Transport):
         shown = [f"{key}={os.environ[key]}" for key in INHERITED_SHOWN if key in os.environ]
         others = len(os.environ) - len(shown)
         return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
+
+    def may_have(self, entry: str) -> bool:
+        try:
+            return any(found.startswith(entry + "-") for found in os.listdir(os.path.join(self.root, CACHE_DIR)))
+        except OSError:
+            return False
 
     async def start(self, command: str) -> Channel:
         async with loop_gate("local spawns", SPAWNS_AT_ONCE):

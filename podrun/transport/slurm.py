@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from podrun.errors import PodrunError
-from podrun.transport.base import Channel, Transport, agent_command, loop_gate
+from podrun.transport.base import Channel, Transport, loop_gate, script_command
 from podrun.transport.local import SPAWNS_AT_ONCE
 from podrun.transport.slurm_step import Steps, srun_argv
 
@@ -94,12 +94,16 @@ class SlurmTransport(Transport):
         def own_step() -> Awaitable[Channel]:
             return self.link.start(srun_command(self.job_id, self.node, command))
 
-        if command == agent_command(self.python):  # every worker's agent of a step: one srun (slurm_step.py)
+        if command in self.agent_starts():  # every worker's agent of a step: one srun (slurm_step.py)
             return await self.link.steps.join(self.job_id, self.node, command, self.link.users, own_step)
         return await own_step()
 
     async def close(self) -> None:
         await self.link.close()
+
+    def agent_starts(self) -> tuple[str, str]:
+        """The agent's two commands: from the worker's cache, and with its source (transport.base.BOOTSTRAP)."""
+        return script_command(self.python, "agent", cached=True), script_command(self.python, "agent")
 
     def endpoint(self) -> dict:
         return {"kind": "slurm", "login": self.login_endpoint, "job_id": self.job_id, "node": self.node}

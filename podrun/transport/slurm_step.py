@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from podrun.errors import PodrunError
 from podrun.remote import framing, tree_frames
-from podrun.transport.base import UNCACHED_COMPILE, Channel, ChannelLost, script_command, script_source
+from podrun.transport.base import Channel, ChannelLost, script_command, script_source
 from podrun.transport.framed_channel import FramedChannel
 
 GATHER_S = 0.05  # a batch short of every connected worker starts this long after its first join
@@ -45,9 +45,10 @@ def srun_argv(job_id: str, nodes: Sequence[str], pty: bool = False) -> list[str]
             "--kill-on-bad-exit=0", "--wait=0", *(["--pty"] if pty else [])]
 
 
-def connector_source() -> str:
-    """The task each node runs, for `python3 -I -S -c`: the connector, tree_frames ahead of it."""
-    return UNCACHED_COMPILE + script_source("slurm_connector").decode()
+def connector_argv(python: str) -> list[str]:
+    """The task each node runs: the connector's bootstrap (transport.base.BOOTSTRAP), its source on stdin,
+    which srun gives every task (--input=all)."""
+    return shlex.split(script_command(python, "slurm_connector"))[1:]  # without its `exec`
 
 
 class Fanout:
@@ -131,8 +132,9 @@ class Steps:
             fanout = await self.start_on_login(script_command(self.python, "slurm_fanout"))
             fanout.stdin.write(script_source("slurm_fanout") + framing.message({
                 "nodes": [joined.node for joined in batch.joined],
-                "srun": srun_argv(batch.job_id, [joined.node for joined in batch.joined]),
-                "python": self.python, "connector": connector_source(), "task": self.task(batch.command),
+                "srun": [*srun_argv(batch.job_id, [joined.node for joined in batch.joined]), "--input=all",
+                         *connector_argv(self.python), *self.task(batch.command)],
+                "connector": script_source("slurm_connector"),
                 "address": os.environ.get(ADDRESS_VARIABLE) or None}))
         except Exception as error:
             for joined in batch.joined:

@@ -21,7 +21,7 @@ import marshal
 from podrun.errors import PodrunError
 from podrun.remote import tree_frames
 from podrun.transport import key_agent, known_hosts
-from podrun.transport.base import Channel, ChannelLost, Transport, script_command, script_source
+from podrun.transport.base import Channel, ChannelLost, Transport
 from podrun.transport.framed_channel import FramedChannel
 from podrun.transport.ssh import SshTransport
 
@@ -59,6 +59,7 @@ class Relay:
         self.children: dict[int, TreeTransport] = {}
         self.channels: dict[int, tuple[int, FramedChannel]] = {}  # command -> (its worker, its channel)
         self.reading: asyncio.Task | None = None
+        self.outgoing: list[bytes] = []  # frames queued this turn of the loop (send)
 
     def open(self) -> asyncio.Future[None]:
         """Connected to the relay worker and its relay started (once, however many ask)."""
@@ -69,37 +70,49 @@ class Relay:
     async def _open(self) -> None:
         self.head.forward_agent = await self.agent.socket()
         await self.head.connect()
-        self.channel = await self.head.start(script_command(self.head.python, "tree_relay"))
-        self.channel.stdin.write(script_source("tree_relay"))
+        self.channel = await self.head.start_python("tree_relay")
         self.reading = asyncio.ensure_future(self._read())
 
     def send(self, data: bytes) -> None:
+        """Queue frames for the relay: what one turn of the loop queues goes out as one write (a `go`, a
+        heartbeat or a stop to every worker behind the relay is one packet, not one per worker)."""
         if self.lost is None and self.channel is not None:
+            if not self.outgoing:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self.outgoing.append(data)
+
+    def _flush(self) -> None:
+        data, self.outgoing = b"".join(self.outgoing), []
+        if data and self.lost is None and self.channel is not None:
             try:
                 self.channel.stdin.write(data)
             except (ChannelLost, OSError, RuntimeError) as error:
                 self._lose(str(error) or "its channel closed")
 
     async def drain(self) -> None:
+        self._flush()
         if self.lost is None and self.channel is not None:
             with contextlib.suppress(ChannelLost, OSError, RuntimeError):
                 await self.channel.stdin.drain()
 
     async def _read(self) -> None:
         assert self.channel is not None
-        pending = bytearray()
+        pending = b""
+        header = tree_frames.HEADER
         try:
             while chunk := await self.channel.stdout.read(1 << 18):
                 pending += chunk
-                while len(pending) >= tree_frames.HEADER.size:
-                    kind, ident, size = tree_frames.HEADER.unpack_from(pending)
+                start = 0
+                while len(pending) - start >= header.size:
+                    kind, ident, size = header.unpack_from(pending, start)
                     if size > tree_frames.MAX_PAYLOAD:
                         raise ChannelLost(f"a frame of {size} bytes from the relay")
-                    if len(pending) < tree_frames.HEADER.size + size:
+                    end = start + header.size + size
+                    if len(pending) < end:
                         break
-                    payload = bytes(pending[tree_frames.HEADER.size:tree_frames.HEADER.size + size])
-                    del pending[:tree_frames.HEADER.size + size]
-                    await self._take(kind, ident, payload)
+                    await self._take(kind, ident, pending[start + header.size:end])
+                    start = end
+                pending = pending[start:]
             why = (await self.channel.stderr.read()).decode(errors="replace").strip().splitlines()
             self._lose(why[-1] if why else "the relay process ended")
         except ChannelLost as lost:
@@ -140,6 +153,7 @@ class Relay:
             child.answered(False, self.lost)
 
     async def close(self) -> None:
+        self._flush()
         if self.channel is not None and self.lost is None:
             with contextlib.suppress(ChannelLost, OSError, RuntimeError):
                 self.channel.stdin.write_eof()

@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, lab_flags, podrun
+from helpers import REPO, job_id_in, lab_flags, podrun, podrun_own_usage
 
 ARG_LIMIT = 128 * 1024  # Linux's MAX_ARG_STRLEN: one argument or one NAME=value
+# a worker's stream in 4 KB writes, each its number over and over (its last byte a newline with `lines`)
+STREAM = """import os, sys
+count, lines = int(sys.argv[1]), sys.argv[2] == "lines"
+for number in range(count):
+    os.write(1, (b"%08d" % number * 512)[:4095] + (b"\\n" if lines else b"9"))
+"""
 
 
 def hosts_spec(job_file, count: int) -> str:
@@ -143,3 +149,26 @@ def test_a_file_name_that_is_not_utf8_ships_as_its_bytes_over_ssh_and_the_relay(
                     "--", LIST_NAMES, text=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(b"[b'caf\\xe9.txt']") == 3
+
+
+def test_a_stream_without_newlines_costs_podrun_memory_flat_in_its_size_and_keeps_every_byte(job_file, home):
+    spec = job_file("target: {local: {workers: 1}}\nrun: python3 stream.py $COUNT $KIND\n", {"stream.py": STREAM})
+    runs = {}
+    for count, kind in ((1024, "none"), (12288, "none"), (12288, "lines")):
+        result, peak_mb, cpu_s = podrun_own_usage("exec", "--env", f"COUNT={count}", "--env", f"KIND={kind}", spec)
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs[count, kind] = peak_mb, cpu_s
+        printed = b"".join((b"%08d" % number * 512)[:4095] + (b"\n" if kind == "lines" else b"9")
+                           for number in range(count))
+        log = (home / "jobs" / job_id_in(result.stderr.decode()) / "w0.log").read_bytes()
+        assert log == printed
+        shown = result.stdout.split(b"\n")
+        assert shown.pop() == b"" and all(line.startswith(b"[w0] ") for line in shown)
+        assert b"".join(line[5:] + b"\n" * (kind == "lines") for line in shown) == printed
+        if (count, kind) == (12288, "none"):  # `podrun logs` shows it as exec did, in less memory than exec took for 4 MB
+            replayed, replay_mb, _ = podrun_own_usage("logs", job_id_in(result.stderr.decode()))
+            assert replayed.stdout == result.stdout and replay_mb < runs[1024, "none"][0]
+    # 48 MB without a newline held 48 pieces of 1 MB for a failure report's last lines, and cost 3x the CPU
+    growth_mb = runs[12288, "none"][0] - runs[1024, "none"][0]
+    assert growth_mb < 10, f"48 MB without newlines cost podrun {growth_mb:.0f} MB more than 4 MB"
+    assert runs[12288, "none"][1] < 2 * runs[12288, "lines"][1] + 0.5, runs

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 
@@ -17,12 +16,12 @@ import pytest
 from podrun.worker_output import WorkerOutput
 
 from helpers import (
-    REPO,
     Background,
     crashed,
     job_id_in,
     job_record,
     podrun,
+    podrun_own_usage,
     processes_of_job,
     ps_on_every_host,
     wait_until,
@@ -156,13 +155,10 @@ def test_a_stream_of_distinct_rank_headers_keeps_a_bounded_number_of_ranks():
 
 
 def _peak_rss_mb(*args: str) -> float:
-    """The peak resident memory of `podrun ARGS`, run to its end (the kernel's count, from wait4)."""
-    process = subprocess.Popen([sys.executable, "-m", "podrun", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    assert process.returncode == 0
-    return usage.ru_maxrss / 1024
+    """The peak resident memory of `podrun ARGS`, run to its end."""
+    result, peak_mb, _ = podrun_own_usage(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return peak_mb
 
 
 @pytest.mark.slow

@@ -319,3 +319,15 @@ def test_exec_in_a_pipe_prints_each_bar_once_without_escape_codes(home, job_file
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout + result.stderr
     assert sorted(result.stdout.splitlines()) == FINAL_LINES
+
+
+def test_a_huge_redrawn_line_costs_its_live_row_only_its_start(clock):
+    stream = TtyBytes()
+    terminal = Terminal(stream)
+    worker = WorkerOutput(0, terminal, None)
+    worker.feed(b"10%\r")
+    for _ in range(3):  # 48 KB, no line end (under MAX_LINE)
+        worker.feed(b"x" * 16384)
+        clock.now += 1
+    assert list(terminal.live_lines.values()) == [b"x" * worker_output.LIVE_TEXT]
+    assert Screen().feed(stream.getvalue()).text() == ["[w0] " + "x" * 74]  # cut to the 80 columns

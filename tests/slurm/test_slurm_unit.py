@@ -159,11 +159,13 @@ def test_an_allocation_slurm_ended_is_named(shown, said):
     assert ended_by_slurm(parse_records(shown)) == said
 
 
-# srun as far as the one step needs it: each node of --nodelist runs the task, SLURMD_NODENAME set
+# srun as far as the one step needs it: each node of --nodelist runs the task, SLURMD_NODENAME set, srun's
+# stdin given to every task (--input=all)
 SRUN_STAND_IN = """#!/bin/sh
 for option; do case $option in --nodelist=*) nodes=${option#--nodelist=}; shift;; --*) shift;; *) break;; esac; done
-for node in $(echo "$nodes" | tr , ' '); do SLURMD_NODENAME=$node "$@" & done
-wait
+input=$(mktemp); cat > "$input"
+for node in $(echo "$nodes" | tr , ' '); do SLURMD_NODENAME=$node "$@" < "$input" & done
+wait; rm "$input"
 """
 
 

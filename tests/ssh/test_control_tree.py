@@ -70,3 +70,14 @@ def test_a_bad_tree_setting_is_one_line_before_anything_starts(home, lab, hosts_
         "podrun: error: PODRUN_CONTROL_TREE_FANOUT='many': expected how many workers each relay worker connects to, "
         "1 to 1024 (default 32)"]
     assert json.loads(podrun("jobs", "--json").stdout) == []
+
+
+def test_a_relay_whose_sshd_forwards_no_agent_says_so_for_each_worker_behind_it(home, lab, hosts_spec):
+    lab.set_sshd_extra("AllowAgentForwarding no\n")
+    try:
+        result = podrun("exec", hosts_spec("run: 'true'", hosts=HOSTS))
+    finally:
+        lab.set_sshd_extra("")
+    assert result.returncode == 1
+    assert (f"{lab.hosts[1].ip}: cannot connect through relay worker 0 ({lab.hosts[0].ip}): the relay's sshd did "
+            f"not forward podrun's ssh-agent (AllowAgentForwarding no there?)") in result.stderr

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import io
+import re
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from podrun.remote.rank_output import split_segments
 from podrun.terminal import Terminal
-from podrun.worker_output import MAX_LINE, WorkerOutput
+from podrun.worker_output import KEPT_LINE, MAX_HELD, MAX_LINE, WorkerOutput
 
 
 def split(*chunks: bytes, index: int = 2) -> tuple[bytes, bytes]:
@@ -46,7 +51,57 @@ def test_a_huge_line_without_newline_is_shown_in_pieces():
     assert len(log) == MAX_LINE + 10
 
 
+def test_rank_headers_and_crlf_cut_between_chunks_are_read_as_if_whole():
+    chunks = b"[ra|nk3]:one\r|\n[rank|12]:two|[rank3]:|three\r|x\r\n[rank123456|78]:four\n".split(b"|")
+    screen, log = split(*chunks)
+    # rank 12's line is unfinished until the stream ends
+    assert screen == b"[w2 r3] one\n[w2 r3] x\n[w2]    [rank12345678]:four\n[w2 r12] two\n"
+    assert log == b"".join(chunks)
+
+
+def test_a_rank_line_without_newline_is_shown_in_pieces_and_goes_on_as_that_ranks():
+    screen, _ = split(b"[rank1]:" + b"x" * MAX_LINE, b"y[rank2]:z\n[rank1]:w\n")
+    assert screen.split(b"\n") == [b"[w2 r1] " + b"x" * MAX_LINE, b"[w2 r2] z", b"[w2 r1] yw", b""]
+
+
+def test_a_rank_header_inside_a_line_of_the_worker_own_counts_toward_its_length():
+    screen, _ = split(b"x" + b"[rank1]:" * (MAX_LINE // 8))
+    assert screen.split(b"\n") == [b"[w2] x" + b"[rank1]:" * (MAX_LINE // 8 - 1) + b"[rank1]",
+                                    b"[w2] :", b""]
+
+
+def test_a_workers_unfinished_lines_hold_max_held_bytes_in_all_and_show_every_byte():
+    screen = io.BytesIO()
+    output = WorkerOutput(0, Terminal(screen), None)
+    rounds = b"".join(b"[rank%d]:" % rank + b"x" * 30_000 + b"\r" * (rank % 2) for rank in range(100))
+    for _ in range(3):  # 100 ranks' lines of 90 KB, half of them redrawn: 9 MB unfinished
+        output.feed(rounds)
+        assert output.held == sum(len(line.text) + len(line.shown) for line in output.lines.values()) <= MAX_HELD
+    output.close()
+    shown: dict[int, int] = {}
+    for rank, text in re.findall(rb"\[w0 r(\d+)\] +(x+)\n", screen.getvalue()):
+        shown[int(rank)] = shown.get(int(rank), 0) + len(text)
+    # each line, pushed out by newer ones before its rank's next round, shows as it stood: every byte
+    assert shown == {rank: 90_000 for rank in range(100)}
+
+
+def test_tail_keeps_the_end_of_a_long_line():
+    output = WorkerOutput(0, None, None)
+    output.feed(b"a" * MAX_LINE + b"b" * 10 + b"\n[rank3]:" + b"c" * KEPT_LINE + b"d\n")
+    whole, rest, rank = output.tail()
+    assert whole == "..." + "a" * KEPT_LINE and rest == "b" * 10
+    assert rank == "[rank3]:..." + "c" * (KEPT_LINE - 1) + "d"
+
+
 def test_tail_keeps_the_last_lines_decoded():
     output = WorkerOutput(0, None, None, keep=2)
     output.feed(b"one\ntwo\nthr\xffee\n")
     assert output.tail() == ["two", "thr\ufffdee"]
+
+
+@given(st.lists(st.sampled_from([b"a", b"b", b"\r", b"\n"]), max_size=40).map(b"".join))
+def test_a_ranks_output_is_cut_into_the_segments_its_line_ends_make(data):
+    # each line end ends a segment, but a \r at the very end (half of a \r\n, perhaps); a lone \r is none
+    ends = [match.end() for match in re.finditer(rb"\r\n|\n|\r(?!\Z)", data)]
+    segments = [data[start:end] for start, end in zip([0, *ends], ends)]
+    assert split_segments(data) == ([s for s in segments if s != b"\r"], data[ends[-1] if ends else 0:])

@@ -3,6 +3,8 @@ its band) read that worker's own spans, never every span of the job once per wor
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from podrun import jobstore, timeline
 from podrun.report.analysis import Analysis
 from podrun.report.goodput import Goodput
@@ -57,3 +59,33 @@ def passes_over_spans(workers: int) -> int:
 def test_the_passes_over_every_span_do_not_grow_with_the_workers(home):
     few, many = passes_over_spans(100), passes_over_spans(400)
     assert many == few < 100  # a pass per worker (quadratic in all) would make it 400 at least
+
+
+class CountedParts(dict):
+    """A phase's workers' parts, counting the passes over all of them."""
+
+    passes = 0
+
+    def values(self):
+        CountedParts.passes += 1
+        return super().values()
+
+    def __iter__(self):
+        CountedParts.passes += 1
+        return super().__iter__()
+
+
+def passes_to_end_each_worker(workers: int) -> int:
+    entry = timeline.begin(SimpleNamespace(attempt=0, phases=[]), "run", list(range(workers)), at=1000.0)
+    entry["workers"] = CountedParts(entry["workers"])
+    CountedParts.passes = 0
+    for index in range(workers):
+        timeline.end(entry, index, at=1001.0 + index)
+        timeline.end(entry, index, at=5000.0)  # a part ends once
+    assert entry["end"] == 1000.0 + workers and "open" not in entry
+    return CountedParts.passes
+
+
+def test_ending_each_workers_part_of_a_phase_stays_linear_in_the_workers():
+    few, many = passes_to_end_each_worker(100), passes_to_end_each_worker(400)
+    assert many == few == 1  # the phase's end, once every part ended; a pass per worker's end was quadratic
