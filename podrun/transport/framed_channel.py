@@ -6,10 +6,10 @@ code. The control tree's relays (tree.py) and Slurm's one step (slurm_step.py) h
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+import contextlib
 
 from podrun.remote import tree_frames
-from podrun.transport.base import ChannelLost
+from podrun.transport.base import Channel, ChannelLost
 
 HELD_MAX = 1 << 20  # bytes a command's unread output may hold before the relay's channel is read no further
 
@@ -73,21 +73,44 @@ class FramedOutput:
             await self.taken.wait()
 
 
-class FrameSink(Protocol):
-    """The far end's one stream, which a channel's input goes into as frames: a relay (tree.py), Slurm's fanout
-    (slurm_step.py)."""
+class FrameOutbox:
+    """The frames for the far end of one stream that carries many channels (a relay: tree.py; Slurm's fanout:
+    slurm_step.py): what one turn of the loop queues goes out as one write (a `go`, a heartbeat or a stop to
+    every worker on the stream is one packet, not one per worker)."""
 
-    lost: str | None  # why the stream is gone, once it is
+    def __init__(self) -> None:
+        self.channel: Channel | None = None  # the stream, once it is open
+        self.lost: str | None = None  # why the stream is gone, once it is
+        self.outgoing: list[bytes] = []  # frames queued this turn of the loop (send)
 
-    def send(self, data: bytes) -> None: ...
+    def send(self, data: bytes) -> None:
+        if self.lost is None and self.channel is not None:
+            if not self.outgoing:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self.outgoing.append(data)
 
-    async def drain(self) -> None: ...
+    def _flush(self) -> None:
+        data, self.outgoing = b"".join(self.outgoing), []
+        if data and self.lost is None and self.channel is not None:
+            try:
+                self.channel.stdin.write(data)
+            except (ChannelLost, OSError, RuntimeError) as error:
+                self._lose(str(error) or "its channel closed")
+
+    async def drain(self) -> None:
+        self._flush()
+        if self.lost is None and self.channel is not None:
+            with contextlib.suppress(ChannelLost, OSError, RuntimeError):
+                await self.channel.stdin.drain()
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
 
 
 class FramedInput:
     """A command's stdin: INPUT frames, then EOF."""
 
-    def __init__(self, relay: FrameSink, ident: int):
+    def __init__(self, relay: FrameOutbox, ident: int):
         self.relay, self.ident = relay, ident
         self.closed = False
 
@@ -111,7 +134,7 @@ class FramedInput:
 class FramedChannel:
     """A command whose streams are frames of one stream shared with others (transport.base.Channel)."""
 
-    def __init__(self, relay: FrameSink, ident: int):
+    def __init__(self, relay: FrameOutbox, ident: int):
         self.stdin = FramedInput(relay, ident)
         self.stdout, self.stderr = FramedOutput(), FramedOutput()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()

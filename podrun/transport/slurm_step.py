@@ -17,7 +17,6 @@ start, PODRUN_SLURM_LOGIN_ADDRESS the address the nodes connect to.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from podrun.errors import PodrunError
 from podrun.remote import framing, tree_frames
 from podrun.transport.base import Channel, ChannelLost, script_command, script_source
-from podrun.transport.framed_channel import FramedChannel
+from podrun.transport.framed_channel import FramedChannel, FrameOutbox
 
 GATHER_S = 0.05  # a batch short of every connected worker starts this long after its first join
 STEPS_VARIABLE = "PODRUN_SLURM_STEPS"  # "per-node": one srun per node, as before one step did it all
@@ -51,24 +50,12 @@ def connector_argv(python: str) -> list[str]:
     return shlex.split(script_command(python, "slurm_connector"))[1:]  # without its `exec`
 
 
-class Fanout:
-    """The launcher's end of one batch's fanout: the frames it sends (a FrameSink) and those it reads."""
+class Fanout(FrameOutbox):
+    """The launcher's end of one batch's fanout: its channel, which the nodes' frames go into and come from."""
 
     def __init__(self, channel: Channel):
-        self.channel = channel
-        self.lost: str | None = None
-
-    def send(self, data: bytes) -> None:
-        if self.lost is None:
-            try:
-                self.channel.stdin.write(data)
-            except (ChannelLost, OSError, RuntimeError) as error:
-                self.lost = str(error) or "the login node's fanout closed its input"
-
-    async def drain(self) -> None:
-        if self.lost is None:
-            with contextlib.suppress(ChannelLost, OSError, RuntimeError):
-                await self.channel.stdin.drain()
+        super().__init__()
+        self.channel: Channel = channel
 
 
 @dataclass

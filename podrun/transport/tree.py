@@ -22,7 +22,7 @@ from podrun.errors import PodrunError
 from podrun.remote import tree_frames
 from podrun.transport import key_agent, known_hosts
 from podrun.transport.base import Channel, ChannelLost, Transport
-from podrun.transport.framed_channel import FramedChannel
+from podrun.transport.framed_channel import FramedChannel, FrameOutbox
 from podrun.transport.ssh import SshTransport
 
 
@@ -46,20 +46,18 @@ class SharedAgent:
                 await agent.close()
 
 
-class Relay:
+class Relay(FrameOutbox):
     """The launcher's end of one relay worker's tree_relay.py: its channel, and the workers behind it."""
 
     def __init__(self, head: SshTransport, name: str, agent: SharedAgent):
+        super().__init__()
         self.head, self.name = head, name  # name: "worker 3 (10.0.0.3)", for the errors of those behind it
         self.agent = agent
         self.opening: asyncio.Future[None] | None = None
-        self.channel: Channel | None = None
-        self.lost: str | None = None
         self.ids = itertools.count(1)
         self.children: dict[int, TreeTransport] = {}
         self.channels: dict[int, tuple[int, FramedChannel]] = {}  # command -> (its worker, its channel)
         self.reading: asyncio.Task | None = None
-        self.outgoing: list[bytes] = []  # frames queued this turn of the loop (send)
 
     def open(self) -> asyncio.Future[None]:
         """Connected to the relay worker and its relay started (once, however many ask)."""
@@ -72,28 +70,6 @@ class Relay:
         await self.head.connect()
         self.channel = await self.head.start_python("tree_relay")
         self.reading = asyncio.ensure_future(self._read())
-
-    def send(self, data: bytes) -> None:
-        """Queue frames for the relay: what one turn of the loop queues goes out as one write (a `go`, a
-        heartbeat or a stop to every worker behind the relay is one packet, not one per worker)."""
-        if self.lost is None and self.channel is not None:
-            if not self.outgoing:
-                asyncio.get_running_loop().call_soon(self._flush)
-            self.outgoing.append(data)
-
-    def _flush(self) -> None:
-        data, self.outgoing = b"".join(self.outgoing), []
-        if data and self.lost is None and self.channel is not None:
-            try:
-                self.channel.stdin.write(data)
-            except (ChannelLost, OSError, RuntimeError) as error:
-                self._lose(str(error) or "its channel closed")
-
-    async def drain(self) -> None:
-        self._flush()
-        if self.lost is None and self.channel is not None:
-            with contextlib.suppress(ChannelLost, OSError, RuntimeError):
-                await self.channel.stdin.drain()
 
     async def _read(self) -> None:
         assert self.channel is not None
