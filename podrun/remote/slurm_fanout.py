@@ -138,7 +138,8 @@ class Fanout:
             connection.close()
             return
         del self.hellos[connection]
-        token, _, node = said.split(b"\n", 1)[0].decode(errors="replace").partition(" ")
+        hello, _, frames_behind = said.partition(b"\n")  # its command's first frames may come in the same read
+        token, _, node = hello.decode(errors="replace").partition(" ")
         slot = self.slots.get(node)
         if not hmac.compare_digest(token.encode(), self.token.encode()) or slot is None or slot in self.decided:
             self.unwatch(connection)
@@ -148,9 +149,9 @@ class Fanout:
         self.frames[connection] = tree_frames.Frames()
         self.decided.add(slot)
         self.tell(tree_frames.OPENED, slot)
+        self.carried(connection, frames_behind)
 
     def carry(self, connection):
-        slot = self.slot_of[connection]
         try:
             data = connection.recv(262144)
         except OSError:
@@ -158,6 +159,11 @@ class Fanout:
         if not data:
             self.drop(connection, "its connection to the login node ended before its exit code")
             return
+        self.carried(connection, data)
+
+    def carried(self, connection, data):
+        """What came from a node: its frames, passed on."""
+        slot = self.slot_of[connection]
         frames = self.frames[connection]
         frames.feed(data)
         for kind, _, payload in frames.take():

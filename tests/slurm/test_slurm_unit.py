@@ -8,6 +8,7 @@ import asyncio
 import os
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +212,26 @@ def test_one_step_keeps_each_nodes_streams_and_exit_code(srun_stand_in, monkeypa
 def test_nodes_that_reach_no_address_of_the_login_node_run_a_step_each(srun_stand_in, monkeypatch):
     monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "nowhere.invalid")
     assert run_one_step("echo one step", {"n1": "", "n2": ""}) == [(b"a step of its own\n", b"", 0)] * 2
+
+
+# a node whose hello and first frames reach the fanout as one read (as under load): its task, in place of
+# the connector, says them in one write
+HURRIED_NODE = f"""#!{sys.executable}
+import os, socket, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from podrun.remote import tree_frames
+hosts, _, port = os.environ["PODRUN_STEP_AT"].rpartition(":")
+with socket.create_connection((hosts.split(",")[0], int(port))) as connection:
+    hello = "%s %s\\n" % (os.environ["PODRUN_STEP_TOKEN"], os.environ["SLURMD_NODENAME"])
+    connection.sendall(hello.encode() + tree_frames.frame(tree_frames.STDERR, 0, b"said at once\\n")
+                       + tree_frames.frame(tree_frames.EXIT, 0, b"4"))
+    connection.recv(1)
+"""
+
+
+def test_frames_that_come_with_a_nodes_hello_are_kept(srun_stand_in, tmp_path, monkeypatch):
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "127.0.0.1")
+    (tmp_path / "srun").write_text(SRUN_STAND_IN.replace('"$@"', str(tmp_path / "hurried")))
+    (tmp_path / "hurried").write_text(HURRIED_NODE)
+    (tmp_path / "hurried").chmod(0o755)
+    assert run_one_step("true", {"n1": "", "n2": ""}) == [(b"", b"said at once\n", 4)] * 2
