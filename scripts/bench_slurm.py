@@ -11,8 +11,9 @@ one shared home), reached over SSH as a user reaches a login node, interleaved r
             each node connects back to the login node and runs the agent: transport/slurm_step.py)
             podrun exec, a step per node (PODRUN_SLURM_STEPS=per-node: one srun per node, as before)
             by hand: `salloc --no-shell -N N` then ONE `srun --jobid J -N N python3 -c ...`, one ssh command
-  stop    from a failure (the failing node prints its time, then exits 7) to every node's processes
-          gone (ps on this machine, which shares the nodes' pid namespace), the other nodes in `sleep`:
+  stop    from a failure (the failing node, once every other node sleeps, prints its time, then exits 7)
+          to every node's processes gone (ps on this machine, which shares the nodes' pid namespace,
+          polled while the command goes on), and to the command's exit:
             podrun exec, one step and a step per node (fail-fast: SIGTERM to the others through their agents)
             by hand: `srun --kill-on-bad-exit=1` in a salloc allocation (Slurm kills the other tasks)
   allocate  (--allocation) the allocation alone, until squeue shows it RUNNING: `salloc --no-shell`
@@ -94,29 +95,45 @@ def sleepers_gone(timeout: float = 120) -> float:
     raise RuntimeError("the job's processes are still there")
 
 
-# the node that does not fail sleeps in a process marked MARK on its command line
-FAILING = f"if [ \"$W\" = 1 ]; then {PRINT_TIME}; exit 7; fi; python3 -c 'import time; time.sleep(300)' {MARK}"
+def failing(nodes: int, worker: str) -> str:
+    """The job of the fail-fast rounds: every node but worker 1 says it is up (a file in the shared home) and
+    sleeps in a process marked MARK on its command line; worker 1 waits until all of them are up, prints
+    its time and exits 7."""
+    return (f"if [ \"{worker}\" = 1 ]; then until [ $(ls ~/.bench-up-* 2>/dev/null | wc -l) -ge {nodes - 1} ]; "
+            f"do sleep 0.01; done; rm -f ~/.bench-up-*; {PRINT_TIME}; exit 7; fi; "
+            f"touch ~/.bench-up-{worker}; exec python3 -c 'import time; time.sleep(300)' {MARK}")
+
+
+def fail_fast(argv: list[str], env: dict | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+    """From the failing node's line to every process of the job gone (ps, polled while the command goes on),
+    and to the command's exit; and what it printed."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    said = ""
+    while not (stamps := times_in(said)):
+        line = process.stdout.readline()
+        assert line, f"no line from the failing node: {said}"
+        said += line
+    gone = sleepers_gone()
+    out, err = process.communicate(timeout=300)
+    exited = time.time()
+    return gone - stamps[0], exited - stamps[0], subprocess.CompletedProcess(argv, process.returncode, said + out, err)
 
 
 def stop_podrun(lab: SlurmLab, spec_path: Path, env: dict) -> tuple[float, float]:
     """From the failure to every process gone, and to podrun's exit (after scancel, squeue empty)."""
-    result = podrun(spec_path, env)
-    exited = time.time()
+    gone, exited, result = fail_fast([sys.executable, "-m", "podrun", "exec", "--no-collapse", str(spec_path)], env)
     assert result.returncode == 7, result.stderr
-    (failed_at,) = times_in(result.stdout)
-    return sleepers_gone() - failed_at, exited - failed_at
+    return gone, exited
 
 
 def stop_by_hand(lab: SlurmLab, nodes: int) -> tuple[float, float]:
-    script = FAILING.replace("$W", "$SLURM_NODEID")
     command = (f"J=$(salloc --no-shell -N {nodes} 2>&1 | sed -n 's/.*Granted job allocation //p'); "
-               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c {shlex.quote(script)}; "
-               f"scancel $J; "
+               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+               f"sh -c {shlex.quote(failing(nodes, '$SLURM_NODEID'))}; scancel $J; "
                f"while squeue -h -j $J 2>/dev/null | grep -q .; do sleep 0.05; done")
-    result = subprocess.run(on_login(lab, command), capture_output=True, text=True, timeout=300)
-    exited = time.time()
-    (failed_at,) = times_in(result.stdout)
-    return sleepers_gone() - failed_at, exited - failed_at
+    gone, exited, _ = fail_fast(on_login(lab, command))
+    return gone, exited
 
 
 def allocate(lab: SlurmLab, nodes: int, how: str) -> float:
@@ -148,7 +165,7 @@ def main() -> None:
         with SlurmLab(work / "lab", compute_nodes=max(3, args.nodes)) as lab:
             lab.wait_until_idle()
             starting = spec(work / "start.yaml", lab, args.nodes, PRINT_TIME, work / "code")
-            failing = spec(work / "fail.yaml", lab, args.nodes, FAILING.replace("$W", "$PODRUN_WORKER"), work / "code")
+            failing_job = spec(work / "fail.yaml", lab, args.nodes, failing(args.nodes, "$PODRUN_WORKER"), work / "code")
             podrun(starting, env)  # the code shipped, the login node's host key trusted
             for _ in range(args.rounds):
                 for how, knobs in ours.items():
@@ -156,7 +173,7 @@ def main() -> None:
                         start_podrun(lab, starting, {**env, **knobs}, args.nodes))
                 rows.setdefault("start: salloc + one srun by hand", []).append(start_by_hand(lab, args.nodes))
                 for how, knobs in ours.items():
-                    gone, exited = stop_podrun(lab, failing, {**env, **knobs})
+                    gone, exited = stop_podrun(lab, failing_job, {**env, **knobs})
                     rows.setdefault(f"fail-fast, processes gone: podrun, {how}", []).append(gone)
                     rows.setdefault(f"fail-fast, to exit + squeue empty: podrun, {how}", []).append(exited)
                 gone, exited = stop_by_hand(lab, args.nodes)
