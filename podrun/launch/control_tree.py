@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 from podrun.errors import UsageError
+from podrun.output import counted
 from podrun.plan import JobPlan, WorkerPlan
 from podrun.transport.base import Transport
 
@@ -33,28 +34,43 @@ def settings() -> tuple[int | None, int]:
     return (None if start == "off" else int(start)), int(fanout)
 
 
-def arrange(job: JobPlan) -> JobPlan:
-    """The job's plans, with the workers beyond the first level reached through relays (or as they were)."""
+def relay_positions(job: JobPlan) -> list[int]:
+    """Where the relays are in the job's plans, or [] where the launcher connects to every worker itself."""
     start, fanout = settings()
     plans = job.workers
-    if start is None or len(plans) < start:
+    if start is None or len(plans) < start or any(plan.worker.transport.endpoint()["kind"] != "ssh" for plan in plans):
+        return []
+    return list(range(0, len(plans), fanout + 1))
+
+
+def described(job: JobPlan) -> str:
+    """How the launch reaches its workers, where a tree does: for the lines that say what a job runs on."""
+    relays = relay_positions(job)
+    if not relays:
+        return ""
+    first = ", ".join(str(job.workers[position].worker.index) for position in relays[:3])
+    more = f" and {len(relays) - 3} more" if len(relays) > 3 else ""
+    return f" (through {counted(len(relays), 'relay worker')}: {first}{more}; PODRUN_CONTROL_TREE)"
+
+
+def arrange(job: JobPlan) -> JobPlan:
+    """The job's plans, with the workers beyond the first level reached through relays (or as they were)."""
+    relays = set(relay_positions(job))
+    if not relays:
         return job
     # here, not at import: a launch on fewer workers, or local ones, never loads the SSH library
     from podrun.transport.ssh import SshTransport
     from podrun.transport.tree import Relay, RelayHead, SharedAgent, TreeTransport
 
-    transports = [plan.worker.transport for plan in plans]
-    if not all(type(t) is SshTransport for t in transports):
-        return job
-    heads = plans[::fanout + 1]
-    agent = SharedAgent(transports[0].identity_file, len(heads))  # type: ignore[attr-defined]
+    plans = job.workers
+    agent = SharedAgent(plans[0].worker.transport.identity_file, len(relays))  # type: ignore[attr-defined]
     arranged: list[WorkerPlan] = []
     relay: Relay | None = None
     for position, plan in enumerate(plans):
         worker = plan.worker
         inner = worker.transport
         assert isinstance(inner, SshTransport)
-        if position % (fanout + 1) == 0:
+        if position in relays:
             relay = Relay(inner, f"worker {worker.index} ({worker.address})", agent)
             transport: Transport = RelayHead(relay)
         else:

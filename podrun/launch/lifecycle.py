@@ -202,6 +202,8 @@ class Lifecycle:
     def _launch(self, record: jobstore.JobRecord, job: JobPlan) -> int:
         try:
             terminal = self._terminal([plan.worker.index for plan in job.workers])
+            if reach := control_tree.described(job):
+                say(f"reaching the workers{reach}")
             return asyncio.run(Launch(self.target, control_tree.arrange(job), self.tree, record, terminal,
                                       self.detach, self.kill_stale, self._running_once,
                                       self._workers_notify(record), self._away()).run())

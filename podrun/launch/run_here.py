@@ -12,6 +12,7 @@ from collections.abc import Callable
 from podrun import jobstore
 from podrun.adhoc import COMMAND_LINE
 from podrun.errors import SpecError, UsageError
+from podrun.launch import control_tree
 from podrun.launch.exec_options import ExecOptions
 from podrun.launch.kept import Kept
 from podrun.output import ask, say
@@ -33,7 +34,7 @@ def run_here(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str 
         workers = target.workers(dry_run=True)
         job = lifecycle.plans(workers, parse_worker_selection(options.worker, len(workers)),
                               job_id or jobstore.new_job_id(spec.name), attempt=0)
-        sys.stdout.write(render(job.workers, f"target: {target.describe(workers)}", job))
+        sys.stdout.write(render(job.workers, f"target: {target.describe(workers)}{control_tree.described(job)}", job))
         return 0
     return lifecycle.run(options.worker, spec.stop_grace_s if options.grace_s is None else options.grace_s, job_id,
                          on_running)

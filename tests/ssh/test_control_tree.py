@@ -29,6 +29,7 @@ def test_workers_behind_a_relay_are_reached_from_it_and_run_as_any_other(home, l
     # the SSH connection a worker's command came in on: the launcher's (the lab's bridge) or its relay's
     reached_from = dict(re.findall(r"^\[w(\d)\] from (\S+) as \1$", result.stdout, re.M))
     assert reached_from == {"0": BRIDGE_IP, "1": lab.hosts[0].ip, "2": lab.hosts[0].ip, "3": BRIDGE_IP}
+    assert "podrun: reaching the workers (through 2 relay workers: 0, 3; PODRUN_CONTROL_TREE)" in result.stderr
     job_id = job_id_in(result.stderr)
     for index in HOSTS:
         assert (home / "jobs" / job_id / f"w{index}.log").read_text() == f"from {reached_from[str(index)]} as {index}\n"
@@ -81,3 +82,13 @@ def test_a_relay_whose_sshd_forwards_no_agent_says_so_for_each_worker_behind_it(
     assert result.returncode == 1
     assert (f"{lab.hosts[1].ip}: cannot connect through relay worker 0 ({lab.hosts[0].ip}): the relay's sshd did "
             f"not forward podrun's ssh-agent (AllowAgentForwarding no there?)") in result.stderr
+
+
+def test_dry_run_names_the_relays_and_below_the_count_there_are_none(home, lab, hosts_spec, monkeypatch):
+    spec = hosts_spec("run: 'true'", hosts=HOSTS)
+    shown = podrun("exec", "--dry-run", spec)
+    assert shown.returncode == 0, shown.stderr
+    ips = ", ".join(lab.hosts[index].ip for index in HOSTS)
+    assert f"# target: 4 SSH hosts: {ips} (through 2 relay workers: 0, 3; PODRUN_CONTROL_TREE)\n" in shown.stdout
+    monkeypatch.setenv("PODRUN_CONTROL_TREE", "5")
+    assert "relay" not in podrun("exec", "--dry-run", spec).stdout
