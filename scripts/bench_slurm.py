@@ -1,22 +1,24 @@
 #!/usr/bin/env python3
 """`podrun exec` on a Slurm cluster against the same job by hand, in the same run, on the Slurm lab.
 
-    sudo python scripts/bench_slurm.py [--rounds 5] [--nodes 2]
+    sudo python scripts/bench_slurm.py [--rounds 3] [--nodes 16] [--allocation]
 
-On the lab's cluster (tests/slurm_lab.py: slurmctld on a login node, slurmd on 3 nodes, one shared
-home), reached over SSH as a user reaches a login node, interleaved round by round:
+On the lab's cluster (tests/slurm_lab.py: slurmctld on a login node, slurmd on --nodes compute nodes,
+one shared home), reached over SSH as a user reaches a login node, interleaved round by round:
   start   from the command to the job's first line on every node (each node prints its time.time();
           the lab's nodes share this machine's clock):
-            podrun exec (code shipped before; sbatch hold, squeue, one srun step per node, the agent)
-            by hand: `salloc --no-shell -N N` then `srun --jobid J -N N python3 -c ...`, one ssh command
-  stop    from a failure (the failing node prints its time, then exits 7) to every node's processes
-          gone (ps on this machine, which shares the nodes' pid namespace), the other node in `sleep`:
-            podrun exec (fail-fast: SIGTERM to the other worker through its agent)
-            by hand: `srun --kill-on-bad-exit=1` in a salloc allocation (Slurm kills the other task)
-  allocate  the allocation alone, until squeue shows it RUNNING: `salloc --no-shell` (returns when
-          granted) against `sbatch --wrap` + squeue polling (podrun's choice: sbatch answers at once
-          with the id, so a pending job can be reported and cancelled)
-Prints medians and podrun's ratio to the job by hand.
+            podrun exec, one step (code shipped before; salloc, the node list, ONE srun whose task on
+            each node connects back to the login node and runs the agent: transport/slurm_step.py)
+            podrun exec, a step per node (PODRUN_SLURM_STEPS=per-node: one srun per node, as before)
+            by hand: `salloc --no-shell -N N` then ONE `srun --jobid J -N N python3 -c ...`, one ssh command
+  stop    from a failure (the failing node, once every other node sleeps, prints its time, then exits 7)
+          to every node's processes gone (ps on this machine, which shares the nodes' pid namespace,
+          polled while the command goes on), and to the command's exit:
+            podrun exec, one step and a step per node (fail-fast: SIGTERM to the others through their agents)
+            by hand: `srun --kill-on-bad-exit=1` in a salloc allocation (Slurm kills the other tasks)
+  allocate  (--allocation) the allocation alone, until squeue shows it RUNNING: `salloc --no-shell`
+          (returns when granted) against `sbatch --wrap` + squeue polling
+Prints medians and podrun's ratios to the job by hand.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ MARK = "bench-slurm-sleeper"
 
 
 def times_in(text: str) -> list[float]:
-    return [float(match) for match in re.findall(r"^(?:\[\S+\] )?T (\d+\.\d+) ", text, re.M)]
+    return [float(match) for match in re.findall(r"^(?:\[\S+\]\s+)?T (\d+\.\d+) ", text, re.M)]
 
 
 def spec(path: Path, lab: SlurmLab, nodes: int, run: str, workdir: Path) -> Path:
@@ -53,6 +55,9 @@ def spec(path: Path, lab: SlurmLab, nodes: int, run: str, workdir: Path) -> Path
 
 def on_login(lab: SlurmLab, command: str) -> list[str]:
     return [*lab.ssh_args(), command]
+
+
+PER_NODE = {"PODRUN_SLURM_STEPS": "per-node"}
 
 
 def podrun(spec_path: Path, env: dict) -> subprocess.CompletedProcess:
@@ -90,29 +95,45 @@ def sleepers_gone(timeout: float = 120) -> float:
     raise RuntimeError("the job's processes are still there")
 
 
-# the node that does not fail sleeps in a process marked MARK on its command line
-FAILING = f"if [ \"$W\" = 1 ]; then {PRINT_TIME}; exit 7; fi; python3 -c 'import time; time.sleep(300)' {MARK}"
+def failing(nodes: int, worker: str) -> str:
+    """The job of the fail-fast rounds: every node but worker 1 says it is up (a file in the shared home) and
+    sleeps in a process marked MARK on its command line; worker 1 waits until all of them are up, prints
+    its time and exits 7."""
+    return (f"if [ \"{worker}\" = 1 ]; then until [ $(ls ~/.bench-up-* 2>/dev/null | wc -l) -ge {nodes - 1} ]; "
+            f"do sleep 0.01; done; rm -f ~/.bench-up-*; {PRINT_TIME}; exit 7; fi; "
+            f"touch ~/.bench-up-{worker}; exec python3 -c 'import time; time.sleep(300)' {MARK}")
+
+
+def fail_fast(argv: list[str], env: dict | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+    """From the failing node's line to every process of the job gone (ps, polled while the command goes on),
+    and to the command's exit; and what it printed."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    said = ""
+    while not (stamps := times_in(said)):
+        line = process.stdout.readline()
+        assert line, f"no line from the failing node: {said}"
+        said += line
+    gone = sleepers_gone()
+    out, err = process.communicate(timeout=300)
+    exited = time.time()
+    return gone - stamps[0], exited - stamps[0], subprocess.CompletedProcess(argv, process.returncode, said + out, err)
 
 
 def stop_podrun(lab: SlurmLab, spec_path: Path, env: dict) -> tuple[float, float]:
     """From the failure to every process gone, and to podrun's exit (after scancel, squeue empty)."""
-    result = podrun(spec_path, env)
-    exited = time.time()
+    gone, exited, result = fail_fast([sys.executable, "-m", "podrun", "exec", "--no-collapse", str(spec_path)], env)
     assert result.returncode == 7, result.stderr
-    (failed_at,) = times_in(result.stdout)
-    return sleepers_gone() - failed_at, exited - failed_at
+    return gone, exited
 
 
 def stop_by_hand(lab: SlurmLab, nodes: int) -> tuple[float, float]:
-    script = FAILING.replace("$W", "$SLURM_NODEID")
     command = (f"J=$(salloc --no-shell -N {nodes} 2>&1 | sed -n 's/.*Granted job allocation //p'); "
-               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c {shlex.quote(script)}; "
-               f"scancel $J; "
+               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+               f"sh -c {shlex.quote(failing(nodes, '$SLURM_NODEID'))}; scancel $J; "
                f"while squeue -h -j $J 2>/dev/null | grep -q .; do sleep 0.05; done")
-    result = subprocess.run(on_login(lab, command), capture_output=True, text=True, timeout=300)
-    exited = time.time()
-    (failed_at,) = times_in(result.stdout)
-    return sleepers_gone() - failed_at, exited - failed_at
+    gone, exited, _ = fail_fast(on_login(lab, command))
+    return gone, exited
 
 
 def allocate(lab: SlurmLab, nodes: int, how: str) -> float:
@@ -130,47 +151,54 @@ def allocate(lab: SlurmLab, nodes: int, how: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--nodes", type=int, default=2)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--allocation", action="store_true", help="also time salloc against sbatch + squeue")
     args = parser.parse_args()
+    ours = {"one step": {}, "a step per node": PER_NODE}
+    rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as work_dir:
         work = Path(work_dir)
         (work / "code").mkdir()
         env = {**os.environ, "PODRUN_HOME": str(work / "podrun-home")}
-        with SlurmLab(work / "lab") as lab:
+        with SlurmLab(work / "lab", compute_nodes=max(3, args.nodes)) as lab:
             lab.wait_until_idle()
             starting = spec(work / "start.yaml", lab, args.nodes, PRINT_TIME, work / "code")
-            failing = spec(work / "fail.yaml", lab, args.nodes, FAILING.replace("$W", "$PODRUN_WORKER"), work / "code")
+            failing_job = spec(work / "fail.yaml", lab, args.nodes, failing(args.nodes, "$PODRUN_WORKER"), work / "code")
             podrun(starting, env)  # the code shipped, the login node's host key trusted
-            rows: dict[str, list[float]] = {name: [] for name in (
-                "start: podrun exec", "start: salloc + srun by hand", "stop, processes gone: podrun",
-                "stop, processes gone: srun --kill-on-bad-exit", "stop, to exit + squeue empty: podrun",
-                "stop, to exit + squeue empty: by hand", "allocate: salloc --no-shell", "allocate: sbatch + squeue")}
             for _ in range(args.rounds):
-                rows["start: podrun exec"].append(start_podrun(lab, starting, env, args.nodes))
-                rows["start: salloc + srun by hand"].append(start_by_hand(lab, args.nodes))
-                gone, exited = stop_podrun(lab, failing, env)
-                rows["stop, processes gone: podrun"].append(gone)
-                rows["stop, to exit + squeue empty: podrun"].append(exited)
+                for how, knobs in ours.items():
+                    rows.setdefault(f"start: podrun exec, {how}", []).append(
+                        start_podrun(lab, starting, {**env, **knobs}, args.nodes))
+                rows.setdefault("start: salloc + one srun by hand", []).append(start_by_hand(lab, args.nodes))
+                for how, knobs in ours.items():
+                    gone, exited = stop_podrun(lab, failing_job, {**env, **knobs})
+                    rows.setdefault(f"fail-fast, processes gone: podrun, {how}", []).append(gone)
+                    rows.setdefault(f"fail-fast, to exit + squeue empty: podrun, {how}", []).append(exited)
                 gone, exited = stop_by_hand(lab, args.nodes)
-                rows["stop, processes gone: srun --kill-on-bad-exit"].append(gone)
-                rows["stop, to exit + squeue empty: by hand"].append(exited)
-                rows["allocate: salloc --no-shell"].append(allocate(lab, args.nodes, "salloc"))
-                rows["allocate: sbatch + squeue"].append(allocate(lab, args.nodes, "sbatch"))
+                rows.setdefault("fail-fast, processes gone: srun --kill-on-bad-exit", []).append(gone)
+                rows.setdefault("fail-fast, to exit + squeue empty: by hand", []).append(exited)
+                if args.allocation:
+                    rows.setdefault("allocate: salloc --no-shell", []).append(allocate(lab, args.nodes, "salloc"))
+                    rows.setdefault("allocate: sbatch + squeue", []).append(allocate(lab, args.nodes, "sbatch"))
     median = {name: statistics.median(values) for name, values in rows.items()}
     print(f"Slurm lab, {args.nodes} nodes, median of {args.rounds} rounds (seconds)")
     print("| what | median | min | max |")
     print("| --- | ---: | ---: | ---: |")
     for name, values in rows.items():
         print(f"| {name} | {median[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
-    for what, ours, theirs in (("start", "start: podrun exec", "start: salloc + srun by hand"),
-                               ("stop (processes gone)", "stop, processes gone: podrun",
-                                "stop, processes gone: srun --kill-on-bad-exit"),
-                               ("stop (to exit, squeue empty)", "stop, to exit + squeue empty: podrun",
-                                "stop, to exit + squeue empty: by hand"),
-                               ("allocation", "allocate: sbatch + squeue", "allocate: salloc --no-shell")):
-        print(f"ratio {what}: {median[ours] / median[theirs]:.2f}x")
+    for how in ours:
+        for what, mine, theirs in (
+                ("start", f"start: podrun exec, {how}", "start: salloc + one srun by hand"),
+                ("fail-fast (processes gone)", f"fail-fast, processes gone: podrun, {how}",
+                 "fail-fast, processes gone: srun --kill-on-bad-exit"),
+                ("fail-fast (to exit, squeue empty)", f"fail-fast, to exit + squeue empty: podrun, {how}",
+                 "fail-fast, to exit + squeue empty: by hand")):
+            print(f"ratio {what}, {how}: {median[mine] / median[theirs]:.2f}x")
+    if args.allocation:
+        print(f"ratio allocation, sbatch to salloc: "
+              f"{median['allocate: sbatch + squeue'] / median['allocate: salloc --no-shell']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ imported (each runs its main() only as __main__).
   code_record.py           what each file of a code version held, so a job's write into it is found (checkout.py)
   rank_output.py           one torchrun rank, each of its lines marked with its rank (agent.py, plan.py)
   framing.py               the message framing both ends of the agent and relay protocols use
+  slurm_fanout.py          Slurm's one step on the login node: one srun, every node's channel (transport/slurm_step.py)
+  slurm_connector.py       its task on each node: connect back, run the agent, frame its streams (slurm_fanout.py)
   interfaces.py            the rendezvous doctor: a hostname that resolves to loopback (agent.py's probe)
   placement.py             put `podrun cp`'s files in place from their staging directory (commands/copy.py)
   stacks.py                the job's Python processes and their stacks (step.py, launch/stacks.py)

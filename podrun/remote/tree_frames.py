@@ -22,3 +22,29 @@ def frame(kind, ident, payload=b""):
 def frames(kind, ident, data):
     """`data` as frames of at most CHUNK bytes each."""
     return b"".join(frame(kind, ident, data[start:start + CHUNK]) for start in range(0, len(data), CHUNK))
+
+
+class Frames:
+    """Frames out of a byte stream read in pieces, for code without asyncio (slurm_fanout.py,
+    slurm_connector.py): feed() what was read, then take() each whole (kind, ident, payload)."""
+
+    def __init__(self):
+        self.pending = b""
+
+    def feed(self, data):
+        self.pending += data
+
+    def take(self):
+        whole = []
+        start = 0
+        while len(self.pending) - start >= HEADER.size:
+            kind, ident, size = HEADER.unpack_from(self.pending, start)
+            if size > MAX_PAYLOAD:
+                raise ValueError("a frame of %d bytes: the stream is broken" % size)
+            end = start + HEADER.size + size
+            if len(self.pending) < end:
+                break
+            whole.append((kind, ident, self.pending[start + HEADER.size:end]))
+            start = end
+        self.pending = self.pending[start:]
+        return whole

@@ -5,8 +5,9 @@ node address is MASTER_ADDR.
 The allocation is `salloc --no-shell`, chosen by measurement (scripts/bench_slurm.py: granted in
 0.31 s on the lab, where `sbatch --wrap` of a script holding the nodes ran after 1.72 s, at the
 scheduler's next pass); salloc says its job's id at once when the job pends, so podrun says why it
-pends (squeue's reason, every second) and cancels it on Ctrl-C. Each worker's steps are srun steps
-on its node (transport/slurm.py), with podrun's agent as the task. `free()` cancels the allocation
+pends (squeue's reason, every second) and cancels it on Ctrl-C. The workers' agents of a step are
+the tasks of one srun (transport/slurm_step.py); other commands on a node are srun steps of their own
+(transport/slurm.py). `free()` cancels the allocation
 (scancel) and waits until squeue no longer shows it.
 
 Slurm's commands run on the login node, over SSH as `hosts` are reached (the spec's `ssh:` keys and
@@ -27,7 +28,8 @@ from podrun.output import counted, say
 from podrun.spec import JobSpec
 from podrun.targets.base import Target, Worker
 from podrun.targets.slurm_options import SlurmOptions, slurm_time_s
-from podrun.transport.slurm import Completed, LoginLink, LoginShell, SlurmTransport, srun_command
+from podrun.transport.slurm import Completed, LoginLink, LoginShell, SlurmTransport
+from podrun.transport.slurm_step import srun_argv
 
 POLL_S = (0.1, 0.2, 0.3, 0.5, 1.0)  # squeue after scancel: quickly first, then every second
 PENDING_POLL_S = 1.0  # squeue's reason, while salloc waits
@@ -258,8 +260,12 @@ class SlurmCluster(Target):
         lines = [f"{counted(len(workers), self.worker_noun)}, allocated for the job; Slurm's commands run {where}:",
                  f"  allocate: {shlex.join(self.salloc_argv())}",
                  "  pending:  squeue --noheader --jobs=<job id> --format='%T|%r|%N' (its reason, every second)"]
-        lines += [f"  worker {worker.index}: {srun_command(worker.transport.job_id, worker.transport.node, '<agent>')}"
-                  for worker in workers if isinstance(worker.transport, SlurmTransport)]
+        nodes = [worker.transport for worker in workers if isinstance(worker.transport, SlurmTransport)]
+        if nodes:
+            srun = shlex.join(srun_argv(nodes[0].job_id, [node.node for node in nodes]))
+            lines.append(f"  start:    {srun} python3 -I -S -c <connector> <agent>")
+            lines.append("            (one step; each node's task connects back to the login node and runs <agent>; "
+                         "a node that cannot: srun per node)")
         lines.append("  <agent>:  python3 -I -S -c <podrun's agent> (it runs the worker's script below)")
         lines.append("  release:  scancel <job id> (when the job ends, fails, is stopped or interrupted)")
         return "\n".join(lines)

@@ -2,13 +2,13 @@
 `srun --jobid=J --nodelist=NODE -N1 -n1 --overlap ... sh -c COMMAND`, started on the cluster's login
 node through ONE SSH connection shared by every worker (a login node's sshd drops connections when
 many open at once: MaxStartups), or as a process on this machine when there is no `login` (podrun
-runs on the login node).
+runs on the login node). The agents of a step are the exception: every worker's is a task of ONE
+srun (slurm_step.py), and falls back to a step of its own where its node cannot reach the login node.
 
-The step's task is podrun's agent itself, so each worker's exit code is its own and the launcher
-talks to it as on an SSH host: srun passes the agent's stdin, stdout and stderr through. The
-launcher never signals srun (a second SIGINT or SIGTERM to srun within a second cancels the step):
-it stops a step with the agent's "stop" line, and when it closes the channel, srun's stdin ends, the
-agent reads end of input and stops its job (as over SSH).
+Either way the launcher talks to each worker's agent on a channel of its own, as on an SSH host, and
+each worker's exit code is its own. The launcher never signals srun (a second SIGINT or SIGTERM to srun
+within a second cancels the step): it stops a step with the agent's "stop" line, and when it closes
+the channel, the agent reads end of input and stops its job (as over SSH).
 
 LoginShell runs Slurm's own commands (sbatch, squeue, scontrol, scancel) there too, for the target.
 """
@@ -21,29 +21,21 @@ import queue
 import shlex
 import subprocess
 import threading
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import cast
 
 from podrun.errors import PodrunError
-from podrun.transport.base import Channel, Transport, loop_gate
+from podrun.transport.base import Channel, Transport, loop_gate, script_command
 from podrun.transport.local import SPAWNS_AT_ONCE
+from podrun.transport.slurm_step import Steps, srun_argv
 
 CONTROL_TIMEOUT_S = 60  # one Slurm command on the login node (slurmctld answers in milliseconds)
 
 
-def srun_argv(job_id: str, node: str, pty: bool = False) -> list[str]:
-    """srun for one task on one node of the allocation, beside any other step there.
-    --overlap: the steps of the job's workers (and `podrun ssh`'s) share the node's resources;
-    --whole: the step gets all the node's allocated CPUs, memory and GPUs, not one CPU;
-    --mpi=none: no PMI set-up for a step that is not MPI; --quiet: no "job step created" notes on stderr,
-    which carries the agent's events; --kill-on-bad-exit=0 and --wait=0: one task's end decides nothing."""
-    return ["srun", f"--jobid={job_id}", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--overlap", "--whole",
-            "--mpi=none", "--quiet", "--kill-on-bad-exit=0", "--wait=0", *(["--pty"] if pty else [])]
-
-
 def srun_command(job_id: str, node: str, command: str) -> str:
     """The shell line, run on the login node (or here), that runs `command` on `node` as a job step."""
-    return shlex.join([*srun_argv(job_id, node), "/bin/sh", "-c", command])
+    return shlex.join([*srun_argv(job_id, [node]), "/bin/sh", "-c", command])
 
 
 class LoginLink:
@@ -54,7 +46,7 @@ class LoginLink:
         self.ssh = ssh
         self.users = 0
         self.opening: asyncio.Future | None = None
-        self.lock: asyncio.Lock | None = None
+        self.steps = Steps(self.start, SlurmTransport.python)  # the agents of a step, as one srun
 
     @property
     def label(self) -> str:
@@ -99,10 +91,19 @@ class SlurmTransport(Transport):
         await self.link.open()
 
     async def start(self, command: str) -> Channel:
-        return await self.link.start(srun_command(self.job_id, self.node, command))
+        def own_step() -> Awaitable[Channel]:
+            return self.link.start(srun_command(self.job_id, self.node, command))
+
+        if command in self.agent_starts():  # every worker's agent of a step: one srun (slurm_step.py)
+            return await self.link.steps.join(self.job_id, self.node, command, self.link.users, own_step)
+        return await own_step()
 
     async def close(self) -> None:
         await self.link.close()
+
+    def agent_starts(self) -> tuple[str, str]:
+        """The agent's two commands: from the worker's cache, and with its source (transport.base.BOOTSTRAP)."""
+        return script_command(self.python, "agent", cached=True), script_command(self.python, "agent")
 
     def endpoint(self) -> dict:
         return {"kind": "slurm", "login": self.login_endpoint, "job_id": self.job_id, "node": self.node}
@@ -110,7 +111,7 @@ class SlurmTransport(Transport):
     def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
         """srun with a terminal (--pty) on the node, run through OpenSSH on the login node, or here."""
         shell = ["/bin/sh", "-c", command] if command else ["/bin/bash", "-l"] if terminal else ["/bin/sh"]
-        argv = [*srun_argv(self.job_id, self.node, pty=terminal), *shell]
+        argv = [*srun_argv(self.job_id, [self.node], pty=terminal), *shell]
         if self.link.ssh is None:
             return argv, os.path.expanduser("~")
         return self.link.ssh.interactive(shlex.join(argv), terminal)

@@ -22,102 +22,8 @@ from podrun.errors import PodrunError
 from podrun.remote import tree_frames
 from podrun.transport import key_agent, known_hosts
 from podrun.transport.base import Channel, ChannelLost, Transport
+from podrun.transport.framed_channel import FramedChannel, FrameOutbox
 from podrun.transport.ssh import SshTransport
-
-HELD_MAX = 1 << 20  # bytes a command's unread output may hold before the relay's channel is read no further
-
-
-class _Output:
-    """A command's stdout or stderr behind a relay: what the relay sent, until its end."""
-
-    def __init__(self) -> None:
-        self.held = bytearray()
-        self.ended = False
-        self.lost: str | None = None
-        self.changed = asyncio.Event()
-        self.taken = asyncio.Event()
-
-    def feed(self, data: bytes) -> None:
-        self.held += data
-        self.changed.set()
-
-    def end(self, lost: str | None = None) -> None:
-        self.ended, self.lost = True, self.lost or lost
-        self.changed.set()
-
-    async def _wait(self) -> None:
-        while not self.held and not self.ended:
-            self.changed.clear()
-            await self.changed.wait()
-        if not self.held and self.lost:
-            raise ChannelLost(self.lost)
-
-    async def read(self, size: int = -1) -> bytes:
-        await self._wait()
-        size = len(self.held) if size < 0 else min(size, len(self.held))
-        data = bytes(self.held[:size])
-        del self.held[:size]
-        self.taken.set()
-        return data
-
-    async def readline(self) -> bytes:
-        while b"\n" not in self.held and not self.ended:
-            self.changed.clear()
-            await self.changed.wait()
-        if not self.held and self.lost:
-            raise ChannelLost(self.lost)
-        end = self.held.find(b"\n") + 1 or len(self.held)
-        data = bytes(self.held[:end])
-        del self.held[:end]
-        self.taken.set()
-        return data
-
-    async def room(self) -> None:
-        """Until the reader has taken enough that more may come."""
-        while len(self.held) > HELD_MAX and not self.ended:
-            self.taken.clear()
-            await self.taken.wait()
-
-
-class _Input:
-    def __init__(self, relay: Relay, ident: int):
-        self.relay, self.ident = relay, ident
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self.relay.send(tree_frames.frames(tree_frames.INPUT, self.ident, data))
-
-    def write_eof(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.relay.send(tree_frames.frame(tree_frames.EOF, self.ident))
-
-    def is_closing(self) -> bool:
-        return self.closed or self.relay.lost is not None
-
-    async def drain(self) -> None:
-        await self.relay.drain()
-
-
-class TreeChannel:
-    """A command on a worker behind a relay."""
-
-    def __init__(self, relay: Relay, ident: int):
-        self.stdin = _Input(relay, ident)
-        self.stdout, self.stderr = _Output(), _Output()
-        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    def lose(self, why: str) -> None:
-        for stream in (self.stdout, self.stderr):
-            stream.end(why)
-        if not self.exited.done():
-            self.exited.set_exception(ChannelLost(why))
-            self.exited.exception()  # retrieved here: a channel nobody waits for is no error
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self.exited)
 
 
 class SharedAgent:
@@ -140,20 +46,18 @@ class SharedAgent:
                 await agent.close()
 
 
-class Relay:
+class Relay(FrameOutbox):
     """The launcher's end of one relay worker's tree_relay.py: its channel, and the workers behind it."""
 
     def __init__(self, head: SshTransport, name: str, agent: SharedAgent):
+        super().__init__()
         self.head, self.name = head, name  # name: "worker 3 (10.0.0.3)", for the errors of those behind it
         self.agent = agent
         self.opening: asyncio.Future[None] | None = None
-        self.channel: Channel | None = None
-        self.lost: str | None = None
         self.ids = itertools.count(1)
         self.children: dict[int, TreeTransport] = {}
-        self.channels: dict[int, tuple[int, TreeChannel]] = {}  # command -> (its worker, its channel)
+        self.channels: dict[int, tuple[int, FramedChannel]] = {}  # command -> (its worker, its channel)
         self.reading: asyncio.Task | None = None
-        self.outgoing: list[bytes] = []  # frames queued this turn of the loop (send)
 
     def open(self) -> asyncio.Future[None]:
         """Connected to the relay worker and its relay started (once, however many ask)."""
@@ -166,28 +70,6 @@ class Relay:
         await self.head.connect()
         self.channel = await self.head.start_python("tree_relay")
         self.reading = asyncio.ensure_future(self._read())
-
-    def send(self, data: bytes) -> None:
-        """Queue frames for the relay: what one turn of the loop queues goes out as one write (a `go`, a
-        heartbeat or a stop to every worker behind the relay is one packet, not one per worker)."""
-        if self.lost is None and self.channel is not None:
-            if not self.outgoing:
-                asyncio.get_running_loop().call_soon(self._flush)
-            self.outgoing.append(data)
-
-    def _flush(self) -> None:
-        data, self.outgoing = b"".join(self.outgoing), []
-        if data and self.lost is None and self.channel is not None:
-            try:
-                self.channel.stdin.write(data)
-            except (ChannelLost, OSError, RuntimeError) as error:
-                self._lose(str(error) or "its channel closed")
-
-    async def drain(self) -> None:
-        self._flush()
-        if self.lost is None and self.channel is not None:
-            with contextlib.suppress(ChannelLost, OSError, RuntimeError):
-                await self.channel.stdin.drain()
 
     async def _read(self) -> None:
         assert self.channel is not None
@@ -301,7 +183,7 @@ class TreeTransport(Transport):
         if self.relay.lost:
             raise ChannelLost(self.relay.lost)
         ident = next(self.relay.ids)
-        channel = TreeChannel(self.relay, ident)
+        channel = FramedChannel(self.relay, ident)
         self.relay.channels[ident] = (self.ident, channel)
         self.relay.send(tree_frames.frame(tree_frames.START, ident,
                                           marshal.dumps({"child": self.ident, "command": command}, 4)))

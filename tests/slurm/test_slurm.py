@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, job_id_in, live_processes, podrun, processes_of_job, run_in_terminal, wait_until
+from helpers import (
+    REPO,
+    Background,
+    job_id_in,
+    listed_as_json,
+    live_processes,
+    podrun,
+    processes_of_job,
+    run_in_terminal,
+    wait_until,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -95,6 +105,62 @@ def test_every_worker_gets_its_node_and_worker_0_is_master_addr(home, cluster, s
     for index, node in enumerate(cluster.nodes):
         assert (f"[w{index}] worker {index} of 3 on {node.name} master {cluster.nodes[0].ip} ips {ips} "
                 f"in /root/podrun/job/run") in result.stdout
+    assert slurm_jobs(cluster) == []
+
+
+def job_steps(cluster, slurm_job: int) -> list[tuple[str, str]]:
+    """(step id, its node list) of each step of `slurm_job` that squeue shows."""
+    shown = cluster.slurm(f"squeue --noheader --steps --jobs={slurm_job} --format='%i|%N'")
+    assert shown.returncode == 0, shown.stderr
+    return [tuple(line.split("|")) for line in shown.stdout.split()]  # type: ignore[misc]
+
+
+def srun_processes(slurm_job: int) -> list[str]:
+    """The srun commands of `slurm_job` running on the login node (which shares this machine's pid
+    namespace), each once: srun forks a helper of its own with its command line."""
+    return sorted({command for _, command, _ in live_processes()
+                   if command.startswith("srun ") and f"--jobid={slurm_job} " in command})
+
+
+def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(home, cluster, slurm_spec):
+    # worker 2 fails once the test has seen the step; the others sleep until stopped
+    spec = slurm_spec("""
+        run: |
+          echo up on $(hostname)
+          if [ "$PODRUN_WORKER" = 2 ]; then
+            while [ ! -e ~/one-step-go ]; do sleep 0.05; done; rm ~/one-step-go; exit 5
+          fi
+          python3 -c 'import time; time.sleep(300)' one-step-sleeper
+        """, nodes=3)
+    job = Background("exec", spec, "--no-collapse")
+    for worker in range(3):
+        job.wait_for(rf"^\[w{worker}\] up on slurm-node{worker + 1}$")
+    ((slurm_job, _, _),) = slurm_jobs(cluster)
+    # one step over every node, not one per node (its number: one more where the agent was not cached yet)
+    ((step, step_nodes),) = job_steps(cluster, slurm_job)
+    assert (step.split(".")[0], step_nodes) == (str(slurm_job), "slurm-node[1-3]")
+    (srun,) = srun_processes(slurm_job)
+    assert "--nodelist=slurm-node1,slurm-node2,slurm-node3 --nodes=3 --ntasks=3 " in srun
+    stacks = podrun("stacks", job_id_in(job.text), "--all")  # an attached job's stacks, through steps of their own
+    assert stacks.returncode == 0, stacks.stderr
+    assert len(re.findall(r"^=== pid \d+ \(parent \d+\): python3 -c .* one-step-sleeper ===$", stacks.stdout, re.M)) == 2
+    (cluster.home / "one-step-go").touch()
+    assert job.finish() == 5, job.text
+    assert "worker 2 (slurm-node3) exited with code 5 in run" in job.text
+    assert "every other worker was stopped" in job.text
+    codes = [worker["exit_code"] for worker in listed_as_json(job_id_in(job.text))["workers"]]
+    assert codes[2] == 5 and codes[:2] == [143, 143], codes  # each worker's own: the others' SIGTERM
+    assert left_on_nodes("one-step-sleeper") == []
+    assert slurm_jobs(cluster) == []
+
+
+def test_nodes_that_cannot_reach_the_login_node_run_a_step_each(home, cluster, slurm_spec, monkeypatch):
+    # 127.0.0.1 on a compute node is the node itself: every connector is refused, and podrun falls back
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "127.0.0.1")
+    result = podrun("exec", slurm_spec("run: echo up on $(hostname) as $SLURM_STEP_NUM_NODES of a step"), "--no-collapse")
+    assert result.returncode == 0, result.stderr
+    assert "[w0] up on slurm-node1 as 1 of a step" in result.stdout
+    assert "[w1] up on slurm-node2 as 1 of a step" in result.stdout
     assert slurm_jobs(cluster) == []
 
 

@@ -1,7 +1,14 @@
 """The `slurm` target without a cluster: its options, Slurm's time forms, the commands it builds,
-what it reads from scontrol, the checks made before allocating, and --dry-run."""
+what it reads from scontrol, the checks made before allocating, --dry-run, and the one step's channels
+through a stand-in srun that runs each node's task here."""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +18,7 @@ from podrun.targets.base import target_for
 from podrun.targets.slurm import SlurmCluster, ended_by_slurm, parse_records
 from podrun.targets.slurm_options import slurm_time_s
 from podrun.transport.slurm import srun_command
+from podrun.transport.slurm_step import Steps
 
 from helpers import podrun
 
@@ -109,7 +117,8 @@ def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_fil
     assert "# target: 2 Slurm nodes, allocated for the job; Slurm's commands run via me@login1:" in out
     assert ("allocate: salloc --no-shell --job-name=podrun-job --nodes=2 --ntasks-per-node=1 --partition=gpu "
             "--time=1:00:00\n") in out
-    assert "worker 1: srun '--jobid=<job id>' '--nodelist=<node 1>' --nodes=1 --ntasks=1 --overlap" in out
+    assert ("start:    srun '--jobid=<job id>' '--nodelist=<node 0>,<node 1>' --nodes=2 --ntasks=2 --overlap --whole "
+            "--mpi=none --quiet --kill-on-bad-exit=0 --wait=0 python3 -I -S -c <connector> <agent>\n") in out
     assert "release:  scancel <job id>" in out
     assert "# worker 0: node 0 of the allocation" in out and "# worker 1: node 1 of the allocation" in out
     assert out.count("echo hi") == 2
@@ -149,3 +158,80 @@ def test_bad_adhoc_flags_are_named(home, flags, line):
 ])
 def test_an_allocation_slurm_ended_is_named(shown, said):
     assert ended_by_slurm(parse_records(shown)) == said
+
+
+# srun as far as the one step needs it: each node of --nodelist runs the task, SLURMD_NODENAME set, srun's
+# stdin given to every task (--input=all)
+SRUN_STAND_IN = """#!/bin/sh
+for option; do case $option in --nodelist=*) nodes=${option#--nodelist=}; shift;; --*) shift;; *) break;; esac; done
+input=$(mktemp); cat > "$input"
+for node in $(echo "$nodes" | tr , ' '); do SLURMD_NODENAME=$node "$@" < "$input" & done
+wait; rm "$input"
+"""
+
+
+def run_one_step(command: str, inputs: dict[str, str]) -> list[tuple[bytes, bytes, int]]:
+    """Each node's stdout, stderr and exit code, `command` started on every node through Steps (the login
+    node: here), each given its own line of input."""
+    async def on_login(command: str):
+        return await asyncio.create_subprocess_exec("/bin/sh", "-c", command, stdin=-1, stdout=-1, stderr=-1)
+
+    async def one(steps: Steps, node: str, line: str):
+        channel = await steps.join("7", node, command, len(inputs), lambda: on_login("echo a step of its own"))
+        channel.stdin.write(line.encode() + b"\n")
+        channel.stdin.write_eof()
+        return await channel.stdout.read(), await channel.stderr.read(), await channel.wait()
+
+    async def every():
+        steps = Steps(on_login, sys.executable)
+        return await asyncio.gather(*(one(steps, node, line) for node, line in inputs.items()))
+
+    return asyncio.run(every())
+
+
+@pytest.fixture
+def srun_stand_in(tmp_path, monkeypatch):
+    (tmp_path / "srun").write_text(SRUN_STAND_IN)
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+# a command of its own, and the agent's form (`exec PYTHON -I -S -c CODE`), which the connector runs itself
+SHELL_NODE = "read code; echo out on $SLURMD_NODENAME; echo err >&2; exit $code"
+PYTHON_NODE = ("import os, sys; code = int(sys.stdin.readline()); print('out on', os.environ['SLURMD_NODENAME']); "
+               "print('err', file=sys.stderr); sys.exit(code)")
+
+
+@pytest.mark.parametrize("command", [SHELL_NODE, f"exec {shlex.quote(sys.executable)} -I -S -c {shlex.quote(PYTHON_NODE)}"])
+def test_one_step_keeps_each_nodes_streams_and_exit_code(srun_stand_in, monkeypatch, command):
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "127.0.0.1")  # the tests' network namespace has loopback only
+    ran = run_one_step(command, {"n1": "0", "n2": "3", "n3": "0"})
+    assert ran == [(b"out on n1\n", b"err\n", 0), (b"out on n2\n", b"err\n", 3), (b"out on n3\n", b"err\n", 0)]
+
+
+def test_nodes_that_reach_no_address_of_the_login_node_run_a_step_each(srun_stand_in, monkeypatch):
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "nowhere.invalid")
+    assert run_one_step("echo one step", {"n1": "", "n2": ""}) == [(b"a step of its own\n", b"", 0)] * 2
+
+
+# a node whose hello and first frames reach the fanout as one read (as under load): its task, in place of
+# the connector, says them in one write
+HURRIED_NODE = f"""#!{sys.executable}
+import os, socket, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from podrun.remote import tree_frames
+hosts, _, port = os.environ["PODRUN_STEP_AT"].rpartition(":")
+with socket.create_connection((hosts.split(",")[0], int(port))) as connection:
+    hello = "%s %s\\n" % (os.environ["PODRUN_STEP_TOKEN"], os.environ["SLURMD_NODENAME"])
+    connection.sendall(hello.encode() + tree_frames.frame(tree_frames.STDERR, 0, b"said at once\\n")
+                       + tree_frames.frame(tree_frames.EXIT, 0, b"4"))
+    connection.recv(1)
+"""
+
+
+def test_frames_that_come_with_a_nodes_hello_are_kept(srun_stand_in, tmp_path, monkeypatch):
+    monkeypatch.setenv("PODRUN_SLURM_LOGIN_ADDRESS", "127.0.0.1")
+    (tmp_path / "srun").write_text(SRUN_STAND_IN.replace('"$@"', str(tmp_path / "hurried")))
+    (tmp_path / "hurried").write_text(HURRIED_NODE)
+    (tmp_path / "hurried").chmod(0o755)
+    assert run_one_step("true", {"n1": "", "n2": ""}) == [(b"", b"said at once\n", 4)] * 2
