@@ -194,6 +194,7 @@ def srun_stand_in(tmp_path, monkeypatch):
     (tmp_path / "srun").write_text(SRUN_STAND_IN)
     (tmp_path / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)  # the login node's root: worker-side scripts keep their cache (.podrun) there
 
 
 # a command of its own, and the agent's form (`exec PYTHON -I -S -c CODE`), which the connector runs itself
