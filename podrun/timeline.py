@@ -56,14 +56,32 @@ def end(entry: dict, worker: int | None = None, at: float | None = None) -> None
         part = entry["workers"].get(str(worker))
         if part is not None and part[1] is None:
             part[1] = at
-        if all(part[1] is not None for part in entry["workers"].values()):
+        if _all_ended(entry):
             entry["end"] = max(part[1] for part in entry["workers"].values())
         return
+    _ending.pop(id(entry), None)
     for part in entry.get("workers", {}).values():
         if part[1] is None:
             part[1] = at
     if entry["end"] is None:
         entry["end"] = at
+
+
+# id(entry): (entry, its workers' parts in order, how many of them, from the first, are known to have ended)
+_ending: dict[int, tuple[dict, list[list], int]] = {}
+
+
+def _all_ended(entry: dict) -> bool:
+    """Whether every worker's part of the phase has ended. A part never reopens, so the parts found ended
+    are not looked at again: a scan of them all at each worker's end cost 1,024 workers N x N steps."""
+    _, parts, known = _ending.get(id(entry)) or (entry, list(entry["workers"].values()), 0)
+    while known < len(parts) and parts[known][1] is not None:
+        known += 1
+    if known == len(parts):
+        _ending.pop(id(entry), None)
+        return True
+    _ending[id(entry)] = (entry, parts, known)
+    return False
 
 
 def current(record, phase: str) -> dict | None:

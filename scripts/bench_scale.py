@@ -3,12 +3,13 @@
 time to connect, ship and finish) on local workers and on lab hosts, against raw fan-out in the same
 run; and output from 64 lab workers streaming 20,000 lines each without loss.
 
-    python scripts/bench_scale.py --local 64 128 256 512 1024 --hosts --stream-hosts 0
+    python scripts/bench_scale.py --local 64 128 256 512 1024 --hosts --stream-hosts 0 [--cached]
     sudo python scripts/bench_scale.py [--hosts 16 64 256] [--rounds 3] [--stream-hosts 64] [--lines 20000]
     sudo python scripts/bench_scale.py --hosts 512 --handshakes 8 32 128 512 --stream-hosts 0
 
 1. `podrun exec` of `run: true` on N workers (lab hosts: code already shipped; local workers: a
-   fresh PODRUN_HOME each round, so an empty workdir ships): wall time, the launcher's CPU time (user +
+   fresh PODRUN_HOME each round, so an empty workdir ships; with --cached, the second run in it, the
+   code in place): wall time, the launcher's CPU time (user +
    system, from wait4), peak memory (max RSS), the most open files (/proc/PID/fd, read every 5 ms),
    the bytes it wrote (/proc/PID/io wchar at the last read: pipes, sockets and files), and from
    the job's record (timeline.py) how long connect, ship and run took. Each also per worker. The
@@ -175,7 +176,7 @@ def medians(samples: list[Sample]) -> Sample:
     return middle
 
 
-def local_costs(counts: list[int], rounds: int, workdir: Path) -> None:
+def local_costs(counts: list[int], rounds: int, workdir: Path, cached: bool) -> None:
     code = workdir / "local-code"
     code.mkdir(exist_ok=True)
     rows = {}
@@ -183,14 +184,17 @@ def local_costs(counts: list[int], rounds: int, workdir: Path) -> None:
         samples, raws = [], []
         for round_ in range(rounds):
             env = {**os.environ, "PODRUN_HOME": str(workdir / f"home-local-{count}-{round_}")}
-            samples.append(run_measured([sys.executable, "-m", "podrun", "exec", "--local", str(count),
-                                         "--workdir", str(code), "--", "true"], env))
+            command = [sys.executable, "-m", "podrun", "exec", "--local", str(count), "--workdir", str(code), "--", "true"]
+            if cached:  # a first run ships the code and fills the workers' caches
+                run_measured(command, env)
+            samples.append(run_measured(command, env))
             raws.append(spawned_at_once(count))
             shutil.rmtree(env["PODRUN_HOME"], ignore_errors=True)
         rows[count] = (medians(samples), statistics.median(raws))
         print(f"  {count} local workers: {rows[count][0]}", file=sys.stderr, flush=True)
-    cost_table(f"podrun exec --local N --workdir EMPTY -- true, the launcher process, median of {rounds} rounds; "
-               "raw: N `python -I -S -c pass` at once", rows, "raw")
+    shipping = "code already on the workers" if cached else "the code shipped"
+    cost_table(f"podrun exec --local N --workdir EMPTY -- true, {shipping}, the launcher process, median of {rounds} "
+               "rounds; raw: N `python -I -S -c pass` at once", rows, "raw")
     if len(rows) >= 3:
         fit_table("local workers", rows)
 
@@ -258,6 +262,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local", type=int, nargs="*", default=[])
     parser.add_argument("--hosts", type=int, nargs="*", default=[16, 64, 256])
+    parser.add_argument("--cached", action="store_true",
+                        help="local workers: measure a second run, with the code and the compiled agent in place")
     parser.add_argument("--handshakes", type=int, nargs="*", default=[])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stream-hosts", type=int, default=64)
@@ -266,7 +272,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         work = Path(workdir)
         if args.local:
-            local_costs(args.local, args.rounds, work)
+            local_costs(args.local, args.rounds, work, args.cached)
         lab_size = max(args.hosts + [args.stream_hosts if args.stream_hosts else 0])
         if not lab_size:
             return
