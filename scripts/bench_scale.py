@@ -14,7 +14,8 @@ run; and output from 64 lab workers streaming 20,000 lines each without loss.
    the bytes it wrote (/proc/PID/io wchar at the last read: pipes, sockets and files), and from
    the job's record (timeline.py) how long connect, ship and run took. Each also per worker. The
    raw baseline in the same round: N `python -I -S -c pass` spawned at once and waited for (a local
-   worker's agent is a Python process started so), or plain parallel `ssh host true` (OpenSSH, curve25519).
+   worker's agent is a Python process started so; the median of three, one before podrun's run and
+   two after), or plain parallel `ssh host true` (OpenSSH, curve25519).
 2. --handshakes: connecting to the largest --hosts count with each PODRUN_SSH_HANDSHAKES value.
 3. Every one of --stream-hosts workers prints --lines numbered lines as fast as it can: every
    line must be in that worker's log, in order, and in podrun's live output, in order, under its
@@ -187,8 +188,9 @@ def local_costs(counts: list[int], rounds: int, workdir: Path, cached: bool) -> 
             command = [sys.executable, "-m", "podrun", "exec", "--local", str(count), "--workdir", str(code), "--", "true"]
             if cached:  # a first run ships the code and fills the workers' caches
                 run_measured(command, env)
+            raw_before = spawned_at_once(count)  # the machine is shared: the raw start on both sides of podrun's
             samples.append(run_measured(command, env))
-            raws.append(spawned_at_once(count))
+            raws.append(statistics.median([raw_before, spawned_at_once(count), spawned_at_once(count)]))
             shutil.rmtree(env["PODRUN_HOME"], ignore_errors=True)
         rows[count] = (medians(samples), statistics.median(raws))
         print(f"  {count} local workers: {rows[count][0]}", file=sys.stderr, flush=True)
