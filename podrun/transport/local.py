@@ -10,6 +10,7 @@ import sys
 from typing import cast
 
 from podrun import file_limit, paths
+from podrun.transport import local_spawner
 from podrun.transport.base import Channel, Transport, loop_gate
 
 # Processes spawned at once. A spawn (fork and exec) holds the event loop: 1,024 workers' starts, all
@@ -39,7 +40,7 @@ class LocalTransport(Transport):
         return os.path.join(self.root, relative)
 
     def endpoint(self) -> dict:
-        return {"kind": "local", "root": self.root, "compiled": self.compiled}
+        return {"kind": "local", "root": self.root}
 
     def interactive(self, command: str | None, terminal: bool) -> tuple[list[str], str | None]:
         paths.make_private_dir(self.root)
@@ -52,7 +53,10 @@ class LocalTransport(Transport):
         return f"podrun's own environment, inherited: {' '.join(shown)} and {others} more variables"
 
     async def start(self, command: str) -> Channel:
+        script = local_spawner.script_in(command, self.python)
         async with loop_gate("local spawns", SPAWNS_AT_ONCE):
+            if script is not None and (server := await local_spawner.server_for(self.python)) is not None:
+                return await server.spawn(self.root, *script)
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", file_limit.local_command(command), cwd=self.root,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -81,4 +85,5 @@ def share_compiled(root: str, compiled: str) -> None:
 
 
 def from_endpoint(endpoint: dict) -> LocalTransport:
-    return LocalTransport(endpoint["root"], endpoint.get("compiled"))
+    """A recorded worker, reached again (`podrun logs`, `stop`...): its scripts need no shared cache."""
+    return LocalTransport(endpoint["root"])
