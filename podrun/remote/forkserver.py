@@ -39,12 +39,15 @@ def main():
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda number, frame: None)
+    poller = select.poll()  # not select(): the socket keeps the launcher's number for it, past 1,024 at scale
+    for descriptor in (control.fileno(), wake_read):
+        poller.register(descriptor, select.POLLIN)
     while True:
-        ready = select.select([control, wake_read], [], [])[0]
+        ready = [descriptor for descriptor, _ in poller.poll()]
         if wake_read in ready:
             os.read(wake_read, 4096)
         reap(control)
-        if control in ready:
+        if control.fileno() in ready:
             data, descriptors = receive(control)
             if not data:
                 return

@@ -4,6 +4,8 @@ each runs as `python -I -S -c PROGRAM ARGS` would, in its worker's directory, in
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import shlex
 import signal
 import sys
@@ -108,3 +110,23 @@ async def until(condition, timeout_s: float = 20.0) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+def test_the_server_runs_when_its_socket_is_past_descriptor_1024(tmp_path):
+    # at 1,024 workers the launcher holds thousands of files when it starts the server, whose socket keeps
+    # its number: select() refused it ("filedescriptor out of range") and every worker was lost
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    transport = LocalTransport(str(tmp_path / "w0"))
+
+    async def main() -> int:
+        await transport.connect()
+        return (await run(transport, "code"))[0]
+
+    try:
+        assert asyncio.run(main()) == 3
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
