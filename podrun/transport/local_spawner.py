@@ -26,6 +26,7 @@ from podrun import file_limit
 from podrun.transport.base import Channel, ChannelLost, remote_source
 
 LOAD_FROM_STDIN = "import sys; exec(sys.stdin.buffer.read())  # podrun's fork server of local workers"
+FORKS_IN_FLIGHT = 32  # requests sent and not yet answered (transport/local.py's gate)
 _servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = weakref.WeakKeyDictionary()
 
 
@@ -58,7 +59,6 @@ class Spawner:
         self.control = control
         self.answers: deque[asyncio.Future] = deque()  # one per request sent, in order
         self.exits: dict[int, asyncio.Future] = {}
-        self.sending = asyncio.Lock()
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(control.fileno(), self._read)
 
@@ -89,17 +89,26 @@ class Spawner:
         pipes = [os.pipe() for _ in range(3)]
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
         mine = [pipes[0][1], pipes[1][0], pipes[2][0]]
+        request = json.dumps({"cwd": cwd, "program": program, "args": list(args)}).encode()
         try:
-            async with self.sending:
-                answer = self.loop.create_future()
-                self.answers.append(answer)
-                request = json.dumps({"cwd": cwd, "program": program, "args": list(args)}).encode()
+            # requests are pipelined (FORKS_IN_FLIGHT): each answer waited for before the next request
+            # made every start a round trip through a loaded machine's scheduler (15 s for 1,024 workers)
+            while True:
                 try:
                     self.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))])
+                    break
+                except BlockingIOError:  # the server's queue is full: once it took some
+                    writable = self.loop.create_future()
+                    self.loop.add_writer(self.control.fileno(), writable.set_result, None)
+                    try:
+                        await writable
+                    finally:
+                        self.loop.remove_writer(self.control.fileno())
                 except OSError as error:
-                    self.answers.remove(answer)
                     raise ChannelLost(f"the fork server of local workers is gone ({error.strerror})") from None
-                started = await answer
+            answer = self.loop.create_future()
+            self.answers.append(answer)  # in the order sent: nothing is awaited between the send and this
+            started = await answer
         except BaseException:
             for descriptor in mine:
                 os.close(descriptor)
