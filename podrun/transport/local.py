@@ -54,7 +54,7 @@ class LocalTransport(Transport):
 
     async def start(self, command: str) -> Channel:
         script = local_spawner.script_in(command, self.python)
-        if script is not None and (server := await local_spawner.server_for(self.python)) is not None:
+        if script is not None and (server := local_spawner.server_for(self.python)) is not None:
             async with loop_gate("local forks", local_spawner.FORKS_IN_FLIGHT):  # a request each: the loop goes on
                 return await server.spawn(self.root, *script)
         async with loop_gate("local spawns", SPAWNS_AT_ONCE):

@@ -27,7 +27,7 @@ from podrun.transport.base import Channel, ChannelLost, remote_source
 
 LOAD_FROM_STDIN = "import sys; exec(sys.stdin.buffer.read())  # podrun's fork server of local workers"
 FORKS_IN_FLIGHT = 32  # requests sent and not yet answered (transport/local.py's gate)
-_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = weakref.WeakKeyDictionary()
+_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Spawner | None] = weakref.WeakKeyDictionary()
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,13 +42,12 @@ def script_in(command: str, python: str) -> tuple[str, tuple[str, ...]] | None:
     return None
 
 
-async def server_for(python: str) -> Spawner | None:
+def server_for(python: str) -> Spawner | None:
     """The running loop's fork server (started on first use); None where it cannot run here."""
     loop = asyncio.get_running_loop()
     if loop not in _servers:
-        _servers[loop] = loop.create_future()
-        _servers[loop].set_result(Spawner.start(python) if hasattr(socket, "SOCK_SEQPACKET") else None)
-    return cast("Spawner | None", await _servers[loop])
+        _servers[loop] = Spawner.start(python) if hasattr(socket, "SOCK_SEQPACKET") else None
+    return _servers[loop]
 
 
 class Spawner:
@@ -137,7 +136,9 @@ class Spawner:
             if "exited" in message:
                 self._exit_of(message["exited"]).set_result(message["code"])
             elif self.answers:
-                self.answers.popleft().set_result(message)
+                answer = self.answers.popleft()
+                if not answer.cancelled():  # its start was given up: the child finds its pipes closed, and ends
+                    answer.set_result(message)
 
     def _exit_of(self, pid: int) -> asyncio.Future:
         """The future of the child's exit code, for whichever of its start and its exit comes second to

@@ -92,7 +92,7 @@ def test_the_servers_children_outlive_it(tmp_path):
         await transport.connect()
         channel = await transport.start(" ".join(["exec", shlex.quote(sys.executable), "-I", "-S", "-c",
                                                   shlex.quote(waits)]))
-        server = await local_spawner.server_for(sys.executable)
+        server = local_spawner.server_for(sys.executable)
         assert server is not None
         server.close()  # as the launcher's end closes it
         assert await until(lambda: server.process.poll() is not None), "the server did not end"
@@ -130,3 +130,19 @@ def test_the_server_runs_when_its_socket_is_past_descriptor_1024(tmp_path):
         for descriptor in held:
             os.close(descriptor)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_start_given_up_before_its_answer_leaves_the_server_serving(tmp_path):
+    transport = LocalTransport(str(tmp_path / "w0"))
+
+    async def main() -> tuple[int, list[dict]]:
+        errors: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+        await transport.connect()
+        given_up = asyncio.ensure_future(transport.start(script_command(["end"])))
+        await asyncio.sleep(0)  # its request is sent; its answer not yet read
+        given_up.cancel()
+        code = (await run(transport, "code"))[0]
+        return code, errors
+
+    assert asyncio.run(main()) == (3, [])
