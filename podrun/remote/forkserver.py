@@ -26,6 +26,8 @@ import signal
 import socket
 import sys
 
+# in its command line, which its children keep: how detached_stopper.py knows a forked agent
+COMMAND_MARK = "podrun's fork server of local workers"
 DESCRIPTORS = 3
 PACKET_BYTES = 1 << 20
 

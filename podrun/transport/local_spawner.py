@@ -23,9 +23,10 @@ from collections import deque
 from typing import IO, cast
 
 from podrun import file_limit
+from podrun.remote import forkserver
 from podrun.transport.base import Channel, ChannelLost, remote_source
 
-LOAD_FROM_STDIN = "import sys; exec(sys.stdin.buffer.read())  # podrun's fork server of local workers"
+LOAD_FROM_STDIN = f"import sys; exec(sys.stdin.buffer.read())  # {forkserver.COMMAND_MARK}"
 FORKS_IN_FLIGHT = 32  # requests sent and not yet answered (transport/local.py's gate)
 _servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Spawner | None] = weakref.WeakKeyDictionary()
 

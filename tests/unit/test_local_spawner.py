@@ -10,6 +10,7 @@ import shlex
 import signal
 import sys
 
+from podrun.remote import detached_stopper, forkserver
 from podrun.transport import local, local_spawner
 from podrun.transport.local import LocalTransport
 
@@ -146,3 +147,7 @@ def test_a_start_given_up_before_its_answer_leaves_the_server_serving(tmp_path):
         return code, errors
 
     assert asyncio.run(main()) == (3, [])
+
+
+def test_the_stopper_of_detached_jobs_knows_the_servers_mark():
+    assert detached_stopper.FORKED == forkserver.COMMAND_MARK.encode()
