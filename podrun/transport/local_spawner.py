@@ -1,4 +1,4 @@
-"""Local workers' Python scripts (the agent, the relay's receiver, transport/base.py's start_python), started
+"""Local workers' Python scripts (the agent, the relay's receiver: transport/base.py's script_command), started
 by a fork server on this machine (remote/forkserver.py) rather than each as a new interpreter.
 
 One server per event loop, started on first use: `python -I -S -c` its source, so that what it forks is
@@ -33,13 +33,15 @@ _servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Spawner | None] =
 
 @functools.lru_cache(maxsize=64)
 def script_in(command: str, python: str) -> tuple[str, tuple[str, ...]] | None:
-    """(PROGRAM, ARGS) of `[exec ]PYTHON -I -S -c PROGRAM ARG...` as transport/base.py writes it (every word
-    quoted), else None: any other command is the shell's."""
-    for prefix in (f"exec {shlex.quote(python)} -I -S -c ", f"{shlex.quote(python)} -I -S -c "):
-        if command.startswith(prefix):
-            words = shlex.split(command[len(prefix):])
-            if words and " ".join(map(shlex.quote, words)) == command[len(prefix):]:
-                return words[0], tuple(words[1:])
+    """(PROGRAM, ARGS) of `exec PYTHON -I -S -c PROGRAM ARG...` as transport/base.py's script_command writes
+    it (every word quoted: the agent, the relay's receiver), else None: any other command is the shell's.
+    start_python's helpers (stop, logs, stacks: one per worker per command, not per step) keep their own
+    interpreter, and their source on their command line, where the tests of what `ps` shows look."""
+    prefix = f"exec {shlex.quote(python)} -I -S -c "
+    if command.startswith(prefix):
+        words = shlex.split(command[len(prefix):])
+        if words and " ".join(map(shlex.quote, words)) == command[len(prefix):]:
+            return words[0], tuple(words[1:])
     return None
 
 
@@ -59,6 +61,7 @@ class Spawner:
         self.control = control
         self.answers: deque[asyncio.Future] = deque()  # one per request sent, in order
         self.exits: dict[int, asyncio.Future] = {}
+        self.writable: asyncio.Future | None = None  # while starts wait for room in the socket
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(control.fileno(), self._read)
 
@@ -98,12 +101,7 @@ class Spawner:
                     self.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs))])
                     break
                 except BlockingIOError:  # the server's queue is full: once it took some
-                    writable = self.loop.create_future()
-                    self.loop.add_writer(self.control.fileno(), writable.set_result, None)
-                    try:
-                        await writable
-                    finally:
-                        self.loop.remove_writer(self.control.fileno())
+                    await self._writable()
                 except OSError as error:
                     raise ChannelLost(f"the fork server of local workers is gone ({error.strerror})") from None
             answer = self.loop.create_future()
@@ -121,6 +119,20 @@ class Spawner:
                 os.close(descriptor)
             raise OSError(started["error"])
         return await Spawned.attached(started["pid"], mine, self._exit_of(started["pid"]))
+
+    async def _writable(self) -> None:
+        """Until the socket takes more: one watch of it for every start that waits (a second add_writer
+        would replace the first's callback, and leave that start waiting for good)."""
+        if self.writable is None:
+            self.writable = self.loop.create_future()
+            self.loop.add_writer(self.control.fileno(), self._now_writable)
+        await asyncio.shield(self.writable)
+
+    def _now_writable(self) -> None:
+        self.loop.remove_writer(self.control.fileno())
+        if self.writable is not None:
+            self.writable.set_result(None)
+            self.writable = None
 
     def _read(self) -> None:
         while True:

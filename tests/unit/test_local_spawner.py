@@ -151,3 +151,23 @@ def test_a_start_given_up_before_its_answer_leaves_the_server_serving(tmp_path):
 
 def test_the_stopper_of_detached_jobs_knows_the_servers_mark():
     assert detached_stopper.FORKED == forkserver.COMMAND_MARK.encode()
+
+
+def test_starts_that_fill_the_servers_socket_all_go_out_once_it_has_room(tmp_path):
+    # 32 requests in flight with a 30 KB program each are more than the socket holds: the starts that
+    # waited for room each replaced the one watch of the socket, and all but the last waited for good
+    program = SCRIPT + "#" * 30_000 + "\n"
+    command = " ".join(["exec", shlex.quote(sys.executable), "-I", "-S", "-c", shlex.quote(program), "code", "x"])
+    transport = LocalTransport(str(tmp_path / "w0"))
+
+    async def one() -> int:
+        channel = await transport.start(command)
+        channel.stdin.write_eof()
+        await channel.stdout.read()
+        return await channel.wait()
+
+    async def main() -> list[int]:
+        await transport.connect()
+        return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(64))), 60)
+
+    assert asyncio.run(main()) == [3] * 64
