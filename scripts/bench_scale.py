@@ -3,19 +3,21 @@
 time to connect, ship and finish) on local workers and on lab hosts, against raw fan-out in the same
 run; and output from 64 lab workers streaming 20,000 lines each without loss.
 
-    python scripts/bench_scale.py --local 64 128 256 512 1024 --hosts --stream-hosts 0
+    python scripts/bench_scale.py --local 64 128 256 512 1024 --hosts --stream-hosts 0 [--cached]
     sudo python scripts/bench_scale.py [--hosts 16 64 256] [--rounds 3] [--stream-hosts 64] [--lines 20000]
     sudo python scripts/bench_scale.py --hosts 512 --handshakes 8 32 128 512 --stream-hosts 0
     sudo python scripts/bench_scale.py --hosts 64 256 512 --reach direct tree --rounds 1 --stream-hosts 0
     sudo python scripts/bench_scale.py --hosts 16 --rounds 3 --stream-hosts 0 --against REV
 
 1. `podrun exec` of `run: true` on N workers (lab hosts: code already shipped; local workers: a
-   fresh PODRUN_HOME each round, so an empty workdir ships): wall time, the launcher's CPU time (user +
+   fresh PODRUN_HOME each round, so an empty workdir ships; with --cached, the second run in it, the
+   code in place): wall time, the launcher's CPU time (user +
    system, from wait4), peak memory (max RSS), the most open files (/proc/PID/fd, read every 5 ms),
    the bytes it wrote (/proc/PID/io wchar at the last read: pipes, sockets and files), and from
    the job's record (timeline.py) how long connect, ship and run took. Each also per worker. The
    raw baseline in the same round: N `python -I -S -c pass` spawned at once and waited for (a local
-   worker's agent is a Python process started so), or plain parallel `ssh host true` (OpenSSH, curve25519).
+   worker's agent is a Python process started so; the median of three, one before podrun's run and
+   two after), or plain parallel `ssh host true` (OpenSSH, curve25519).
 2. --handshakes: connecting to the largest --hosts count with each PODRUN_SSH_HANDSHAKES value.
    --against REV: the lab hosts' runs also with podrun as it was at git revision REV (git archive, run
    by the same interpreter with its own PODRUN_HOME), interleaved with this tree's in every round;
@@ -180,7 +182,7 @@ def medians(samples: list[Sample]) -> Sample:
     return middle
 
 
-def local_costs(counts: list[int], rounds: int, workdir: Path) -> None:
+def local_costs(counts: list[int], rounds: int, workdir: Path, cached: bool) -> None:
     code = workdir / "local-code"
     code.mkdir(exist_ok=True)
     rows = {}
@@ -188,14 +190,18 @@ def local_costs(counts: list[int], rounds: int, workdir: Path) -> None:
         samples, raws = [], []
         for round_ in range(rounds):
             env = {**os.environ, "PODRUN_HOME": str(workdir / f"home-local-{count}-{round_}")}
-            samples.append(run_measured([sys.executable, "-m", "podrun", "exec", "--local", str(count),
-                                         "--workdir", str(code), "--", "true"], env))
-            raws.append(spawned_at_once(count))
+            command = [sys.executable, "-m", "podrun", "exec", "--local", str(count), "--workdir", str(code), "--", "true"]
+            if cached:  # a first run ships the code and fills the workers' caches
+                run_measured(command, env)
+            raw_before = spawned_at_once(count)  # the machine is shared: the raw start on both sides of podrun's
+            samples.append(run_measured(command, env))
+            raws.append(statistics.median([raw_before, spawned_at_once(count), spawned_at_once(count)]))
             shutil.rmtree(env["PODRUN_HOME"], ignore_errors=True)
         rows[count] = (medians(samples), statistics.median(raws))
         print(f"  {count} local workers: {rows[count][0]}", file=sys.stderr, flush=True)
-    cost_table(f"podrun exec --local N --workdir EMPTY -- true, the launcher process, median of {rounds} rounds; "
-               "raw: N `python -I -S -c pass` at once", rows, "raw")
+    shipping = "code already on the workers" if cached else "the code shipped"
+    cost_table(f"podrun exec --local N --workdir EMPTY -- true, {shipping}, the launcher process, median of {rounds} "
+               "rounds; raw: N `python -I -S -c pass` at once", rows, "raw")
     if len(rows) >= 3:
         fit_table("local workers", rows)
 
@@ -304,6 +310,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local", type=int, nargs="*", default=[])
     parser.add_argument("--hosts", type=int, nargs="*", default=[16, 64, 256])
+    parser.add_argument("--cached", action="store_true",
+                        help="local workers: measure a second run, with the code and the compiled agent in place")
     parser.add_argument("--handshakes", type=int, nargs="*", default=[])
     parser.add_argument("--reach", nargs="+", choices=list(REACH), default=["default"],
                         help="how the launcher reaches lab hosts: podrun's default, direct, or through the control tree")
@@ -315,7 +323,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         work = Path(workdir)
         if args.local:
-            local_costs(args.local, args.rounds, work)
+            local_costs(args.local, args.rounds, work, args.cached)
         lab_size = max(args.hosts + [args.stream_hosts if args.stream_hosts else 0])
         if not lab_size:
             return

@@ -43,7 +43,7 @@ def make_private(version_dir):
 
 def create(directory, record_path):
     """After unpacking a shipment into directory: make its files read-only (a job then gets EACCES
-    writing into one, unless it runs as root) and record each file's sha256."""
+    writing into one, unless it runs as root) and record each file's sha256. Returns the entries."""
     entries = {}
     for relative, info in _walk(directory):
         path = os.path.join(directory, relative)
@@ -53,6 +53,13 @@ def create(directory, record_path):
         if info.st_mode & 0o222:
             os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o222)
         entries[relative] = [sha256_of(path), *UNSEEN]
+    write_new(record_path, entries)
+    return entries
+
+
+def write_new(record_path, entries):
+    """The record of a tree whose files no checkout has seen yet (every signature UNSEEN): what create()
+    wrote, for a copy of the same files."""
     _write(record_path, entries, _new_stamp(record_path))
 
 

@@ -22,6 +22,9 @@ except KeyError:  # imported on the launcher, by tests and type checks
     from podrun.remote import stacks
 
 
+FORKED = b"podrun's fork server of local workers"  # forkserver.COMMAND_MARK (not sent to workers with this)
+
+
 def main():
     job_dir, wait_s, job_id, worker = sys.stdin.read().splitlines()[:4]
     deadline = time.monotonic() + float(wait_s)
@@ -63,13 +66,16 @@ def _to_signal(job_dir, job_id, worker):
 
 
 def _is_agent(pid):
-    """Whether pid runs podrun's agent (transport/base.py's BOOTSTRAP names the script it compiles): a
-    leader whose agent died has another parent now, a subreaper that must not get the SIGTERM."""
+    """Whether pid runs podrun's agent (transport/base.py's BOOTSTRAP names the script it compiles; a local
+    worker's agent keeps the command line of the fork server it was forked from, whose children are
+    podrun's scripts, and of those only an agent has a job's processes as its children): a leader whose
+    agent died has another parent now, a subreaper that must not get the SIGTERM."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return b"c('agent-" in handle.read()
+            command = handle.read()
     except OSError:
         return False
+    return b"c('agent-" in command or FORKED in command
 
 
 def _read_words(path):

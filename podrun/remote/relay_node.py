@@ -10,16 +10,17 @@ tar archive, packed while it is sent; the end frame's payload is its sha256 (hex
 before the tree is renamed into place, after its record (code_record.py: each file's sha256).
 
 stdin   two messages (framing.py):
-          1. {code_dir, token, listen, record}: with listen, open a TCP port for the parent and
+          1. {code_dir, token, listen, record, copies}: with listen, open a TCP port for the parent and
              answer "port N" on stdout (0 without listen); with record (code), write its record
-             (code_record.py);
+             (code_record.py); copies: the code directories of the local workers that share this
+             disk (absolute), where a copy of the tree goes, each with its record, before "ok";
           2. {children: [[ip, port], ...]}: where to forward.
         Then a root's frames. For the others, end of stdin before the parent connected means the
         parent will not: give up.
 stdout  "port N"; "receiving" at most once a second while frames arrive (the launcher gives up on
         a receiver that says nothing for a while); "delivered IP:PORT" per child that was sent
         every frame; "ok" once in place.
-stderr  why it failed (exit code 1).
+stderr  why it failed (exit code 1); a line "not copied to DIR: why" per copy that failed.
 
 Every wait is bounded, so a receiver never outlives its shipment by long, and tar's warnings are
 read as they come: a tree whose mtimes are in this host's future makes one per file, more than a
@@ -54,6 +55,7 @@ PARENT_PROVES_S = 5  # a connection that has not presented the token by then is 
 STRANGERS_KEPT = 16  # connections waited on at once: the oldest goes
 PROGRESS_INTERVAL_S = 1
 TAR_LINES_SHOWN = 3
+NOT_COPIED = "not copied to "  # on stderr, before a code directory this receiver failed to copy into
 HEADER = struct.Struct(framing.FRAME_HEADER)
 
 
@@ -85,12 +87,9 @@ def receive_and_forward():
         receive(source, children, tmp)
         # the record first: a version in place is never without one (it holds no inode yet, so that
         # of two receivers of the same tree, either's record fits the tree that stays)
-        if config["record"]:
-            code_record.create(tmp, config["code_dir"] + code_record.SUFFIX)
-        try:
-            os.rename(tmp, config["code_dir"])
-        except OSError:  # another job put the same tree (same hash, same content) in place first
-            shutil.rmtree(tmp, ignore_errors=True)
+        entries = code_record.create(tmp, config["code_dir"] + code_record.SUFFIX) if config["record"] else None
+        copy_to(config.get("copies", []), tmp, entries)
+        put_in_place(tmp, config["code_dir"])
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -98,6 +97,52 @@ def receive_and_forward():
         if connection is not None:
             say("delivered %s:%d" % address)
     say("ok")
+
+
+def put_in_place(tmp, code_dir):
+    try:
+        os.rename(tmp, code_dir)
+    except OSError:  # another job put the same tree (same hash, same content) in place first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_to(code_dirs, tmp, entries):
+    """Local workers, whose directories are on this disk: a copy of the unpacked tree for each, with its
+    record (entries: each file's sha256, from the tree's own record) and in place as its own would be.
+    Copies, not links: a job that writes into one worker's code must not change another's. A copy that
+    fails is said on stderr ("not copied to DIR: why"), and the launcher ships to that worker again."""
+    said_at = time.monotonic()
+    for code_dir in code_dirs:
+        copy = "%s.tmp.%d" % (code_dir, os.getpid())
+        try:
+            os.makedirs(os.path.dirname(code_dir), 0o700, exist_ok=True)
+            copy_tree(tmp, copy)
+            if entries is not None:
+                code_record.make_private(code_dir)
+                code_record.write_new(code_dir + code_record.SUFFIX, entries)
+            put_in_place(copy, code_dir)
+        except OSError as error:
+            shutil.rmtree(copy, ignore_errors=True)
+            sys.stderr.write("%s%s: %s\n" % (NOT_COPIED, code_dir, error.strerror or error))
+        if time.monotonic() - said_at >= PROGRESS_INTERVAL_S:  # the launcher waits on a silent receiver only so long
+            say("receiving")
+            said_at = time.monotonic()
+
+
+def copy_tree(source, target):
+    """A new directory target with what source holds: files (read-only ones stay so), symbolic links
+    (not followed) and folders; the first error raised."""
+    os.mkdir(target, 0o700)
+    with os.scandir(source) as entries:
+        for entry in entries:
+            path = os.path.join(target, entry.name)
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), path)
+            elif entry.is_dir():
+                copy_tree(entry.path, path)
+            else:
+                shutil.copy2(entry.path, path)
+    shutil.copystat(source, target)
 
 
 class Stream:

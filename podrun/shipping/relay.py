@@ -6,6 +6,10 @@ addresses. A worker the tree did not reach (a firewall between workers, a receiv
 named, then sent the code directly, from a stream packed afresh (a stream is packed while it is
 sent, so it feeds one round); only a direct send that fails stops the job.
 
+Local workers share this machine's disk: one receiver takes the shipment for all of them and copies
+the unpacked tree into each other worker's directory (relay_node.copy_to), instead of a receiver (a
+Python, and a tar) per worker. A worker it failed to copy to is named and sent the code directly.
+
 Every wait on a receiver is bounded: one that takes no data or says nothing for RECEIVER_STALL_S
 (receivers say "receiving" every second while frames arrive) is given up on, and named.
 """
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from podrun.errors import PodrunError, UsageError
 from podrun.output import say, size_text
 from podrun.remote import framing
+from podrun.remote.relay_node import NOT_COPIED
 from podrun.targets.base import Worker
 from podrun.transport import past_login
 from podrun.transport.base import Channel, ChannelLost
@@ -84,10 +89,14 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int,
     if not workers:
         return []
     token = secrets.token_hex(16)
-    count = len(workers)
+    here = [worker for worker in workers if worker.transport.path_here(shipment.code_dir) is not None]
+    fed = [worker for worker in workers if worker.transport.path_here(shipment.code_dir) is None] + here[:1]
+    count = len(fed)
     parents = [None if fanout == 0 or i == 0 else (i - 1) // fanout for i in range(count)]
     children = {i: range(i * fanout + 1, min(count, (i + 1) * fanout + 1)) for i in range(count)}  # a heap
-    receivers = [Receiver(worker, progress) for worker in workers]
+    receivers = [Receiver(worker, shipment, progress) for worker in fed]
+    if here:  # local workers: one receiver unpacks it and copies it into the others' directories
+        receivers[-1].copies = here[1:]
 
     async def finish(i: int) -> None:
         await receivers[i].finish()
@@ -95,7 +104,7 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int,
             receivers[j].end_input()
 
     try:
-        await asyncio.gather(*(receiver.start(shipment, token, listen=parent is not None)
+        await asyncio.gather(*(receiver.start(token, listen=parent is not None)
                                for receiver, parent in zip(receivers, parents)))
         await asyncio.gather(*(receiver.tell_children([receivers[j].address for j in children[i]])
                                for i, receiver in enumerate(receivers)))
@@ -109,6 +118,7 @@ async def _round(shipment: Shipment, workers: list[Worker], fanout: int,
         if not receiver.ok:
             complaint = receivers[parent_index].complaint_about(receiver) if parent_index is not None else None
             missed.append((receiver.worker, f"{receiver.problem}; {complaint}" if complaint else receiver.problem))
+        missed += receiver.copies_missed()
     return missed
 
 
@@ -154,8 +164,9 @@ async def _abandon(receivers: list[Receiver]) -> None:
 class Receiver:
     """relay_node.py on one worker, through the worker's transport."""
 
-    def __init__(self, worker: Worker, progress: Progress):
+    def __init__(self, worker: Worker, shipment: Shipment, progress: Progress):
         self.worker = worker
+        self.shipment = shipment
         self.progress = progress
         self.channel: Channel | None = None
         self.port: int | None = None  # set once it answered
@@ -164,6 +175,7 @@ class Receiver:
         self.problem = "did not start"
         self.given_up: str | None = None  # why the launcher stopped waiting for it
         self.complaints: list[str] = []  # what it said about its children
+        self.copies: list[Worker] = []  # local workers it copies the shipment to, on this machine's disk
 
     @property
     def answered(self) -> bool:
@@ -173,8 +185,10 @@ class Receiver:
     def address(self) -> tuple[str, int]:
         return self.worker.internal_ip, self.port or 0
 
-    async def start(self, shipment: Shipment, token: str, listen: bool) -> None:
-        config = {"code_dir": shipment.code_dir, "token": token, "listen": listen, "record": shipment.recorded}
+    async def start(self, token: str, listen: bool) -> None:
+        shipment = self.shipment
+        config = {"code_dir": shipment.code_dir, "token": token, "listen": listen, "record": shipment.recorded,
+                  "copies": [worker.transport.path_here(shipment.code_dir) for worker in self.copies]}
         try:
             self.channel = await self.worker.transport.start_python("relay_node")
             if not await self.send(framing.message(config)):
@@ -229,12 +243,23 @@ class Receiver:
             reading_errors.cancel()
         self.exited = True
         lines = errors.decode(errors="replace").splitlines()
-        self.complaints = [line for line in lines if line.startswith(("cannot reach", "relaying to"))]
+        self.complaints = [line for line in lines if line.startswith(("cannot reach", "relaying to", NOT_COPIED))]
         failures = [line for line in lines if line not in self.complaints]
         self.ok = code == 0 and last_line == b"ok\n" and not self.given_up
         self.problem = self.given_up or (failures[-1] if failures else f"exit code {code}")
         if self.ok:
-            self.progress.add(done=1)
+            self.progress.add(done=1 + len(self.copies))
+
+    def copies_missed(self) -> list[tuple[Worker, str]]:
+        """The local workers it was to copy the shipment to and did not, with why."""
+        missed = []
+        for worker in self.copies:
+            needle = f"{NOT_COPIED}{worker.transport.path_here(self.shipment.code_dir)}: "
+            reason = next((line[len(needle):] for line in self.complaints if line.startswith(needle)), None)
+            if not self.ok or reason is not None:
+                missed.append((worker, f"copying the {self.shipment.what} from worker {self.worker.index}'s failed: "
+                                       f"{reason or self.problem}"))
+        return missed
 
     def complaint_about(self, child: Receiver) -> str | None:
         needle = "%s:%d" % child.address

@@ -17,9 +17,14 @@ class LocalWorkers(Target):
     default_device = "CPU"
 
     def workers(self, dry_run: bool) -> list[Worker]:
-        return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(worker_root(index)))
+        return [Worker(index, f"local/w{index}", LOCAL_IP, LocalTransport(worker_root(index), compiled_dir()))
                 for index in range(self.options.workers)]
 
 
 def worker_root(index: int) -> str:
     return os.path.join(paths.podrun_home(), "local", f"w{index}")
+
+
+def compiled_dir() -> str:
+    """The compiled worker-side scripts every local worker shares (transport/local.py, share_compiled)."""
+    return os.path.join(paths.podrun_home(), "local", "compiled")

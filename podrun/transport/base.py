@@ -92,6 +92,11 @@ class Transport(ABC):
         script starts with its source at once, sparing the start that would only say it lacks it."""
         return True
 
+    def path_here(self, relative: str) -> str | None:
+        """Where `relative`, under the worker's root, is on the launcher's own machine (a local worker's
+        root is a directory here: shipping/relay.py copies the code there); None where it is not."""
+        return None
+
     @abstractmethod
     def endpoint(self) -> dict:
         """What transport.transport_for() needs to reach this worker again (stored with a job)."""

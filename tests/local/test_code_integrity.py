@@ -116,3 +116,39 @@ def test_a_same_size_write_right_after_a_checkout_is_found(tmp_path):
     os.utime(placed, ns=(info.st_atime_ns, info.st_mtime_ns))
     assert checkout.verify(str(version)) == (False, ["data.txt"])
     assert not version.exists()
+
+
+# worker 0 says what it was shipped, then writes into that code file through its link in run/; the others
+# say theirs once worker 0's write is there to see
+WRITE_OR_WAIT = """\
+import os, sys, time
+if os.environ["PODRUN_WORKER"] == "0":
+    print("data", open("data.txt").read().strip(), flush=True)
+    os.chmod("data.txt", 0o644)  # a job that is not root opens it so; root ignores the mode
+    open("data.txt", "r+").write("B")
+else:
+    deadline = time.monotonic() + 60
+    while open(sys.argv[1]).read() != "B\\n":
+        assert time.monotonic() < deadline, "worker 0 never wrote into its code"
+        time.sleep(0.02)
+    print("data", open("data.txt").read().strip())
+"""
+
+
+def test_a_local_worker_that_writes_into_its_code_changes_no_other_workers_code(home, job_file):
+    """Local workers share one receiver, which copies the shipment into each worker's directory
+    (shipping/relay.py): copies, not links, so worker 0's write changes its own copy alone, while the job
+    runs and for the next one."""
+    worker_0_file = home / "local" / "w0" / "podrun" / "job" / "run" / "data.txt"
+    spec = job_file(f"target: {{local: {{workers: 3}}}}\nrun: {sys.executable} job.py {worker_0_file}\n",
+                    files={"data.txt": "A\n", "job.py": WRITE_OR_WAIT})
+    first = run_ok(spec)
+    assert all(f"[w{index}] data A" in first for index in range(3)), first
+    versions = [next(path for path in (home / "local" / f"w{index}" / "podrun" / "job").iterdir()
+                     if path.is_dir() and path.name != "run") for index in range(3)]
+    assert [(version / "data.txt").read_text() for version in versions] == ["B\n", "A\n", "A\n"]
+    assert len({(version / "data.txt").stat().st_ino for version in versions}) == 3
+    second = run_ok(spec)
+    assert "podrun: worker 0: 1 code file changed since it was shipped (data.txt)" in second
+    assert "worker 1:" not in second and "worker 2:" not in second
+    assert all(f"[w{index}] data A" in second for index in range(3)), second
