@@ -568,11 +568,13 @@ UNTIL_RELEASED = ('echo "started on worker $PODRUN_WORKER"\n'
 
 
 def idle_watchers(lab) -> list[int]:
-    """The idle watches running on this lab's hosts (the source they run names their lock); another
-    test process's lab (pytest -n) has hosts of its own, in network namespaces of their own."""
+    """The idle watches running on this lab's hosts (the bootstrap on their command line names the script's
+    cache entry); another test process's lab (pytest -n) has hosts of its own, in network namespaces of their own."""
+    from podrun.transport.base import cache_name
+
     namespaces = {_network_namespace(host.sshd.pid) for host in lab.hosts}
     return [pid for pid, command, _ in live_processes()
-            if "idle_watch.lock" in command and _network_namespace(pid) in namespaces]
+            if cache_name("idle_watch") in command and _network_namespace(pid) in namespaces]
 
 
 def _network_namespace(pid: int) -> int | None:

@@ -108,7 +108,7 @@ def _named(words: list[str]) -> tuple[str | None, str | None]:
             with open(spec_path) as file:
                 fields = yaml.safe_load(file)
             supervisor = fields.get("supervisor") if isinstance(fields, dict) else None
-        except (OSError, ValueError, yaml.YAMLError):  # load_spec says what is wrong with it
+        except (OSError, ValueError, RecursionError, yaml.YAMLError):  # load_spec says what is wrong with it
             pass
     host = flag_host or (supervisor.get("host") if isinstance(supervisor, dict) else None)
     configured = supervisor.get("podrun") if isinstance(supervisor, dict) else None

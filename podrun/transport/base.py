@@ -77,15 +77,20 @@ class Transport(ABC):
         arguments = "".join(" " + shlex.quote(arg) for arg in args)
         with_source = script_command(self.python, name) + arguments
         if self.may_have(cache_name(name)):
-            channel: Channel = ScriptChannel(await self.start(script_command(self.python, name, cached=True) + arguments),
-                                             partial(self.start, with_source), script_source(name))
+            cached = script_command(self.python, name, cached=True) + arguments
+            channel: Channel = ScriptChannel(await self.start_script(name, cached),
+                                             partial(self.start_script, name, with_source), script_source(name))
         else:
-            channel = await self.start(with_source)
+            channel = await self.start_script(name, with_source)
             channel.stdin.write(script_source(name))
         if unlisted is not None:
             channel.stdin.write("".join(line + "\n" for line in unlisted).encode())
             channel.stdin.write_eof()
         return channel
+
+    async def start_script(self, name: str, command: str) -> Channel:
+        """Start `command`, which runs the worker-side script `name` (start_python's)."""
+        return await self.start(command)
 
     def may_have(self, entry: str) -> bool:
         """Whether the worker may have the cache entry `entry` (BOOTSTRAP) for some Python; where it cannot, a

@@ -18,6 +18,7 @@ from podrun.transport.base import CACHE_DIR, Channel, Transport, loop_gate
 # heartbeat went out, and agents that heard nothing for 20 s gave up (docs/benchmarks.md, Pod scale).
 # Through this gate each turn spawns a few, and the loop's timers and pipes are served in between.
 SPAWNS_AT_ONCE = 4
+FORKED_SCRIPTS = ("agent", "relay_node")  # the worker-side scripts the fork server starts (start_script)
 # which of the variables a local worker inherits --dry-run shows: those that pick its python and torchrun
 INHERITED_SHOWN = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")
 
@@ -58,11 +59,19 @@ class LocalTransport(Transport):
         except OSError:
             return False
 
+    async def start_script(self, name: str, command: str) -> Channel:
+        # the scripts every worker runs for every step go to the fork server; a verb's helpers (stop, logs,
+        # stacks: one per worker per command) keep an interpreter of their own, and their name on its command line
+        return await (self.start(command) if name in FORKED_SCRIPTS else self._shell(command))
+
     async def start(self, command: str) -> Channel:
         script = local_spawner.script_in(command, self.python)
         if script is not None and (server := local_spawner.server_for(self.python)) is not None:
             async with loop_gate("local forks", local_spawner.FORKS_IN_FLIGHT):  # a request each: the loop goes on
                 return await server.spawn(self.root, *script)
+        return await self._shell(command)
+
+    async def _shell(self, command: str) -> Channel:
         async with loop_gate("local spawns", SPAWNS_AT_ONCE):
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", file_limit.local_command(command), cwd=self.root,

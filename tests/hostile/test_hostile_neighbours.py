@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from podrun.remote import stacks
-from podrun.transport.base import remote_source
+from podrun.transport.base import cache_name
 
 from helpers import Background, job_id_in, podrun, processes_of_job, wait_until
 
@@ -196,9 +196,8 @@ def command_lines_naming(text: str, but: set[int]) -> list[str]:
 
 
 def helper_running(name: str) -> bool:
-    """Whether a process runs podrun/remote/`name`.py (its source is on its command line)."""
-    first_line = remote_source(name).decode().splitlines()[0]
-    return bool(command_lines_naming(first_line, but=set()))
+    """Whether a process runs podrun/remote/`name`.py (its bootstrap on its command line names its cache entry)."""
+    return bool(command_lines_naming(cache_name(name), but=set()))
 
 
 @pytest.mark.slow
