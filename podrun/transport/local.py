@@ -62,16 +62,14 @@ class LocalTransport(Transport):
     async def start_script(self, name: str, command: str) -> Channel:
         # the scripts every worker runs for every step go to the fork server; a verb's helpers (stop, logs,
         # stacks: one per worker per command) keep an interpreter of their own, and their name on its command line
-        return await (self.start(command) if name in FORKED_SCRIPTS else self._shell(command))
+        return await self.start(command, fork=name in FORKED_SCRIPTS)
 
-    async def start(self, command: str) -> Channel:
-        script = local_spawner.script_in(command, self.python)
+    async def start(self, command: str, fork: bool = True) -> Channel:
+        """`command` through /bin/sh, or (with `fork`, where it is a script_command) forked by the fork server."""
+        script = local_spawner.script_in(command, self.python) if fork else None
         if script is not None and (server := local_spawner.server_for(self.python)) is not None:
             async with loop_gate("local forks", local_spawner.FORKS_IN_FLIGHT):  # a request each: the loop goes on
                 return await server.spawn(self.root, *script)
-        return await self._shell(command)
-
-    async def _shell(self, command: str) -> Channel:
         async with loop_gate("local spawns", SPAWNS_AT_ONCE):
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", file_limit.local_command(command), cwd=self.root,

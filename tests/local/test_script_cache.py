@@ -34,8 +34,8 @@ class CountingTransport(LocalTransport):
     def may_have(self, entry: str) -> bool:
         return self.as_remote or super().may_have(entry)
 
-    async def start(self, command: str):
-        channel = await super().start(self.login + command)
+    async def start(self, command: str, fork: bool = True):
+        channel = await super().start(self.login + command, fork)
         self.commands.append(command)
         write = channel.stdin.write
 
