@@ -1,11 +1,12 @@
 """podrun's control-tree relay: on a relay worker, it opens the SSH connections to its share of the other
 workers and carries their commands' streams to the launcher over its one channel (transport/tree.py).
 
-Sent over stdin like the agent (transport.script_command), never installed: standard library only,
-Python 3.8+. A connection is an OpenSSH master (`ssh -M`), each command a client of it (`ssh -S`), so
-each worker behind the relay has one SSH connection per job, as a directly connected one has. They sign
-in with the agent the launcher forwarded (SSH_AUTH_SOCK) and check host keys against the lines the
-launcher sends, as its own connections would.
+Started like every worker-side script (transport/base.py's start_python), never installed: standard library
+only, Python 3.8+. A connection is an OpenSSH master (`ssh -M`); each command a session the relay asks of
+it over its control socket, as `ssh -S` would (MuxSession), so each worker behind the relay has one SSH
+connection per job, as a directly connected one has. The masters sign in with the agent the launcher
+forwarded (SSH_AUTH_SOCK, through AgentProxy) and check host keys against the lines the launcher sends,
+as its own connections would.
 
 stdin/stdout  frames (tree_frames.py). From the launcher:
   OPEN    child  {argv: ssh's options and destination, known: known-hosts lines, check: "yes",
@@ -52,7 +53,7 @@ KEX = "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-
 
 
 class Command:
-    """A command's ssh client, and what came for its stdin before it started."""
+    """A command's session on its master (MuxSession), and what came for its stdin before it started."""
 
     def __init__(self):
         self.process = None
