@@ -139,6 +139,19 @@ class FramedChannel:
         self.stdout, self.stderr = FramedOutput(), FramedOutput()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
+    async def take(self, kind: int, payload: bytes) -> None:
+        """One of its frames: output (read no further while the launcher has not taken enough of what came
+        before), or its exit."""
+        if kind in (tree_frames.STDOUT, tree_frames.STDERR):
+            stream = self.stdout if kind == tree_frames.STDOUT else self.stderr
+            stream.feed(payload)
+            await stream.room()
+        elif kind == tree_frames.EXIT:
+            for stream in (self.stdout, self.stderr):
+                stream.end()
+            if not self.exited.done():
+                self.exited.set_result(int(payload or b"255"))
+
     def lose(self, why: str) -> None:
         for stream in (self.stdout, self.stderr):
             stream.end(why)

@@ -182,16 +182,8 @@ class Steps:
 
 
 async def take(channel: FramedChannel, kind: int, payload: bytes) -> None:
-    """A frame of a node's channel: its output (read no further while the launcher has not taken enough of
-    what came before), its exit, or its loss."""
-    if kind in (tree_frames.STDOUT, tree_frames.STDERR):
-        stream = channel.stdout if kind == tree_frames.STDOUT else channel.stderr
-        stream.feed(payload)
-        await stream.room()
-    elif kind == tree_frames.EXIT:
-        for stream in (channel.stdout, channel.stderr):
-            stream.end()
-        if not channel.exited.done():
-            channel.exited.set_result(int(payload or b"255"))
-    elif kind == tree_frames.LOST:
+    """A frame of a node's channel: its output or exit (FramedChannel.take), or its loss."""
+    if kind == tree_frames.LOST:
         channel.lose(payload.decode(errors="replace") or "its connection to the login node closed")
+    else:
+        await channel.take(kind, payload)

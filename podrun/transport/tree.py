@@ -73,38 +73,25 @@ class Relay(FrameOutbox):
 
     async def _read(self) -> None:
         assert self.channel is not None
-        pending = b""
-        header = tree_frames.HEADER
+        frames = tree_frames.Frames()
         try:
             while chunk := await self.channel.stdout.read(1 << 18):
-                pending += chunk
-                start = 0
-                while len(pending) - start >= header.size:
-                    kind, ident, size = header.unpack_from(pending, start)
-                    if size > tree_frames.MAX_PAYLOAD:
-                        raise ChannelLost(f"a frame of {size} bytes from the relay")
-                    end = start + header.size + size
-                    if len(pending) < end:
-                        break
-                    await self._take(kind, ident, pending[start + header.size:end])
-                    start = end
-                pending = pending[start:]
+                frames.feed(chunk)
+                try:
+                    whole = frames.take()
+                except ValueError as broken:
+                    raise ChannelLost(f"from the relay, {broken}") from None
+                for kind, ident, payload in whole:
+                    await self._take(kind, ident, payload)
             why = (await self.channel.stderr.read()).decode(errors="replace").strip().splitlines()
             self._lose(why[-1] if why else "the relay process ended")
         except ChannelLost as lost:
             self._lose(str(lost))
 
     async def _take(self, kind: int, ident: int, payload: bytes) -> None:
-        if kind in (tree_frames.STDOUT, tree_frames.STDERR) and ident in self.channels:
-            stream = self.channels[ident][1].stdout if kind == tree_frames.STDOUT else self.channels[ident][1].stderr
-            stream.feed(payload)
-            await stream.room()
-        elif kind == tree_frames.EXIT and ident in self.channels:
-            channel = self.channels.pop(ident)[1]
-            for stream in (channel.stdout, channel.stderr):
-                stream.end()
-            if not channel.exited.done():
-                channel.exited.set_result(int(payload or b"255"))
+        if kind in (tree_frames.STDOUT, tree_frames.STDERR, tree_frames.EXIT) and ident in self.channels:
+            channel = (self.channels.pop(ident) if kind == tree_frames.EXIT else self.channels[ident])[1]
+            await channel.take(kind, payload)
         elif kind in (tree_frames.OPENED, tree_frames.FAILED) and ident in self.children:
             self.children[ident].answered(kind == tree_frames.OPENED, payload.decode(errors="replace"))
         elif kind == tree_frames.LOST:
