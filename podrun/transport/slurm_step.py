@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,10 @@ class Steps:
         task.add_done_callback(self.running.discard)
 
     async def _run(self, batch: Batch) -> None:
+        # the nodes in name order (node2 before node10), not in the order their workers happened to join: one
+        # srun line for the same nodes whatever the timing, as `ps` and the tests read it
+        batch.joined.sort(key=lambda joined: [int(part) if part.isdigit() else part
+                                              for part in re.split(r"(\d+)", joined.node)])
         if len(batch.joined) == 1:  # one node: its own step is one srun already, without a fanout
             await self._per_node(batch.joined[0])
             return
