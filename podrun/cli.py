@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     Parsed = TypeVar("Parsed")
 
 SUPERVISE = "_supervise"  # the hidden command a supervisor host runs (supervisor/daemon.py)
+WARM = "_warm"  # and the one that keeps podrun loaded there (supervisor/warm.py)
 
 
 def _exec(args: argparse.Namespace) -> int:
@@ -363,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         from podrun.supervisor import daemon
 
         return handled(lambda: daemon.main(job))
+    if argv[:1] == [WARM]:  # not a user's command: a supervisor host's warm podrun (supervisor/warm.py)
+        from podrun.supervisor import warm
+
+        return warm.serve(argv[1:], main)
     begun = _handover_begun(argv)
     try:
         args = parse(argv)

@@ -24,6 +24,7 @@ already shipped, host keys already trusted everywhere.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -130,17 +131,28 @@ class Bench:
         return time.monotonic() - started
 
     def host_processes(self, index: int) -> list[int]:
-        """Every process on lab host `index` (in its mount namespace) but its sshd's listener."""
+        """Every process on lab host `index` (in its mount namespace) but its sshd's listener and its warm
+        podrun (supervisor/warm.py: it stays between jobs)."""
         listener = self.lab.hosts[index].sshd.pid
         namespace = os.readlink(f"/proc/{listener}/ns/mnt")
         found = []
+        warm = self.warm(index)
         for entry in os.listdir("/proc"):
             try:
-                if entry.isdigit() and int(entry) != listener and os.readlink(f"/proc/{entry}/ns/mnt") == namespace:
+                if entry.isdigit() and int(entry) not in {listener, *warm} \
+                        and os.readlink(f"/proc/{entry}/ns/mnt") == namespace:
                     found.append(int(entry))
             except OSError:  # it ended meanwhile
                 pass
         return found
+
+    def warm(self, index: int) -> list[int]:
+        """The warm podruns on lab host `index`: the pid each wrote in its lock file."""
+        found = []
+        for lock in (self.lab.hosts[index].home / ".podrun" / "warm").glob("*.lock"):
+            with contextlib.suppress(OSError, ValueError):
+                found.append(int(lock.read_text()))
+        return [pid for pid in found if os.path.exists(f"/proc/{pid}")]
 
     def wait_clean(self, hosts: list[int]) -> float:
         """Seconds until `hosts` run nothing but their sshd; stops the benchmark if they still do after
@@ -234,10 +246,11 @@ def sample_supervisor(bench: Bench, jobs: list[str], seconds: float) -> dict:
     elapsed = time.monotonic() - started
     after = {pid: _cpu_seconds(pid) for pid in processes}
     memory = {pid: _memory_kib(pid) for pid in processes}
+    warm = [_memory_kib(pid)[1] for pid in bench.warm(bench.supervisor)]
     return {"processes": len(processes), "recorded": len(recorded & set(processes)),
             "rss_kib": sum(rss for rss, _ in memory.values()), "pss_kib": sum(pss for _, pss in memory.values()),
             "cpu_s_per_s": sum(after[pid] - before[pid] for pid in processes) / elapsed,
-            "commands": sorted({_command_line(pid) for pid in processes})}
+            "commands": sorted({_command_line(pid) for pid in processes}), "warm_pss_kib": sum(warm)}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -308,7 +321,8 @@ def report(args, results: dict, steps: dict, costs: dict) -> None:
                 ["jobs", "processes", "of them the jobs' launchers", "RSS, MiB", "PSS, MiB",
                  "PSS per job, MiB", "CPU per job, ms/s"], rows)
     for count, sample in costs.items():
-        print(f"K={count}: {sample['commands']}")
+        print(f"K={count}: {sample['commands']}; beside them, the warm podrun: "
+              f"{sample['warm_pss_kib'] / 1024:.1f} MiB of PSS")
 
 
 if __name__ == "__main__":

@@ -29,4 +29,5 @@ imported (each runs its main() only as __main__).
   vm_notice.py             a TPU VM's own preemption and maintenance notice (step.py)
   self_delete.py           a TPU VM deleting itself with its own service account's token (idle_watch.py)
   idle_watch.py            idle_delete: worker 0 deletes its TPU once no job ran on it that long (launch/idle_watch.py)
+  warm_client.py           a command on a supervisor host, through its warm podrun (supervisor/warm.py)
 """

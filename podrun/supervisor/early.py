@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 from typing import TYPE_CHECKING
 
 from podrun import jobstore, paths
@@ -76,7 +75,9 @@ async def start(transport: Transport, podrun: str, connect: bool = False) -> Cha
 
     if connect:
         await transport.connect()
-    channel = await transport.start(past_login.begun(f"exec {shlex.quote(podrun)} _supervise"))
+    from podrun.supervisor import warm
+
+    channel = await transport.start(past_login.begun(warm.command(podrun, ["_supervise"])))
     channel.stdin.write(greeting.wanted_line())
     return channel
 

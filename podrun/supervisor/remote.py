@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shlex
 import sys
 
 from podrun import escapes, exits, jobstore
 from podrun.errors import PodrunError
 from podrun.output import colour_wanted, counted, say
-from podrun.supervisor import answers
+from podrun.supervisor import answers, warm
 from podrun.transport import past_login, transport_for
 from podrun.transport.base import Channel, ChannelLost, Transport
 
@@ -171,4 +170,4 @@ def recorded(record: jobstore.JobRecord, supervisor: dict) -> None:
 
 
 def _podrun_command(supervisor: dict, argv: list[str]) -> str:
-    return past_login.begun("exec " + " ".join(map(shlex.quote, [supervisor["podrun"], *argv])))
+    return past_login.begun(warm.command(supervisor["podrun"], argv))

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +196,13 @@ def test_a_pointer_whose_record_vanished_on_the_supervisor_reads_lost_with_why(h
 
 # --- the podrun a handover starts there: found once, then started at once (supervisor/greeting.py)
 
+@pytest.fixture
+def cold(monkeypatch):
+    """Each command on the supervisor starts its own podrun (no warm one: supervisor/warm.py), so that a
+    podrun that notes its commands (logging_podrun) sees every one."""
+    monkeypatch.setenv("PODRUN_SUPERVISOR_WARM", "off")
+
+
 def logging_podrun(supervisor, log: Path, body: str) -> Path:
     """The supervisor's podrun replaced by a script that notes each command it runs (its first argument) in
     `log`, then runs `body`."""
@@ -206,7 +214,7 @@ def commands_run(log: Path, *names: str) -> list[str]:
     return [line for line in log.read_text().splitlines() if line in names] if log.exists() else []
 
 
-def test_a_second_handover_asks_for_no_version_and_still_reports_a_failed_start(home, lab, hosts_spec, supervisor,
+def test_a_second_handover_asks_for_no_version_and_still_reports_a_failed_start(cold, home, lab, hosts_spec, supervisor,
                                                                                 job_file, tmp_path):
     log = tmp_path / "commands"
     this_podrun = supervisor.podrun.read_text().splitlines()[-1]
@@ -226,7 +234,7 @@ def test_a_second_handover_asks_for_no_version_and_still_reports_a_failed_start(
     assert sorted((job["id"], job["state"]) for job in listed) == sorted([(job_id, "stopped"), (failed, "failed")])
 
 
-def test_a_remembered_podrun_of_another_version_gets_no_job_and_the_host_is_asked_again(home, lab, hosts_spec,
+def test_a_remembered_podrun_of_another_version_gets_no_job_and_the_host_is_asked_again(cold, home, lab, hosts_spec,
                                                                                        supervisor, tmp_path,
                                                                                        monkeypatch):
     log = tmp_path / "commands"
@@ -285,7 +293,7 @@ def remembered_supervisor(hosts_spec, supervisor, log: Path) -> None:
     log.unlink()
 
 
-def test_a_refused_spec_for_a_known_supervisor_is_one_line_and_what_began_there_ends(home, lab, hosts_spec,
+def test_a_refused_spec_for_a_known_supervisor_is_one_line_and_what_began_there_ends(cold, home, lab, hosts_spec,
                                                                                    supervisor, tmp_path):
     log = tmp_path / "commands"
     remembered_supervisor(hosts_spec, supervisor, log)
@@ -299,7 +307,7 @@ def test_a_refused_spec_for_a_known_supervisor_is_one_line_and_what_began_there_
     assert len(list((supervisor.home / ".podrun" / "jobs").iterdir())) == 1
 
 
-def test_a_spec_that_reaches_the_supervisor_another_way_hands_over_on_a_new_connection(home, lab, hosts_spec,
+def test_a_spec_that_reaches_the_supervisor_another_way_hands_over_on_a_new_connection(cold, home, lab, hosts_spec,
                                                                                       supervisor, tmp_path):
     log = tmp_path / "commands"
     remembered_supervisor(hosts_spec, supervisor, log)
@@ -316,9 +324,10 @@ def test_a_spec_that_reaches_the_supervisor_another_way_hands_over_on_a_new_conn
 def test_a_podrun_whose_version_matches_but_that_answers_no_greeting_gets_no_job(home, lab, hosts_spec, supervisor,
                                                                                tmp_path):
     stdin_log = tmp_path / "its-stdin"
-    # a podrun from before the greeting, of this version: it reads the job from its first line
+    # a podrun from before the greeting, of this version: it reads the job from its first line (and, from
+    # before the warm podrun too, refuses `_warm` as argparse does)
     supervisor.podrun.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec echo "podrun {__version__}"\n'
-                                 f'read -r first; echo "$first" >> {stdin_log}\n')
+                                 f'[ "$1" = _warm ] && exit 2\nread -r first; echo "$first" >> {stdin_log}\n')
     result = podrun("exec", supervised(hosts_spec, supervisor, "run: 'true'"), "--detach")
     assert result.returncode == 1, result.stderr
     assert stderr_lines_without_traceback(result.stderr) == [
@@ -327,3 +336,35 @@ def test_a_podrun_whose_version_matches_but_that_answers_no_greeting_gets_no_job
         f"{__version__} there"], result.stderr
     assert stdin_log.read_text() == f"podrun {__version__}\n"  # what it was sent: the version wanted, no job
     assert json.loads(podrun("jobs", "--json").stdout) == []
+
+
+# --- the warm podrun (supervisor/warm.py): after the first command, the host's commands start no podrun
+
+def warm_podrun(supervisor) -> int | None:
+    """The pid of the warm podrun serving on the supervisor (its lock file says it), if it runs."""
+    for lock in (supervisor.home / ".podrun" / "warm").glob("*.lock"):
+        pid = lock.read_text().strip()
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            return int(pid)
+    return None
+
+
+def test_the_warm_podrun_forks_the_next_handover_and_its_stop_and_a_killed_one_is_replaced(home, lab, hosts_spec,
+                                                                                          supervisor, tmp_path):
+    log = tmp_path / "commands"
+    remembered_supervisor(hosts_spec, supervisor, log)  # the first handover started the warm podrun
+    wait_until(lambda: warm_podrun(supervisor), "the warm podrun to serve")
+    spec = supervised(hosts_spec, supervisor, "run: 'echo warm-run; exec sleep 600'")
+    _, job_id = detached(spec)
+    shown = podrun("logs", job_id)
+    assert "warm-run" in shown.stdout, shown.stderr
+    assert commands_run(log, "--version", "_supervise", "logs", "jobs") == []  # no podrun started for them
+    # killed outright: the job it forked goes on, and the next command runs the podrun and starts another
+    warm = warm_podrun(supervisor)
+    os.kill(warm, signal.SIGKILL)
+    running = processes_of_job(job_id)
+    assert any("sleep 600" in process for process in running), running
+    assert supervisor.record(job_id)["state"] == "running"
+    stop_leaves_nothing(job_id)
+    assert commands_run(log, "stop") == ["stop"]
+    wait_until(lambda: warm_podrun(supervisor) not in (None, warm), "a warm podrun again")
