@@ -81,10 +81,10 @@ class SlurmCluster(Target):
         self.job_id: str | None = None
         self.nodes: list[tuple[str, str]] = []  # (node name, its address) in SLURM_JOB_NODELIST order
         self.login_ssh = self._login_transport()
-        # two connections to the login node: Slurm's commands (a thread of their own, for the synchronous
-        # steps of the lifecycle) and the workers' steps (in the launch's event loop)
-        self.shell = LoginShell(self._login_transport())
-        self.link = LoginLink(self.login_ssh)
+        # one connection to the login node, in a thread of its own (for the synchronous steps of the
+        # lifecycle): Slurm's commands, and the workers' steps (used from the launch's event loop)
+        self.shell = LoginShell(self.login_ssh)
+        self.link = LoginLink(self.shell)
 
     @property
     def options(self) -> SlurmOptions:
@@ -122,6 +122,8 @@ class SlurmCluster(Target):
         is granted, saying why while it pends."""
         self.check_options(self._partitions())
         salloc = self.shell.spawn(shlex.join(self.salloc_argv()))
+        if self.options.nodes > 1:
+            self.link.start_fanout_early()
         said: list[str] = []
         pending = Pending(self.options.nodes)
         try:

@@ -4,6 +4,7 @@ agent as its task, and nothing left in squeue or on any node after the job, a fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -122,6 +123,24 @@ def srun_processes(slurm_job: int) -> list[str]:
                    if command.startswith("srun ") and f"--jobid={slurm_job} " in command})
 
 
+def login_connections(cluster) -> int:
+    """How many TCP connections from this machine (the launcher's) to the login node's sshd are open."""
+    listed = subprocess.run(["ss", "-Htn", "state", "established"], capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in listed.splitlines() if line.split()[-1:] == [f"{cluster.login.ip}:22"])
+
+
+def waiting_fanouts(cluster) -> list[int]:
+    """The Slurm fanouts (remote/slurm_fanout.py) running on this cluster's login node, started over SSH,
+    that have not started an srun (not a child of theirs, live or ended): those waiting for a batch."""
+    parents = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            parents.add(int(stat.read_text().rsplit(")", 1)[1].split()[1]))
+    return [pid for pid, command, environ in live_processes() if "slurm_fanout-" in command and pid not in parents
+            and any(entry.startswith(b"SSH_CONNECTION=") and f" {cluster.login.ip} 22".encode() in entry
+                    for entry in environ)]
+
+
 def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(home, cluster, slurm_spec):
     # worker 2 fails once the test has seen the step; the others sleep until stopped
     spec = slurm_spec("""
@@ -141,6 +160,10 @@ def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(hom
     assert (step.split(".")[0], step_nodes) == (str(slurm_job), "slurm-node[1-3]")
     (srun,) = srun_processes(slurm_job)
     assert "--nodelist=slurm-node1,slurm-node2,slurm-node3 --nodes=3 --ntasks=3 " in srun
+    # one SSH connection to the login node carries Slurm's commands and every worker's channel, and the
+    # fanout started while salloc waited is the step's: none is left waiting for a batch beside it
+    assert login_connections(cluster) == 1
+    assert waiting_fanouts(cluster) == []
     stacks = podrun("stacks", job_id_in(job.text), "--all")  # an attached job's stacks, through steps of their own
     assert stacks.returncode == 0, stacks.stderr
     assert len(re.findall(r"^=== pid \d+ \(parent \d+\): python3 -c .* one-step-sleeper ===$", stacks.stdout, re.M)) == 2
