@@ -152,10 +152,9 @@ class SlurmCluster(Target):
         if salloc.code != 0 or self.job_id is None:
             refusal = Completed(salloc.code or 1, "", "\n".join(said)).error_line()
             raise SpecError(self.spec.path, "target.slurm", f"salloc refused the allocation: {refusal}")
-        state, reason, nodelist = self._state()
-        if state != "RUNNING" or not nodelist:
+        state, reason, self.nodes = self._granted()
+        if state != "RUNNING" or not self.nodes:
             raise PodrunError(f"Slurm job {self.job_id} ended as soon as it started ({state or 'gone'}, {reason})")
-        self.nodes = self._node_addresses(nodelist)
 
     def _partitions(self) -> list[dict[str, str]]:
         listed = self._run("scontrol show partition --oneliner")
@@ -200,7 +199,28 @@ class SlurmCluster(Target):
 
     def _state(self) -> tuple[str | None, str, str]:
         """The job's state, squeue's reason and its node list; None: squeue does not show it."""
-        shown = self._run(f"squeue --noheader --jobs={self.job_id} --format='%T|%r|%N'")
+        return self._state_in(self._run(self._squeue()))
+
+    def _squeue(self) -> str:
+        return f"squeue --noheader --jobs={self.job_id} --format='%T|%r|%N'"
+
+    def _granted(self) -> tuple[str | None, str, list[tuple[str, str]]]:
+        """Once salloc returned: the job's state, squeue's reason and, if it runs, its nodes with their
+        addresses (_node_addresses), asked in one command."""
+        nodes = self._nodes_command('"$N"')  # N: the node list, the last field of squeue's line
+        script = f'L=$({self._squeue()}) || exit; echo "$L"; echo ---; N="${{L##*|}}"; [ -z "$N" ] || {{ {nodes}; }}'
+        shown = self._run(shlex.join(["sh", "-c", script]))  # sh's syntax, whatever the login shell
+        state_part, marked, nodes_part = shown.stdout.partition("---\n")
+        if not marked:  # squeue itself failed
+            state, reason, _ = self._state_in(shown)
+            return state, reason, []
+        state, reason, nodelist = self._state_in(Completed(0, state_part, ""))
+        if state != "RUNNING" or not nodelist:
+            return state, reason, []
+        return state, reason, self._nodes_in(Completed(shown.code, nodes_part, shown.stderr))
+
+    def _state_in(self, shown: Completed) -> tuple[str | None, str, str]:
+        """squeue's answer (_squeue) read."""
         if shown.code != 0:
             if "Invalid job id" in shown.stderr:
                 return None, "", ""
@@ -215,8 +235,15 @@ class SlurmCluster(Target):
     def _node_addresses(self, nodelist: str) -> list[tuple[str, str]]:
         """The allocation's nodes in SLURM_JOB_NODELIST order, each with its address (NodeAddr), as one
         command on the login node."""
-        quoted = shlex.quote(nodelist)
-        answered = self._run(f"scontrol show hostnames {quoted} && echo --- && scontrol show node --oneliner {quoted}")
+        return self._nodes_in(self._run(self._nodes_command(shlex.quote(nodelist))))
+
+    @staticmethod
+    def _nodes_command(nodelist: str) -> str:
+        """`nodelist` (a shell word) as node names, then each node's record (its NodeAddr)."""
+        return f"scontrol show hostnames {nodelist} && echo --- && scontrol show node --oneliner {nodelist}"
+
+    def _nodes_in(self, answered: Completed) -> list[tuple[str, str]]:
+        """_nodes_command's answer read."""
         if answered.code != 0:
             raise PodrunError(f"{self.shell.where}: cannot read the nodes of Slurm job {self.job_id}: "
                               f"{answered.error_line()}")
