@@ -324,11 +324,13 @@ def test_a_pending_allocation_says_why_and_ctrl_c_cancels_it(home, cluster, slur
     said = read_until(process.stderr, "pending")
     assert re.search(r"^podrun: Slurm job \d+ pending \(Resources\): waiting for 3 nodes \(Ctrl-C cancels it\)$",
                      said, re.M), said
+    assert len(waiting_fanouts(cluster)) == 1  # started while salloc waits, for the first step's one srun
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "never" not in out
     assert [name for _, name, _ in slurm_jobs(cluster)] == ["holder"]
+    wait_until(lambda: waiting_fanouts(cluster) == [], "the fanout to end with podrun's connection")
 
 
 @pytest.mark.parametrize(("nodes", "options", "line"), [
