@@ -22,6 +22,7 @@ import re
 import shlex
 import sys
 import time
+from concurrent.futures import Future
 
 from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
@@ -38,6 +39,10 @@ REPORT_EVERY_S = 30  # off a terminal, a pending allocation's line again after t
 JOB_ID_SAID = re.compile(r"job allocation (\d+)")
 GONE_TIMEOUT_S = 60  # after scancel, how long podrun waits for squeue to show nothing of the job
 FIELD = re.compile(r"(\w+)=(\S*)")
+PARTITIONS = "scontrol show partition --oneliner"
+# while the login connection is made beside podrun's own start (begin()), the thread that makes it takes
+# the interpreter at once when a packet comes: at Python's 5 ms the handshake's 7 packets waited ~30 ms
+HANDSHAKE_SWITCH_S = 0.0005
 
 
 class Pending:
@@ -85,6 +90,8 @@ class SlurmCluster(Target):
         # lifecycle): Slurm's commands, and the workers' steps (used from the launch's event loop)
         self.shell = LoginShell(self.login_ssh)
         self.link = LoginLink(self.shell)
+        self.listing: Future[Completed] | None = None  # the partitions, asked for by begin()
+        self.switch_s = 0.0  # the interpreter's switch interval before begin(), restored once it is done
 
     @property
     def options(self) -> SlurmOptions:
@@ -116,6 +123,14 @@ class SlurmCluster(Target):
             if value is not None:
                 argv.append(f"{flag}={value}")
         return [*argv, *options.sbatch_args]
+
+    def begin(self) -> None:
+        """The login node's connection made and its partitions listed while the rest of the launch loads;
+        provision() checks the options against them before anything is allocated."""
+        if self.shell.ssh is not None:
+            self.switch_s = sys.getswitchinterval()
+            sys.setswitchinterval(HANDSHAKE_SWITCH_S)
+            self.listing = self.shell.asked(PARTITIONS)
 
     def provision(self) -> None:
         """Check the options against the cluster's partitions, ask for the allocation, and wait until it
@@ -157,7 +172,12 @@ class SlurmCluster(Target):
             raise PodrunError(f"Slurm job {self.job_id} ended as soon as it started ({state or 'gone'}, {reason})")
 
     def _partitions(self) -> list[dict[str, str]]:
-        listed = self._run("scontrol show partition --oneliner")
+        listing, self.listing = self.listing, None
+        try:
+            listed = listing.result() if listing else self._run(PARTITIONS)
+        finally:
+            if self.switch_s:
+                sys.setswitchinterval(self.switch_s)
         if listed.code != 0:
             raise PodrunError(f"{self.shell.where}: cannot list Slurm's partitions (scontrol show partition): "
                               f"{listed.error_line()}")

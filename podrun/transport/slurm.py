@@ -193,7 +193,11 @@ class LoginShell:
             except subprocess.TimeoutExpired:
                 raise PodrunError(f"{self.where}: no answer from `{command}` within {timeout_s:g}s") from None
             return Completed(done.returncode, done.stdout, done.stderr)
-        return asyncio.run_coroutine_threadsafe(self._remote(command, timeout_s), self.loop()).result()
+        return self.asked(command, timeout_s).result()
+
+    def asked(self, command: str, timeout_s: float = CONTROL_TIMEOUT_S) -> concurrent.futures.Future[Completed]:
+        """`command` started there now (the connection made first): its answer is the future's result."""
+        return asyncio.run_coroutine_threadsafe(self._remote(command, timeout_s), self.loop())
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The connection's event loop, running in a thread of this process."""
