@@ -28,7 +28,7 @@ def run_here(spec: JobSpec, ships_code: bool, options: ExecOptions, job_id: str 
     """Run the spec's job; `ships_code`: ship its workdir (an ad-hoc command without --workdir ships none).
     `job_id`, `on_running` (called once run has started everywhere) and `kept` are a supervisor host's."""
     spec, max_restarts = prepare(spec, ships_code, options)
-    lifecycle = _lifecycle(spec, ships_code, options, max_restarts, kept)
+    lifecycle = _lifecycle(spec, ships_code, options, max_restarts, kept, begin=not options.dry_run)
     target = lifecycle.target
     if options.dry_run:
         workers = target.workers(dry_run=True)
@@ -52,11 +52,16 @@ def adopt_here(spec: JobSpec, ships_code: bool, options: ExecOptions, record: jo
     return adoption.adopt(lifecycle, record, spec.stop_grace_s if options.grace_s is None else options.grace_s)
 
 
-def _lifecycle(spec: JobSpec, ships_code: bool, options: ExecOptions, max_restarts: int, kept: Kept | None):
+def _lifecycle(spec: JobSpec, ships_code: bool, options: ExecOptions, max_restarts: int, kept: Kept | None,
+               begin: bool = False):
+    """`begin`: the target starts asking what its provision needs (Target.begin) while the rest loads."""
+    target = target_for(spec)
+    if begin:
+        target.begin()
     from podrun.launch.lifecycle import Lifecycle  # here: a spec refused before never loads asyncio
 
     tree = scan_workdir(spec, options.dry_run, options.allow_large_workdir) if ships_code else None
-    return Lifecycle(spec, target_for(spec), tree, options.env, options.kill_stale, options.detach, max_restarts,
+    return Lifecycle(spec, target, tree, options.env, options.kill_stale, options.detach, max_restarts,
                      options.down, options.collapse, options.raw, kept)
 
 

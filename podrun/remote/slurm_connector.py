@@ -41,6 +41,9 @@ def connect(node):
             problems.append("%s: %s" % (host, getattr(error, "strerror", None) or error or "timed out"))
             continue
         connection.settimeout(None)
+        # frames go as they are written: with Nagle's algorithm the agent's probe, written just after its
+        # hello, waited for the fanout's delayed ACK of that (40 ms)
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection.sendall(("%s %s\n" % (token, node)).encode())
         return connection
     print("podrun-unreached %s %s" % (node, "; ".join(problems) or "no address"), flush=True)

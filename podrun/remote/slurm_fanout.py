@@ -97,6 +97,7 @@ class Fanout:
                     self.route(frames.take())
                 elif ready is self.listener:
                     connection, _ = self.listener.accept()
+                    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the node's end (connector)
                     self.hellos[connection] = b""
                     self.watch(connection)
                 elif ready in self.srun_lines:

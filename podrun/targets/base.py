@@ -95,6 +95,9 @@ class Target(ABC):
         """The cloud API in which podrun labels what it creates (a TPU's), where exec warns of orphans; None elsewhere."""
         return None
 
+    def begin(self) -> None:
+        """Start asking what provision() will need, while the rest of the launch loads (nothing is made)."""
+
     def provision(self) -> None:
         """Create what the spec declares and does not exist yet (waiting until it is ready)."""
 

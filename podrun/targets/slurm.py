@@ -22,6 +22,7 @@ import re
 import shlex
 import sys
 import time
+from concurrent.futures import Future
 
 from podrun.errors import PodrunError, SpecError
 from podrun.output import counted, say
@@ -38,6 +39,10 @@ REPORT_EVERY_S = 30  # off a terminal, a pending allocation's line again after t
 JOB_ID_SAID = re.compile(r"job allocation (\d+)")
 GONE_TIMEOUT_S = 60  # after scancel, how long podrun waits for squeue to show nothing of the job
 FIELD = re.compile(r"(\w+)=(\S*)")
+PARTITIONS = "scontrol show partition --oneliner"
+# while the login connection is made beside podrun's own start (begin()), the thread that makes it takes
+# the interpreter at once when a packet comes: at Python's 5 ms the handshake's 7 packets waited ~30 ms
+HANDSHAKE_SWITCH_S = 0.0005
 
 
 class Pending:
@@ -81,10 +86,12 @@ class SlurmCluster(Target):
         self.job_id: str | None = None
         self.nodes: list[tuple[str, str]] = []  # (node name, its address) in SLURM_JOB_NODELIST order
         self.login_ssh = self._login_transport()
-        # two connections to the login node: Slurm's commands (a thread of their own, for the synchronous
-        # steps of the lifecycle) and the workers' steps (in the launch's event loop)
-        self.shell = LoginShell(self._login_transport())
-        self.link = LoginLink(self.login_ssh)
+        # one connection to the login node, in a thread of its own (for the synchronous steps of the
+        # lifecycle): Slurm's commands, and the workers' steps (used from the launch's event loop)
+        self.shell = LoginShell(self.login_ssh)
+        self.link = LoginLink(self.shell)
+        self.listing: Future[Completed] | None = None  # the partitions, asked for by begin()
+        self.switch_s = 0.0  # the interpreter's switch interval before begin(), restored once it is done
 
     @property
     def options(self) -> SlurmOptions:
@@ -117,11 +124,21 @@ class SlurmCluster(Target):
                 argv.append(f"{flag}={value}")
         return [*argv, *options.sbatch_args]
 
+    def begin(self) -> None:
+        """The login node's connection made and its partitions listed while the rest of the launch loads;
+        provision() checks the options against them before anything is allocated."""
+        if self.shell.ssh is not None:
+            self.switch_s = sys.getswitchinterval()
+            sys.setswitchinterval(HANDSHAKE_SWITCH_S)
+            self.listing = self.shell.asked(PARTITIONS)
+
     def provision(self) -> None:
         """Check the options against the cluster's partitions, ask for the allocation, and wait until it
         is granted, saying why while it pends."""
         self.check_options(self._partitions())
         salloc = self.shell.spawn(shlex.join(self.salloc_argv()))
+        if self.options.nodes > 1:
+            self.link.start_fanout_early()
         said: list[str] = []
         pending = Pending(self.options.nodes)
         try:
@@ -150,13 +167,17 @@ class SlurmCluster(Target):
         if salloc.code != 0 or self.job_id is None:
             refusal = Completed(salloc.code or 1, "", "\n".join(said)).error_line()
             raise SpecError(self.spec.path, "target.slurm", f"salloc refused the allocation: {refusal}")
-        state, reason, nodelist = self._state()
-        if state != "RUNNING" or not nodelist:
+        state, reason, self.nodes = self._granted()
+        if state != "RUNNING" or not self.nodes:
             raise PodrunError(f"Slurm job {self.job_id} ended as soon as it started ({state or 'gone'}, {reason})")
-        self.nodes = self._node_addresses(nodelist)
 
     def _partitions(self) -> list[dict[str, str]]:
-        listed = self._run("scontrol show partition --oneliner")
+        listing, self.listing = self.listing, None
+        try:
+            listed = listing.result() if listing else self._run(PARTITIONS)
+        finally:
+            if self.switch_s:
+                sys.setswitchinterval(self.switch_s)
         if listed.code != 0:
             raise PodrunError(f"{self.shell.where}: cannot list Slurm's partitions (scontrol show partition): "
                               f"{listed.error_line()}")
@@ -198,7 +219,28 @@ class SlurmCluster(Target):
 
     def _state(self) -> tuple[str | None, str, str]:
         """The job's state, squeue's reason and its node list; None: squeue does not show it."""
-        shown = self._run(f"squeue --noheader --jobs={self.job_id} --format='%T|%r|%N'")
+        return self._state_in(self._run(self._squeue()))
+
+    def _squeue(self) -> str:
+        return f"squeue --noheader --jobs={self.job_id} --format='%T|%r|%N'"
+
+    def _granted(self) -> tuple[str | None, str, list[tuple[str, str]]]:
+        """Once salloc returned: the job's state, squeue's reason and, if it runs, its nodes with their
+        addresses (_node_addresses), asked in one command."""
+        nodes = self._nodes_command('"$N"')  # N: the node list, the last field of squeue's line
+        script = f'L=$({self._squeue()}) || exit; echo "$L"; echo ---; N="${{L##*|}}"; [ -z "$N" ] || {{ {nodes}; }}'
+        shown = self._run(shlex.join(["sh", "-c", script]))  # sh's syntax, whatever the login shell
+        state_part, marked, nodes_part = shown.stdout.partition("---\n")
+        if not marked:  # squeue itself failed
+            state, reason, _ = self._state_in(shown)
+            return state, reason, []
+        state, reason, nodelist = self._state_in(Completed(0, state_part, ""))
+        if state != "RUNNING" or not nodelist:
+            return state, reason, []
+        return state, reason, self._nodes_in(Completed(shown.code, nodes_part, shown.stderr))
+
+    def _state_in(self, shown: Completed) -> tuple[str | None, str, str]:
+        """squeue's answer (_squeue) read."""
         if shown.code != 0:
             if "Invalid job id" in shown.stderr:
                 return None, "", ""
@@ -213,8 +255,15 @@ class SlurmCluster(Target):
     def _node_addresses(self, nodelist: str) -> list[tuple[str, str]]:
         """The allocation's nodes in SLURM_JOB_NODELIST order, each with its address (NodeAddr), as one
         command on the login node."""
-        quoted = shlex.quote(nodelist)
-        answered = self._run(f"scontrol show hostnames {quoted} && echo --- && scontrol show node --oneliner {quoted}")
+        return self._nodes_in(self._run(self._nodes_command(shlex.quote(nodelist))))
+
+    @staticmethod
+    def _nodes_command(nodelist: str) -> str:
+        """`nodelist` (a shell word) as node names, then each node's record (its NodeAddr)."""
+        return f"scontrol show hostnames {nodelist} && echo --- && scontrol show node --oneliner {nodelist}"
+
+    def _nodes_in(self, answered: Completed) -> list[tuple[str, str]]:
+        """_nodes_command's answer read."""
         if answered.code != 0:
             raise PodrunError(f"{self.shell.where}: cannot read the nodes of Slurm job {self.job_id}: "
                               f"{answered.error_line()}")

@@ -10,12 +10,14 @@ each worker's exit code is its own. The launcher never signals srun (a second SI
 within a second cancels the step): it stops a step with the agent's "stop" line, and when it closes
 the channel, the agent reads end of input and stops its job (as over SSH).
 
-LoginShell runs Slurm's own commands (sbatch, squeue, scontrol, scancel) there too, for the target.
+LoginShell runs Slurm's own commands (salloc, squeue, scontrol, scancel) there too, for the target, over
+the same SSH connection: one login per job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import queue
 import shlex
@@ -28,6 +30,7 @@ from typing import cast
 from podrun.errors import PodrunError
 from podrun.transport.base import Channel, Transport, loop_gate, script_command
 from podrun.transport.local import SPAWNS_AT_ONCE
+from podrun.transport.loop_bridge import BridgedChannel, on_loop
 from podrun.transport.slurm_step import Steps, srun_argv
 
 CONTROL_TIMEOUT_S = 60  # one Slurm command on the login node (slurmctld answers in milliseconds)
@@ -39,13 +42,15 @@ def srun_command(job_id: str, node: str, command: str) -> str:
 
 
 class LoginLink:
-    """The one connection to the login node that every worker's channels (steps) go through; None
-    for `ssh`: this machine. Opened by the first worker's connect, closed by the last one's close."""
+    """The connection to the login node that every worker's channels (steps) go through: the login shell's
+    one SSH connection, its channels used from the launch's loop (loop_bridge.py), or processes here when
+    there is no `login`. `closes_shell`: a recorded job's link (from_endpoint), whose last close ends the
+    connection; the target's stays open for its release (SlurmCluster.free)."""
 
-    def __init__(self, ssh: Transport | None):
-        self.ssh = ssh
+    def __init__(self, shell: LoginShell, closes_shell: bool = False):
+        self.shell, self.ssh = shell, shell.ssh
+        self.closes_shell = closes_shell
         self.users = 0
-        self.opening: asyncio.Future | None = None
         self.steps = Steps(self.start, SlurmTransport.python)  # the agents of a step, as one srun
 
     @property
@@ -54,15 +59,12 @@ class LoginLink:
 
     async def open(self) -> None:
         self.users += 1
-        if self.ssh is None:
-            return
-        if self.opening is None or self.opening.get_loop() is not asyncio.get_running_loop():
-            self.opening = asyncio.ensure_future(self.ssh.connect())
-        await asyncio.shield(self.opening)
+        if self.ssh is not None:
+            await on_loop(self.shell.loop(), self.shell.connected())
 
     async def start(self, command: str) -> Channel:
         if self.ssh is not None:
-            return await self.ssh.start(command)
+            return await self.shell.bridged(self.shell.begin(command))
         async with loop_gate("local spawns", SPAWNS_AT_ONCE):  # a few at a time, as local workers (local.py)
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", command, cwd=os.path.expanduser("~"),
@@ -70,11 +72,17 @@ class LoginLink:
                 start_new_session=True)  # the terminal's Ctrl-C reaches podrun only, never srun
         return cast(Channel, process)
 
+    def start_fanout_early(self) -> None:
+        """The fanout of the first step's one srun (slurm_step.py) started now, its Python started and its
+        source read while the allocation is asked for; the first batch of several nodes takes it."""
+        if self.ssh is not None and self.steps.one_step:
+            begun = self.shell.begin(*self.steps.fanout_start())
+            self.steps.spare = lambda: self.shell.bridged(begun)
+
     async def close(self) -> None:
         self.users = max(0, self.users - 1)
-        if self.users == 0 and self.ssh is not None and self.opening is not None:
-            self.opening = None
-            await self.ssh.close()
+        if self.users == 0 and self.closes_shell:
+            await asyncio.to_thread(self.shell.close)
 
 
 class SlurmTransport(Transport):
@@ -130,7 +138,7 @@ def from_endpoint(endpoint: dict) -> Transport:
     key = repr(sorted(login.items())) if login else ""
     link = _LINKS.get(key)
     if link is None:
-        link = _LINKS[key] = LoginLink(_ssh_from(login) if login else None)
+        link = _LINKS[key] = LoginLink(LoginShell(_ssh_from(login) if login else None), closes_shell=True)
     return SlurmTransport(link, login, endpoint["job_id"], endpoint["node"])
 
 
@@ -163,13 +171,14 @@ class Spawned:
 
 class LoginShell:
     """Runs Slurm's commands on the login node over one SSH connection kept open (in a thread with an
-    event loop of its own, so that the target's synchronous steps can use it), or here."""
+    event loop of its own, so that the target's synchronous steps can use it), or here. The workers'
+    channels go over the same connection (LoginLink)."""
 
     def __init__(self, ssh: Transport | None):
         self.ssh = ssh
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event_loop: asyncio.AbstractEventLoop | None = None
         self.owner = 0  # the pid whose thread runs the loop: a forked supervisor starts its own
-        self.connected = False
+        self.connecting: asyncio.Future | None = None  # the connection, once asked for (on the loop)
         self.lock = threading.Lock()
 
     @property
@@ -184,33 +193,59 @@ class LoginShell:
             except subprocess.TimeoutExpired:
                 raise PodrunError(f"{self.where}: no answer from `{command}` within {timeout_s:g}s") from None
             return Completed(done.returncode, done.stdout, done.stderr)
-        loop = self._loop()
-        future = asyncio.run_coroutine_threadsafe(self._remote(command, timeout_s), loop)
-        return future.result()
+        return self.asked(command, timeout_s).result()
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
+    def asked(self, command: str, timeout_s: float = CONTROL_TIMEOUT_S) -> concurrent.futures.Future[Completed]:
+        """`command` started there now (the connection made first): its answer is the future's result."""
+        return asyncio.run_coroutine_threadsafe(self._remote(command, timeout_s), self.loop())
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's event loop, running in a thread of this process."""
         with self.lock:
-            if self.loop is None or self.owner != os.getpid():
-                self.loop = asyncio.new_event_loop()
+            if self.event_loop is None or self.owner != os.getpid():
+                self.event_loop = asyncio.new_event_loop()
                 self.owner = os.getpid()
-                self.connected = False
-                threading.Thread(target=self.loop.run_forever, name="slurm-login", daemon=True).start()
-            return self.loop
+                self.connecting = None
+                threading.Thread(target=self.event_loop.run_forever, name="slurm-login", daemon=True).start()
+            return self.event_loop
+
+    async def connected(self) -> None:
+        """On the loop: the connection made, once for every command at once (again after it broke)."""
+        assert self.ssh is not None
+        if self.connecting is None:
+            self.connecting = asyncio.ensure_future(self.ssh.connect())
+        try:
+            await asyncio.shield(self.connecting)
+        except Exception:
+            self.connecting = None
+            raise
+
+    def begin(self, command: str, stdin: bytes = b"") -> concurrent.futures.Future[Channel]:
+        """Start `command` there (`stdin` written to it) on the loop; its channel is the loop's (bridged())."""
+        return asyncio.run_coroutine_threadsafe(self._started(command, stdin), self.loop())
+
+    async def bridged(self, begun: concurrent.futures.Future[Channel]) -> Channel:
+        """A channel begin() started, for the running loop's use."""
+        return BridgedChannel(await asyncio.wrap_future(begun), self.loop())
+
+    async def _started(self, command: str, stdin: bytes) -> Channel:
+        assert self.ssh is not None
+        await self.connected()
+        channel = await self.ssh.start(command)
+        if stdin:
+            channel.stdin.write(stdin)
+        return channel
 
     async def _remote(self, command: str, timeout_s: float) -> Completed:
-        assert self.ssh is not None
-        if not self.connected:
-            await self.ssh.connect()
-            self.connected = True
         try:
-            channel = await self.ssh.start(command)
+            channel = await self._started(command, b"")
             channel.stdin.write_eof()
             out, err, code = await asyncio.wait_for(asyncio.gather(
                 channel.stdout.read(), channel.stderr.read(), channel.wait()), timeout_s)
         except asyncio.TimeoutError:
             raise PodrunError(f"{self.where}: no answer from `{command}` within {timeout_s:g}s") from None
         except Exception as error:  # the connection broke: the next command connects again
-            self.connected = False
+            self.connecting = None
             raise PodrunError(f"{self.where}: `{command}` failed: {error}") from None
         return Completed(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
@@ -233,27 +268,23 @@ class LoginShell:
 
             threading.Thread(target=pump, name="slurm-spawned", daemon=True).start()
         else:
-            asyncio.run_coroutine_threadsafe(self._spawn_remote(command, spawned), self._loop())
+            asyncio.run_coroutine_threadsafe(self._spawn_remote(command, spawned), self.loop())
         return spawned
 
     async def _spawn_remote(self, command: str, spawned: Spawned) -> None:
-        assert self.ssh is not None
         try:
-            if not self.connected:
-                await self.ssh.connect()
-                self.connected = True
-            channel = await self.ssh.start(command + " 2>&1")
+            channel = await self._started(command + " 2>&1", b"")
             channel.stdin.write_eof()
             while line := await channel.stdout.readline():
                 spawned.lines.put(line.decode(errors="replace").rstrip("\n"))
             spawned.code = await channel.wait()
         except Exception as error:  # the connection broke
-            self.connected = False
+            self.connecting = None
             spawned.lines.put(f"podrun: the link to {self.where} broke: {error}")
             spawned.code = 255
         spawned.lines.put(None)
 
     def close(self) -> None:
-        if self.loop is not None and self.owner == os.getpid() and self.ssh is not None and self.connected:
-            asyncio.run_coroutine_threadsafe(self.ssh.close(), self.loop).result(timeout=10)
-            self.connected = False
+        if self.event_loop is not None and self.owner == os.getpid() and self.ssh is not None and self.connecting:
+            self.connecting = None
+            asyncio.run_coroutine_threadsafe(self.ssh.close(), self.event_loop).result(timeout=10)

@@ -83,6 +83,7 @@ class Steps:
         self.one_step = os.environ.get(STEPS_VARIABLE, "one") != "per-node"
         self.batch: Batch | None = None
         self.running: set[asyncio.Task] = set()
+        self.spare: Callable[[], Awaitable[Channel]] | None = None  # a fanout started early, for the next batch
 
     async def join(self, job_id: str, node: str, command: str, expected: int,
                    per_node: Callable[[], Awaitable[Channel]]) -> Channel:
@@ -121,8 +122,8 @@ class Steps:
             await self._per_node(batch.joined[0])
             return
         try:
-            fanout = await self.start_on_login(script_command(self.python, "slurm_fanout"))
-            fanout.stdin.write(script_source("slurm_fanout") + framing.message({
+            fanout = await self._fanout()
+            fanout.stdin.write(framing.message({
                 "nodes": [joined.node for joined in batch.joined],
                 "srun": [*srun_argv(batch.job_id, [joined.node for joined in batch.joined]), "--input=all",
                          *connector_argv(self.python), *self.task(batch.command)],
@@ -134,6 +135,20 @@ class Steps:
                     joined.started.set_exception(error)
             return
         await self._carry(batch, Fanout(fanout))
+
+    def fanout_start(self) -> tuple[str, bytes]:
+        """The fanout's command on the login node and its source, which it reads first: then it waits for its batch."""
+        return script_command(self.python, "slurm_fanout"), script_source("slurm_fanout")
+
+    async def _fanout(self) -> Channel:
+        """The fanout started early (LoginLink.start_fanout_early) if there is one, else one started now."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            return await spare()
+        command, source = self.fanout_start()
+        fanout = await self.start_on_login(command)
+        fanout.stdin.write(source)
+        return fanout
 
     async def _carry(self, batch: Batch, fanout: Fanout) -> None:
         """Read the fanout's frames into each node's channel until it ends."""

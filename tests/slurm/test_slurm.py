@@ -4,6 +4,8 @@ agent as its task, and nothing left in squeue or on any node after the job, a fa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
@@ -16,6 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from podrun.spec import SshOptions
+from podrun.transport.ssh import host_transport
 
 from helpers import (
     REPO,
@@ -122,6 +127,24 @@ def srun_processes(slurm_job: int) -> list[str]:
                    if command.startswith("srun ") and f"--jobid={slurm_job} " in command})
 
 
+def login_connections(cluster) -> int:
+    """How many TCP connections from this machine (the launcher's) to the login node's sshd are open."""
+    listed = subprocess.run(["ss", "-Htn", "state", "established"], capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in listed.splitlines() if line.split()[-1:] == [f"{cluster.login.ip}:22"])
+
+
+def waiting_fanouts(cluster) -> list[int]:
+    """The Slurm fanouts (remote/slurm_fanout.py) running on this cluster's login node, started over SSH,
+    that have not started an srun (not a child of theirs, live or ended): those waiting for a batch."""
+    parents = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            parents.add(int(stat.read_text().rsplit(")", 1)[1].split()[1]))
+    return [pid for pid, command, environ in live_processes() if "slurm_fanout-" in command and pid not in parents
+            and any(entry.startswith(b"SSH_CONNECTION=") and f" {cluster.login.ip} 22".encode() in entry
+                    for entry in environ)]
+
+
 def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(home, cluster, slurm_spec):
     # worker 2 fails once the test has seen the step; the others sleep until stopped
     spec = slurm_spec("""
@@ -141,6 +164,10 @@ def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(hom
     assert (step.split(".")[0], step_nodes) == (str(slurm_job), "slurm-node[1-3]")
     (srun,) = srun_processes(slurm_job)
     assert "--nodelist=slurm-node1,slurm-node2,slurm-node3 --nodes=3 --ntasks=3 " in srun
+    # one SSH connection to the login node carries Slurm's commands and every worker's channel, and the
+    # fanout started while salloc waited is the step's: none is left waiting for a batch beside it
+    assert login_connections(cluster) == 1
+    assert waiting_fanouts(cluster) == []
     stacks = podrun("stacks", job_id_in(job.text), "--all")  # an attached job's stacks, through steps of their own
     assert stacks.returncode == 0, stacks.stderr
     assert len(re.findall(r"^=== pid \d+ \(parent \d+\): python3 -c .* one-step-sleeper ===$", stacks.stdout, re.M)) == 2
@@ -152,6 +179,26 @@ def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(hom
     assert codes[2] == 5 and codes[:2] == [143, 143], codes  # each worker's own: the others' SIGTERM
     assert left_on_nodes("one-step-sleeper") == []
     assert slurm_jobs(cluster) == []
+
+
+def test_a_new_connections_first_command_does_not_wait_for_a_delayed_ack(home, cluster):
+    # sshd holds the first channel's confirmation until the packets it sent after the login are
+    # acknowledged: ~45 ms at most connections when this end's TCP delays its ACK (ssh_library.py)
+    async def first_command_s() -> float:
+        login = host_transport(SshOptions(identity_file=str(cluster.client_key), check_host_keys=False), "root",
+                               cluster.login.ip, None)
+        await login.connect()
+        try:
+            started = time.monotonic()
+            channel = await login.start("true")
+            channel.stdin.write_eof()
+            assert await channel.wait() == 0
+            return time.monotonic() - started
+        finally:
+            await login.close()
+
+    took = sorted(asyncio.run(first_command_s()) for _ in range(7))
+    assert took[3] < 0.03, took  # the median: each that waited for the ACK took 0.04 s or more
 
 
 def test_nodes_that_cannot_reach_the_login_node_run_a_step_each(home, cluster, slurm_spec, monkeypatch):
@@ -277,11 +324,13 @@ def test_a_pending_allocation_says_why_and_ctrl_c_cancels_it(home, cluster, slur
     said = read_until(process.stderr, "pending")
     assert re.search(r"^podrun: Slurm job \d+ pending \(Resources\): waiting for 3 nodes \(Ctrl-C cancels it\)$",
                      said, re.M), said
+    assert len(waiting_fanouts(cluster)) == 1  # started while salloc waits, for the first step's one srun
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "never" not in out
     assert [name for _, name, _ in slurm_jobs(cluster)] == ["holder"]
+    wait_until(lambda: waiting_fanouts(cluster) == [], "the fanout to end with podrun's connection")
 
 
 @pytest.mark.parametrize(("nodes", "options", "line"), [
