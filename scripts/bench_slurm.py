@@ -162,7 +162,7 @@ def main() -> None:
         work = Path(work_dir)
         (work / "code").mkdir()
         env = {**os.environ, "PODRUN_HOME": str(work / "podrun-home")}
-        with SlurmLab(work / "lab", compute_nodes=max(3, args.nodes)) as lab:
+        with SlurmLab(work / "lab", compute_nodes=max(3, args.nodes), login_sessions=10) as lab:  # sshd's default
             lab.wait_until_idle()
             starting = spec(work / "start.yaml", lab, args.nodes, PRINT_TIME, work / "code")
             failing_job = spec(work / "fail.yaml", lab, args.nodes, failing(args.nodes, "$PODRUN_WORKER"), work / "code")

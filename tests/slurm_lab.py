@@ -128,6 +128,10 @@ class SlurmLab(StartStop):
     gpus: int = 0  # per compute node: a count-only GRES (no devices), for --gpus-per-node
     kill_wait_s: int = 5
     min_job_age_s: int = 300
+    # channels the login node's sshd allows on one connection (MaxSessions): the suite's refuses a third, as
+    # sshd's default (10) refuses an eleventh, so that podrun's channels past it (a node's step or command
+    # each) go on further connections at any node count; benchmarks take the default
+    login_sessions: int = 2
     login: SlurmNode = field(init=False)
     nodes: list[SlurmNode] = field(init=False)  # the compute nodes
     partitions: list[Partition] = field(init=False)
@@ -324,7 +328,10 @@ class SlurmLab(StartStop):
         for path in node.dir.glob("ssh_host_ed25519_key*"):
             path.unlink()
         _sh(f"ssh-keygen -q -t ed25519 -N '' -C {node.name} -f {node.dir}/ssh_host_ed25519_key")
-        (node.dir / "sshd_config").write_text(sshd_config([node.ip], node.dir))
+        config = sshd_config([node.ip], node.dir)
+        if node is self.login:
+            config = config.replace("MaxSessions 100", f"MaxSessions {self.login_sessions}")
+        (node.dir / "sshd_config").write_text(config)
         mounts = [*python_under_root(self.home), f"hostname {node.name}",
                   f"mount --bind {self.hosts_file} /etc/hosts", f"mount --bind {self.conf_dir} /etc/slurm",
                   f"mount --rbind {self.home} /root"]

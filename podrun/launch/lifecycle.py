@@ -284,7 +284,8 @@ class Lifecycle:
         except PodrunError as error:
             if not isinstance(failure, PodrunError):
                 raise
-            both = PodrunError(f"{failure}; then, deleting the TPU (delete_after): {error}")
+            what = f"giving back {self.target.held}" if self.target.holds else "deleting the TPU (delete_after)"
+            both = PodrunError(f"{failure}; then, {what}: {error}")
             both.exit_code = failure.exit_code
             raise both from None
 

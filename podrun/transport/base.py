@@ -17,9 +17,15 @@ from functools import cache, partial
 from importlib import resources
 from typing import Protocol
 
+from podrun.errors import PodrunError
+
 
 class ChannelLost(Exception):
     """The connection under a channel broke (the worker's host, or the link to it, went away)."""
+
+
+class SessionRefused(PodrunError):
+    """The host refused one more channel on a connection (sshd's MaxSessions: 10 by default)."""
 
 
 class ChannelInput(Protocol):

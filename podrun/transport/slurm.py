@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import queue
 import shlex
 import subprocess
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
 
 from podrun.errors import PodrunError
-from podrun.transport.base import Channel, Transport, loop_gate, script_command
+from podrun.transport.base import Channel, SessionRefused, Transport, loop_gate, script_command
 from podrun.transport.local import SPAWNS_AT_ONCE
 from podrun.transport.loop_bridge import BridgedChannel, on_loop
 from podrun.transport.slurm_step import Steps, srun_argv
@@ -179,6 +180,7 @@ class LoginShell:
         self.event_loop: asyncio.AbstractEventLoop | None = None
         self.owner = 0  # the pid whose thread runs the loop: a forked supervisor starts its own
         self.connecting: asyncio.Future | None = None  # the connection, once asked for (on the loop)
+        self.sessions: Sessions | None = None  # the channels on it, and on the further connections they need
         self.lock = threading.Lock()
 
     @property
@@ -231,7 +233,9 @@ class LoginShell:
     async def _started(self, command: str, stdin: bytes) -> Channel:
         assert self.ssh is not None
         await self.connected()
-        channel = await self.ssh.start(command)
+        if self.sessions is None:
+            self.sessions = Sessions(self.ssh)
+        channel = await self.sessions.start(command)
         if stdin:
             channel.stdin.write(stdin)
         return channel
@@ -287,4 +291,65 @@ class LoginShell:
     def close(self) -> None:
         if self.event_loop is not None and self.owner == os.getpid() and self.ssh is not None and self.connecting:
             self.connecting = None
-            asyncio.run_coroutine_threadsafe(self.ssh.close(), self.event_loop).result(timeout=10)
+            further, self.sessions = self.sessions.further if self.sessions else [], None
+            for transport in [self.ssh, *further]:
+                asyncio.run_coroutine_threadsafe(transport.close(), self.event_loop).result(timeout=10)
+
+
+class Sessions:
+    """The channels on the login node's connection: one past what its sshd allows on a connection
+    (MaxSessions, 10 by default: a channel per node for `stacks`, `stop`, `logs -f`, or per-node steps)
+    goes on a further connection, made then. The limit is learnt from the refusal, so none is assumed."""
+
+    def __init__(self, first: Transport):
+        self.first = first
+        self.further: list[Transport] = []
+        self.open: dict[int, int] = {id(first): 0}  # channels open on each connection
+        self.most: dict[int, int] = {}  # for a connection that refused one more: how many it holds
+
+    async def start(self, command: str) -> Channel:
+        while True:
+            transport = await self._with_room()
+            self.open[id(transport)] += 1
+            try:
+                channel = await transport.start(command)
+            except SessionRefused:
+                self.open[id(transport)] -= 1
+                if not self.open[id(transport)]:  # refused with none open: not a limit on sessions
+                    raise
+                self.most[id(transport)] = self.open[id(transport)]
+                continue
+            except PodrunError:
+                self.open[id(transport)] -= 1
+                if transport in self.further:  # broken: the next channel that needs one makes another
+                    self.further.remove(transport)
+                raise
+            return _Counted(channel, functools.partial(self._ended, transport))
+
+    async def _with_room(self) -> Transport:
+        for transport in [self.first, *self.further]:
+            if self.open[id(transport)] < self.most.get(id(transport), self.open[id(transport)] + 1):
+                return transport
+        transport = _ssh_from(self.first.endpoint())
+        await transport.connect()
+        self.further.append(transport)
+        self.open[id(transport)] = 0
+        return transport
+
+    def _ended(self, transport: Transport) -> None:
+        self.open[id(transport)] -= 1
+
+
+class _Counted:
+    """A channel that tells `ended` once, when its command's end was awaited."""
+
+    def __init__(self, channel: Channel, ended: Callable[[], None]):
+        self.channel, self.ended = channel, ended
+        self.stdin, self.stdout, self.stderr = channel.stdin, channel.stdout, channel.stderr
+
+    async def wait(self) -> int:
+        try:
+            return await self.channel.wait()
+        finally:
+            ended, self.ended = self.ended, lambda: None
+            ended()

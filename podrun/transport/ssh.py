@@ -28,7 +28,7 @@ import podrun.transport.known_hosts as known_hosts
 from podrun import paths
 from podrun.errors import PodrunError, UsageError
 from podrun.transport import client_keys, hops
-from podrun.transport.base import Channel, Transport, loop_gate
+from podrun.transport.base import Channel, SessionRefused, Transport, loop_gate
 from podrun.transport.ssh_channel import SshChannel, reason
 
 if TYPE_CHECKING:
@@ -318,6 +318,8 @@ class SshTransport(Transport):
         assert self.connection is not None, "start() comes after connect()"
         try:
             return SshChannel(await self.connection.create_process(command, encoding=None))
+        except asyncssh.ChannelOpenError as error:
+            raise SessionRefused(f"{self.label}: cannot start a command: {reason(error)}") from None
         except (OSError, asyncssh.Error) as error:
             raise PodrunError(f"{self.label}: cannot start a command: {reason(error)}") from None
 
