@@ -19,6 +19,7 @@ most INSTALL_WAIT): the second finds the first's podrun in the venv and installs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shlex
@@ -84,7 +85,7 @@ async def podrun_on_host(transport: Transport, host: str, configured: str | None
                          configured=shlex.quote(configured or ""))
     timeout_s = seconds(CHECK_TIMEOUT)
     try:
-        found = await asyncio.wait_for(_run_script(transport, host, probe), timeout_s)
+        found = await asyncio.wait_for(run_script(transport, host, probe), timeout_s)
     except asyncio.TimeoutError:
         raise PodrunError(f"supervisor {host}: no answer within {timeout_s:g}s to podrun's version check there (does "
                           f"its login shell wait for input? try `ssh {host} true`); PODRUN_SUPERVISOR_CHECK_TIMEOUT "
@@ -114,7 +115,7 @@ async def _install(transport: Transport, host: str, want: str) -> str:
         data = file.read()
     wait_s = seconds(INSTALL_WAIT)
     script = INSTALL.format(mark=MARK, wheel=wheel_name(), size=len(data), want=shlex.quote(want), wait=f"{wait_s:g}")
-    installed = await _run_script(transport, host, script, data)
+    installed = await run_script(transport, host, script, data)
     if installed["failed"] == "lock":
         raise PodrunError(f"supervisor {host}: cannot install podrun {__version__} into {VENV}: another install there "
                           f"held ~/.podrun/install.lock for {wait_s:g}s; PODRUN_SUPERVISOR_INSTALL_WAIT sets the "
@@ -129,7 +130,7 @@ async def _install(transport: Transport, host: str, want: str) -> str:
     return installed["venv"]
 
 
-async def _run_script(transport: Transport, host: str, script: str, stdin: bytes = b"") -> dict[str, str]:
+async def run_script(transport: Transport, host: str, script: str, stdin: bytes = b"") -> dict[str, str]:
     """What `script`, run by the user's login shell on the host, reported: path, path_version, venv,
     venv_version and failed ("" where it said nothing), and in "output" what it printed since its last `step`."""
     command = f'exec "${{SHELL:-/bin/sh}}" -lc {shlex.quote(script)}'
@@ -137,9 +138,12 @@ async def _run_script(transport: Transport, host: str, script: str, stdin: bytes
         channel = await transport.start(command)
 
         async def send() -> None:
-            channel.stdin.write(stdin)
-            await channel.stdin.drain()
-            channel.stdin.write_eof()
+            # a script may end before it read it all (the probe reads nothing; an install that fails at once):
+            # what it said tells, and a connection that broke is its output's and exit's ChannelLost
+            with contextlib.suppress(ChannelLost):
+                channel.stdin.write(stdin)
+                await channel.stdin.drain()
+                channel.stdin.write_eof()
 
         _, output, errors, _ = await asyncio.gather(send(), channel.stdout.read(), channel.stderr.read(),
                                                     channel.wait())

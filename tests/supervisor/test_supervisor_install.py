@@ -25,8 +25,9 @@ import pytest
 
 from podrun import __version__
 from podrun.errors import PodrunError
-from podrun.supervisor.install import podrun_on_host
+from podrun.supervisor.install import podrun_on_host, run_script
 from podrun.supervisor.wheel import build_wheel
+from podrun.transport.past_login import MARK
 from podrun.transport.ssh import SshTransport
 
 from helpers import on_the_machines_network, podrun
@@ -329,3 +330,19 @@ def test_two_execs_at_once_through_a_fresh_supervisor_both_run_and_install_it_on
             "[w0] ran on 0", "[w1] ran on 1"]
     assert [line for line in (host_home / "python3-calls").read_text().splitlines() if line.startswith("-m venv")] == [
         "-m venv /root/.podrun/venv"]
+
+
+@pytest.mark.lab
+def test_a_script_that_ends_before_it_reads_its_input_is_read_not_a_broken_connection(lab, home):
+    """The probe reads nothing, and an install can fail before it read the wheel: what either said is its
+    answer, never `the connection broke` (seen once when the probe ended before podrun sent its end of input)."""
+    async def run() -> dict[str, str]:
+        transport = SshTransport(lab.hosts[HOST].ip, 22, "root", str(lab.client_key), True)
+        await transport.connect()
+        try:
+            return await run_script(transport, lab.hosts[HOST].ip, f"printf '{MARK}failed=receive\\n'",
+                                     b"wheel" * 2_000_000)
+        finally:
+            await transport.close()
+
+    assert asyncio.run(run())["failed"] == "receive"
