@@ -208,6 +208,7 @@ class LoginShell:
                 self.event_loop = asyncio.new_event_loop()
                 self.owner = os.getpid()
                 self.connecting = None
+                self.sessions = None  # a forked supervisor's: its parent's channels and connections are not its own
                 threading.Thread(target=self.event_loop.run_forever, name="slurm-login", daemon=True).start()
             return self.event_loop
 
@@ -304,23 +305,23 @@ class Sessions:
     def __init__(self, first: Transport):
         self.first = first
         self.further: list[Transport] = []
-        self.open: dict[int, int] = {id(first): 0}  # channels open on each connection
-        self.most: dict[int, int] = {}  # for a connection that refused one more: how many it holds
+        self.open: dict[Transport, int] = {first: 0}  # channels open on each connection
+        self.most: dict[Transport, int] = {}  # for a connection that refused one more: how many it holds
 
     async def start(self, command: str) -> Channel:
         while True:
             transport = await self._with_room()
-            self.open[id(transport)] += 1
+            self.open[transport] += 1
             try:
                 channel = await transport.start(command)
             except SessionRefused:
-                self.open[id(transport)] -= 1
-                if not self.open[id(transport)]:  # refused with none open: not a limit on sessions
+                self.open[transport] -= 1
+                if not self.open[transport]:  # refused with none open: not a limit on sessions
                     raise
-                self.most[id(transport)] = self.open[id(transport)]
+                self.most[transport] = self.open[transport]
                 continue
             except PodrunError:
-                self.open[id(transport)] -= 1
+                self.open[transport] -= 1
                 if transport in self.further:  # broken: the next channel that needs one makes another
                     self.further.remove(transport)
                 raise
@@ -328,16 +329,16 @@ class Sessions:
 
     async def _with_room(self) -> Transport:
         for transport in [self.first, *self.further]:
-            if self.open[id(transport)] < self.most.get(id(transport), self.open[id(transport)] + 1):
+            if transport not in self.most or self.open[transport] < self.most[transport]:
                 return transport
         transport = _ssh_from(self.first.endpoint())
         await transport.connect()
         self.further.append(transport)
-        self.open[id(transport)] = 0
+        self.open[transport] = 0
         return transport
 
     def _ended(self, transport: Transport) -> None:
-        self.open[id(transport)] -= 1
+        self.open[transport] -= 1
 
 
 class _Counted:
