@@ -20,7 +20,6 @@ PODRUN_SUPERVISOR_WARM (on the laptop): how long a warm podrun waits for a comma
 
 from __future__ import annotations
 
-import array
 import contextlib
 import fcntl
 import gc
@@ -36,6 +35,7 @@ from collections.abc import Callable
 
 from podrun import paths
 from podrun.errors import UsageError
+from podrun.remote import forkserver
 from podrun.supervisor import greeting
 
 SETTING = "PODRUN_SUPERVISOR_WARM"
@@ -191,20 +191,16 @@ def _read_all(fd: int) -> bytes:
 
 def _request(connection: socket.socket) -> tuple[list[int], Request]:
     """The client's stdin, stdout and stderr, and its request, read to its end."""
-    _, ancillary, _, _ = connection.recvmsg(1, socket.CMSG_SPACE(3 * array.array("i").itemsize))
-    stdio = array.array("i")
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            stdio.frombytes(data[:len(data) - len(data) % stdio.itemsize])
+    first, stdio = forkserver.receive(connection)  # the byte that carried the descriptors, and what came with it
     try:
-        if len(stdio) != 3:
+        if len(stdio) != forkserver.DESCRIPTORS or not first.startswith(b"F"):
             raise ValueError("a request without stdio")
-        text = b""
+        text = first[1:]
         while chunk := connection.recv(REQUEST_LIMIT):
             text += chunk
             if len(text) > REQUEST_LIMIT:
                 raise ValueError("a request over its limit")
-        return list(stdio), Request(text)
+        return stdio, Request(text)
     except (OSError, ValueError):
         for fd in stdio:
             os.close(fd)
