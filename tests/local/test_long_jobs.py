@@ -139,12 +139,19 @@ while True:
 
 
 @pytest.mark.slow
-def test_torchrun_exit_code_and_error_are_the_failed_ranks_and_lines_carry_the_rank(home, job_file):
-    spec = torchrun_job(job_file, 2, 29531, """\
+def test_torchrun_exit_code_and_error_are_the_failed_ranks_and_lines_carry_the_rank(home, job_file, tmp_path):
+    # rank 3 fails once every rank has printed: on a loaded machine fail-fast could otherwise stop a rank whose
+    # Python had not reached its print yet (seen once in a fresh-clone .ci/run), and no line of it would exist
+    said = tmp_path / "said"
+    said.mkdir()
+    spec = torchrun_job(job_file, 2, 29531, f"""\
 import os, sys, time
 rank = int(os.environ["RANK"])
-print(f"hello from rank {rank}", flush=True)
+print(f"hello from rank {{rank}}", flush=True)
+open(os.path.join({str(said)!r}, str(rank)), "w").close()
 if rank == 3:
+    while len(os.listdir({str(said)!r})) < 4:
+        time.sleep(0.05)
     raise SystemExit("rank 3 gives up: no data in /data/shard-3")
 time.sleep(60)
 """)
