@@ -164,9 +164,11 @@ def test_one_srun_step_starts_every_node_and_a_failing_node_stops_the_others(hom
     assert (step.split(".")[0], step_nodes) == (str(slurm_job), "slurm-node[1-3]")
     (srun,) = srun_processes(slurm_job)
     assert "--nodelist=slurm-node1,slurm-node2,slurm-node3 --nodes=3 --ntasks=3 " in srun
-    # one SSH connection to the login node carries Slurm's commands and every worker's channel, and the
-    # fanout started while salloc waited is the step's: none is left waiting for a batch beside it
-    assert login_connections(cluster) == 1
+    # the login node's connections carry Slurm's commands and every worker's channel, none a worker's own:
+    # at most salloc, the fanout and one command at once, on one connection per MaxSessions channels (the
+    # lab's 2 make that two, sshd's default 10 one); and the fanout started while salloc waited is the
+    # step's: none is left waiting for a batch beside it
+    assert login_connections(cluster) <= -(-3 // cluster.login_sessions)
     assert waiting_fanouts(cluster) == []
     stacks = podrun("stacks", job_id_in(job.text), "--all")  # an attached job's stacks, through steps of their own
     assert stacks.returncode == 0, stacks.stderr
@@ -408,7 +410,8 @@ def test_a_detached_job_past_its_time_limit_reads_as_the_attached_one_does(home,
     wait_until(lambda: slurm_jobs(cluster) == [], "squeue to show nothing of the job", timeout=60)
     if left := left_on_nodes("slurm-over-time-detached"):
         for pid in (int(line.split()[0]) for line in left):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended since it was listed
+                os.kill(pid, signal.SIGKILL)
         wait_until(lambda: processes_of_job(job_id) == [], "the job's processes to be gone")
         pytest.xfail("known gap: a detached agent left its srun step's process tree, so under proctrack/linuxproc "
                      "Slurm's time limit does not reach its program, and podrun can no longer reach the node")

@@ -60,6 +60,12 @@ def failed_handover(job_file, lab, supervisor, target: str):
     return result, [line for line in stderr_lines_without_traceback(result.stderr) if "error" in line]
 
 
+def jobs_on(supervisor) -> set[str]:
+    """The job directories in the supervisor host's ~/.podrun/jobs."""
+    jobs = supervisor.home / ".podrun" / "jobs"
+    return {job.name for job in jobs.iterdir()} if jobs.is_dir() else set()
+
+
 def test_an_unreachable_supervisor_is_one_line_and_leaves_no_record(home, job_file):
     with __import__("socket").socket() as closed:  # a port nobody listens on
         closed.bind(("127.0.0.1", 0))
@@ -106,12 +112,13 @@ def test_a_worker_the_supervisor_cannot_reach_stops_the_handover_in_one_line(hom
 @pytest.mark.slow
 def test_a_supervisor_without_google_credentials_says_what_to_run_there(home, lab, tpu_api, job_file, supervisor):
     shutil.rmtree(supervisor.home / ".config" / "gcloud")  # as on a VM whose service account has no TPU role
+    before = jobs_on(supervisor)  # a test that ran a worker on that host wrote there too
     result, error = failed_handover(job_file, lab, supervisor, "{tpu: {name: life, accelerator_type: v4-16}}")
     assert len(error) == 1 and error[0].startswith(f"podrun: error: on the supervisor root@{supervisor.ip}: ") \
         and "gcloud auth application-default login" in error[0], result.stderr
     assert podrun("jobs", "--json").stdout.strip() == "[]"  # nothing began: no pointer left behind
     assert not tpu_api.nodes
-    assert list((supervisor.home / ".podrun" / "jobs").iterdir()) == []  # nor what podrun said there
+    assert jobs_on(supervisor) == before  # nor what podrun said there
 
 
 def test_a_key_the_supervisor_lacks_gives_way_to_its_own_and_a_refusal_names_the_supervisor(home, lab, job_file,
