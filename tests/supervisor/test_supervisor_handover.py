@@ -171,12 +171,15 @@ def test_a_detached_handover_keeps_what_podrun_says_there_but_not_a_second_copy_
 
 
 def ended_and_removed_on_the_supervisor(hosts_spec, supervisor) -> str:
-    """A detached job that ended on the supervisor, whose launcher there has exited, and whose record
-    the user then removed there (`rm -r ~/.podrun/jobs/ID`), while the laptop last knew it running: its id."""
+    """A detached job that ended on the supervisor, whose launcher and supervisor there have exited, and
+    whose record the user then removed there (`rm -r ~/.podrun/jobs/ID`), while the laptop last knew it
+    running: its id."""
     _, job_id = detached(supervised(hosts_spec, supervisor, "run: 'echo done'"))
     wait_until(lambda: supervisor.record(job_id)["state"] == "succeeded", "the job to end on the supervisor")
-    launcher = supervisor.record(job_id)["launcher"]
-    wait_until(lambda: not jobstore.is_alive(launcher), "the launcher there to exit")
+    record = supervisor.record(job_id)
+    # the supervisor forgets what adopting the job takes after it recorded the end
+    wait_until(lambda: not any(jobstore.is_alive(record[process]) for process in ("launcher", "supervisor")),
+               "the launcher and the supervisor there to exit")
     shutil.rmtree(supervisor.job_dir(job_id))
     return job_id
 
