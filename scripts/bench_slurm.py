@@ -11,6 +11,9 @@ one shared home), reached over SSH as a user reaches a login node, interleaved r
             each node connects back to the login node and runs the agent: transport/slurm_step.py)
             podrun exec, a step per node (PODRUN_SLURM_STEPS=per-node: one srun per node, as before)
             by hand: `salloc --no-shell -N N` then ONE `srun --jobid J -N N python3 -c ...`, one ssh command
+            the floor: the same by hand with a bare `python3 -I -S -c pass` on each node before the job (the
+            least any launcher with a Python process of its own on each node, as podrun's agent, adds)
+          with the CPU seconds the whole machine spent on each start (it runs to its end: the release too)
   stop    from a failure (the failing node, once every other node sleeps, prints its time, then exits 7)
           to every node's processes gone (ps on this machine, which shares the nodes' pid namespace,
           polled while the command goes on), and to the command's exit:
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from benchlib import busy_cpu_seconds  # noqa: E402
 from slurm_lab import SlurmLab  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +62,7 @@ def on_login(lab: SlurmLab, command: str) -> list[str]:
 
 
 PER_NODE = {"PODRUN_SLURM_STEPS": "per-node"}
+FLOOR = "by hand, python3 -I -S -c pass first on each node"
 
 
 def podrun(spec_path: Path, env: dict) -> subprocess.CompletedProcess:
@@ -65,23 +70,26 @@ def podrun(spec_path: Path, env: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def start_podrun(lab: SlurmLab, spec_path: Path, env: dict, nodes: int) -> float:
-    started = time.time()
+def start_podrun(lab: SlurmLab, spec_path: Path, env: dict, nodes: int) -> tuple[float, float]:
+    """Seconds to the job's line on every node, and the machine's CPU seconds for the whole command."""
+    started, busy = time.time(), busy_cpu_seconds()
     result = podrun(spec_path, env)
     assert result.returncode == 0, result.stderr
     stamps = times_in(result.stdout)
     assert len(stamps) == nodes, result.stdout
-    return max(stamps) - started
+    return max(stamps) - started, busy_cpu_seconds() - busy
 
 
-def start_by_hand(lab: SlurmLab, nodes: int) -> float:
+def start_by_hand(lab: SlurmLab, nodes: int, before: str = "") -> tuple[float, float]:
+    """As start_podrun, by hand; `before`: a command each node runs ahead of the job."""
+    task = f"sh -c {shlex.quote(f'{before}; exec {PRINT_TIME}')}" if before else PRINT_TIME
     command = (f"J=$(salloc --no-shell -N {nodes} 2>&1 | sed -n 's/.*Granted job allocation //p'); "
-               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 {PRINT_TIME}; scancel $J")
-    started = time.time()
+               f"srun --jobid=$J -N {nodes} --ntasks-per-node=1 {task}; scancel $J")
+    started, busy = time.time(), busy_cpu_seconds()
     result = subprocess.run(on_login(lab, command), capture_output=True, text=True, timeout=300)
     stamps = times_in(result.stdout)
     assert len(stamps) == nodes, result.stdout + result.stderr
-    return max(stamps) - started
+    return max(stamps) - started, busy_cpu_seconds() - busy
 
 
 def sleepers_gone(timeout: float = 120) -> float:
@@ -168,10 +176,13 @@ def main() -> None:
             failing_job = spec(work / "fail.yaml", lab, args.nodes, failing(args.nodes, "$PODRUN_WORKER"), work / "code")
             podrun(starting, env)  # the code shipped, the login node's host key trusted
             for _ in range(args.rounds):
-                for how, knobs in ours.items():
-                    rows.setdefault(f"start: podrun exec, {how}", []).append(
-                        start_podrun(lab, starting, {**env, **knobs}, args.nodes))
-                rows.setdefault("start: salloc + one srun by hand", []).append(start_by_hand(lab, args.nodes))
+                starts = {f"podrun exec, {how}": start_podrun(lab, starting, {**env, **knobs}, args.nodes)
+                          for how, knobs in ours.items()}
+                starts["salloc + one srun by hand"] = start_by_hand(lab, args.nodes)
+                starts[FLOOR] = start_by_hand(lab, args.nodes, f"{Path(sys.executable).parent}/python3 -I -S -c pass")
+                for name, (seconds, cpu) in starts.items():
+                    rows.setdefault(f"start: {name}", []).append(seconds)
+                    rows.setdefault(f"machine CPU s, start: {name}", []).append(cpu)
                 for how, knobs in ours.items():
                     gone, exited = stop_podrun(lab, failing_job, {**env, **knobs})
                     rows.setdefault(f"fail-fast, processes gone: podrun, {how}", []).append(gone)
@@ -188,9 +199,14 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: |")
     for name, values in rows.items():
         print(f"| {name} | {median[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
+    print(f"ratio start, the floor (by hand, a bare Python on each node first): "
+          f"{median[f'start: {FLOOR}'] / median['start: salloc + one srun by hand']:.2f}x")
     for how in ours:
         for what, mine, theirs in (
                 ("start", f"start: podrun exec, {how}", "start: salloc + one srun by hand"),
+                ("start, to the floor", f"start: podrun exec, {how}", f"start: {FLOOR}"),
+                ("machine CPU of the start", f"machine CPU s, start: podrun exec, {how}",
+                 "machine CPU s, start: salloc + one srun by hand"),
                 ("fail-fast (processes gone)", f"fail-fast, processes gone: podrun, {how}",
                  "fail-fast, processes gone: srun --kill-on-bad-exit"),
                 ("fail-fast (to exit, squeue empty)", f"fail-fast, to exit + squeue empty: podrun, {how}",

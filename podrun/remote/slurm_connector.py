@@ -12,12 +12,13 @@ runs that node's command as a step of its own.
 
 The connection's end (the launcher or its fanout gone) ends COMMAND's stdin: the agent stops its job,
 as over SSH. Its exit code goes back as the EXIT frame once its stdout and stderr have ended.
-Standard library only, run with `python3 -I -S -c`, tree_frames.py's source ahead of it.
+Standard library only, run with `python3 -I -S -c`, tree_frames.py's source ahead of it; `_socket`, not
+`socket`, whose enums and selectors cost each node's start 4-7 ms of CPU (remote/interfaces.py does the same).
 """
 
+import _socket
 import os
 import select
-import socket
 import sys
 
 try:  # on a node: sent ahead of this file (transport/slurm_step.py)
@@ -36,18 +37,34 @@ def connect(node):
     problems = []
     for host in hosts.split(","):
         try:
-            connection = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
+            connection = connected(host, int(port))
         except (OSError, ValueError) as error:
             problems.append("%s: %s" % (host, getattr(error, "strerror", None) or error or "timed out"))
             continue
-        connection.settimeout(None)
         # frames go as they are written: with Nagle's algorithm the agent's probe, written just after its
         # hello, waited for the fanout's delayed ACK of that (40 ms)
-        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         connection.sendall(("%s %s\n" % (token, node)).encode())
         return connection
     print("podrun-unreached %s %s" % (node, "; ".join(problems) or "no address"), flush=True)
     return None
+
+
+def connected(host, port):
+    """A blocking TCP connection to the first of `host`'s addresses that answers within CONNECT_TIMEOUT_S,
+    as socket.create_connection makes it; the last address's error where none does."""
+    failed = OSError("no address")
+    for family, kind, protocol, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        connection = _socket.socket(family, kind, protocol)
+        try:
+            connection.settimeout(CONNECT_TIMEOUT_S)
+            connection.connect(address)
+            connection.settimeout(None)
+            return connection
+        except OSError as error:
+            connection.close()
+            failed = error
+    raise failed
 
 
 def spawn(how, what, connection):
@@ -163,7 +180,7 @@ def write_all(fd, data):
 
 
 def main():
-    connection = connect(os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    connection = connect(os.environ.get("SLURMD_NODENAME") or _socket.gethostname())
     if connection is None:
         return 0
     code = pump(connection, *spawn(sys.argv[1], sys.argv[2], connection))

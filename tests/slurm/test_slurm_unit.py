@@ -236,3 +236,24 @@ def test_frames_that_come_with_a_nodes_hello_are_kept(srun_stand_in, tmp_path, m
     (tmp_path / "hurried").write_text(HURRIED_NODE)
     (tmp_path / "hurried").chmod(0o755)
     assert run_one_step("true", {"n1": "", "n2": ""}) == [(b"", b"said at once\n", 4)] * 2
+
+
+def test_a_nodes_connector_says_which_addresses_it_could_not_reach_and_never_imports_socket(tmp_path):
+    """The connector as srun starts it on a node (its bootstrap, its source on stdin), with the fanout's one
+    address refusing: one `podrun-unreached` line naming why, exit 0 (its node then runs a step of its own);
+    and `_socket` only, not socket.py, which costs every node's start 4-7 ms of CPU (-X importtime)."""
+    import subprocess
+
+    from podrun.transport.base import script_command, script_source
+
+    with __import__("socket").socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    python, *arguments = shlex.split(script_command(sys.executable, "slurm_connector"))[1:]
+    ran = subprocess.run([python, "-X", "importtime", *arguments, "shell", "true"], input=script_source("slurm_connector"),
+                         capture_output=True, cwd=tmp_path, timeout=60,
+                         env={"PODRUN_STEP_AT": f"127.0.0.1:{port}", "PODRUN_STEP_TOKEN": "t", "SLURMD_NODENAME": "n1"})
+    assert (ran.returncode, ran.stdout) == (0, b"podrun-unreached n1 127.0.0.1: Connection refused\n"), ran.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in ran.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "_socket" in imported and "socket" not in imported and "selectors" not in imported, sorted(imported)
