@@ -36,7 +36,8 @@ def start() -> int:
         if record is not None and record.state != jobstore.RUNNING:  # it ended: nothing to adopt
             kept.forget(job_dir)
             continue
-        _fork_supervisor(job_id, job_dir, record)
+        if not _fork_supervisor(job_id, job_dir, record):  # another `supervisor start` came first
+            continue
         adopted.append(job_id)
         say(f"job {job_id}: adopted again; " + ("its supervisor follows it" if record else
                                                 "begun again, its launcher was cut off before it ran")
@@ -48,9 +49,16 @@ def start() -> int:
     return 0
 
 
-def _fork_supervisor(job_id: str, job_dir: str, record: jobstore.JobRecord | None) -> None:
+def _fork_supervisor(job_id: str, job_dir: str, record: jobstore.JobRecord | None) -> bool:
+    """Whether the forked supervisor took the job: it says so once it holds the job's lock and the record
+    names it as the job's supervisor, so that what is read of the job from then on (`podrun jobs`) finds
+    it there, not the one that was killed."""
+    taken_read, taken_write = os.pipe()
     if os.fork():
-        return
+        os.close(taken_write)
+        with open(taken_read, "rb") as taken:
+            return taken.read(1) == b"y"  # nothing: the child did not take it, or ended first
+    os.close(taken_read)
     os.setsid()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
@@ -58,6 +66,11 @@ def _fork_supervisor(job_id: str, job_dir: str, record: jobstore.JobRecord | Non
     code = exits.INTERNAL_ERROR
     try:
         if kept.take_lock(job_dir):  # else another `supervisor start` came first
+            if record is not None:
+                record.supervisor = jobstore.process_identity(os.getpid())
+                record.save()
+            os.write(taken_write, b"y")
+            os.close(taken_write)  # not the job's processes' to inherit
             code = _supervise(job_id, job_dir, record)
     except PodrunError as error:
         say(f"job {job_id}: not adopted again: {error}")
