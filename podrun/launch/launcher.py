@@ -73,6 +73,7 @@ class Launch:
         self.interrupt_signal = signal.SIGINT  # which signal stopped the job, once `interrupted` is set
         self.preempted: str | None = None  # why the target's capacity went away, once the API showed it
         self.departed = asyncio.Event()  # set with `preempted` by the watch while run goes on
+        self.agents_killed: set[int] = set()  # workers whose agent a signal ended before its report
         self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
@@ -363,6 +364,8 @@ class Launch:
             return
         worker = self.worker_records[result.index]
         worker.exit_code, worker.signal, worker.rank, worker.killed = result.code, result.signal, result.rank, result.killed
+        if result.agent_killed:
+            self.agents_killed.add(result.index)
 
     async def _finish_failed(self, step: str, failure: StepResult) -> int:
         if self._judged(failure) and not (self.preempted or self.interrupted.is_set()):
@@ -396,14 +399,17 @@ class Launch:
             self.departed.set()
 
     def _judged(self, result: StepResult) -> bool:
-        """Whether a failure is judged before it is reported: a worker lost where capacity can go away."""
-        return result.code == exits.LOST and self.target.departs
+        """Whether a failure is judged before it is reported: a worker lost where capacity can go away, or
+        its agent killed there before it could report (a preempted VM's shutdown kills processes before
+        its network goes: the connection, or a relay on that host, may still say so)."""
+        return (result.code == exits.LOST or result.agent_killed) and self.target.departs
 
     async def _judge_lost(self) -> None:
         """Whether the workers lost went with the capacity (judgment.judge): `preempted` says why, if so."""
         from podrun.launch import judgment
 
-        lost = {index: worker.endpoint for index, worker in self.worker_records.items() if worker.exit_code == exits.LOST}
+        lost = {index: worker.endpoint for index, worker in self.worker_records.items()
+                if worker.exit_code == exits.LOST or index in self.agents_killed}
         judging = timeline.begin(self.record, "judge", lost=sorted(lost))
         self.preempted = await self._until_interrupted(judgment.judge(self.target, lost, self.record.id))
         timeline.end(judging)

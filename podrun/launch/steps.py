@@ -57,6 +57,7 @@ class StepResult:
     detached: bool = False  # the step runs on in the background (exec --detach)
     rank: int | None = None  # under torchrun: the rank that failed first, whose exit code `code` is (agent.py)
     killed: bool = False  # a stop's SIGKILL ended it, after the grace period (agent.py)
+    agent_killed: bool = False  # a signal ended the agent itself before its report: as a VM's shutdown does
 
     @property
     def failed(self) -> bool:
@@ -188,7 +189,8 @@ class WorkerStep:
         ended = (f"its agent was killed by {_signal_name(-agent_code)} (exit code {code})" if agent_code < 0
                  else f"the agent ended with code {code} and no report")
         detail = (errors or self.diagnostics or [ended])[-1]
-        return StepResult(index, code or 1, problem=f"failed to run: {detail}", tail=self.output.tail())
+        return StepResult(index, code or 1, problem=f"failed to run: {detail}", tail=self.output.tail(),
+                          agent_killed=agent_code < 0)
 
     async def _pump_output(self) -> None:
         while chunk := await self._started().stdout.read(65536):

@@ -6,9 +6,12 @@ SSH still holds. Against the Cloud TPU stand-in, whose workers are lab hosts; ru
 from __future__ import annotations
 
 import math
+import os
+import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ from helpers import (
     job_record,
     left_in_api,
     lifecycle_spec,
+    live_processes,
     podrun,
     processes_of_job,
     wait_until,
@@ -157,4 +161,29 @@ def test_a_detached_jobs_supervisor_sees_the_node_go_while_ssh_holds_and_recover
     assert first["state"] == "preempted" and "health UNHEALTHY_MAINTENANCE" in first["summary"], first
     assert podrun("stop", job_id).returncode == 0
     assert processes_of_job(job_id) == []
+    assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_a_preemption_whose_shutdown_kills_an_agent_before_its_connection_goes_is_judged_one(
+        home, tpu_api, lab, job_file):
+    """A VM's shutdown kills processes before its network goes: worker 0's agent killed by SIGKILL while its
+    connection still holds is judged against the API as a lost worker is, and the job recovers from the
+    preemption (was: reported at once as a failure, 137, and not restarted)."""
+    tpu_api.preemption_lag_s = 2
+    spec = lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, "spot: true", restarts="{max: 1, on: [preemption]}",
+                          delete_after="always")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w0\] attempt 0 on worker 0")
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    job_id = job_id_in(job.text)
+    [program] = [pid for pid, command, environ in live_processes() if command.startswith("sleep 600")
+                 and f"PODRUN_JOB_ID={job_id}".encode() in environ and b"PODRUN_WORKER=0" in environ]
+    agent = int(Path(f"/proc/{program}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+    os.kill(agent, signal.SIGKILL)
+    tpu_api.preempt("life")
+    assert job.finish(timeout=120) == 0, job.text
+    assert "its agent was killed by SIGKILL" not in job.text
+    assert re.search(r"preempted \(node PREEMPTED", job.text), job.text
+    assert "[w0] resumed on worker 0" in job.text
     assert left_in_api(tpu_api) == ([], [])
