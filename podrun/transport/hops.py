@@ -24,13 +24,13 @@ USER_CONFIG = "~/.ssh/config"
 
 def config_proxy_jump(host: str, port: int | None, user: str | None) -> str | None:
     """~/.ssh/config's ProxyJump for the host (as asyncssh and OpenSSH match Host and Match blocks), or None."""
-    from asyncssh.config import SSHClientConfig
+    from podrun.transport.ssh_library import asyncssh
 
     path = Path(USER_CONFIG).expanduser()
     if not os.access(path, os.R_OK):
         return None
-    config = SSHClientConfig.load(None, [path], False, False, False, getpass.getuser(),
-                                  user or (), host, port or ())
+    config = asyncssh.config.SSHClientConfig.load(None, [path], False, False, False, getpass.getuser(),
+                                                  user or (), host, port or ())
     value = config.get("ProxyJump")
     return value if isinstance(value, str) else None
 

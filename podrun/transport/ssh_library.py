@@ -1,15 +1,21 @@
-"""asyncssh, imported once for every module that uses it (transport/ssh.py, client_keys.py), with what
-podrun changes in it."""
+"""asyncssh, imported once for every module that uses it (transport/ssh.py, client_keys.py, hops.py), with
+what podrun changes in it, and the warnings it raises kept off the user's terminal (third_party.py)."""
 
 import contextlib
 import ctypes.util
 import socket
+
+from podrun.third_party import ignore_warnings_of
 
 
 def _import_asyncssh():
     """asyncssh looks for liboqs (for the sntrup761 key exchange) with ctypes.util.find_library,
     which runs `ldconfig -p` and gcc: 30 ms of every `podrun exec`. podrun does not offer sntrup761
     (curve25519 and ML-KEM, through OpenSSL, cost less), so the search is skipped."""
+    from cryptography.utils import CryptographyDeprecationWarning
+
+    # asyncssh still names DSA's key types, which cryptography 51 deprecates: ten lines at every import
+    ignore_warnings_of("asyncssh", CryptographyDeprecationWarning)
     find_library = ctypes.util.find_library
     ctypes.util.find_library = lambda name: None if name in ("oqs", "liboqs") else find_library(name)
     try:
