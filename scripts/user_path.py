@@ -1,4 +1,4 @@
-"""Use the installed podrun once the way a new user does, and fail on any traceback.
+"""Use the installed podrun once the way a new user does, and fail on any traceback or Python warning.
 
 CI runs this first, in a bare virtualenv holding only `pip install .` (no test extras, no torch),
 because a test dependency once hid a package podrun needs (the TPU commands crashed on a clean
@@ -9,12 +9,19 @@ against the Cloud TPU API stand-in the suite uses (tests/tpu_stand_in.py, starte
 script). Its workers' addresses are documentation addresses (192.0.2.0/24): nothing here connects
 to them.
 
+The virtualenv holds the newest releases, as a user's does, where the suite runs against the lock
+(.ci/constraints.txt). So when a release breaks podrun (a warning on its stderr, a crash), the failure
+names the installed packages whose versions are not the lock's: the release to look at, in one line.
+
     python scripts/user_path.py        # with the virtualenv to check activated
+    python scripts/user_path.py --lock FILE   # name the releases that differ from another lock
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CRASH_MARKS = ("Traceback (most recent call last)", "podrun: internal error:")
+WARNING_LINE = re.compile(r"^.+:\d+: [\w.]*Warning: ", re.MULTILINE)  # warnings.formatwarning's first line
+LOCK = REPO / ".ci" / "constraints.txt"
+VENV_OWN = {"podrun", "pip", "setuptools", "wheel"}  # what pip freeze leaves out of the lock
 STAND_IN_WORKERS = [f"192.0.2.{10 + i},198.51.100.{10 + i}" for i in range(4)]
 
 
@@ -41,13 +51,18 @@ class Check:
         shown = " ".join(args)
         if any(mark in output for mark in CRASH_MARKS):
             self.failures.append(f"podrun {shown}: crashed:\n{output}")
+        elif WARNING_LINE.search(result.stderr):
+            self.failures.append(f"podrun {shown}: a Python warning on stderr:\n{result.stderr}")
         elif result.returncode != expect:
             self.failures.append(f"podrun {shown}: exit {result.returncode}, expected {expect}:\n{output}")
         print(f"{'ok' if len(self.failures) == failures_before else 'FAIL':>4}  podrun {shown}", flush=True)
         return output
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lock", type=Path, default=LOCK, help="the lock the releases are compared with")
+    lock = parser.parse_args(argv).lock
     podrun = shutil.which("podrun")
     if podrun is None:
         print("user_path: no podrun on PATH; activate the virtualenv that holds `pip install .`")
@@ -62,11 +77,32 @@ def main() -> int:
             tpu_commands(check, env, url, scratch_dir)
         with stand_in(env, "--stall", "inf") as url:  # an API that never answers: one line after the timeout
             check.run("list", expect=1, env={"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{url}/", "PODRUN_API_TIMEOUT": "2"})
-    print(f"user_path: {podrun}: " + ("no crash, every exit code as expected" if not check.failures else
+    print(f"user_path: {podrun}: " + ("no crash, no warning, every exit code as expected" if not check.failures else
                                       f"{len(check.failures)} problem(s)"))
     for failure in check.failures:
         print(f"\n{failure}")
+    if check.failures:
+        print(f"\nuser_path: {len(check.failures)} problem(s); {releases_off_the(lock)}")
     return 1 if check.failures else 0
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def releases_off_the(lock: Path) -> str:
+    """The installed packages whose versions the suite has not proven (PEP 503 names), as one clause."""
+    from importlib import metadata
+
+    pins = (line.split("==", 1) for line in lock.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    locked = {canonical(name): version for name, version in pins}
+    installed = {canonical(dist.metadata["Name"]): dist.version for dist in metadata.distributions()}
+    off = [f"{name} {version} ({'lock ' + locked[name] if name in locked else 'not in the lock'})"
+           for name, version in sorted(installed.items()) if name not in VENV_OWN and locked.get(name) != version]
+    shown = lock.relative_to(REPO) if lock.is_relative_to(REPO) else lock
+    if not off:
+        return f"every installed release is the lock's ({shown}): the cause is in podrun"
+    return f"releases that differ from the lock ({shown}): {', '.join(off)}"
 
 
 def commands_and_specs(check: Check, scratch: Path) -> None:
@@ -145,4 +181,4 @@ def tpu_commands(check: Check, env: dict[str, str], url: str, scratch: Path) -> 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
