@@ -6,8 +6,11 @@ Kinds are named as Google's ml-goodput-measurement names its badput where the me
 - productive: run time that advanced the job's step past the best step any earlier attempt reached;
 - program_startup: run time from the run's start to the attempt's first step (all of it, in an attempt
   that reached none);
-- wasted_progress_from_disruption: run time redoing steps an earlier attempt had reached already
-  (an attempt that resumed from step 3 after one died at step 5 redoes steps 4 and 5);
+- wasted_progress_from_disruption: run time redoing steps an earlier attempt had reached already. A step
+  line names a step done, so an attempt whose first line is `step 4` restored step 3: after one that died
+  at step 5 it redid steps 4 and 5, two steps lost, as Google's library counts from the step restored to
+  the step reached before. The time of the first of them, which came before the attempt's first line, is
+  the attempt's median step time, taken out of its program_startup;
 - slow_steps: productive time beyond a robust step time: per interval between two samples of the step,
   what its steps took beyond median + 3 * MAD of every interval's time per step (each interval weighed
   by its steps), the bound beyond which Google's library calls a step time anomalous;
@@ -26,6 +29,7 @@ from __future__ import annotations
 import statistics
 
 from podrun import progress
+from podrun.output import counted
 from podrun.report.analysis import Analysis
 
 RECOVERY = "infrastructure_recovery_from_disruption"
@@ -98,6 +102,12 @@ class Goodput:
         return sum(interval.productive_s * max(0.0, 1 - bound / interval.step_s) for interval in self.intervals
                    if bound is not None and interval.step_s > bound)
 
+    def part_note(self, part: str) -> str:
+        """What a part's seconds stand for beyond time, where it counts something: ` (2 steps lost)`."""
+        if part != "wasted_progress_from_disruption":
+            return ""
+        return f" ({counted(self.lost_progress_steps, 'step')} lost)"
+
     def to_dict(self) -> dict:
         return {"wall_s": self.wall_s, "parts_s": self.parts_s, "goodput": self.goodput,
                 "lost_progress_steps": self.lost_progress_steps, "slow_step_bound_s": self.slow_step_bound()}
@@ -117,7 +127,14 @@ class _Attempt:
         self.intervals = [Interval(at - before_at, step - before, step - max(before, min(step, best)) if best is not None
                                    else step - before)
                           for (before_at, before), (at, step) in zip(self.samples, self.samples[1:])]
-        self.lost_steps = max(0, best - self.entry["first"]) if self.entry and best is not None else 0
+        # the step it restored is the one before its first: it redid the steps from there up to the best before
+        self.lost_steps = max(0, best - (self.entry["first"] - 1)) if self.entry and best is not None else 0
+        # the first step's own time came before the attempt's first line: one step time of the startup, if redone
+        redone_first = self.entry is not None and best is not None and self.entry["first"] <= best
+        step_s = _weighted_median([(interval.step_s, interval.steps) for interval in self.intervals]) \
+            if self.intervals else 0.0
+        self.first_step_at = self.samples[0][0] - min(step_s, self.samples[0][0] - self.start) \
+            if redone_first else None
 
     def split(self, start: float, end: float, parts_s: dict[str, float]) -> None:
         """Add the run time from start to end (within this attempt) to the parts it belongs to."""
@@ -127,7 +144,9 @@ class _Attempt:
             parts_s["program_startup"] += end - start
             return
         first_at, last_at = self.samples[0][0], self.samples[-1][0]
-        parts_s["program_startup"] += _overlap(start, end, self.start, first_at)
+        startup_end = first_at if self.first_step_at is None else self.first_step_at
+        parts_s["program_startup"] += _overlap(start, end, self.start, startup_end)
+        parts_s["wasted_progress_from_disruption"] += _overlap(start, end, startup_end, first_at)
         parts_s[self.after_last] += _overlap(start, end, last_at, self.end)
         for interval, ((before_at, _), (at, _)) in zip(self.intervals, zip(self.samples, self.samples[1:])):
             counted = _overlap(start, end, before_at, at)

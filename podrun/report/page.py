@@ -146,9 +146,9 @@ def _parts(split: Goodput) -> str:
         if seconds <= 0:
             continue
         share = seconds / split.wall_s
+        title = _title(f"{part}: {seconds:.2f}s ({share:.1%}){split.part_note(part)}")
         parts.append(f'<rect class="part" x="{round(x, 1)}" y="0" width="{max(round(share * width, 1), 0.5)}" '
-                     f'height="{ROW_H}" fill="{PART_COLOURS[part]}">{_title(f"{part}: {seconds:.2f}s ({share:.1%})")}'
-                     f'</rect>')
+                     f'height="{ROW_H}" fill="{PART_COLOURS[part]}">{title}</rect>')
         x += share * width
     legend = "".join(f'<span><i style="background:{PART_COLOURS[part]}"></i>{part}</span>'
                      for part, seconds in split.parts_s.items() if seconds > 0)

@@ -5,7 +5,7 @@ step, what it cost (cost.py); report.html shows it too."""
 from __future__ import annotations
 
 from podrun import jobstore
-from podrun.output import counted, duration_text, worker_ranges
+from podrun.output import duration_text, worker_ranges
 from podrun.report import cost
 from podrun.report.analysis import Analysis
 from podrun.report.goodput import UNKNOWN, Goodput, steps_text
@@ -17,8 +17,7 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
         f"{seconds_text(split.parts_s['run'])} in run"
     lines = [record.outcome() if record.current_state() != jobstore.RUNNING else f"job {record.id} is running",
              f"wall time {seconds_text(analysis.wall_s)}; goodput {split.goodput:.1%} ({good})"]
-    rest = [f"{part} {seconds_text(seconds)}" + (f" ({counted(split.lost_progress_steps, 'step')} lost)"
-                                                 if part == "wasted_progress_from_disruption" else "")
+    rest = [f"{part} {seconds_text(seconds)}{split.part_note(part)}"
             for part, seconds in split.parts_s.items() if seconds > 0 and part not in ("productive", "run")]
     lines.append(f"the rest: {', '.join(rest) if rest else 'nothing'}")
     if not split.known:

@@ -27,11 +27,12 @@ def every_2s(first: int, last: int, at: float) -> list[tuple[float, int]]:
     return [(at + 2 * index, step) for index, step in enumerate(range(first, last + 1))]
 
 
-def failed_at_5_resumed_from_3(home) -> jobstore.JobRecord:
-    """Attempt 0 reaches step 5 at 1012 and dies at 1020; attempt 1 resumes from step 3 and succeeds."""
+def failed_at_5_resumed_from_3(home, first: int = 4) -> jobstore.JobRecord:
+    """Attempt 0 reaches step 5 at 1012 and dies at 1020; attempt 1 restores step 3, prints `first` (step 4) at
+    1025 and one step each 2 s, and succeeds."""
     made = StepsRecord(1000.0).phase("setup", 1000, 1002)
     made.attempt((1002, 1020), every_2s(1, 5, 1004), restart_s=1)
-    made.phase("setup", 1021, 1022).attempt((1022, 1040), every_2s(3, 8, 1025), state=jobstore.SUCCEEDED)
+    made.phase("setup", 1021, 1022).attempt((1022, 1040), every_2s(first, 8, 1025), state=jobstore.SUCCEEDED)
     return made.record
 
 
@@ -41,24 +42,39 @@ def test_a_job_that_failed_at_step_5_and_resumed_from_step_3_lost_2_steps(home):
     assert split.lost_progress_steps == 2
     assert split.parts_s == pytest.approx({
         "productive": 8 + 6,  # steps 1 to 5, then 5 to 8
-        "program_startup": 2 + 3,  # each run's start to its first step
-        "wasted_progress_from_disruption": 4,  # steps 4 and 5 again
+        "program_startup": 2 + 1,  # each run's start to its first step, less attempt 1's redone first step
+        "wasted_progress_from_disruption": 2 + 2,  # steps 4 (before its line, a median step) and 5 again
         "slow_steps": 0,
         "infrastructure_recovery_from_disruption": 8 + 1,  # step 5 to the failure, and the restart's wait
         "queue": 0, "create": 0, "connect": 0, "ship": 0, "setup": 3, "stop": 0, "stall": 0,
-        "other": 5,  # the last step to the end of the last attempt
+        "other": 7,  # the last step to the end of the last attempt
     }, abs=1e-9)
     assert split.goodput == pytest.approx(14 / 40)
+
+
+def test_a_first_line_of_a_step_not_yet_reached_before_loses_nothing(home):
+    split = split_of(failed_at_5_resumed_from_3(home, first=6))
+    assert split.lost_progress_steps == 0
+    assert split.parts_s["wasted_progress_from_disruption"] == 0
+    assert split.parts_s["program_startup"] == pytest.approx(2 + 3)
+
+
+def test_a_job_that_prints_the_step_it_restored_counts_the_steps_from_the_one_before(home):
+    """`step 3` first: podrun reads a line as a step done, so the attempt restored step 2 and redid 3 to 5,
+    each counted once, in the steps and in their time."""
+    split = split_of(failed_at_5_resumed_from_3(home, first=3))
+    assert split.lost_progress_steps == 3
+    assert split.parts_s["wasted_progress_from_disruption"] == pytest.approx(3 * 2)
 
 
 def test_the_summary_names_each_part_and_each_attempts_steps(home):
     analysis = Analysis(failed_at_5_resumed_from_3(home))
     lines = summary(analysis, Goodput(analysis))
     assert lines[1] == "wall time 40.0s; goodput 35.0% (14.0s productive)"
-    assert lines[2] == ("the rest: program_startup 5.00s, wasted_progress_from_disruption 4.00s (2 steps lost), "
-                        "setup 3.00s, infrastructure_recovery_from_disruption 9.00s, other 5.00s")
+    assert lines[2] == ("the rest: program_startup 3.00s, wasted_progress_from_disruption 4.00s (2 steps lost), "
+                        "setup 3.00s, infrastructure_recovery_from_disruption 9.00s, other 7.00s")
     assert "attempt 0: failed after 20.0s; steps 1 to 5" in lines
-    assert "attempt 1: succeeded after 20.0s; steps 3 to 8" in lines
+    assert "attempt 1: succeeded after 20.0s; steps 4 to 8" in lines
 
 
 def test_a_slow_step_counts_beyond_the_median_step_time_even_among_samples_of_several_steps(home):
