@@ -59,7 +59,8 @@ class JobRecord:
                  detached: bool = False, stop_grace_s: float = 30.0, attempt: int = 0,
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
                  supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False,
-                 steps: list[dict] | None = None, events: list[dict] | None = None, price: dict | None = None):
+                 steps: list[dict] | None = None, events: list[dict] | None = None, price: dict | None = None,
+                 giving_back: str | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -89,6 +90,9 @@ class JobRecord:
         # what its workers cost per hour, as known where it started: {per_hour, source} or {per_hour: None,
         # why} (Target.price, the spec's cost.per_hour); report/cost.py bills it
         self.price = price
+        # what podrun does with the capacity after the job ended, while it does it or where it failed (`deleting
+        # its TPU`, `deleting its TPU failed: ...`): the state alone would read as if nothing were still billed
+        self.giving_back = giving_back
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -205,6 +209,11 @@ class JobRecord:
         """Record the job's end; `ended_at`: when it ended, if not now (a detached job's workers say)."""
         self.state, self.exit_code, self.summary = state, exit_code, summary
         self.ended_at = ended_at or time.time()
+        self.save()
+
+    def note_giving_back(self, doing: str | None) -> None:
+        """Say (and save) what is being done with its capacity now, or that it is done (None)."""
+        self.giving_back = doing
         self.save()
 
 

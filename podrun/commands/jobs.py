@@ -94,11 +94,13 @@ def _notes(handle: handles.JobHandle, state: str) -> list[str]:
 
 
 def _state_text(record: jobstore.JobRecord, state: str, notes: list[str], idle: bool) -> str:
-    """The state, with its `notes` (_notes) and, while it runs (with `idle`), how long ago its last output came."""
+    """The state, with its `notes` (_notes) and, while it runs (with `idle`), how long ago its last output came;
+    after it ended, what podrun still does with its capacity (`succeeded; deleting its TPU`)."""
     notes = list(notes)
     if state == jobstore.RUNNING and idle:
         notes.append(_idle(record))
-    return f"{state} ({', '.join(notes)})" if notes else state
+    text = f"{state} ({', '.join(notes)})" if notes else state
+    return f"{text}; {record.giving_back}" if record.giving_back and state != jobstore.RUNNING else text
 
 
 def _idle(record: jobstore.JobRecord) -> str:

@@ -297,11 +297,24 @@ class Lifecycle:
         preempted = state == jobstore.PREEMPTED or self.recreating
         try:
             if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
-                self.target.release()
+                self._deleting(record)
             elif preempted:
                 self.target.release_preempted()
         finally:
             self.target.free()
+
+    def _deleting(self, record: jobstore.JobRecord | None) -> None:
+        """target.release(), the job's record saying so until it is done (`succeeded; deleting its TPU`), or failed."""
+        if record is None or not self.spec.target.declared.deletes:
+            return self.target.release()
+        record.note_giving_back("deleting its TPU")
+        try:
+            self.target.release()
+        except BaseException as error:
+            cut_off = "was cut off: `podrun list` shows what is left"
+            record.note_giving_back(f"deleting its TPU {f'failed: {error}' if isinstance(error, PodrunError) else cut_off}")
+            raise
+        record.note_giving_back(None)
 
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:

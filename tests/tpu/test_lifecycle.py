@@ -277,3 +277,38 @@ def test_a_killed_supervisor_leaves_the_tpu_to_a_podrun_delete_that_stop_names(h
     assert left_in_api(tpu_api) == ([], ["life"])  # the supervisor's duty is the user's now
     assert podrun(*shlex.split(command[1])[1:]).returncode == 0
     assert left_in_api(tpu_api) == ([], [])
+
+
+def jobs_state(job_id: str) -> str:
+    """The job's STATE column in `podrun jobs`, as a user reads it."""
+    row = next(line for line in podrun("jobs").stdout.splitlines() if line.startswith(job_id))
+    return re.split(r"\s{2,}", row)[3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("denied", [False, True])
+def test_a_finished_jobs_state_says_its_tpu_is_being_deleted_until_it_is_or_that_it_failed(
+        home, tpu_api, lab, job_file, tmp_path, denied):
+    """A supervised spot TPU job with delete_after: always read `succeeded` while its queued resource was still
+    in the API, billed: the state says so until the deletion is done, and says it when the deletion failed."""
+    go = tmp_path / "go"
+    spec = lifecycle_spec(job_file, f"while [ ! -e {go} ]; do sleep 0.1; done", "spot: true", delete_after="always")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    tpu_api.operation_delay_s = 4  # each deletion takes that long from now on
+    if denied:  # this account may not delete it: Google's 403
+        tpu_api.deny(open(os.environ["CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"]).read().strip(), "tpu.nodes.delete")
+    go.touch()
+
+    wait_until(lambda: not jobs_state(job_id).startswith("running"), "the job's end", timeout=60)
+    if not denied:
+        assert jobs_state(job_id) == "succeeded; deleting its TPU"
+        assert left_in_api(tpu_api) == ([], [])  # the deletion's own operation, once it finished
+        wait_until(lambda: jobs_state(job_id) == "succeeded", "the deletion's end", timeout=60)
+        assert job_record(home, job_id)["giving_back"] is None
+    else:
+        wait_until(lambda: "failed" in jobs_state(job_id), "the deletion's failure", timeout=60)
+        assert jobs_state(job_id).startswith("succeeded; deleting its TPU failed: ")
+        assert "tpu.nodes.delete" in job_record(home, job_id)["giving_back"]
+        assert left_in_api(tpu_api) == ([], ["life"])
