@@ -43,7 +43,8 @@ class Terminal:
     which a timer sees to while an event loop runs (podrun logs flushes as it polls).
 
     Workers' lines are made harmless for the terminal (escapes.py) unless `raw`; a live row always is:
-    it is podrun's drawing, and one escape sequence in it would break the region."""
+    it is podrun's drawing, and one escape sequence in it would break the region. Raw, there is no live
+    region: a redraw goes out as the worker wrote it (print_redraw), and the terminal draws it itself."""
 
     showing: Terminal | None = None  # the terminal whose live region is on the screen, or which holds lines, now
 
@@ -53,7 +54,8 @@ class Terminal:
         self.prefixed = prefixed
         self.raw = raw
         self.colour = colour_wanted(self.stream)
-        self.live = self.stream.isatty() and os.environ.get("TERM") != "dumb"
+        # raw: no live region; a redraw goes out as written (print_redraw), and the terminal draws it
+        self.live = not raw and self.stream.isatty() and os.environ.get("TERM") != "dumb"
         self.label_width = len(f"[w{worker_count - 1}]") if prefixed else 0
         self.closed = False
         self.on_closed: Callable[[], None] | None = None
@@ -112,7 +114,7 @@ class Terminal:
         if not self.raw:
             text = escapes.shown(text, self.colour)
         if not self.collapse:
-            self.pending.append(self.label(index, rank) + text + b"\n")
+            self.pending.append(self.label(index, rank) + self._ended(text))
             return
         if rank is not None or self.prefixed:
             self._widened(index, rank)  # the column is as wide as without collapsing
@@ -125,6 +127,16 @@ class Terminal:
             self.unshown.append(group)
         elif group in self.rows:
             self.stale.add(group)
+
+    def print_redraw(self, index: int, rank: int | None, text: bytes) -> None:
+        """Raw: the unfinished line of worker `index` (rank `rank`) was redrawn with `text`; it shows (or,
+        collapsing, is held) as a finished line does, ended by the carriage return the worker wrote."""
+        self.print_line(index, rank, text + b"\r")
+
+    def _ended(self, text: bytes) -> bytes:
+        """A line's text and its end: a newline; raw, the line end it came with (a redraw's carriage return,
+        \\r\\n), which worker_output.py leaves on it."""
+        return text if self.raw and text.endswith((b"\r", b"\n")) else text + b"\n"
 
     def show_live(self, index: int, rank: int | None, text: bytes) -> None:
         """The unfinished line of worker `index` (rank `rank`) now shows `text`; on a live terminal only."""
@@ -192,7 +204,7 @@ class Terminal:
             return
         self._lift()
         for group in groups:
-            self.pending.append(self.group_label(group) + group.text + b"\n")
+            self.pending.append(self.group_label(group) + self._ended(group.text))
             self.drawn_at.pop(group, None)
 
     def _show_held(self) -> None:

@@ -6,13 +6,15 @@ final text, when its newline arrives. On a live terminal (a tty), the unfinished
 redrawn (one per worker, or per rank) stay in a region at the bottom of the screen, redrawn in place,
 and whole lines print above it. In a pipe, such a line also prints its latest text once every
 PIPE_PROGRESS_S: a short bar costs one line, and a bar that runs for an hour still shows, in
-`podrun exec job.yaml | tee run.txt` or a CI log, that the job is alive.
+`podrun exec job.yaml | tee run.txt` or a CI log, that the job is alive. Raw (`--raw`), each redraw
+goes out as it comes, ended by its carriage return, and each line with the end it came with (`\r\n`
+too): the user's terminal draws the bar, and one worker's output unprefixed is its stream as written.
 
 Under torchrun, each rank's lines and redraws arrive behind a header, `[rankN]:text`
 (remote/rank_output.py): they are kept apart per rank and shown as `[w1 r3] text`, each rank with
-its own live line; a blank rank line is left out. A header may also come in the middle of a line (as
-torchrun's own --tee writes a line it read before its end): the line goes on after the next header
-of its rank.
+its own live line; a rank's blank line shows, as a worker's own does. A header may also come in the
+middle of a line (as torchrun's own --tee writes a line it read before its end): the line goes on
+after the next header of its rank.
 
 Memory and CPU stay bounded whatever the stream: each piece of it is looked at once (what is held
 between two pieces is at most a carriage return or the start of a rank header), a line longer than
@@ -141,7 +143,7 @@ class WorkerOutput:
         if match[0] == b"\r":
             self._carriage_return()
         elif match[1] is None:
-            self._end_line()
+            self._end_line(match[0])
         elif self.rank is None and None in self.lines:  # `[rank3]:` inside a line of the worker's own
             self._add(match[0])
         else:
@@ -158,10 +160,13 @@ class WorkerOutput:
     def _carriage_return(self) -> None:
         line = self._current()
         line.redrawn = True
-        if line.text:
+        drawn = bytes(line.text)
+        if drawn:
             self.held -= len(line.shown)
-            line.shown, line.text = bytes(line.text), bytearray()
-        if not self.terminal or not line.shown:
+            line.shown, line.text = drawn, bytearray()
+        if self.terminal and self.terminal.raw:  # each redraw as written: its text, then its carriage return
+            self.terminal.print_redraw(self.index, self.rank, drawn)
+        if not self.terminal or self.terminal.raw or not line.shown:
             return
         if self.terminal.live:
             self.terminal.show_live(self.index, self.rank, line.live())
@@ -175,18 +180,22 @@ class WorkerOutput:
         self._end_line()
         self.rank = current
 
-    def _end_line(self) -> None:
+    def _end_line(self, ending: bytes = b"\n") -> None:
+        """Finish the current line, which `ending` ended (or its length, or the stream's end)."""
         line, rank = self.lines.pop(self.rank, None) or _Line(), self.rank
         self.rank = None
         self.held -= len(line.text) + len(line.shown)
         text = line.final()
-        # a redrawn line left blank was erased; a rank's blank line is mostly a \r that torchrun's
-        # --tee turned into a newline
-        shown = text if text.strip() or not (line.redrawn or rank is not None) else None
-        if shown is not None:
+        # a redrawn line left blank was erased; a rank's blank line shows as the worker's own does
+        # (rank_output.py passes a \r on as a \r), but a failure report's last lines of the rank,
+        # whose last one may be its cause (launch/steps.py), leave it out
+        shown = text if text.strip() or not line.redrawn else None
+        if shown is not None and (rank is None or shown.strip()):
             kept = shown if len(shown) <= KEPT_LINE else b"..." + shown[-KEPT_LINE:]
             self.last_lines.append(kept if rank is None else b"[rank%d]:%s" % (rank, kept))
-        if self.terminal:
+        if self.terminal and self.terminal.raw:  # as written: after its redraws, what followed the last
+            self.terminal.print_line(self.index, rank, (bytes(line.text) if line.redrawn else text) + ending)
+        elif self.terminal:
             self.terminal.print_line(self.index, rank, shown)
 
 

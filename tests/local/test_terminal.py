@@ -8,13 +8,15 @@ import re
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podrun import terminal, worker_output
 from podrun.output import say, say_failure, say_phase, say_success
 from podrun.terminal import Terminal
 from podrun.worker_output import PIPE_PROGRESS_S, WorkerOutput
 
-from helpers import podrun, run_in_terminal
+from helpers import examples, job_id_in, podrun, run_in_terminal
 
 ESCAPE = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\r|\n|[^\x1b\r\n]")
 
@@ -245,8 +247,9 @@ def test_success_failure_and_phases_stand_out_on_a_colour_terminal(monkeypatch, 
 
 # what torchrun 2.13 --tee=3 writes with TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' for two
 # ranks drawing a `\r` bar: its TailLog reads each rank's file in text mode, so every \r comes out as
-# a newline (the empty `[rankN]:` lines), and a line read before its end is written without it, the
-# next rank's line following on the same line
+# a newline (the empty `[rankN]:` lines, which show as the blank lines they now are: podrun runs each rank
+# behind rank_output.py, which keeps a \r, so a rank's blank line is the job's own), and a line read before
+# its end is written without it, the next rank's line following on the same line
 TORCHRUN_TEE = (b"[rank0]:hello from rank 0\n[rank0]:\n[rank0]:step 0%|    |\n[rank0]:step 5%|#   |"
                 b"[rank1]:hello from rank 1\n[rank1]:\n[rank1]:step 0%|    |\n"
                 b"[rank0]:\n[rank0]:step 100%|####|\n[rank0]:done 0\n"
@@ -260,8 +263,8 @@ def test_torchrun_rank_lines_carry_worker_and_rank_and_never_share_a_line():
     for chunk in re.split(rb"(?<=\|)(?=\[rank1\])|(?<=\n)(?=W1123)", TORCHRUN_TEE):
         worker.feed(chunk)
     assert stream.getvalue().decode().splitlines() == [
-        "[w1 r0] hello from rank 0", "[w1 r0] step 0%|    |",
-        "[w1 r1] hello from rank 1", "[w1 r1] step 0%|    |",
+        "[w1 r0] hello from rank 0", "[w1 r0] ", "[w1 r0] step 0%|    |",
+        "[w1 r1] hello from rank 1", "[w1 r1] ", "[w1 r1] step 0%|    |",
         "[w1 r0] step 5%|#   |", "[w1 r0] step 100%|####|", "[w1 r0] done 0",
         "[w1]    W1123 20:38:04.393000 6464 torch/distributed/run.py:874] *****",
         "[w1 r1] step 100%|####|", "[w1 r1] done 1"]
@@ -280,6 +283,28 @@ def test_each_rank_has_its_own_live_line(clock):
     worker.close()
     assert Screen().feed(stream.getvalue()).text() == ["[w0 r1] loaded", "[w1 r2] 20%", "[w1 r3] 30%"]
     assert worker.tail() == ["[rank2]:20%", "[rank3]:30%"]
+
+
+@settings(max_examples=examples(200))
+@given(st.lists(st.sampled_from([b"a", b"bar 50%", b" ", b"\r", b"\n", b"\r\n"]), max_size=20),
+       st.lists(st.integers(0, 40), max_size=4))
+def test_raw_unprefixed_output_is_the_stream_as_written_in_any_pieces(tokens, cuts):
+    """`logs --raw --worker I`: every carriage return where the job wrote it (a stream ends with its line)."""
+    whole = b"".join(tokens) + b"\n"
+    stream = io.BytesIO()
+    worker = WorkerOutput(0, Terminal(stream, prefixed=False, raw=True), None)
+    for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(whole)]):
+        worker.feed(whole[start:end])
+    worker.close()
+    assert stream.getvalue() == whole
+
+
+def test_raw_prefixes_each_redraw_and_keeps_its_carriage_return():
+    stream = io.BytesIO()
+    worker = WorkerOutput(1, Terminal(stream, worker_count=2, raw=True), None)
+    worker.feed(b"[rank3]:step 1\r[rank3]:step 2\r[rank3]:step 3\n[rank3]:done\r\n")
+    assert stream.getvalue() == b"[w1 r3] step 1\r[w1 r3] step 2\r[w1 r3] step 3\n[w1 r3] done\r\n"
+    assert worker.tail() == ["[rank3]:step 3", "[rank3]:done"]  # a failure report's lines, as without --raw
 
 
 def test_a_rank_header_inside_a_workers_own_line_is_text():
@@ -331,3 +356,35 @@ def test_a_huge_redrawn_line_costs_its_live_row_only_its_start(clock):
         clock.now += 1
     assert list(terminal.live_lines.values()) == [b"x" * worker_output.LIVE_TEXT]
     assert Screen().feed(stream.getvalue()).text() == ["[w0] " + "x" * 74]  # cut to the 80 columns
+
+
+TQDM_LIKE = """
+import sys
+print("epoch 1")
+for step in range(1, 4):
+    sys.stdout.write(f"\\rtraining {step}/3 " + "#" * step)
+    sys.stdout.flush()
+print()
+print("done")
+"""
+
+
+def test_logs_raw_keeps_a_bars_carriage_returns_as_the_job_wrote_them(home, job_file):
+    spec = job_file(f"target: {{local: {{workers: 1}}}}\nrun: {sys.executable} bar.py\n", files={"bar.py": TQDM_LIKE})
+    run = podrun("exec", spec, "--raw", text=False)
+    assert run.returncode == 0, run.stderr
+    job_id = job_id_in(run.stderr.decode())
+    written = b"epoch 1\n\rtraining 1/3 #\rtraining 2/3 ##\rtraining 3/3 ###\ndone\n"
+    assert (home / "jobs" / job_id / "w0.log").read_bytes() == written
+    # each redraw behind its worker's prefix, as the job's own \r ended it
+    prefixed = b"[w0] epoch 1\n[w0] \r[w0] training 1/3 #\r[w0] training 2/3 ##\r[w0] training 3/3 ###\n[w0] done\n"
+    assert run.stdout == prefixed
+    assert podrun("logs", job_id, "--raw", text=False).stdout == prefixed
+    assert podrun("logs", job_id, "--raw", "--worker", "0", text=False).stdout == written
+    assert podrun("logs", job_id, text=False).stdout == b"[w0] epoch 1\n[w0] training 3/3 ###\n[w0] done\n"
+    # on a terminal, the terminal itself redraws the bar: one line, in its final state
+    code, shown = run_in_terminal(["logs", job_id, "--raw"], rows=24, columns=80)
+    assert code == 0, shown
+    assert [line for line in Screen().feed(shown).text() if "[w0]" in line] == [
+        "[w0] epoch 1", "[w0] training 3/3 ###", "[w0] done"]
+    assert b" training 1/3 #\r" in shown and b" training 2/3 ##\r" in shown  # the job's carriage returns reached it
