@@ -17,8 +17,11 @@ Kinds are named as Google's ml-goodput-measurement names its badput where the me
 - infrastructure_recovery_from_disruption: from a disruption to the run of the next attempt, as Google's
   library counts it from the last step's record to the job's restart: a restarted attempt's run time
   after its last step, and podrun's judge, recreate and restart phases;
+- after_last_step: the last attempt's run time after its last step line: steps that print nothing (the
+  last epoch of a job that prints a step per epoch), the last evaluation and save, the teardown; in a job
+  that failed, up to the failure; in a running one, its current step;
 - queue, create, connect, ship, setup, stop, stall: podrun's own phases (timeline.py); other: the rest
-  (run time after the last attempt's last step, time in no phase).
+  (time in no phase).
 
 Only the time analysis.py counts as `run` is split by steps: a stall within a run stays stall. A job
 without steps in its record (no `progress` in its spec, or no step printed) keeps `run` as one part.
@@ -34,7 +37,8 @@ from podrun.report.analysis import Analysis
 
 RECOVERY = "infrastructure_recovery_from_disruption"
 PARTS = ("productive", "program_startup", "wasted_progress_from_disruption", "slow_steps", "queue", "create",
-         "connect", "ship", "setup", "stop", RECOVERY, "stall", "other")
+         "connect", "ship", "setup", "stop", RECOVERY, "stall", "after_last_step", "other")
+BY_STEPS = ("productive", "program_startup", "wasted_progress_from_disruption", "slow_steps", "after_last_step")
 PHASE_PART = {"judge": RECOVERY, "recreate": RECOVERY, "restart": RECOVERY}
 SLOW_MADS = 3  # a step slower than median + this many median absolute deviations is slow
 UNKNOWN = ("no steps recorded (the spec's `progress`): run is one part; program startup, lost progress and slow "
@@ -64,7 +68,7 @@ class Goodput:
         record = analysis.record
         self.wall_s = analysis.wall_s
         self.known = bool(record.steps)
-        self.parts_s = dict.fromkeys(PARTS if self.known else ("run", *PARTS[4:]), 0.0)
+        self.parts_s = dict.fromkeys(PARTS if self.known else ("run", *(p for p in PARTS if p not in BY_STEPS)), 0.0)
         self.intervals: list[Interval] = []
         self.lost_progress_steps = 0
         timelines = [_Attempt(record, attempt, analysis.end, restarted=attempt is not analysis.attempts[-1])
@@ -122,7 +126,7 @@ class _Attempt:
         self.entry = progress.entry_of(record, number)
         best = progress.best_before(record, number)
         # what its run time after its last step is: up to a restart, the disruption's (as Google counts it)
-        self.after_last = RECOVERY if restarted else "other"
+        self.after_last = RECOVERY if restarted else "after_last_step"
         self.samples = progress.samples(self.entry) if self.entry else []
         self.intervals = [Interval(at - before_at, step - before, step - max(before, min(step, best)) if best is not None
                                    else step - before)

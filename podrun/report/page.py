@@ -24,7 +24,8 @@ COLOURS = {"queue": "#c7c7c7", "create": "#8c6d31", "connect": "#9e9ac8", "ship"
 # the parts of the wall time (goodput.py): podrun's phases keep their colours
 PART_COLOURS = {**COLOURS, "productive": COLOURS["run"], "program_startup": "#fdd0a2",
                 "wasted_progress_from_disruption": "#843c39", "slow_steps": "#e7ba52",
-                "infrastructure_recovery_from_disruption": COLOURS["recreate"], "other": "#e0e0e0"}
+                "infrastructure_recovery_from_disruption": COLOURS["recreate"], "after_last_step": "#c6dbef",
+                "other": "#e0e0e0"}
 WIDTH = 1100
 LABEL_W = 190
 ROW_H = 18

@@ -49,7 +49,7 @@ def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of
     assert parts["program_startup"] > 0, parts
     # attempt 0's time after step 5, and the restart's wait
     assert parts["infrastructure_recovery_from_disruption"] >= 1.2, parts
-    assert parts["other"] >= 1.0, parts  # attempt 1's time after its last step
+    assert parts["after_last_step"] >= 1.0, parts  # attempt 1's time after its last step
     assert report["goodput"] == pytest.approx(parts["productive"] / report["wall_s"])
 
     shown = podrun("report", job_id).stdout

@@ -47,7 +47,8 @@ def test_a_job_that_failed_at_step_5_and_resumed_from_step_3_lost_2_steps(home):
         "slow_steps": 0,
         "infrastructure_recovery_from_disruption": 8 + 1,  # step 5 to the failure, and the restart's wait
         "queue": 0, "create": 0, "connect": 0, "ship": 0, "setup": 3, "stop": 0, "stall": 0,
-        "other": 7,  # the last step to the end of the last attempt
+        "after_last_step": 7,  # the last step to the end of the last attempt
+        "other": 0,
     }, abs=1e-9)
     assert split.goodput == pytest.approx(14 / 40)
 
@@ -72,7 +73,7 @@ def test_the_summary_names_each_part_and_each_attempts_steps(home):
     lines = summary(analysis, Goodput(analysis))
     assert lines[1] == "wall time 40.0s; goodput 35.0% (14.0s productive)"
     assert lines[2] == ("the rest: program_startup 3.00s, wasted_progress_from_disruption 4.00s (2 steps lost), "
-                        "setup 3.00s, infrastructure_recovery_from_disruption 9.00s, other 7.00s")
+                        "setup 3.00s, infrastructure_recovery_from_disruption 9.00s, after_last_step 7.00s")
     assert "attempt 0: failed after 20.0s; steps 1 to 5" in lines
     assert "attempt 1: succeeded after 20.0s; steps 4 to 8" in lines
 
@@ -84,7 +85,7 @@ def test_a_slow_step_counts_beyond_the_median_step_time_even_among_samples_of_se
     assert split.slow_step_bound() == 1.0  # every other step took 1 s: its deviation is 0
     assert split.parts_s["slow_steps"] == pytest.approx(4.0)
     assert split.parts_s["productive"] == pytest.approx(13 - 4)
-    assert split.parts_s["program_startup"] == pytest.approx(1) and split.parts_s["other"] == pytest.approx(1)
+    assert split.parts_s["program_startup"] == pytest.approx(1) and split.parts_s["after_last_step"] == pytest.approx(1)
 
 
 def test_the_slow_step_bound_is_median_plus_3_mads_with_each_interval_weighed_by_its_steps():
@@ -108,14 +109,15 @@ def test_a_stall_within_the_run_stays_stall_and_an_attempt_without_a_step_is_all
     assert "attempt 1: failed after 10.0s; no step" in summary(Analysis(made.record), split)
 
 
-def test_a_running_jobs_time_since_its_last_step_is_other_up_to_now(home):
+def test_a_running_jobs_time_since_its_last_step_is_after_last_step_up_to_now(home):
     made = StepsRecord(1000.0)
     for at, step in [(1002, 1), (1004, 2)]:
         progress.advance(made.record, made.record.workers[0], step, at)
     timeline.begin(made.record, "run", [0], at=1000)
     split = split_of(made.record, now=1010)
     assert split.parts_s["productive"] == pytest.approx(2)
-    assert split.parts_s["program_startup"] == pytest.approx(2) and split.parts_s["other"] == pytest.approx(6)
+    assert split.parts_s["program_startup"] == pytest.approx(2) and split.parts_s["after_last_step"] == pytest.approx(6)
+    assert split.parts_s["other"] == 0
 
 
 def test_without_steps_run_is_one_part_and_the_summary_says_what_is_not_known(home):
