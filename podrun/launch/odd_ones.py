@@ -10,8 +10,8 @@ Condition.wait under a Queue.get), thread ids, pids, addresses, idle or active. 
 names tell the standard library's files (`threading.py`) from the rest, not the user's (`data.py`) from
 an installed package's (`torch/distributed/distributed_c10d.py`): both count as the user's code. Without
 py-spy (what /proc shows) a process is placed by where its main thread waits in the kernel (its wchan
-and kernel stack, offsets left out): that tells a sleep from a lock or a socket's read, never one Python
-function from another.
+and kernel stack, offsets left out; one that runs, by its state alone): that tells a sleep from a
+lock or a socket's read, never one Python function from another.
 
 Compared are the processes of one depth in each worker's tree of Python processes: the shallowest
 depth at which a launcher gave processes a RANK (torchrun's ranks, named `w3 r1`: not torchrun itself,
@@ -62,8 +62,14 @@ def summary(texts: dict[int, str]) -> list[str]:
     groups: dict[tuple, list[Process]] = {}
     for process in compared:
         groups.setdefault((process.place.kind, process.place.frames), []).append(process)
-    ordered = sorted(groups.values(), key=len, reverse=True)
-    saids = _told_apart([group[0].place for group in ordered])
+    apart = sorted(groups.values(), key=len, reverse=True)
+    # places that still read alike (one function and line, reached through a recursion one frame deeper) are
+    # said as one: an odd one out is never said to be where the rest are
+    alike: dict[str, list[Process]] = {}
+    for group, said in zip(apart, _told_apart([group[0].place for group in apart])):
+        alike.setdefault(said, []).extend(group)
+    by_size = sorted(alike.items(), key=lambda item: len(item[1]), reverse=True)
+    saids, ordered = [said for said, _ in by_size], [group for _, group in by_size]
     note = (["(from /proc: where each process waits in the kernel, not its Python function: py-spy on the job's "
              "PATH names that)"] if any(process.place.kind == "kernel" for process in compared) else [])
     if len(ordered) == 1:
@@ -145,9 +151,11 @@ def _kernel_place(lines: list[str], pid: int) -> Place | None:
         if not (frame := KERNEL_FRAME.match(line)):
             break
         functions.append(frame[1])
-    waiting = wchan not in ("0", "?")
-    said = f"waiting in the kernel at {wchan}" if waiting else f"not waiting in the kernel (state {state[1]})"
-    return Place("kernel", (wchan if waiting else state[1], *functions), said)
+    if wchan not in ("0", "?"):
+        return Place("kernel", (wchan, *functions), f"waiting in the kernel at {wchan}")
+    # running, or runnable: its kernel stack, where one shows, is where the scheduler took it off a CPU a moment
+    # ago, no place of its own; running processes differ only by their state
+    return Place("kernel", (state[1],), f"not waiting in the kernel (state {state[1]})")
 
 
 def _in_standard_library(file: str) -> bool:

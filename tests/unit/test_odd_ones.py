@@ -82,3 +82,27 @@ def test_a_worker_that_gave_no_stacks_is_named_with_why():
     texts[2] = "no stacks: worker 2 gave none within 60s\n"
     assert summary(texts) == ["w2 is without stacks: worker 2 gave none within 60s; "
                               "the other 3 are in all_reduce (hang.py:10)"]
+
+
+def running(pid: int, rank: int, kernel_stack: tuple[str, ...] = ()) -> str:
+    """A rank busy on a CPU (or runnable) without py-spy, in remote/stacks.py's kernel view; `kernel_stack`: where
+    the scheduler last took it off a CPU, as /proc/PID/stack shows it to root."""
+    return (f"=== pid {pid} (parent 1, rank {rank}): python3 -u train.py ===\n"
+            "py-spy is not on the job's PATH (as its step started): with it (pip install py-spy) this shows the "
+            f"Python stack\nstate: R (running), wchan: 0\nthread {pid}: wchan 0\n"
+            + "".join(f"  [<0>] {frame}\n" for frame in kernel_stack))
+
+
+def test_ranks_that_all_run_are_said_to_be_alike_whatever_kernel_stack_one_was_preempted_in():
+    preempted = ("irqentry_exit_to_user_mode+0x1d2/0x1e0", "asm_sysvec_apic_timer_interrupt+0x1a/0x20")
+    texts = {0: running(100, 0) + running(101, 1, preempted), 1: running(200, 2) + running(201, 3)}
+    assert summary(texts) == ["all 4 ranks (w0-1 r0-3) are not waiting in the kernel (state R)", PROC_NOTE]
+
+
+def test_places_that_read_alike_are_said_as_one_not_as_an_odd_one_out():
+    # worker 1 one frame deeper in the same function and line: no frame of its own tells it from the rest
+    deeper = WAITING.replace("    all_reduce (hang.py:10)\n", "    all_reduce (hang.py:10)\n" * 2, 1)
+    assert deeper != WAITING
+    assert summary({0: WAITING, 1: deeper, 2: WAITING}) == ["all 3 workers are in all_reduce (hang.py:10)"]
+    assert summary({0: WAITING, 1: deeper, 2: ODD}) == [
+        "w2 is in load_batch (hang.py:7); the other 2 are in all_reduce (hang.py:10)"]
