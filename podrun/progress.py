@@ -9,6 +9,13 @@ advances with it. record.steps holds an entry per attempt that reached a step:
      "samples": [T, S, T, S, ...]}    # the job's step S as of epoch second T, in order
 
 `samples` holds at most MAX_SAMPLES + 1 pairs, however long the attempt (step_reader.add_sample).
+
+With an epoch group in the pattern, a step is a running count through the epochs (step_reader.py), and
+the entry also holds where the job's step stands and what its count is made of:
+
+    "epoch": {"epoch": 3, "step": 5, "first": 1, "steps": 10}   # step 25: (3 - 1) * 10 + 5
+
+which a later attempt's agents are handed (epochs_known), so that its count goes on from the same base.
 """
 
 from __future__ import annotations
@@ -23,21 +30,44 @@ def entry_of(record, attempt: int | None = None) -> dict | None:
     return next((entry for entry in reversed(record.steps) if entry["attempt"] == attempt), None)
 
 
-def advance(record, worker, step: int, at: float) -> bool:
-    """Worker `worker` (a WorkerRecord) reached `step` at `at` (epoch seconds); whether the job's step rose."""
+def advance(record, worker, step: int, at: float, epoch: dict | None = None) -> bool:
+    """Worker `worker` (a WorkerRecord) reached `step` at `at` (epoch seconds); whether the job's step rose.
+    `epoch`: with an epoch group, the agent's fields of it (StepReader.epoch_fields)."""
     if worker.step is not None and step <= worker.step:
         return False
     worker.step, worker.step_at = step, at
     entry = entry_of(record)
     if entry is None:
-        record.steps.append({"attempt": record.attempt, "first": step, "first_at": at, "last": step, "last_at": at,
-                             "samples": [round(at, 3), step]})
-        return True
-    if step <= entry["last"]:
+        entry = {"attempt": record.attempt, "first": step, "first_at": at, "last": step, "last_at": at,
+                 "samples": [round(at, 3), step]}
+        record.steps.append(entry)
+    elif step <= entry["last"]:
         return False
-    entry["last"], entry["last_at"] = step, at
-    add_sample(entry["samples"], at, step)
+    else:
+        entry["last"], entry["last_at"] = step, at
+        add_sample(entry["samples"], at, step)
+    if epoch and epoch.get("epoch") is not None:
+        take_epoch(entry, epoch)
     return True
+
+
+def take_epoch(entry: dict, fields: dict) -> None:
+    """Keep in the attempt's entry where an epoch group's count stands (StepReader.epoch_fields: of an agent's
+    step event, or of its run's exit), where it is not behind what the entry has."""
+    now = {"epoch": fields["epoch"], "step": fields["epoch_step"], "first": fields["first_epoch"],
+           "steps": fields["epoch_steps"]}
+    before = entry.get("epoch") or now
+    later = now if (now["epoch"], now["step"]) >= (before["epoch"], before["step"]) else before
+    entry["epoch"] = {**later, "steps": max(now["steps"], before["steps"])}
+
+
+def epochs_known(record) -> dict | None:
+    """With an epoch group: the first epoch the job read and the most steps an epoch of it reached, as the
+    record holds them from earlier attempts (StepReader's `progress["epochs"]`); None before any."""
+    known = [entry["epoch"] for entry in record.steps if entry.get("epoch")]
+    if not known:
+        return None
+    return {"first": known[0]["first"], "steps": max(epoch["steps"] for epoch in known)}
 
 
 def samples(entry: dict) -> list[tuple[float, int]]:

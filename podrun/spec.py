@@ -230,6 +230,13 @@ def _step_pattern(pattern: str) -> str:
     if compiled.groups < 1:
         raise ValueError(f"expected {EXPECTED['progress.pattern']}, got {got(pattern)}, which has no group (...) "
                          f"for the step")
+    unknown = sorted(set(compiled.groupindex) - {"epoch", "step"})
+    if unknown:
+        nearest = next((name for name in ("epoch", "step") if name.startswith(unknown[0][:2].lower())), None)
+        raise ValueError(f"expected {EXPECTED['progress.groups']}, got {got(pattern)}, whose group {unknown[0]!r} is "
+                         f"neither" + (f" (did you mean {nearest!r}?)" if nearest else ""))
+    if "epoch" in compiled.groupindex and compiled.groups < 2:
+        raise ValueError(f"expected {EXPECTED['progress.epoch']}, got {got(pattern)}, which has only the epoch's")
     return pattern
 
 
@@ -237,7 +244,9 @@ class Progress(Model):
     """Where the job's step is read: its output lines (pattern), or a file it writes (file)."""
 
     pattern: Annotated[str, AfterValidator(_step_pattern)] | None = Field(
-        None, min_length=1, description="a regular expression over each output line whose first group is the step")
+        None, min_length=1, description="a regular expression over each output line whose first group is the step; "
+                                        "with a group named epoch, such as 'Epoch (?P<epoch>\\d+):.*?(\\d+)/\\d+', "
+                                        "the step of each epoch (the group named step, else the first other one)")
     file: str | None = Field(None, min_length=1, description="a file the job writes its step into (relative to "
                                                             "the run directory), read every second")
 
@@ -320,7 +329,9 @@ class JobSpec(Model):
                     f"a duration such as {DURATION_EXAMPLES}, from 0s to 1h; default 30s")
     progress: Annotated[Progress, BeforeValidator(_progress)] | None = Field(
         None, description="the job's step: a regular expression over its output lines whose first group is the step, "
-                          "such as 'step (\\d+)', or {file: PATH} that the job writes its step into")
+                          "such as 'step (\\d+)' (a step that starts over each epoch: with a group named epoch "
+                          "before it, as in 'Epoch (?P<epoch>\\d+):.*?(\\d+)/\\d+'), or {file: PATH} that the job "
+                          "writes its step into")
     stall_s: Annotated[float | Literal["auto"], BeforeValidator(parse_stall),
                        WithJsonSchema({"anyOf": [*DURATION_SCHEMA["anyOf"], {"const": "auto"}]})] | None = Field(
         None, alias="stall",

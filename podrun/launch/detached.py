@@ -133,7 +133,7 @@ async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, 
             stall.add_stopped(record, stalls, steps)
         ended_badly = bool(causes) or any(w.exit_code or w.stop_reason for w in record.workers)
         over_time = await asyncio.to_thread(time_limit_reached) if time_limit_reached and ended_badly else None
-        _record_end(record, causes, max(ended_at, default=None), silent_s, steps, over_time)
+        _record_end(record, causes, max(ended_at, default=None), silent_s, steps, over_time, stall.fallen_of(stalls))
         if silent_s:  # what each agent saved before the stall stopped it
             for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):
                 say(line)
@@ -157,11 +157,14 @@ def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord]
     for worker, report in zip(workers, reports):
         if report.step:
             progress.advance(record, worker, report.step[0], report.step[1])
+        if report.exit and report.exit.get("epoch") is not None and (entry := progress.entry_of(record)):
+            # an epoch group's count, as the run ended: what a later attempt's goes on from (progress.py)
+            progress.take_epoch(entry, report.exit)
 
 
 def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
                 silent_s: dict[int, float], steps: dict[int, int | None] | None = None,
-                over_time: str | None = None) -> None:
+                over_time: str | None = None, fallen: dict[int, tuple[str, str]] | None = None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
     podrun or because another worker failed) decides it, as in an attached job; else the worker lost
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
@@ -182,7 +185,7 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     elif failed:
         record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
     elif silent_s:  # worker 0's agent saw no output from any worker for the job's stall
-        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s, steps), ended_at)
+        record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s, steps, fallen), ended_at)
     elif lost:
         index, code = lost[0]
         record.finish(jobstore.FAILED, code, f"worker {index} was lost (its agent, its host or the link to it)",

@@ -75,6 +75,7 @@ class Launch:
         self.departed = asyncio.Event()  # set with `preempted` by the watch while run goes on
         self.agents_killed: set[int] = set()  # workers whose agent a signal ended before its report
         self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
+        self.falls = stall.Falls((job.progress or {}).get("pattern"))  # workers whose step fell: said once
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
 
@@ -128,18 +129,20 @@ class Launch:
         """Run one step everywhere; returns the first failure, after every worker has stopped."""
         detach = self.detach and step == "run"
         stall_s = self.job.stall_s
-        progress = self.job.progress if step == "run" else None
+        reading = self.job.progress if step == "run" else None
+        if reading and (epochs := progress.epochs_known(self.record)):  # an earlier attempt's: its count goes on
+            reading = {**reading, "epochs": epochs}
         watch = {"token": secrets.token_hex(16), "hub_worker": self.plans[0].worker.index, "workers": len(self.plans),
                  "bind": self.plans[0].worker.internal_ip, "stall": stall_s,
-                 "alive_every": stall.alive_every(stall_s) if stall_s else None, "progress": bool(progress),
+                 "alive_every": stall.alive_every(stall_s) if stall_s else None, "progress": bool(reading),
                  "auto": stall.auto_settings() if stall_s == stall.AUTO else None, **(self.away or {}),
                  } if detach and (len(self.plans) > 1 or stall_s or self.away) else None
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
             watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.departs,
-            on_notice=self._on_notice, progress=progress, on_step=self._on_step,
-            notify=self.notify if detach and plan is self.plans[0] else None)
+            on_notice=self._on_notice, progress=reading, on_step=self._on_step,
+            notify=self.notify if detach and plan is self.plans[0] else None, on_fall=self.falls.heard)
             for plan in self.plans]
         # from the first agent's start: one started early waits for go for at most HEARTBEAT_TIMEOUT_S without a
         # word, and starting 1,024 local agents on a loaded machine took longer than that
@@ -208,6 +211,7 @@ class Launch:
             watched: list[asyncio.Future] = [*finishing, interrupt, departure, silence]
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             if silence in done and not stopping:
+                self.falls.say()
                 self.stalled = await stall.on_stall(self.record, silence.result(), worker_steps, by_steps)
                 silence = asyncio.ensure_future(asyncio.Event().wait())
             for task in [task for task in finishing if task in done]:
@@ -247,6 +251,7 @@ class Launch:
         interrupt.cancel()
         departure.cancel()
         silence.cancel()
+        self.falls.say()
         return failure
 
     def _save_now_and_then(self) -> None:
@@ -380,10 +385,10 @@ class Launch:
             return endings.out_of_time(self.record, reason)
         return endings.failed(self.record, step, failure)
 
-    def _on_step(self, index: int, step: int, at: float) -> None:
+    def _on_step(self, index: int, step: int, at: float, event: dict) -> None:
         """A worker's agent reported a step it reached (the spec's progress): kept in the record, which is
         saved as often as the step's exits save it (`podrun jobs` shows the step)."""
-        if progress.advance(self.record, self.worker_records[index], step, at):
+        if progress.advance(self.record, self.worker_records[index], step, at, event):
             self._save_now_and_then()
 
     def _on_notice(self, index: int, reason: str) -> None:

@@ -94,7 +94,8 @@ class WorkerStep:
     def __init__(self, plan: WorkerPlan, step: str, command: str, output: WorkerOutput, detach: bool,
                  grace: float, watch: dict | None = None, vm_notices: bool = False,
                  on_notice: Callable[[int, str], None] | None = None, progress: dict | None = None,
-                 on_step: Callable[[int, int, float], None] | None = None, notify: dict | None = None):
+                 on_step: Callable[[int, int, float, dict], None] | None = None, notify: dict | None = None,
+                 on_fall: Callable[[int, dict], None] | None = None):
         self.plan = plan
         self.detach = detach
         self.grace = grace
@@ -102,7 +103,9 @@ class WorkerStep:
         self.vm_notices = vm_notices  # the agent stops the run on the VM's own notice (remote/vm_notice.py)
         self.on_notice = on_notice  # told (worker, reason) as soon as the agent reports such a notice
         self.progress = progress  # where run's agent reads the job's step (the spec's progress: step_reader.py)
-        self.on_step = on_step  # told (worker, step, epoch seconds) as the agent reports each step it reached
+        self.on_step = on_step  # told (worker, step, epoch seconds, event) as the agent reports each step it reached
+        self.on_fall = on_fall  # told (worker, event) once its agent saw the step fall (step_reader.py)
+        self.fell: dict | None = None  # that event: {step: where it fell from, before, after: as shown}
         self.notify = notify  # worker 0 of a detached run that nothing watches: the agent tells the job's end
         self.step = step
         self.command = command
@@ -221,7 +224,11 @@ class WorkerStep:
             elif event["event"] == "step":
                 self.step_at = time.monotonic()
                 if self.on_step:
-                    self.on_step(self.plan.worker.index, int(event["step"]), float(event["at"]))
+                    self.on_step(self.plan.worker.index, int(event["step"]), float(event["at"]), event)
+            elif event["event"] == "fell":
+                self.fell = event
+                if self.on_fall:
+                    self.on_fall(self.plan.worker.index, event)
             return event
         if text.strip():
             self.diagnostics.append(text)

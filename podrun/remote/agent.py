@@ -55,7 +55,9 @@ Protocol
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is), "killed": true
           when a stop's SIGKILL ended it after the grace period},
           {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away),
-          {"event": "step", "step": S, "at": EPOCH_SECONDS} (with progress: a step reached, at most once a second).
+          {"event": "step", "step": S, "at": EPOCH_SECONDS} (with progress: a step reached, at most once a second;
+          with an epoch group also "epoch", "epoch_step", "first_epoch", "epoch_steps": step_reader.py),
+          {"event": "fell", "step": S, "before": TEXT, "after": TEXT} (the step first fell, from S: once).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the
   agent's pid and kernel start time, "PID START": SIGTERM to it stops the step cleanly), <step>.py-spy (the
@@ -63,7 +65,9 @@ Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that 
   (a docker: job's container name, whose processes its stacks include), notify.json (notify), <step>.exit
   (JSON: code, signal, stop_reason, ended_at, rank, cause_worker/cause_code when another worker's failure stopped this one,
   stalled: how long this worker had been silent when a stall stopped it, stalled_at: when (epoch seconds),
-  killed: whether SIGKILL ended it after the grace period, and with progress step: its step or null),
+  killed: whether SIGKILL ended it after the grace period, and with progress step: its step or null,
+  fell_from/fell_to: where its step fell from and to while it has not passed that since, else null, and
+  with an epoch group the step event's epoch fields),
   run.stacks (on a stall),
   run.step (a detached run with progress: "STEP EPOCH_SECONDS", its latest) and run.steps (its steps over
   time, "T S T S ...", bounded: step_reader.add_sample; every 10 s and at the end); each file 0600.

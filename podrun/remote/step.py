@@ -166,6 +166,9 @@ class Step:
                  "stalled_at": self.stalled_at, "killed": self.killed}
         if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
             ended["step"] = self.steps.step
+            # the step fell, and has not passed where it fell from since: the stall's line says so
+            ended["fell_from"], ended["fell_to"] = self.steps.fallen() or (None, None)
+            ended.update(self.steps.epoch_fields())
             self._report_step(watch, final=True)
             if self.config.get("detach"):
                 self._write_samples()
@@ -183,11 +186,14 @@ class Step:
     def _report_step(self, watch, final=False):
         """A step reached and not yet reported: to the launcher (an event), the hub, and run.step (what a
         detached job's followers read: "STEP EPOCH_SECONDS")."""
+        fall = self.steps.fell()
+        if fall is not None:  # once: the launcher says so (a per-epoch count read as the step?)
+            agent_io.emit(event="fell", step=fall[0], before=fall[1], after=fall[2])
         reached = self.steps.report(final)
         if reached is None:
             return
         step, at = reached
-        agent_io.emit(event="step", step=step, at=at)
+        agent_io.emit(event="step", step=step, at=at, **self.steps.epoch_fields())
         if watch is not None:
             watch.stepped(step, at)
         if self.config.get("detach"):

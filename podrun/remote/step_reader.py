@@ -1,11 +1,22 @@
 """The job's step on this worker (the spec's `progress`), read by its agent: from the run's output lines
-(the pattern's first group), or from a file the job writes its step into, read every FILE_EVERY_S.
-Standard library only, Python 3.8+; nothing done at import (re is imported only by jobs with a pattern).
+(the pattern's step group: its group named `step`, else its first group other than `epoch`), or from a
+file the job writes its step into, read every FILE_EVERY_S. Standard library only, Python 3.8+; nothing
+done at import (re is imported only by jobs with a pattern).
 
 A worker's step is the highest it reached: a line whose step is lower (another rank behind, a log line
-that quotes an old step) changes nothing, so the step must grow through the run (a global step, not one
-that starts over each epoch). A step reached is reported at most every REPORT_EVERY_S, with the time it
-was reached: a job of ten steps a second costs one message a second per worker, and the time is exact.
+that quotes an old step) changes nothing, so the step must grow through the run. A step reached is
+reported at most every REPORT_EVERY_S, with the time it was reached: a job of ten steps a second costs
+one message a second per worker, and the time is exact.
+
+A step that falls and counts up again below the highest (a per-epoch bar's `Epoch 2: 1/10` after `Epoch
+1: 10/10`, a count that started over) is a fall: to at most half the highest, then a line with a step
+above that, before any new highest. The first one is told once (fell()), as the launcher says so.
+
+With an epoch group (`(?P<epoch>...)`), a line's place is (epoch, step), and its step is a running
+count that rises through epochs: (epoch - first epoch) * steps per epoch + step, where the first epoch
+is the first one read and an epoch's steps the most any finished epoch reached (both handed on to a
+later attempt in `progress["epochs"]`, so that its count goes on where the earlier one's stood). Those
+steps only grow, as an epoch ends: the count never falls, and `Epoch 2: 0/10` is `Epoch 1: 10/10`.
 
 auto_bound() is `stall: auto`'s rule, shared by the launcher (launch/stall.py) and a detached job's hub.
 """
@@ -29,10 +40,22 @@ AUTO_CAP_S = 7200.0
 class StepReader:
     def __init__(self, progress, cwd):
         self.pattern = None
+        self.group = 1  # the pattern's step group
+        self.epochs = False  # the pattern has an epoch group: a line's place is (epoch, step)
         if progress.get("pattern") is not None:
             import re
 
             self.pattern = re.compile(progress["pattern"].encode(errors="surrogateescape"))
+            self.group = step_group(self.pattern)
+            self.epochs = "epoch" in self.pattern.groupindex
+        known = progress.get("epochs") or {}  # an earlier attempt's (the launcher's record)
+        self.first_epoch = known.get("first")  # the first epoch read in the job
+        self.epoch_steps = known.get("steps") or 0  # the most steps a finished epoch reached
+        self.seen = None  # (epoch, step): the place of the latest line, and its epoch's highest step so far
+        self.place = None  # (epoch, step) where the highest step was reached
+        self.low = None  # a step below the highest, since the highest was reached: a fall, if it counts up
+        self.fall = None  # the first fall: (the step it fell from, that step as shown, and where it fell to)
+        self.fall_told = False
         self.file = os.path.join(cwd, progress["file"]) if progress.get("file") is not None else None
         self.file_due = 0.0  # when the file is read next (time.monotonic())
         self.file_seen = None  # its (mtime, size) when last read
@@ -44,7 +67,8 @@ class StepReader:
         self.samples = []  # the steps reported, with when each was reached: [T, S, T, S, ...] (add_sample)
 
     def feed(self, data):
-        """Output of the run: the step of its last complete line that has one."""
+        """Output of the run: the step of its last complete line that has one (with epochs, also how far the
+        epoch before that line's went, where one ended in it)."""
         if self.pattern is None:
             return
         text = self.partial + data
@@ -53,10 +77,25 @@ class StepReader:
             self.partial = text[-LONGEST_LINE:]
             return
         self.partial = text[cut + 1:][-LONGEST_LINE:]
+        last = None  # the last line with a step; with epochs, before it the last of an earlier epoch
         for line in reversed(text[:cut].splitlines()):
             match = self.pattern.search(line)
-            if match is not None and self._reached(match.group(1)):
+            if match is None or not _number(match.group(self.group)) or \
+                    self.epochs and not _number(match.group("epoch")):
+                continue
+            if not self.epochs:
+                self._reached(match.group(self.group))
                 return
+            place = (int(match.group("epoch")), int(match.group(self.group)))
+            if last is None:
+                last = place
+                if self.seen is not None and place[0] <= self.seen[0]:
+                    break  # no epoch ended in this text: its last line is all it tells
+            elif place[0] < last[0]:  # how far the epoch before the last line's went
+                self._reached_place(*place)
+                break
+        if last is not None:
+            self._reached_place(*last)
 
     def read_file(self):
         """The file's step, when it changed since it was last read (at most every FILE_EVERY_S)."""
@@ -80,9 +119,45 @@ class StepReader:
             return False
         if step < 0:
             return False
-        if self.step is None or step > self.step:
-            self.step, self.step_at = step, time.time()
+        self._count(step, None)
         return True
+
+    def _reached_place(self, epoch, step):
+        """A line at `step` of `epoch`: its running count (the module's docstring)."""
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+        if self.seen is not None and epoch > self.seen[0]:  # the epoch seen before ended
+            self.epoch_steps = max(self.epoch_steps, self.seen[1])
+        if self.seen is None or epoch != self.seen[0]:
+            self.seen = (epoch, step)
+        else:
+            self.seen = (epoch, max(step, self.seen[1]))
+        self._count(max(0, epoch - self.first_epoch) * self.epoch_steps + step, (epoch, step))
+
+    def _count(self, step, place):
+        if self.step is None or step > self.step:
+            self.step, self.step_at, self.place, self.low = step, time.time(), place, None
+        elif step < self.step:
+            if self.low is not None and self.low[0] < step and self.fall is None:
+                self.fall = (self.step, self._shown(self.step, self.place), self._shown(*self.low))
+            if self.low is None and step <= self.step // 2 or self.low is not None and step < self.low[0]:
+                self.low = (step, place)
+
+    def fell(self):
+        """The first fall (the module's docstring), once: (the step it fell from, that step as shown, and the
+        step it fell to, as shown), else None."""
+        if self.fall is None or self.fall_told:
+            return None
+        self.fall_told = True
+        return self.fall
+
+    def fallen(self):
+        """The first fall, while the step has not risen past where it fell from since: (from, to) as shown."""
+        return self.fall[1:] if self.fall is not None and self.fall[0] == self.step else None
+
+    @staticmethod
+    def _shown(step, place):
+        return str(step) if place is None else "%d (epoch %d step %d)" % (step, place[0], place[1])
 
     def due(self):
         """Seconds until report() or read_file() has something to do; None: nothing to wait for."""
@@ -103,6 +178,27 @@ class StepReader:
         self.report_due = time.monotonic() + REPORT_EVERY_S
         add_sample(self.samples, self.step_at, self.step)
         return self.step, self.step_at
+
+    def epoch_fields(self):
+        """With an epoch group: where the highest step was reached and what its count is made of, for the
+        launcher's record (and a later attempt's `progress["epochs"]`); else {}."""
+        if not self.epochs or self.place is None:
+            return {}
+        return {"epoch": self.place[0], "epoch_step": self.place[1], "first_epoch": self.first_epoch,
+                "epoch_steps": self.epoch_steps}
+
+
+def step_group(pattern):
+    """The group of a compiled pattern that holds the step: the one named `step`, else the first that is
+    not the one named `epoch`."""
+    named = pattern.groupindex
+    if "step" in named:
+        return named["step"]
+    return next((group for group in range(1, pattern.groups + 1) if group != named.get("epoch")), 1)
+
+
+def _number(text):
+    return text is not None and text.strip().isdigit()
 
 
 def add_sample(samples, at, step):

@@ -175,3 +175,57 @@ def test_a_detached_jobs_hub_takes_stall_auto_from_the_step_time_too(home, job_f
     wait_until(lambda: state()["state"] == "stalled", "the hub to stop the job", timeout=30)
     assert "the job is at step 8" in state()["summary"]
     assert time.monotonic() - started < 8 * 0.2 + 2 + 15  # the cap (2 h) would never have stopped it
+
+
+# tqdm's and Lightning's bar, which starts over each epoch: 3 epochs of 16 steps of 0.25 s, redrawn with `\r`;
+# rank 0 alone draws it, as they do
+EPOCH_BARS = """\
+import os, sys, time
+
+EPOCHS, STEPS, PAUSE = 3, 16, 0.25
+if os.environ["PODRUN_WORKER"] == "0":
+    for epoch in range(1, EPOCHS + 1):
+        for step in range(STEPS + 1):
+            done = step * 10 // STEPS
+            sys.stderr.write(f"\\rEpoch {epoch}: {step * 100 // STEPS:3d}%|{'#' * done}{' ' * (10 - done)}| "
+                             f"{step}/{STEPS} [00:0{step // 4}<00:0{(STEPS - step) // 4},  4.00it/s]")
+            sys.stderr.flush()
+            if step < STEPS:
+                time.sleep(PAUSE)
+        sys.stderr.write("\\n")
+"""
+# the stall: longer than a step (and than the agents' one report a second), shorter than an epoch (4 s)
+EPOCH_SPEC = "target: {{local: {{workers: 2}}}}\nrun: python3 train.py\nprogress: '{pattern}'\nstall: 2.5s\nstop_grace: 1s\n"
+FALL_LINE = (r"podrun: the step went back in lines matching 'Epoch \d+:.*?(\d+)/\d+': w0 from 16 to 0; a step is "
+             r"progress (for stall, restarts and the record) only past the highest one reached; if it starts over "
+             r"each epoch, name the epoch in a group of its own: progress: 'Epoch (?P<epoch>\d+):.*?(\d+)/\d+'")
+
+
+@pytest.mark.slow
+def test_a_per_epoch_bar_read_with_an_epoch_group_is_progress_through_every_epoch(home, job_file):
+    spec = job_file(EPOCH_SPEC.format(pattern=r"Epoch (?P<epoch>\d+):.*?(\d+)/\d+"), {"train.py": EPOCH_BARS})
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr  # each new epoch's steps were progress
+    assert "stalled" not in result.stderr and "went back" not in result.stderr
+    (job,) = json.loads(podrun("jobs", "--json").stdout)
+    assert job["state"] == "succeeded"
+    (steps,) = job["steps"]
+    # a running count through the epochs: (epoch - 1) * 16 + step, as the job's step and in its samples
+    assert (steps["first"], steps["last"]) == (0, 48) and steps["epoch"] == {"epoch": 3, "step": 16, "first": 1,
+                                                                              "steps": 16}
+    assert steps["samples"][1::2] == sorted(steps["samples"][1::2]) and len(steps["samples"]) > 2 * 3
+    assert [worker["step"] for worker in job["workers"]] == [48, None]
+    assert podrun("jobs").stdout.splitlines()[1].split()[4] == "48"  # the STEP column
+
+
+@pytest.mark.slow
+def test_a_step_read_from_a_per_epoch_bar_that_went_back_is_said_once_and_in_the_stall(home, job_file):
+    spec = job_file(EPOCH_SPEC.format(pattern=r"Epoch \d+:.*?(\d+)/\d+"), {"train.py": EPOCH_BARS})
+    result = podrun("exec", spec)
+    assert result.returncode == STALLED, result.stderr  # no step past 16, the first epoch's last, for 2.5 s
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert [line for line in lines if "went back in" in line] == [FALL_LINE]  # once, before the stall
+    assert lines.index(FALL_LINE) < lines.index(stall_line(result.stderr))
+    assert re.search(r"stalled: no step from any worker for 2\.5s: the job is at step 16 \(w0 at step 16 for 2\.\ds, "
+                     r"w1 no step yet\); the step went back, w0 from 16 to 0, and has not passed where it was since; "
+                     r"saving", stall_line(result.stderr)), stall_line(result.stderr)

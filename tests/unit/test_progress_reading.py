@@ -138,3 +138,92 @@ def test_the_step_a_run_ended_at_is_reported_at_once_however_soon_after_the_last
     assert reader.report() is None  # within REPORT_EVERY_S of the last report
     assert reader.report(final=True)[0] == 3
     assert reader.report(final=True) is None  # reported already
+
+
+def bar(epoch: int, step: int, steps: int = 10) -> bytes:
+    """A line of a per-epoch bar as tqdm and Lightning draw it, redrawn with a carriage return."""
+    return f"\rEpoch {epoch}: {step * 100 // steps:3d}%|{'#' * step}{' ' * (steps - step)}| {step}/{steps} " \
+           f"[00:0{step}<00:0{steps - step}, 1.00it/s]".encode()
+
+
+PLAIN_BAR = r"Epoch \d+:.*?(\d+)/\d+"
+EPOCH_BAR = r"Epoch (?P<epoch>\d+):.*?(\d+)/\d+"
+
+
+def test_a_step_that_falls_to_half_and_counts_up_again_is_a_fall_told_once():
+    reader = StepReader({"pattern": PLAIN_BAR}, ".")
+    for step in range(11):
+        reader.feed(bar(1, step))
+    reader.feed(b"\n" + bar(2, 0))
+    reader.feed(bar(2, 1))  # which ends the line of the new epoch's step 0, below half the highest
+    assert reader.fell() is None  # one low line is no fall yet: a quoted old step reads alike
+    reader.feed(bar(2, 2))
+    assert reader.step == 10 and reader.fell() == (10, "10", "0") and reader.fell() is None
+    assert reader.fallen() == ("10", "0")  # it has not passed 10 since: a stall says so
+    reader.feed(b"\n" + bar(3, 0) + bar(3, 1) + b"\rEpoch 3: 11/12 \r")
+    assert reader.step == 11 and reader.fallen() is None and reader.fell() is None
+
+
+def test_a_rank_a_little_behind_or_a_line_that_quotes_an_old_step_is_no_fall():
+    reader = StepReader({"pattern": r"step (\d+)"}, ".")
+    for step in range(100, 110):
+        reader.feed(f"[rank0]:step {step}\n[rank1]:step {step - 2}\n[rank1]:step {step - 1}\n".encode())
+    reader.feed(b"saved the checkpoint of step 50\nstep 110\nbest so far: step 40\nstep 111\n")
+    assert reader.step == 111 and reader.fell() is None
+
+
+def test_with_an_epoch_group_a_new_epochs_step_is_progress_and_the_count_rises():
+    reader = StepReader({"pattern": EPOCH_BAR}, ".")
+    counts = []
+    for epoch in (1, 2, 3):
+        for step in range(11):
+            reader.feed(bar(epoch, step))
+            counts += [reader.step] if reader.step is not None else []
+        reader.feed(b"\n")
+    assert counts == sorted(counts) and reader.step == 30 and reader.fell() is None
+    assert reader.epoch_fields() == {"epoch": 3, "epoch_step": 10, "first_epoch": 1, "epoch_steps": 10}
+    # a chunk that holds an epoch's last lines and the next one's first: the epoch's end still counts
+    chunked = StepReader({"pattern": EPOCH_BAR}, ".")
+    chunked.feed(bar(1, 1) + b"\r")
+    chunked.feed(bar(1, 2) + bar(1, 10) + b"\n" + bar(2, 0) + bar(2, 3) + b"\r")
+    assert (chunked.step, chunked.epoch_fields()["epoch_steps"]) == (13, 10)
+
+
+def test_an_earlier_attempts_epochs_carry_its_count_on_where_it_resumes():
+    resumed = StepReader({"pattern": EPOCH_BAR, "epochs": {"first": 1, "steps": 10}}, ".")
+    resumed.feed(b"Epoch 2: 3/10\n")  # an attempt that died at epoch 2 step 8 (count 18) resumed here
+    assert resumed.step == 13  # 5 steps lost, as the report counts them
+
+
+def test_the_step_is_the_group_named_step_else_the_first_other_than_the_epoch():
+    named = StepReader({"pattern": r"(?P<step>\d+)/\d+ in epoch (?P<epoch>\d+)"}, ".")
+    named.feed(b"9/10 in epoch 1\n10/10 in epoch 1\n2/10 in epoch 2\n")
+    assert named.step == 12 and named.epoch_fields()["epoch"] == 2
+    plain = StepReader({"pattern": r"loss (\d+\.\d+) step (?P<step>\d+)"}, ".")
+    plain.feed(b"loss 2.5 step 7\n")
+    assert plain.step == 7
+
+
+def test_the_record_keeps_an_epoch_groups_count_for_a_later_attempt():
+    job = record(1)
+    fields = {"epoch": 2, "epoch_step": 4, "first_epoch": 1, "epoch_steps": 10}
+    assert progress.advance(job, job.workers[0], 14, 10.0, fields)
+    assert job.steps[0]["epoch"] == {"epoch": 2, "step": 4, "first": 1, "steps": 10}
+    assert progress.epochs_known(job) == {"first": 1, "steps": 10}
+    assert progress.epochs_known(record(1)) is None
+
+
+def test_a_fall_is_said_in_one_line_with_the_pattern_and_an_epoch_group_for_it():
+    assert stall.fall_line({0: ("10", "0"), 1: ("10", "0"), 3: ("9", "1")}, PLAIN_BAR) == (
+        r"the step went back in lines matching 'Epoch \d+:.*?(\d+)/\d+': w0-1 from 10 to 0, w3 from 9 to 1; a step "
+        r"is progress (for stall, restarts and the record) only past the highest one reached; if it starts over "
+        r"each epoch, name the epoch in a group of its own: progress: 'Epoch (?P<epoch>\d+):.*?(\d+)/\d+'")
+    assert stall.fall_line({0: ("10", "0")}, r"(\d+)/\d+").endswith(
+        r"progress: 'Epoch (?P<epoch>\d+):.*?(\d+)/\d+' for a bar such as `Epoch 2: 10%| 1/10`")
+    assert not stall.fall_line({0: ("25 (epoch 3 step 5)", "12 (epoch 2 step 2)")}, EPOCH_BAR).count("name the epoch")
+
+
+def test_a_stall_while_the_step_fell_says_the_step_went_back():
+    assert stall.summary({0: 3.0}, {0: 10}, {0: ("10", "0")}) == (
+        "no step from any worker for 3.0s: the job is at step 10 (w0 at step 10 for 3.0s); the step went back, w0 "
+        "from 10 to 0, and has not passed where it was since")

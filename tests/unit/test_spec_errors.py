@@ -82,6 +82,13 @@ BAD_SPECS = [
     ("progress without a group for the step", "run: echo\nprogress: 'step \\d+'\n",
      "{file}: progress.pattern: expected a regular expression whose first group is the step, such as "
      "'step (\\d+)', got 'step \\\\d+', which has no group (...) for the step"),
+    ("progress with a named group that is neither epoch nor step", "run: echo\nprogress: 'Epoch (?P<ep>\\d+): (\\d+)'\n",
+     "{file}: progress.pattern: expected no named group but epoch and step, as in "
+     "'Epoch (?P<epoch>\\d+):.*?(?P<step>\\d+)/\\d+', got 'Epoch (?P<ep>\\\\d+): (\\\\d+)', whose group 'ep' is "
+     "neither (did you mean 'epoch'?)"),
+    ("progress with an epoch group and none for the step", "run: echo\nprogress: 'Epoch (?P<epoch>\\d+):'\n",
+     "{file}: progress.pattern: expected a group for the step besides the epoch's, as in "
+     "'Epoch (?P<epoch>\\d+):.*?(\\d+)/\\d+', got 'Epoch (?P<epoch>\\\\d+):', which has only the epoch's"),
     ("progress both a pattern and a file", "run: echo\nprogress: {pattern: 'step (\\d+)', file: s.txt}\n",
      "{file}: progress: expected a regular expression whose first group is the step, such as 'step (\\d+)', "
      "or {{file: PATH}}"),
