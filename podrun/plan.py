@@ -150,6 +150,11 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             run = (f"torchrun --nnodes={len(workers)} --node_rank={worker.index}"
                    f" --nproc_per_node={spec.torchrun.nproc_per_node}"
                    f' --rdzv_endpoint={master_addr}:{port} "$PODRUN_JOB_DIR/rank_output.py" {run}')
+            # what the target keeps from the ranks (Slurm's step variables), unless the job's env sets it; in a
+            # container they are not passed anyway
+            removed = [name for name in target.rank_env_removed if name not in user_env]
+            if removed and not spec.docker:
+                run = f"env -u {' -u '.join(removed)} {run}"
         if container and spec.docker:
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
         check_command_size(spec.path, "run", run)

@@ -4,9 +4,9 @@ A login node (slurmctld, sshd) and compute nodes (slurmd, sshd), each a network 
 its own (10.97.0.0/24: the SSH lab of tests/lab.py keeps 10.99.0.0/20, and both may run at once), with
 its own host name (Slurm's node name), one /etc/hosts naming every node, and ONE home directory shared by
 all (bound over /root), as on a cluster's shared file system. Slurm's config is the lab's own
-(proctrack/linuxproc, task/none, select/cons_tres, no slurmdbd so no sacct, no cgroups), mounted at
-/etc/slurm in each node's mount namespace, where Slurm commands run over SSH find it; munge runs with a
-key of the lab's own. Python and torch are shared with this machine, as in the SSH lab.
+(proctrack/linuxproc, task/none or task/affinity, select/cons_tres, no slurmdbd so no sacct, no
+cgroups), mounted at /etc/slurm in each node's mount namespace, where Slurm commands run over SSH find
+it; munge runs with a key of the lab's own. Python and torch are shared with this machine, as in the SSH lab.
 
     with SlurmLab(workdir) as cluster:
         cluster.slurm("squeue --json"), cluster.run(cluster.login, "srun -N2 hostname"), cluster.ssh_args()
@@ -73,7 +73,7 @@ SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig={dir}/etc/plugstack.conf
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin={task_plugin}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
@@ -125,6 +125,9 @@ class SlurmLab(StartStop):
     workdir: Path
     compute_nodes: int = 3
     cpus: int = 4  # per compute node
+    # task/none binds nothing; task/affinity binds each task to its CPUs, as on most clusters (then `cpus` must be at
+    # most this machine's: the nodes' CPUs are its own)
+    task_plugin: str = "task/none"
     gpus: int = 0  # per compute node: a count-only GRES (no devices), for --gpus-per-node
     kill_wait_s: int = 5
     min_job_age_s: int = 300
@@ -311,7 +314,7 @@ class SlurmLab(StartStop):
             cluster=CLUSTER, login=LOGIN, login_ip=LOGIN_IP, dir=self.workdir, nodes=names,
             node_ips=",".join(node.ip for node in self.nodes), cpus=self.cpus, memory=4000,
             gres_types="GresTypes=gpu\n" if self.gpus else "", gres=f" Gres=gpu:{self.gpus}" if self.gpus else "",
-            kill_wait=self.kill_wait_s, min_job_age=self.min_job_age_s,
+            kill_wait=self.kill_wait_s, min_job_age=self.min_job_age_s, task_plugin=self.task_plugin,
             partitions="\n".join(p.conf_line() for p in self.partitions)))
         (self.conf_dir / "gres.conf").write_text(GRES_CONF.format(nodes=names, gpus=self.gpus))
         (etc / "plugstack.conf").write_text("")

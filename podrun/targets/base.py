@@ -39,6 +39,9 @@ class Target(ABC):
     holds = False  # whether it holds capacity made for this job alone, which free() gives back when the job ends
     held = ""  # what it holds, for messages ("its Slurm allocation 1234")
     shares_root = False  # whether every worker's root is one directory (a cluster's shared home): code ships once
+    # variables of the worker's starting environment that torchrun's ranks must not see (plan.py): on Slurm, the
+    # srun step's own, which say one task per node where torchrun runs several ranks
+    rank_env_removed: tuple[str, ...] = ()
 
     def __init__(self, spec: JobSpec):
         self.spec = spec

@@ -43,6 +43,16 @@ PARTITIONS = "scontrol show partition --oneliner"
 # while the login connection is made beside podrun's own start (begin()), the thread that makes it takes
 # the interpreter at once when a packet comes: at Python's 5 ms the handshake's 7 packets waited ~30 ms
 HANDSHAKE_SWITCH_S = 0.0005
+# what the srun step that starts the workers (one task per node) tells its tasks about the step and its tasks:
+# under torchrun they would say SLURM_NTASKS=nodes, SLURM_PROCID=worker, SLURM_LOCALID=0 to every rank, and
+# Slurm-aware frameworks read their ranks from them (Lightning's SLURMEnvironment, before 2.1 chosen over
+# torchrun's; jax's). The ranks keep the job's own (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_CPUS_ON_NODE...)
+STEP_VARIABLES = (
+    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_GTIDS", "SLURM_TASK_PID",
+    "SLURM_NNODES", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_CORE",
+    "SLURM_NTASKS_PER_GPU", "SLURM_STEPID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_LAUNCHER_PORT", "SLURM_STEP_GPUS",
+    "SLURM_STEP_RESV_PORTS", "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT")
 
 
 class Pending:
@@ -80,6 +90,7 @@ class SlurmCluster(Target):
     default_device = "CUDA"
     holds = True  # the allocation is made for this job: free() gives it back
     shares_root = True  # the nodes share the login user's home: the code ships once
+    rank_env_removed = STEP_VARIABLES  # torchrun's ranks are not the step's tasks
 
     def __init__(self, spec: JobSpec):
         super().__init__(spec)
@@ -113,7 +124,10 @@ class SlurmCluster(Target):
     # --- the allocation -------------------------------------------------------------------------
     def salloc_argv(self) -> list[str]:
         """The salloc that asks for the allocation, every option of the spec mapped to Slurm's (and
-        sbatch_args: salloc takes sbatch's options)."""
+        sbatch_args: salloc takes sbatch's options). The whole of each node unless the spec says otherwise
+        (SlurmOptions.node_share): `--ntasks-per-node=1` alone gets one CPU of each node on a select/cons_tres
+        cluster (SLURM_CPUS_ON_NODE=1), where another job lands beside it and task/affinity or cgroups bind the
+        worker, torchrun and every rank, to that one CPU."""
         options = self.options
         argv = ["salloc", "--no-shell", f"--job-name=podrun-{self.spec.name}", f"--nodes={options.nodes}",
                 "--ntasks-per-node=1"]
@@ -122,7 +136,7 @@ class SlurmCluster(Target):
                             ("--constraint", options.constraint), ("--qos", options.qos)):
             if value is not None:
                 argv.append(f"{flag}={value}")
-        return [*argv, *options.sbatch_args]
+        return [*argv, *options.node_share(), *options.sbatch_args]
 
     def begin(self) -> None:
         """The login node's connection made and its partitions listed while the rest of the launch loads;

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, WithJsonSchema
+from pydantic import AfterValidator, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from podrun.spec_fields import HOST_FORMS, HostEntry, Model
 from podrun.targets.kind import AdhocFlag, TargetKind, whole_number
@@ -31,6 +31,8 @@ EXPECTED = {  # by field, for "expected ..." errors (TargetKind.expected)
     "time": f"a time limit in Slurm's forms ({SLURM_TIME_FORMS})",
     "account": "an account's name, such as proj",
     "gpus_per_node": "a number of GPUs per node, such as 8",
+    "exclusive": "true (the whole of each node, the default) or false (share the nodes)",
+    "cpus_per_node": "a number of CPUs per node, such as 16",
     "constraint": "node features, such as a100",
     "qos": "a quality of service's name, such as high",
     "sbatch_args": "a list of sbatch options, such as [--exclusive]",
@@ -69,6 +71,16 @@ def _word(value: str) -> str:
     return value
 
 
+# sbatch options that say how much of each node the job gets, as `exclusive` and `cpus_per_node` do
+NODE_SHARE_OPTIONS = ("--exclusive", "--oversubscribe", "-s", "--cpus-per-task", "-c", "--mincpus", "--cpus-per-gpu")
+
+
+def node_share_option(arg: str) -> bool:
+    """Whether an sbatch option says how much of each node the job gets (`-c8`, `--exclusive=user` too)."""
+    name = arg.split("=", 1)[0]
+    return name in NODE_SHARE_OPTIONS or (arg[:2] == "-c" and arg[2:].isdigit())
+
+
 def _sbatch_arg(value: str) -> str:
     if not value.startswith("-"):
         raise ValueError(f"expected an sbatch option starting with - (such as --exclusive), got {value!r}")
@@ -91,12 +103,43 @@ class SlurmOptions(Model):
     gpus_per_node: int | None = Field(None, ge=0, le=1024, description="sbatch --gpus-per-node")
     constraint: Annotated[str, Field(min_length=1)] | None = Field(None, description="sbatch --constraint")
     qos: SlurmWord | None = None
+    exclusive: bool | None = Field(
+        None, description="the whole of each node for the job (salloc --exclusive): all its CPUs, and no other job "
+                          "beside it; false: share the nodes. Default: true, false where cpus_per_node is given")
+    cpus_per_node: int | None = Field(
+        None, ge=1, le=100_000, description="CPUs of each node for the job (salloc --cpus-per-task: one task per node), "
+                                            "sharing the rest of the node with other jobs")
     sbatch_args: list[Annotated[str, AfterValidator(_sbatch_arg)]] = Field(
         default_factory=list, description="any other sbatch options, passed on as they are")
+
+    @field_validator("cpus_per_node")
+    @classmethod
+    def _part_or_whole(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("exclusive"):
+            raise ValueError(f"{value} CPUs of each node, but exclusive: true asks for the whole node: keep one")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _said_once(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        said = [name for name in ("exclusive", "cpus_per_node") if info.data.get(name) is not None]
+        own = next((arg for arg in value if node_share_option(arg)), None)
+        if said and own is not None:
+            raise ValueError(f"{own} and {said[0]} both say how much of each node the job gets: keep one")
+        return value
 
     @property
     def time_s(self) -> float | None:
         return slurm_time_s(self.time) if self.time else None
+
+    def node_share(self) -> list[str]:
+        """salloc's options for how much of each node the job gets: the whole node (--exclusive) unless the spec
+        says otherwise, here or in sbatch_args (which then decide alone)."""
+        if self.cpus_per_node is not None:
+            return [f"--cpus-per-task={self.cpus_per_node}"]
+        if self.exclusive is False or any(node_share_option(arg) for arg in self.sbatch_args):
+            return []
+        return ["--exclusive"]
 
 
 def _summary(options: SlurmOptions) -> str:

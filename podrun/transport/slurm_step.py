@@ -38,10 +38,12 @@ def srun_argv(job_id: str, nodes: Sequence[str], pty: bool = False) -> list[str]
     beside any other step there.
     --overlap: the steps of the job's workers (and `podrun ssh`'s) share the nodes' resources;
     --whole: the step gets all of each node's allocated CPUs, memory and GPUs, not one CPU;
+    --cpu-bind=none: its task is not bound to one of them (task/affinity's default binds each task to as many
+    CPUs as it asked for, one): the worker's torchrun and every rank run on all of the node's allocated CPUs;
     --mpi=none: no PMI set-up for a step that is not MPI; --quiet: no "job step created" notes on stderr,
     which carries the agent's events; --kill-on-bad-exit=0 and --wait=0: one task's end decides nothing."""
     return ["srun", f"--jobid={job_id}", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
-            f"--ntasks={len(nodes)}", "--overlap", "--whole", "--mpi=none", "--quiet",
+            f"--ntasks={len(nodes)}", "--overlap", "--whole", "--cpu-bind=none", "--mpi=none", "--quiet",
             "--kill-on-bad-exit=0", "--wait=0", *(["--pty"] if pty else [])]
 
 

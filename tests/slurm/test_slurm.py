@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from podrun.spec import SshOptions
+from podrun.targets.slurm import parse_records
 from podrun.transport.ssh import host_transport
 
 from helpers import (
@@ -111,6 +112,71 @@ def test_every_worker_gets_its_node_and_worker_0_is_master_addr(home, cluster, s
         assert (f"[w{index}] worker {index} of 3 on {node.name} master {cluster.nodes[0].ip} ips {ips} "
                 f"in /root/podrun/job/run") in result.stdout
     assert slurm_jobs(cluster) == []
+
+
+def node_cpus(cluster) -> dict[str, int]:
+    """Each compute node's CPUs, as its slurmd reported them to slurmctld (`scontrol show node`: CPUTot)."""
+    shown = cluster.slurm("scontrol show node --oneliner")
+    assert shown.returncode == 0, shown.stderr
+    return {record["NodeName"]: int(record["CPUTot"]) for record in parse_records(shown.stdout)}
+
+
+@pytest.mark.parametrize(("options", "cpus", "state"), [
+    ("", None, "alloc"),  # the default: the whole of each node, no other job beside it
+    (", exclusive: false", 1, "mix"),  # salloc --ntasks-per-node=1 alone: one CPU of each node, the rest for others
+    (", cpus_per_node: 3", 3, "mix"),
+])
+def test_a_job_gets_the_whole_of_each_node_unless_its_spec_says_otherwise(home, cluster, slurm_spec, options, cpus,
+                                                                         state):
+    spec = slurm_spec("""
+        run: |
+          echo "cpus $SLURM_CPUS_ON_NODE on $(hostname)"
+          [ "$PODRUN_WORKER" != 0 ] || sinfo --noheader --Node --format='%N is %t'
+    """, options=options)
+    result = podrun("exec", spec, "--no-collapse")
+    assert result.returncode == 0, result.stderr
+    every = node_cpus(cluster)
+    for index, node in enumerate(cluster.nodes[:2]):
+        assert f"[w{index}] cpus {cpus or every[node.name]} on {node.name}\n" in result.stdout
+        assert f"[w0] {node.name} is {state}\n" in result.stdout  # what another user's job finds there
+    assert f"[w0] {cluster.nodes[2].name} is idle\n" in result.stdout
+
+
+@pytest.fixture
+def binding_cluster(slurm_lab, tmp_path_factory):
+    """A cluster of 2 nodes whose Slurm binds each task to its CPUs (task/affinity, as most clusters do), each node
+    with this machine's CPUs (2 at most: a short list to read), in place of the session's lab while the test runs."""
+    cpus = min(2, len(os.sched_getaffinity(0)))
+    if cpus < 2:
+        pytest.skip("binding to part of a node needs 2 CPUs here")
+    from slurm_lab import SlurmLab
+
+    slurm_lab.stop()
+    try:  # a short directory: slurmd's step sockets live under it (108 bytes at most)
+        with SlurmLab(tmp_path_factory.mktemp("bind"), compute_nodes=2, cpus=cpus, task_plugin="task/affinity") as bound:
+            yield bound
+    finally:
+        slurm_lab.start()
+
+
+@pytest.mark.slow
+def test_where_slurm_binds_tasks_every_rank_runs_on_all_of_its_nodes_cpus(home, binding_cluster, job_file):
+    """Under task/affinity a task runs on the CPUs it asked for: one, unless the allocation is the whole node and
+    the step's task is not bound to one of them. torchrun's ranks inherit the worker's CPUs."""
+    cluster = binding_cluster
+    every = node_cpus(cluster)
+    script = "import os, socket; print('cpus', sorted(os.sched_getaffinity(0)), 'on', socket.gethostname())\n"
+    for options, shared in (("", False), (", exclusive: false", True)):
+        spec = job_file(f"target: {{slurm: {{login: {cluster.login_address}, nodes: 2{options}}}}}\n"
+                        f"ssh: {{identity_file: {cluster.client_key}}}\n"
+                        f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n"
+                        "run: cpus.py\ntorchrun: {nproc_per_node: 2}\n", files={"cpus.py": script})
+        result = podrun("exec", spec, "--no-collapse", timeout=180)
+        assert result.returncode == 0, result.stderr
+        seen = {(int(worker), int(rank)): (len(cpus.split(",")), host) for worker, rank, cpus, host
+                in re.findall(r"^\[w(\d) r(\d)\] cpus \[([\d, ]+)\] on (\S+)$", result.stdout, re.M)}
+        assert seen == {(index, rank): (1 if shared else every[node.name], node.name)
+                        for index, node in enumerate(cluster.nodes) for rank in (2 * index, 2 * index + 1)}, result.stdout
 
 
 def job_steps(cluster, slurm_job: int) -> list[tuple[str, str]]:

@@ -48,7 +48,11 @@ def slurm_spec(job_file, options: str):
     ("sbatch_args: [exclusive]", "target.slurm.sbatch_args.0: expected an sbatch option starting with -"),
     ("login: 'a b'", "target.slurm.login: expected host, user@host, host:port or user@host:port"),
     ("nodes: 2, gpus: 8", "target.slurm.gpus: unknown field; expected one of: login, nodes, partition, time, "
-                          "account, gpus_per_node, constraint, qos, sbatch_args"),
+                          "account, gpus_per_node, constraint, qos, exclusive, cpus_per_node, sbatch_args"),
+    ("nodes: 2, exclusive: true, cpus_per_node: 4",
+     "target.slurm.cpus_per_node: 4 CPUs of each node, but exclusive: true asks for the whole node: keep one"),
+    ("nodes: 2, cpus_per_node: 4, sbatch_args: [-c8]",
+     "target.slurm.sbatch_args: -c8 and cpus_per_node both say how much of each node the job gets: keep one"),
 ])
 def test_bad_options_are_one_line_naming_the_field(home, job_file, options, line):
     result = podrun("validate", slurm_spec(job_file, options))
@@ -79,6 +83,34 @@ def test_every_option_maps_to_salloc(home, job_file):
                    "--job-name=podrun-job"):
         assert option in argv
     assert argv[-2:] == ["--exclusive", "--mem=0"]
+    assert argv.count("--exclusive") == 1  # sbatch_args said how much of each node: podrun adds nothing
+
+
+@pytest.mark.parametrize(("options", "share"), [
+    ("nodes: 2", ["--exclusive"]),  # the default: the whole of each node
+    ("nodes: 2, exclusive: true", ["--exclusive"]),
+    ("nodes: 2, exclusive: false", []),  # one CPU of each node on a select/cons_tres cluster
+    ("nodes: 2, cpus_per_node: 6", ["--cpus-per-task=6"]),
+    ("nodes: 2, sbatch_args: [--exclusive=user]", ["--exclusive=user"]),
+    ("nodes: 2, sbatch_args: [-c4, --mem=0]", ["-c4", "--mem=0"]),
+    ("nodes: 2, sbatch_args: [--oversubscribe]", ["--oversubscribe"]),
+])
+def test_a_job_asks_for_the_whole_of_each_node_unless_the_spec_says_otherwise(home, job_file, options, share):
+    argv = cluster(job_file, options).salloc_argv()
+    assert argv[argv.index("--ntasks-per-node=1") + 1:] == share
+
+
+def test_torchruns_ranks_do_not_see_the_srun_steps_task_variables(home, job_file):
+    spec = job_file("target: {slurm: {login: me@login1, nodes: 2}}\nrun: train.py\ntorchrun: {nproc_per_node: 4}\n"
+                    "env: {SLURM_NTASKS: '8'}\n", files={"train.py": ""})
+    result = podrun("exec", "--dry-run", spec)
+    assert result.returncode == 0, result.stderr
+    (line,) = {line.split("torchrun")[0] for line in result.stdout.splitlines() if "torchrun --nnodes=2" in line}
+    assert line.startswith("env -u SLURM_NPROCS -u SLURM_PROCID -u SLURM_LOCALID "), line
+    assert line.endswith(" -u SLURM_SRUN_COMM_PORT ")
+    assert "-u SLURM_NTASKS " not in line  # the job's env sets it: the job's word stands
+    plain = podrun("exec", "--dry-run", job_file("target: {slurm: {login: me@login1, nodes: 2}}\nrun: echo hi\n"))
+    assert "env -u" not in plain.stdout  # without torchrun the step's one task per node is the job's truth
 
 
 def test_the_worker_step_is_the_agent_alone_on_its_node():
@@ -116,9 +148,9 @@ def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_fil
     out = result.stdout
     assert "# target: 2 Slurm nodes, allocated for the job; Slurm's commands run via me@login1:" in out
     assert ("allocate: salloc --no-shell --job-name=podrun-job --nodes=2 --ntasks-per-node=1 --partition=gpu "
-            "--time=1:00:00\n") in out
+            "--time=1:00:00 --exclusive\n") in out
     assert ("start:    srun '--jobid=<job id>' '--nodelist=<node 0>,<node 1>' --nodes=2 --ntasks=2 --overlap --whole "
-            "--mpi=none --quiet --kill-on-bad-exit=0 --wait=0 python3 -I -S -c <connector> <agent>\n") in out
+            "--cpu-bind=none --mpi=none --quiet --kill-on-bad-exit=0 --wait=0 python3 -I -S -c <connector> <agent>\n") in out
     assert "release:  scancel <job id>" in out
     assert "# worker 0: node 0 of the allocation" in out and "# worker 1: node 1 of the allocation" in out
     assert out.count("echo hi") == 2
@@ -130,7 +162,7 @@ def test_exec_slurm_names_an_adhoc_cluster(home):
                     "--gpus-per-node", "8", "--dry-run", "--", "hostname")
     assert result.returncode == 0, result.stderr
     assert ("allocate: salloc --no-shell --job-name=podrun-exec --nodes=3 --ntasks-per-node=1 --partition=gpu --time=30 "
-            "--gpus-per-node=8\n") in result.stdout
+            "--gpus-per-node=8 --exclusive\n") in result.stdout
     here = podrun("exec", "--slurm", ".", "--dry-run", "--", "hostname")
     assert "Slurm's commands run on this machine (the login node)" in here.stdout, here.stderr
 
