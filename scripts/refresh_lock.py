@@ -1,5 +1,6 @@
 """Write the lock the suite runs against: .ci/constraints.txt, the exact version of every package that
-.ci/suite-packages.txt brings, as pip resolves it today in a new virtualenv.
+.ci/suite-packages.txt and .ci/suite-packages-built-here.txt bring, as pip resolves them today in a new
+virtualenv (the second with --no-build-isolation, as .ci/run installs it).
 
     python scripts/refresh_lock.py          # then run the suite against it, and commit both
 
@@ -20,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / ".ci" / "constraints.txt"
 PACKAGES = REPO / ".ci" / "suite-packages.txt"
+BUILT_HERE = REPO / ".ci" / "suite-packages-built-here.txt"  # sdists whose build imports the suite's torch
 
 
 def main() -> int:
@@ -28,6 +30,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip"]
         subprocess.run([*pip, "install", "-q", "--no-cache-dir", "-r", str(PACKAGES)], check=True, cwd=REPO)
+        subprocess.run([*pip, "install", "-q", "--no-cache-dir", "--no-build-isolation", "-r", str(BUILT_HERE)],
+                       check=True, cwd=REPO)
         frozen = subprocess.run([*pip, "freeze", "--exclude", "podrun"], check=True, capture_output=True, text=True,
                                 cwd=REPO).stdout
     pins = sorted((line for line in frozen.splitlines() if "==" in line), key=str.lower)
