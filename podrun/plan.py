@@ -128,6 +128,9 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
     ips_variable = {"PODRUN_WORKER_IPS": worker_ips} if len(worker_ips) <= MAX_WORKER_IPS_VARIABLE else {}
     ips_file = "".join(f"{worker.internal_ip}\n" for worker in workers)
     plans = []
+    # what the target keeps from torchrun's ranks (Slurm's step variables), unless the job's env sets it; a
+    # container is not passed them anyway
+    removed_from_ranks = [] if spec.docker else [name for name in target.rank_env_removed if name not in user_env]
     for worker in workers:
         env = {
             "PJRT_DEVICE": spec.device or target.default_device,
@@ -150,11 +153,8 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
             run = (f"torchrun --nnodes={len(workers)} --node_rank={worker.index}"
                    f" --nproc_per_node={spec.torchrun.nproc_per_node}"
                    f' --rdzv_endpoint={master_addr}:{port} "$PODRUN_JOB_DIR/rank_output.py" {run}')
-            # what the target keeps from the ranks (Slurm's step variables), unless the job's env sets it; in a
-            # container they are not passed anyway
-            removed = [name for name in target.rank_env_removed if name not in user_env]
-            if removed and not spec.docker:
-                run = f"env -u {' -u '.join(removed)} {run}"
+            if removed_from_ranks:
+                run = f"env -u {' -u '.join(removed_from_ranks)} {run}"
         if container and spec.docker:
             run = _in_docker(spec.docker, target.container_flags, container, list(env), run)
         check_command_size(spec.path, "run", run)
