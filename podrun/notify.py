@@ -13,12 +13,14 @@ under way for DRAIN_S at most, then notes those as not delivered.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Mapping
 
 from podrun import jobstore, progress
+from podrun.errors import SpecError
 from podrun.output import say
 from podrun.remote import notice
 
@@ -28,11 +30,11 @@ DRAIN_S = notice.BOUND_S + 2.0  # what an ending job waits, at most, for its las
 
 
 class Notifier:
-    """The notifications of one job: `notify` is the spec's (None: none are sent); `secrets`, values no
-    message may hold (each is replaced by ***)."""
+    """The notifications of one job: `notify` is the spec's (None: none are sent), its url_env read from this
+    process's environment; `secrets`, values no message may hold (each is replaced by ***)."""
 
     def __init__(self, notify, secrets: list[str]):
-        self.url = notify.url if notify else None
+        self.url = notify.url_in(os.environ) if notify else None
         self.on = set(notify.on) if notify else set()
         self.secrets = sorted({value for value in secrets if value}, key=len, reverse=True)
         self.told: set[tuple[int, str]] = set()  # (attempt, event) sent already
@@ -127,11 +129,25 @@ class Notifier:
 
 
 def secret_values(spec, extra_env: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
-    """The values of the spec's secrets (secret_env, and env's keys that name one), from env, --env or
-    podrun's environment: no message holds them."""
+    """The values of the spec's secrets (secret_env, env's keys that name one, notify.url_env), from env, --env
+    or podrun's environment: no message holds them."""
     keys = {*spec.secret_env, *(key for key in {**spec.env, **extra_env} if spec.is_secret(key))}
+    if spec.notify and spec.notify.url_env:
+        keys.add(spec.notify.url_env)
     given = {**environ, **spec.env, **extra_env}
     return [given[key] for key in keys if given.get(key)]
+
+
+def url_from_launcher(spec, launcher_env: Mapping[str, str]) -> dict[str, str]:
+    """notify.url_env and its value in podrun's environment, which a supervisor host's launcher needs; not
+    there, an error before anything starts. Never the job's: no worker's environment holds it."""
+    url_env = spec.notify.url_env if spec.notify else None
+    if not url_env:
+        return {}
+    if not launcher_env.get(url_env):
+        raise SpecError(spec.path, "notify.url_env", f"{url_env} is not in podrun's environment; export the "
+                                                     f"webhook's URL as {url_env} first")
+    return {url_env: launcher_env[url_env]}
 
 
 def took(record: jobstore.JobRecord, entry: dict) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,7 +24,7 @@ from pydantic import (
 )
 
 from podrun.spec_fields import DURATION, DURATION_SCHEMA, HostEntry, Model, duration_s, got, parse_jumps, yaml_kind
-from podrun.spec_messages import DURATION_EXAMPLES, EXPECTED
+from podrun.spec_messages import DURATION_EXAMPLES, EXPECTED, NOTIFY_URL
 from podrun.targets import registry
 from podrun.targets.kind import TargetKind
 
@@ -270,11 +271,23 @@ class WithOn(Model):
 
 
 class Notify(WithOn):
-    url: Annotated[str, AfterValidator(_http_url)] = Field(description="where each event is POSTed as JSON "
-                                                                       "(a Slack or Discord incoming webhook works)")
+    url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+        None, description="where each event is POSTed as JSON (a Slack or Discord incoming webhook works)")
+    url_env: EnvKey | None = Field(None, description="the variable of podrun's environment that holds the URL, "
+                                                     "so that its token is in no file (instead of url)")
     on: list[Annotated[NotifyEvent, BeforeValidator(_lower_choice("notify.on.*", NOTIFY_EVENTS))]] = Field(
         default_factory=lambda: list(typing.get_args(NotifyEvent)), min_length=1,
         description="which events: failure, preemption, stall, restart and/or success (default: all)")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> Notify:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError(f"expected {NOTIFY_URL}")
+        return self
+
+    def url_in(self, environ: Mapping[str, str]) -> str | None:
+        """Where the events go: url, or url_env's value in `environ` (None where it is not there)."""
+        return self.url or environ.get(self.url_env or "")
 
 
 class Cost(Model):

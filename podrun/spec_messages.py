@@ -15,7 +15,9 @@ NAME_RULES = {
     "name": ("a valid name", "use letters, digits, '.', '_' and '-', starting with a letter or digit"),
     "env.*.[key]": VARIABLE_NAME,
     "secret_env.*": VARIABLE_NAME,
+    "notify.url_env": VARIABLE_NAME,
 }
+NOTIFY_URL = "url (an http:// or https:// URL) or url_env (the variable of podrun's environment that holds it), not both"
 PORT = "a port number from 1 to 65535"
 # what every other field takes, as an error message says it: "expected ..."
 EXPECTED = {
@@ -53,6 +55,7 @@ EXPECTED = {
     "progress.epoch": "a group for the step besides the epoch's, as in 'Epoch (?P<epoch>\\d+):.*?(\\d+)/\\d+'",
     "notify": "a mapping such as {url: https://hooks.slack.com/services/..., on: [failure, stall]}",
     "notify.url": "an http:// or https:// URL",
+    "notify.url_env": "a variable name such as SLACK_WEBHOOK_URL",
     "notify.on": "a list of failure, preemption, stall, restart and/or success",
     "notify.on.*": "failure, preemption, stall, restart or success",
     "cost": "a mapping such as {per_hour: 12.5}",

@@ -15,6 +15,7 @@ from podrun.errors import SpecError, UsageError
 from podrun.launch import control_tree
 from podrun.launch.exec_options import ExecOptions
 from podrun.launch.kept import Kept
+from podrun.notify import url_from_launcher
 from podrun.output import ask, say
 from podrun.plan import parse_worker_selection, render, secrets_from_launcher
 from podrun.shipping import scan
@@ -71,6 +72,7 @@ def prepare(spec: JobSpec, ships_code: bool, options: ExecOptions) -> tuple[JobS
     if ships_code:
         check_run_script(spec)
     secrets_from_launcher(spec, os.environ)  # a secret_env not exported is an error, said before any warning
+    url_from_launcher(spec, os.environ)
     warn_of_doubts(spec)
     if options.stall_s == "auto" and spec.progress is None:
         raise UsageError(f"--stall auto: needs progress (the job's step) in {spec.path}, such as progress: "

@@ -20,6 +20,8 @@ from podrun.errors import PodrunError
 from podrun.launch import kept
 from podrun.launch.exec_options import ExecOptions
 from podrun.output import counted, say, say_success
+from podrun.spec import JobSpec
+from podrun.supervisor import boot
 
 
 def start() -> int:
@@ -89,7 +91,7 @@ def _supervise(job_id: str, job_dir: str, record: jobstore.JobRecord | None) -> 
     with open(os.path.join(job_dir, kept.RESUME_FILE)) as handle:
         payload = json.load(handle)
     os.environ.update(payload["environ"])
-    spec = spec_of(payload)
+    spec = _without_unkept_notify(job_id, payload, spec_of(payload))
     options = ExecOptions(**{**payload["options"], "supervisor": None, "detach": True})
     if record is not None:
         return adopt_here(spec, payload["ships_code"], options, record)
@@ -97,3 +99,18 @@ def _supervise(job_id: str, job_dir: str, record: jobstore.JobRecord | None) -> 
         say(f"job {job_id}: its launcher was cut off while its TPU was made: that request is deleted and made again")
         target_for(spec).release()
     return run_here(spec, payload["ships_code"], options, job_id, kept=kept.Kept.here(shows_output=False))
+
+
+def _without_unkept_notify(job_id: str, payload: dict, spec: JobSpec) -> JobSpec:
+    """The spec as adopted: a webhook whose URL is not on this host (never kept on disk: daemon.py) sends
+    nothing, and that is said once."""
+    env_file = f"{os.path.join(paths.podrun_home(), boot.ENV_FILE)} for its boot unit"
+    if payload.get("notify_unkept"):
+        say(f"job {job_id}: adopted without its notifications: its webhook's URL was written in the spec, and "
+            f"podrun keeps no URL on disk; give it as notify.url_env, set in this supervisor's environment "
+            f"({env_file}), for notifications that outlive a restart")
+    elif spec.notify and spec.notify.url_env and not os.environ.get(spec.notify.url_env):
+        say(f"job {job_id}: adopted without its notifications: notify.url_env {spec.notify.url_env} is not in "
+            f"this supervisor's environment ({env_file})")
+        spec = spec.model_copy(update={"notify": None})
+    return spec

@@ -78,16 +78,22 @@ def main(pending: bytes) -> int:
 def _keep_for_adoption(job_dir: str, payload: dict, spec: JobSpec) -> None:
     """What a supervisor started anew needs to adopt the job (adopt.py): the handover, less every secret's
     value (the spec's env and --env values of secret keys, secret_env's values from the laptop): those keys
-    are secret_env's there, which a restart takes from that supervisor's environment. Less the known-hosts
-    lines too: they are taken already."""
+    are secret_env's there, which a restart takes from that supervisor's environment. The webhook's URL is
+    a secret too: notify.url_env's value is left out as secret_env's are, and a notify.url written in the
+    spec is not kept at all (adopt.py says so). Less the known-hosts lines too: they are taken already."""
     fields, options = dict(payload["spec"]), dict(payload["options"])
     written = {key for key in {**spec.env, **options["env"]} if spec.is_secret(key)}
     fields["env"] = {key: value for key, value in spec.env.items() if key not in written}
     fields["secret_env"] = sorted({*spec.secret_env, *written})
     options["env"] = {key: value for key, value in options["env"].items() if key not in written}
-    environ = {key: value for key, value in payload["environ"].items() if key not in fields["secret_env"]}
+    taken = {*fields["secret_env"], *([spec.notify.url_env] if spec.notify and spec.notify.url_env else [])}
+    environ = {key: value for key, value in payload["environ"].items() if key not in taken}
+    unkept = bool(spec.notify and spec.notify.url)
+    if unkept:
+        del fields["notify"]
     jobstore.write_json(os.path.join(job_dir, kept.RESUME_FILE),
-                        {**payload, "spec": fields, "options": options, "environ": environ, "known_hosts": []})
+                        {**payload, "spec": fields, "options": options, "environ": environ, "known_hosts": [],
+                         "notify_unkept": unkept})
 
 
 def console_dir(job_id: str) -> str:

@@ -29,6 +29,7 @@ from podrun import __version__, exits, jobstore
 from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.errors import PodrunError, UsageError
 from podrun.launch.exec_options import ExecOptions
+from podrun.notify import url_from_launcher
 from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
@@ -86,7 +87,7 @@ def supervisor_transport(spec: JobSpec, host: str, named_by: str) -> SshTranspor
 def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOptions) -> dict:
     fields = spec.model_dump(mode="json", by_alias=True, exclude={"supervisor"}, exclude_none=True)
     fields["workdir"] = f"~/{remote_code_dir(spec.name, tree.digest)}" if tree else "~"
-    environ = {**secrets_from_launcher(spec, os.environ),
+    environ = {**secrets_from_launcher(spec, os.environ), **url_from_launcher(spec, os.environ),
                **{key: os.environ[key] for key in SETTINGS if key in os.environ},
                **{f"CLOUDSDK_{section}_{key}".upper(): value for section, key in GCLOUD_SETTINGS
                   if (value := gcloud_property((section, key)))}}

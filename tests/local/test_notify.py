@@ -155,6 +155,28 @@ def test_a_secret_in_a_failures_reason_never_reaches_the_webhook(home, job_file,
                                          "worker 0 exited with code 3 in run (RuntimeError: refused ***)")]
 
 
+def test_a_webhook_url_taken_from_the_environment_is_told_and_one_not_exported_is_refused_before_the_run(
+        home, job_file, webhook, monkeypatch):
+    stand_in, url = webhook()
+    monkeypatch.setenv("HOOK_URL", url)
+    spec = job_file("target: {local: {workers: 2}}\nnotify: {url_env: HOOK_URL}\n"
+                    "run: echo done\n", name="notified")
+    started = podrun("exec", spec, "--detach")  # worker 0's agent sends it: nothing watches this job
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    assert podrun("logs", "-f", job_id).returncode == 0
+    assert stand_in.wait_for(1) == [notification(job_id, "notified", "success", "succeeded", 0,
+                                                 "every worker exited with code 0")]
+    no_token_in(home, job_id, started.stderr)
+
+    monkeypatch.delenv("HOOK_URL")
+    refused = podrun("exec", spec)
+    assert (refused.returncode, refused.stderr.splitlines()) == (2, [
+        f"podrun: error: {spec}: notify.url_env: HOOK_URL is not in podrun's environment; export the webhook's "
+        f"URL as HOOK_URL first"])
+    assert stand_in.events() == [("success", 0)]
+
+
 @pytest.mark.slow
 def test_a_webhook_that_never_answers_delays_the_jobs_end_by_the_documented_bound_at_most(home, job_file, webhook):
     stand_in, url = webhook(silent=True)

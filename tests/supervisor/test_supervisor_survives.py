@@ -257,6 +257,19 @@ FAILS_ONCE_RELEASED = ('echo "attempt $PODRUN_ATTEMPT got $(printf %s "$HF_TOKEN
                        'exit 3\n')
 
 
+def cut_off_in_attempt_0(lab, supervisor, spec, secret: str) -> str:
+    """The job started detached through the supervisor host, whose processes are killed once attempt 0 runs:
+    then no file there holds `secret`. Its id."""
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    wait_until(lambda: "attempt 0 got" in worker_log_on_the_laptop(job_id, 1), "attempt 0")
+    kill_everything_on(lab)
+    found = subprocess.run(["grep", "-rlF", secret, str(supervisor.home)], capture_output=True, text=True)
+    assert found.stdout == "", f"the secret in files on the supervisor: {found.stdout}"
+    return job_id
+
+
 @pytest.mark.parametrize("given", [True, False], ids=["secret given to start", "secret not given"])
 def test_a_restart_after_adoption_takes_the_secret_from_the_environment_of_supervisor_start(
         home, lab, hosts_spec, supervisor, tmp_path, monkeypatch, given):
@@ -265,14 +278,7 @@ def test_a_restart_after_adoption_takes_the_secret_from_the_environment_of_super
     release = tmp_path / "release"
     spec = hosts_spec(supervisor.spec + "secret_env: [HF_TOKEN]\nrestarts: {max: 1, on: [failure]}\n"
                       + as_run(FAILS_ONCE_RELEASED.format(release=release)), hosts=(0, 1))
-    started = podrun("exec", spec, "--detach")
-    assert started.returncode == 0, started.stderr
-    job_id = job_id_in(started.stderr)
-    wait_until(lambda: "attempt 0 got" in worker_log_on_the_laptop(job_id, 1), "attempt 0")
-    kill_everything_on(lab)
-    found = subprocess.run(["grep", "-rlF", secret, str(supervisor.home)], capture_output=True, text=True)
-    assert found.stdout == "", f"the secret in files on the supervisor: {found.stdout}"
-
+    job_id = cut_off_in_attempt_0(lab, supervisor, spec, secret)
     adopted = on_host(lab, supervisor, f"{'HF_TOKEN=' + secret + ' ' if given else ''}{supervisor.podrun} "
                                        f"supervisor start")
     assert f"job {job_id}: adopted again" in adopted.stderr, adopted.stderr
@@ -292,3 +298,32 @@ def test_a_restart_after_adoption_takes_the_secret_from_the_environment_of_super
         assert record["state"] == "failed"
         assert "HF_TOKEN is neither set in env nor in podrun's environment" in record["summary"], record["summary"]
     assert anything_of_the_job(job_id) == []
+
+
+@pytest.mark.parametrize("given", ["url_env", "url"])
+def test_a_webhook_outlives_its_supervisors_restart_only_from_the_environment_and_never_on_disk(
+        home, lab, hosts_spec, supervisor, webhook, tmp_path, monkeypatch, given):
+    from lab import BRIDGE_IP
+    from webhook_stand_in import TOKEN_PATH
+
+    stand_in, url = webhook(address=BRIDGE_IP)
+    monkeypatch.setenv("HOOK_URL", url)
+    release = tmp_path / "release"
+    notify = "notify: {url_env: HOOK_URL}\n" if given == "url_env" else f"notify: {{url: '{url}'}}\n"
+    spec = hosts_spec(supervisor.spec + notify + "restarts: {max: 1, on: [failure]}\n"
+                      + as_run('test -z "${HOOK_URL-}" || exit 9\n'  # the workers never get it
+                               + FAILS_ONCE_RELEASED.format(release=release)), hosts=(0, 1))
+    job_id = cut_off_in_attempt_0(lab, supervisor, spec, TOKEN_PATH)
+    adopted = on_host(lab, supervisor, f"HOOK_URL={shlex.quote(url)} {supervisor.podrun} supervisor start")
+    assert f"job {job_id}: adopted again" in adopted.stderr, adopted.stderr
+    release.touch()
+    wait_until(lambda: state_there(supervisor, job_id) == "succeeded", "the adopted job's restart to succeed", timeout=60)
+    console = (supervisor.job_dir(job_id) / "console" / "stderr").read_text()
+    if given == "url_env":
+        stand_in.wait_for(3)
+        assert stand_in.events() == [("failure", 0), ("restart", 1), ("success", 1)]
+        assert "adopted without its notifications" not in console
+    else:
+        assert stand_in.events() == [] and supervisor.record(job_id)["events"] == []
+        assert (f"job {job_id}: adopted without its notifications: its webhook's URL was written in the spec, "
+                f"and podrun keeps no URL on disk") in console

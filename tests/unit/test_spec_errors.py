@@ -105,6 +105,15 @@ BAD_SPECS = [
      "{file}: restarts: until_no_progress needs progress (the job's step): add progress: 'step (\\d+)'"),
     ("notify to no http URL", "run: echo\nnotify: {url: 'ftp://hooks'}\n",
      "{file}: notify.url: expected an http:// or https:// URL, got 'ftp://hooks'"),
+    ("notify with no URL", "run: echo\nnotify: {on: [failure]}\n",
+     "{file}: notify: expected url (an http:// or https:// URL) or url_env (the variable of podrun's environment "
+     "that holds it), not both"),
+    ("notify with both URLs", "run: echo\nnotify: {url: 'http://h/x', url_env: HOOK}\n",
+     "{file}: notify: expected url (an http:// or https:// URL) or url_env (the variable of podrun's environment "
+     "that holds it), not both"),
+    ("notify's url_env not a variable", "run: echo\nnotify: {url_env: 'hook-url'}\n",
+     "{file}: notify.url_env: 'hook-url' is not a variable name: use letters, digits and '_', not starting with a "
+     "digit"),
     ("notify on an event podrun does not send", "run: echo\nnotify: {url: 'http://h/x', on: [hang]}\n",
      "{file}: notify.on.0: expected failure, preemption, stall, restart or success, got 'hang'"),
     ("cost per hour not above 0", "run: echo\ncost: {per_hour: 0}\n",
