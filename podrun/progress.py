@@ -6,7 +6,8 @@ a second. The job's step is the highest any worker reached: a job whose rank 0 a
 advances with it. record.steps holds an entry per attempt that reached a step:
 
     {"attempt": 1, "first": 3, "first_at": T, "last": 9, "last_at": T,
-     "samples": [T, S, T, S, ...]}    # the job's step S as of epoch second T, in order
+     "samples": [T, S, T, S, ...],    # the job's step S as of epoch second T, in order
+     "firsts": {"0": 3, "1": 3}}      # where each worker's run began: the step of its first step line
 
 `samples` holds at most MAX_SAMPLES + 1 pairs, however long the attempt (step_reader.add_sample).
 
@@ -49,6 +50,28 @@ def advance(record, worker, step: int, at: float, epoch: dict | None = None) -> 
     if epoch and epoch.get("epoch") is not None:
         take_epoch(entry, epoch)
     return True
+
+
+def began(record, worker: int, first: int) -> str | None:
+    """Worker `worker`'s run began at step `first` (its first step line) in the current attempt: kept in the
+    attempt's entry as "firsts"; the line to say the first time the workers' beginnings differ, else None."""
+    entry = entry_of(record)
+    if entry is None:
+        return None
+    firsts = entry.setdefault("firsts", {})
+    differed = different_beginnings(entry)
+    firsts[str(worker)] = first
+    return None if differed or not (text := different_beginnings(entry)) else f"attempt {record.attempt}: {text}"
+
+
+def different_beginnings(entry: dict) -> str | None:
+    """`its workers began at different steps: ...` where the attempt's workers' first steps differ: they
+    did not all restore the same checkpoint, or some redid steps that others skipped; else None."""
+    firsts = entry.get("firsts") or {}
+    if len(set(firsts.values())) < 2:
+        return None
+    each = ", ".join(f"w{worker} at {step}" for worker, step in sorted(firsts.items(), key=lambda item: int(item[0])))
+    return f"its workers began at different steps ({each}): did each restore the same checkpoint?"
 
 
 def take_epoch(entry: dict, fields: dict) -> None:

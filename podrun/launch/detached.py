@@ -157,6 +157,8 @@ def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord]
     for worker, report in zip(workers, reports):
         if report.step:
             progress.advance(record, worker, report.step[0], report.step[1])
+        if report.exit and report.exit.get("first_step") is not None:
+            progress.began(record, worker.index, report.exit["first_step"])
         if report.exit and report.exit.get("epoch") is not None and (entry := progress.entry_of(record)):
             # an epoch group's count, as the run ended: what a later attempt's goes on from (progress.py)
             progress.take_epoch(entry, report.exit)

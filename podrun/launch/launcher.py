@@ -390,6 +390,8 @@ class Launch:
         saved as often as the step's exits save it (`podrun jobs` shows the step)."""
         if progress.advance(self.record, self.worker_records[index], step, at, event):
             self._save_now_and_then()
+        if "first" in event and (differ := progress.began(self.record, index, event["first"])):
+            say(differ)
 
     def _on_notice(self, index: int, reason: str) -> None:
         """A worker's VM announced it goes away: its agent stopped its run already; the others stop too."""

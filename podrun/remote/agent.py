@@ -56,7 +56,8 @@ Protocol
           when a stop's SIGKILL ended it after the grace period},
           {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away),
           {"event": "step", "step": S, "at": EPOCH_SECONDS} (with progress: a step reached, at most once a second;
-          with an epoch group also "epoch", "epoch_step", "first_epoch", "epoch_steps": step_reader.py),
+          with an epoch group also "epoch", "epoch_step", "first_epoch", "epoch_steps": step_reader.py; the first
+          also "first": the step of the run's first line that had one),
           {"event": "fell", "step": S, "before": TEXT, "after": TEXT} (the step first fell, from S: once).
 Files, under job_dir, ~/.podrun/jobs/<job_id>[.attempt-K]/ (mode 0700), so that output survives the launcher:
   output.log (every byte of every step), <step>.pid (the step's process group and session), <step>.agent (the

@@ -165,7 +165,7 @@ class Step:
                  "cause_worker": cause_worker, "cause_code": cause_code, "rank": self.rank, "stalled": self.stalled,
                  "stalled_at": self.stalled_at, "killed": self.killed}
         if self.steps is not None:  # the job tracks its progress: its step here, or null before the first
-            ended["step"] = self.steps.step
+            ended["step"], ended["first_step"] = self.steps.step, self.steps.first
             # the step fell, and has not passed where it fell from since: the stall's line says so
             ended["fell_from"], ended["fell_to"] = self.steps.fallen() or (None, None)
             ended.update(self.steps.epoch_fields())
@@ -193,7 +193,9 @@ class Step:
         if reached is None:
             return
         step, at = reached
-        agent_io.emit(event="step", step=step, at=at, **self.steps.epoch_fields())
+        first = self.steps.first_untold()  # the first report says where the run's steps began
+        agent_io.emit(event="step", step=step, at=at, **({} if first is None else {"first": first}),
+                      **self.steps.epoch_fields())
         if watch is not None:
             watch.stepped(step, at)
         if self.config.get("detach"):

@@ -61,6 +61,8 @@ class StepReader:
         self.file_seen = None  # its (mtime, size) when last read
         self.partial = b""  # the end of the output after its last line break
         self.step = None  # the highest step reached
+        self.first = None  # the step of the first line that had one (a pattern's: a file is read now and then)
+        self.first_told = False
         self.step_at = None  # when it was reached (epoch seconds)
         self.reported = None  # the step last reported
         self.report_due = 0.0  # when the next report may go (time.monotonic())
@@ -77,11 +79,12 @@ class StepReader:
             self.partial = text[-LONGEST_LINE:]
             return
         self.partial = text[cut + 1:][-LONGEST_LINE:]
+        if self.first is None:
+            self._first_of(text[:cut])
         last = None  # the last line with a step; with epochs, before it the last of an earlier epoch
         for line in reversed(text[:cut].splitlines()):
-            match = self.pattern.search(line)
-            if match is None or not _number(match.group(self.group)) or \
-                    self.epochs and not _number(match.group("epoch")):
+            match = self._step_match(line)
+            if match is None:
                 continue
             if not self.epochs:
                 self._reached(match.group(self.group))
@@ -96,6 +99,32 @@ class StepReader:
                 break
         if last is not None:
             self._reached_place(*last)
+
+    def _step_match(self, line):
+        """The pattern's match of a line that names a step (and with epochs, its epoch), else None."""
+        match = self.pattern.search(line)
+        if match is None or not _number(match.group(self.group)) or self.epochs and not _number(match.group("epoch")):
+            return None
+        return match
+
+    def _first_of(self, text):
+        """The step of the first line with one, counted as _reached_place counts it."""
+        for line in text.splitlines():
+            match = self._step_match(line)
+            if match is None:
+                continue
+            step = int(match.group(self.group))
+            if self.epochs and self.first_epoch is not None:
+                step += max(0, int(match.group("epoch")) - self.first_epoch) * self.epoch_steps
+            self.first = step
+            return
+
+    def first_untold(self):
+        """The first line's step, once (None for a file, or before the first line)."""
+        if self.first is None or self.first_told:
+            return None
+        self.first_told = True
+        return self.first
 
     def read_file(self):
         """The file's step, when it changed since it was last read (at most every FILE_EVERY_S)."""

@@ -177,10 +177,15 @@ def _weighted_median(values: list[tuple[float, int]]) -> float:
 
 def steps_of(record) -> list[dict]:
     """Each attempt's first and last step, and when each was reached (epoch seconds)."""
-    return [{key: entry[key] for key in ("attempt", "first", "first_at", "last", "last_at")} for entry in record.steps]
+    return [{key: entry[key] for key in ("attempt", "first", "first_at", "last", "last_at", "firsts") if key in entry}
+            for entry in record.steps]
 
 
 def steps_text(record, attempt: int) -> str | None:
-    """`steps 3 to 9`: the attempt's first and last step; None if it reached none."""
+    """`steps 3 to 9`: the attempt's first and last step, and whether its workers began at different
+    steps; None if it reached none."""
     entry = progress.entry_of(record, attempt)
-    return f"steps {entry['first']} to {entry['last']}" if entry else None
+    if entry is None:
+        return None
+    differ = progress.different_beginnings(entry)
+    return f"steps {entry['first']} to {entry['last']}" + (f"; {differ}" if differ else "")

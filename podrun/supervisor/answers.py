@@ -202,8 +202,8 @@ def _samples(value: object, path: str) -> None:
 EPOCH = _object({"epoch": COUNT, "step": COUNT, "first": COUNT, "steps": COUNT},
                 required=("epoch", "step", "first", "steps"))  # an epoch group's count (progress.py)
 STEPS = _object({"attempt": COUNT, "first": COUNT, "first_at": SECONDS, "last": COUNT, "last_at": SECONDS,
-                 "samples": _samples, "epoch": EPOCH}, required=("attempt", "first", "first_at", "last", "last_at",
-                                                                 "samples"))
+                 "samples": _samples, "epoch": EPOCH, "firsts": _mapping_of_workers(COUNT)},
+                required=("attempt", "first", "first_at", "last", "last_at", "samples"))
 PRICE = _object({"per_hour": _kind(_at_least(1e-9), "a price above 0", nullable=True),
                  "source": TEXT, "why": TEXT}, required=("per_hour",))  # JobRecord.price, where it has one
 DERIVED = ("cost", "notes")  # what `jobs --json` adds to a record: worked out again here, or kept apart

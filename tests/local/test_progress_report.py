@@ -64,6 +64,38 @@ def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of
     assert re.search(r"<title>wasted_progress_from_disruption: \d+\.\d\ds \(\d+\.\d%\) \(2 steps lost\)</title>", page)
 
 
+# attempt 1: worker 0 resumes from its checkpoint of step 3, worker 1 finds none and starts over
+RESUMES_APART = RESUMES_FROM_3.replace("else first=4 last=8", 'else first=$((PODRUN_WORKER ? 1 : 4)) last=8')
+
+
+def test_an_attempt_whose_workers_began_at_different_steps_is_said_at_once_and_flagged_in_the_report(
+        home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")
+    ran = podrun("exec", job_file(RESUMES_APART))
+    assert ran.returncode == 0, ran.stderr
+    job_id = job_id_in(ran.stderr)
+    differ = ("its workers began at different steps (w0 at 4, w1 at 1): did each restore the same checkpoint?")
+    assert ran.stderr.count(differ) == 1 and f"podrun: attempt 1: {differ}" in ran.stderr, ran.stderr
+    report = json.loads(podrun("report", "--json", job_id).stdout)
+    assert [entry.get("firsts") for entry in report["steps"]] == [{"0": 1, "1": 1}, {"0": 4, "1": 1}]
+    shown = podrun("report", job_id).stdout
+    assert re.search(rf"^attempt 1: succeeded after \S+; steps [14] to 8; {re.escape(differ)}$", shown,
+                     re.MULTILINE), shown
+    assert re.search(r"^attempt 0: .*; steps 1 to 5$", shown, re.MULTILINE), shown
+
+
+def test_a_detached_job_nothing_watches_keeps_where_each_worker_began(home, job_file):
+    spec = job_file("target: {local: {workers: 2}}\nprogress: 'step (\\d+)'\n"
+                    "run: for i in $(seq $((PODRUN_WORKER * 2 + 1)) 6); do echo \"step $i\"; sleep 0.1; done\n")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    assert podrun("logs", "-f", job_id).returncode == 0
+    report = json.loads(podrun("report", "--json", job_id).stdout)
+    assert [entry.get("firsts") for entry in report["steps"]] == [{"0": 1, "1": 3}]
+    assert "its workers began at different steps (w0 at 1, w1 at 3)" in podrun("report", job_id).stdout
+
+
 def test_attempts_that_keep_dying_at_the_same_step_stop_restarting_after_until_no_progress(home, job_file,
                                                                                           monkeypatch):
     monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")

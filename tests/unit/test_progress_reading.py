@@ -98,6 +98,37 @@ def test_the_job_step_is_the_highest_any_worker_reached_per_attempt():
     assert progress.best_before(job, 1) == 6 and progress.entry_of(job)["first"] == 3
 
 
+def test_the_first_step_line_of_a_chunk_is_where_the_run_began_and_is_told_once():
+    reader = StepReader({"pattern": r"step (\d+)"}, ".")
+    reader.feed(b"restoring\nstep 4 loss 2\nstep 5 loss 2\n")  # one chunk: the job's step is its last line's
+    assert (reader.first, reader.step) == (4, 5)
+    assert reader.first_untold() == 4 and reader.first_untold() is None
+    reader.feed(b"step 6\n")
+    assert reader.first == 4
+    resumed = StepReader({"pattern": EPOCH_BAR, "epochs": {"first": 1, "steps": 10}}, ".")
+    resumed.feed(b"Epoch 2: 3/10\nEpoch 2: 4/10\n")
+    assert (resumed.first, resumed.step) == (13, 14)  # counted as the step is
+    from_file = StepReader({"file": "step.txt"}, ".")
+    assert from_file.first_untold() is None  # a file read now and then does not say where the run began
+
+
+def test_workers_that_began_at_different_steps_are_said_once_and_kept_in_the_attempts_entry():
+    job = record(3)
+    job.attempt = 1
+    progress.advance(job, job.workers[0], 5, 10.0)
+    assert progress.began(job, 0, 4) is None
+    progress.advance(job, job.workers[1], 5, 10.5)
+    assert progress.began(job, 1, 4) is None  # the same checkpoint
+    progress.advance(job, job.workers[2], 2, 11.0)
+    assert progress.began(job, 2, 1) == ("attempt 1: its workers began at different steps (w0 at 4, w1 at 4, "
+                                         "w2 at 1): did each restore the same checkpoint?")
+    assert progress.entry_of(job)["firsts"] == {"0": 4, "1": 4, "2": 1}
+    assert progress.began(job, 2, 1) is None  # said once
+    from podrun.supervisor import answers
+
+    assert answers.record(job.to_dict(), job.id, "host").steps == job.steps
+
+
 def test_a_long_attempt_keeps_a_bounded_number_of_samples_with_its_first_and_latest():
     job = record(1)
     for step in range(10 * progress.MAX_SAMPLES):
