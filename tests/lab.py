@@ -3,7 +3,9 @@
 Each host is a network namespace on one bridge with its own address (10.99.0.10 for host 0, 200
 hosts per /24 of 10.99.0.0/20, in site 0 of up to 8 labs that run side by side: `SITE`), its own sshd
 and its own home directory (sshd runs under `unshare -m` with a directory bound over /root, and
-one over /home for other users), so a file shipped to one host is not on another. Each has its own
+one over /home for other users), so a file shipped to one host is not on another. Its cron spool is
+its own too (where the machine has one, a directory bound over CRON_SPOOL): `crontab` on a host never
+edits this machine's crontabs. Each has its own
 hostname (`unshare -u`), which its own /etc/hosts maps to 127.0.0.1, as many cloud images do: the
 trap that makes gloo and NCCL advertise loopback (`hosts_file` holds it, for a test to change).
 Python and torch are shared, so real torchrun runs on every host and rendezvouses over real TCP.
@@ -47,6 +49,7 @@ BRIDGE_IP = f"10.99.{32 * SITE}.1"
 EXTERNAL_NETWORK = f"10.99.{32 * SITE + 16}.0/20"
 EXTERNAL_BRIDGE_IP = f"10.99.{32 * SITE + 16}.1"
 FIRST_HOST = 10
+CRON_SPOOL = "/var/spool/cron/crontabs"  # Debian's and Ubuntu's
 HOSTS_PER_OCTET = 200
 BRIDGE = f"podrunlab{SITE}"
 NAMESPACE_PREFIX = "podrunlab" if SITE == 0 else f"podrun{SITE}lab"  # host i's network namespace: PREFIX + i
@@ -98,6 +101,11 @@ class LabHost:
     @property
     def hostname(self) -> str:
         return f"podrun-lab{self.index}"
+
+    @property
+    def cron_spool(self) -> Path:
+        """What the host's `crontab` sees as CRON_SPOOL."""
+        return self.dir / "crontabs"
 
     @property
     def hosts_file(self) -> Path:
@@ -164,6 +172,11 @@ class Lab(StartStop):
         host.hosts_file.write_text(LOOPBACK_HOSTS.format(hostname=host.hostname))
         _make_host_key(host)
         host.homes.mkdir()
+        if os.path.isdir(CRON_SPOOL):  # as the machine's: crontab (setgid crontab) writes there
+            spool = os.stat(CRON_SPOOL)
+            host.cron_spool.mkdir()
+            os.chown(host.cron_spool, spool.st_uid, spool.st_gid)
+            os.chmod(host.cron_spool, spool.st_mode & 0o7777)
         (host.dir / "sshd_config").write_text(sshd_config([host.ip, host.external_ip], host.dir))
         self.start_sshd(host.index)
 
@@ -189,7 +202,8 @@ class Lab(StartStop):
         # this Python lives under /root (pyenv): keep it visible under the host's own /root
         mounts = [*python_under_root(host.home), f"echo {host.hostname} > /proc/sys/kernel/hostname",
                   f"mount --bind {host.hosts_file} /etc/hosts", f"mount --rbind {host.home} /root",
-                  f"mount --bind {host.homes} /home"]
+                  f"mount --bind {host.homes} /home",
+                  *([f"mount --bind {host.cron_spool} {CRON_SPOOL}"] if host.cron_spool.is_dir() else [])]
         script = " && ".join(mounts + [f"exec /usr/sbin/sshd -D -e -f {host.dir}/sshd_config"])
         host.sshd = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "-m", "-u", "sh", "-c", script],
                                      stdin=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))

@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from metadata_stand_in import VM_TOKEN
@@ -231,13 +232,22 @@ def test_a_create_cut_off_is_begun_again_by_a_supervisor_started_again(
     assert left_in_api(tpu_api_on_lab) == ([], [])
 
 
+def machines_crontabs() -> dict[str, bytes]:
+    from lab import CRON_SPOOL
+
+    spool = Path(CRON_SPOOL)
+    return {path.name: path.read_bytes() for path in spool.iterdir()} if spool.is_dir() else {}
+
+
 def test_supervisor_install_adds_one_boot_line_that_starts_the_adoption(lab, supervisor):
+    before = machines_crontabs()
     try:
         installed = on_host(lab, supervisor, f"{supervisor.podrun} supervisor install")
         assert installed.returncode == 0, installed.stderr
         assert "added an @reboot line" in installed.stderr  # the lab's hosts run no systemd
         again = on_host(lab, supervisor, f"{supervisor.podrun} supervisor install")
         assert again.returncode == 0, again.stderr
+        assert machines_crontabs() == before  # the host's crontab is its own, not this machine's
         table = lab.run(supervisor.index, "crontab -l").stdout
         lines = [line for line in table.splitlines() if line.startswith("@reboot")]
         assert len(lines) == 1, table
@@ -247,7 +257,8 @@ def test_supervisor_install_adds_one_boot_line_that_starts_the_adoption(lab, sup
         log = lab.run(supervisor.index, "cat ~/.podrun/supervisor-start.log").stdout
         assert "no job of this host's is without its supervisor" in log
     finally:
-        lab.run(supervisor.index, "crontab -r")
+        lab.run(supervisor.index, "crontab -r")  # the host's spool: the lab's own
+    assert machines_crontabs() == before  # this machine's crontabs, byte for byte
 
 
 # fails on its first attempt once released, then shows a digest of its secret on the next
