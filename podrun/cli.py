@@ -51,8 +51,8 @@ def _exec(args: argparse.Namespace) -> int:
     gc.disable()
     begun = args.begun
     try:
-        from podrun.adhoc import job_spec
         from podrun.commands.exec import execute
+        from podrun.spec.adhoc import job_spec
 
         spec = job_spec(args.spec, _target_flags(args), args.command, args.workdir)
         return execute(spec, args.spec is not None or args.workdir is not None, _exec_options(args), begun)
@@ -65,7 +65,7 @@ def _exec(args: argparse.Namespace) -> int:
 def _exec_options(args: argparse.Namespace):
     """exec's flags, parsed here once into the values a launch (and a supervisor host's) takes as they are."""
     from podrun.launch.exec_options import ExecOptions
-    from podrun.spec import parse_stall, parse_stop_grace
+    from podrun.spec.model import parse_stall, parse_stop_grace
 
     return ExecOptions(args.dry_run, args.worker, _env_overrides(args.env), args.detach, args.kill_stale,
                        args.allow_large_workdir, _seconds("--grace", args.grace, parse_stop_grace), args.down,
@@ -85,7 +85,7 @@ def _seconds(flag: str, duration: str | None, parse: Callable[[str], Parsed]) ->
 def _env_overrides(assignments: list[str]) -> dict[str, str]:
     import re
 
-    from podrun.spec import ENV_KEY_PATTERN, RESERVED_ENV
+    from podrun.spec.model import ENV_KEY_PATTERN, RESERVED_ENV
 
     env = {}
     for assignment in assignments:
@@ -120,7 +120,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     import json
 
-    from podrun.spec import json_schema
+    from podrun.spec.model import json_schema
 
     print(json.dumps(json_schema(), indent=2))
     return 0
@@ -224,7 +224,7 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _target_flags(args: argparse.Namespace):
-    from podrun.adhoc import TargetFlags
+    from podrun.spec.adhoc import TargetFlags
 
     return TargetFlags.from_args(args)
 

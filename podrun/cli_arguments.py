@@ -1,6 +1,6 @@
 """What each command of the CLI takes (cli.py builds only the named command's parser from these): its
 positionals, its options and their help. Only argparse loads here; a command's flags that its target
-kinds declare come from targets/registry.py, loaded only for the command that takes them.
+kinds declare come from target_kinds/registry.py, loaded only for the command that takes them.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def _orphan_arguments(sub: argparse.ArgumentParser, verb: str) -> None:
 
 
 def _target_usage() -> str:
-    """`(--tpu NAME | --hosts H1,H2,... | --local N)`: each kind's flag (targets/registry.py)."""
-    from podrun.targets import registry
+    """`(--tpu NAME | --hosts H1,H2,... | --local N)`: each kind's flag (target_kinds/registry.py)."""
+    from podrun.target_kinds import registry
 
     return "(" + " | ".join(f"{declared.flag.name} {declared.flag.metavar}" for declared in registry.kinds()) + ")"
 
@@ -98,7 +98,7 @@ def _target_arguments(sub: argparse.ArgumentParser, spec_help: str | None) -> No
         sub.add_argument("spec", nargs="?", metavar="JOB.yaml", help=spec_help)
     else:
         sub.set_defaults(spec=None)
-    from podrun.targets import registry
+    from podrun.target_kinds import registry
 
     where = sub.add_argument_group("a target instead of a spec")
     added: set[str] = set()

@@ -123,7 +123,7 @@ def orphans(nodes: list[TpuNode], requests: list[QueuedResource], everything: bo
 
 def _idle_over(made: Orphan) -> bool:
     """Whether it was made with idle_delete and has been up longer than that: it was to delete itself by now."""
-    from podrun.spec_fields import duration_s
+    from podrun.spec.fields import duration_s
 
     idle_s = duration_s(made.labels.get(labels.IDLE_DELETE, "") or "x")
     return idle_s is not None and time.time() - made.requested_at > idle_s

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from podrun import paths
 from podrun.errors import SpecError, UsageError
 from podrun.remote import interfaces
-from podrun.spec import DEFAULT_RDZV_PORT, Docker, JobSpec
-from podrun.spec_commands import check_command_size
+from podrun.spec.commands import check_command_size
+from podrun.spec.model import DEFAULT_RDZV_PORT, Docker, JobSpec
 from podrun.targets.base import Target, Worker
 
 SECRET_SHOWN_AS = "<secret>"

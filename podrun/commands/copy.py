@@ -25,13 +25,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from podrun import file_limit
-from podrun.adhoc import TargetFlags, target_spec
 from podrun.errors import PodrunError, UsageError
 from podrun.output import counted, say, size_text
 from podrun.plan import parse_worker_selection
 from podrun.remote import placement
 from podrun.shipping import archive, relay
 from podrun.shipping.scan import Tree
+from podrun.spec.adhoc import TargetFlags, target_spec
 from podrun.targets.base import Worker, target_for
 from podrun.transport.base import ChannelLost
 

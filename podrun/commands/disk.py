@@ -14,7 +14,7 @@ from podrun import file_limit, paths
 from podrun.errors import PodrunError
 from podrun.launch.steps import wait_for_workers
 from podrun.output import counted, print_table, size_text
-from podrun.spec_loading import load_spec
+from podrun.spec.loading import load_spec
 from podrun.targets.base import Worker, target_for
 from podrun.transport.base import ChannelLost
 

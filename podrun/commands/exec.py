@@ -6,9 +6,9 @@ from __future__ import annotations
 from podrun.launch.exec_options import ExecOptions
 from podrun.launch.run_here import prepare, run_here, scan_workdir, warn_of_doubts
 from podrun.output import say
-from podrun.spec import JobSpec
-from podrun.spec_commands import check_run_script
-from podrun.spec_loading import load_spec
+from podrun.spec.commands import check_run_script
+from podrun.spec.loading import load_spec
+from podrun.spec.model import JobSpec
 from podrun.supervisor.early import Begun
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from podrun.adhoc import TargetFlags, command_line, target_spec
 from podrun.errors import PodrunError, UsageError
+from podrun.spec.adhoc import TargetFlags, command_line, target_spec
 from podrun.targets.base import target_for
 
 

@@ -98,7 +98,7 @@ def _watch_idle(request: TpuRequest, where: Location, idle_s: float) -> None:
         idle_watch.start(target, target.workers(dry_run=False), idle_s)
     except PodrunError as error:
         raise PodrunError(f"{request.name} was created, but {error}; it stays until deleted: "
-                          f"`{target.release_command()}`") from None
+                          f"`{target.capacity.give_back_command()}`") from None
 
 
 def _type_and_name(positional: str | None, accelerator_flag: str | None, name: str | None) -> tuple[str, str | None]:
@@ -150,8 +150,8 @@ def _zones(options: CreateOptions, accelerator_type: str) -> list[str | None]:
 def _duration_s(flag: str, duration: str | None) -> float | None:
     if duration is None:
         return None
-    from podrun.spec import parse_idle_delete  # pydantic loads only with a duration flag
-    from podrun.targets.tpu_options import parse_valid_for
+    from podrun.spec.model import parse_idle_delete  # pydantic loads only with a duration flag
+    from podrun.target_kinds.tpu import parse_valid_for
 
     try:
         return (parse_idle_delete if flag == "--idle-delete" else parse_valid_for)(duration)

@@ -36,15 +36,9 @@ def _resume(lifecycle: Lifecycle, record: jobstore.JobRecord) -> int:
     preempted = bool(record.attempts) and record.attempts[-1]["state"] == jobstore.PREEMPTED
     say(f"job {record.id}: adopted again; attempt {record.attempt} had not begun: "
         f"{'creating the TPU again' if preempted else 'running it on the same workers'}")
-    if preempted:
-        lifecycle.recreating = True
-        recreating = timeline.begin(record, "recreate", why="adopted again")
-        if lifecycle.target.departure() is not None:  # unless the TPU it made again serves already: made (again)
-            lifecycle.target.recreate()
-        lifecycle._record_moves(record)
-        lifecycle.recreating = False
-        timeline.end(recreating)
-    lifecycle.workers = lifecycle.target.workers(dry_run=False)
+    # after a preemption, made again unless the TPU it made again serves already
+    lifecycle.workers = (lifecycle.holding.reacquire(record, "adopted again", only_if_lost=True) if preempted
+                         else lifecycle.target.workers(dry_run=False))
     record.workers = lifecycle._worker_records()
     record.save()
     lifecycle._launch(record, lifecycle.plans(lifecycle.workers, lifecycle.selected, record.id, record.attempt))
@@ -55,7 +49,7 @@ def _without_its_capacity(lifecycle: Lifecycle, record: jobstore.JobRecord, erro
     """The job's TPU does not serve now. A preemption while its supervisor was away is recovered as any
     other; a TPU gone otherwise (deleted: its workers' own watch does that after an absence past the
     bound, remote/hub.py) ended the job, and nothing is made again for it."""
-    why = lifecycle.target.departure()
+    why = lifecycle.target.capacity.lost()
     if why is not None and " preempted (" in why:
         record.finish(jobstore.PREEMPTED, exits.PREEMPTED, why)
         return exits.PREEMPTED

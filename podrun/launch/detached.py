@@ -40,13 +40,13 @@ def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, Wor
 
 
 async def follow(record: jobstore.JobRecord, outputs: dict[int, WorkerOutput] | None, beat_every_s: float,
-                 time_limit_reached: Callable[[], str | None] | None = None) -> None:
+                 ran_out: Callable[[], str | None] | None = None) -> None:
     """Follow every worker's log until the job ends, recording its end (the supervisor's watch, which holds
-    the target: its `time_limit_reached` tells a Slurm time limit from a stop, as attached), showing new
+    the target: its `ran_out` tells a Slurm time limit from a stop, as attached), showing new
     output through `outputs`, if given; `beat_every_s`: a supervisor host's follower on the first worker
     says it is there that often (0: never), which the job's hub hears (launch/kept.py)."""
     await _fetch_all(record, [w.index for w in record.workers], outputs, follow=True, beat_every_s=beat_every_s,
-                     time_limit_reached=time_limit_reached)
+                     ran_out=ran_out)
 
 
 def refresh(records: list[jobstore.JobRecord]) -> None:
@@ -96,7 +96,7 @@ def stop(record: jobstore.JobRecord) -> None:
     fetch(record, [w.index for w in record.workers], None, follow=False)
 
 
-async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, time_limit_reached=None) -> None:
+async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, ran_out=None) -> None:
     workers = [w for w in record.workers if w.index in indexes]
     reports = await on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow,
@@ -132,7 +132,7 @@ async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, 
         if stalls and not timeline.current(record, "stall"):
             stall.add_stopped(record, stalls, steps)
         ended_badly = bool(causes) or any(w.exit_code or w.stop_reason for w in record.workers)
-        over_time = await asyncio.to_thread(time_limit_reached) if time_limit_reached and ended_badly else None
+        over_time = await asyncio.to_thread(ran_out) if ran_out and ended_badly else None
         _record_end(record, causes, max(ended_at, default=None), silent_s, steps, over_time, stall.fallen_of(stalls))
         if silent_s:  # what each agent saved before the stall stopped it
             for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):

@@ -25,7 +25,7 @@ START_TIMEOUT_S = 60  # the watcher answers within its lock wait (remote/idle_wa
 
 def start(target: Target, workers: list[Worker], idle_s: float) -> None:
     """Start the watch on worker 0 and say so in one line; PodrunError if it cannot start."""
-    config = target.self_delete_config()
+    config = target.capacity.self_delete_config()
     if config is None or not workers:
         return
     worker = workers[0]

@@ -51,7 +51,7 @@ async def judge(target: Target, lost: dict[int, dict], job_id: str) -> str | Non
     deadline, interval = started + bound, FIRST_LOOK_S
     unanswered = dict(lost)
     while True:
-        if reason := await asyncio.to_thread(target.departure):
+        if reason := await asyncio.to_thread(target.capacity.lost):
             return reason
         answers = await asyncio.gather(*(_back_without_job(endpoint, job_id) for endpoint in unanswered.values()))
         unanswered = {index: endpoint for (index, endpoint), back in zip(unanswered.items(), answers) if not back}
@@ -92,5 +92,5 @@ async def watch(target: Target) -> str:
     interval = seconds(WATCH_INTERVAL)
     while True:
         await asyncio.sleep(interval)
-        if reason := await asyncio.to_thread(target.departure, True):
+        if reason := await asyncio.to_thread(target.capacity.lost, True):
             return reason

@@ -109,7 +109,7 @@ class Launch:
                 return endings.interrupted(self.record, self.interrupt_signal)
             return endings.succeeded(self.record)
         except PodrunError as error:
-            if self.target.departs and (reason := await asyncio.to_thread(self.target.departure)):
+            if self.target.capacity.departs and (reason := await asyncio.to_thread(self.target.capacity.lost)):
                 return endings.preempted(self.record, reason)  # a worker unreachable because the TPU is gone
             self.record.finish(jobstore.FAILED, error.exit_code, str(error))
             raise
@@ -140,7 +140,7 @@ class Launch:
         worker_steps = [WorkerStep(plan, step, getattr(plan, step), WorkerOutput(
             plan.worker.index, self.terminal, self.logs[plan.worker.index], keep=TAIL_LINES_KEPT), detach,
             self.record.stop_grace_s,
-            watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.departs,
+            watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.capacity.departs,
             on_notice=self._on_notice, progress=reading, on_step=self._on_step,
             notify=self.notify if detach and plan is self.plans[0] else None, on_fall=self.falls.heard)
             for plan in self.plans]
@@ -164,7 +164,7 @@ class Launch:
     async def _watch_capacity(self) -> None:
         """While run goes on: the API read now and then (judgment.watch); the job stops once it shows the
         capacity gone."""
-        if not self.target.departs:
+        if not self.target.capacity.departs:
             return
         from podrun.launch import judgment
 
@@ -381,7 +381,7 @@ class Launch:
                 endings.report_failure(self.plans, step, failure)
         if self.preempted:
             return endings.preempted(self.record, self.preempted)
-        if reason := await asyncio.to_thread(self.target.time_limit_reached):
+        if reason := await asyncio.to_thread(self.target.capacity.ran_out):
             return endings.out_of_time(self.record, reason)
         return endings.failed(self.record, step, failure)
 
@@ -409,7 +409,7 @@ class Launch:
         """Whether a failure is judged before it is reported: a worker lost where capacity can go away, or
         its agent killed there before it could report (a preempted VM's shutdown kills processes before
         its network goes: the connection, or a relay on that host, may still say so)."""
-        return (result.code == exits.LOST or result.agent_killed) and self.target.departs
+        return (result.code == exits.LOST or result.agent_killed) and self.target.capacity.departs
 
     async def _judge_lost(self) -> None:
         """Whether the workers lost went with the capacity (judgment.judge): `preempted` says why, if so."""

@@ -1,7 +1,8 @@
-"""A job's whole life on its target: create the TPU the spec declares, run the job, restart it as
-`restarts` says (after a preemption on a TPU created again, after a failure on the same workers, each
-attempt with PODRUN_ATTEMPT=k and logs of its own), and delete the TPU as `delete_after` says, also
-after Ctrl-C.
+"""A job's whole life on its target: its capacity acquired (holding.py: the TPU the spec declares
+created, a Slurm allocation made), the job run, restarted as `restarts` says (after a preemption on
+capacity made again, after a failure on the same workers, each attempt with PODRUN_ATTEMPT=k and logs
+of its own), and the capacity given back (a Slurm allocation always, the TPU as `delete_after` says),
+also after Ctrl-C.
 
 An attached job lives in `podrun exec`. A detached one that restarts or deletes its TPU is watched by
 a supervisor: `podrun exec` forks it once the first attempt runs, in a session of its own, with what
@@ -20,19 +21,19 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from podrun import exits, file_limit, interrupts, jobstore, owners, paths, timeline
-from podrun.cloud import labels
+from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError
 from podrun.launch import control_tree, judgment, restart_policy
+from podrun.launch.holding import Holding
 from podrun.launch.kept import Kept
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.notify import Notifier, secret_values
 from podrun.output import counted, say, say_failure
 from podrun.plan import JobPlan, job_plan, parse_worker_selection
 from podrun.shipping import scan
-from podrun.spec import JobSpec
+from podrun.spec.model import JobSpec
 from podrun.targets.base import Target, Worker
 from podrun.terminal import Terminal
 from podrun.worker_output import WorkerOutput
@@ -56,17 +57,17 @@ class Lifecycle:
         self.restart_on = spec.restart_on
         self.exit_codes = spec.restarts.exit_codes if spec.restarts else None  # None: failures of any code
         self.until_no_progress = spec.restarts.until_no_progress if spec.restarts else None
-        self.delete_after = "always" if down else spec.delete_after
         self.code_dir = paths.remote_code_dir(spec.name, tree.digest) if tree else ""  # "": nothing ships
         self.workers: list[Worker] = []
         self.selected: set[int] = set()
-        self.recreating = False  # between a preemption and the TPU made again: the old one is of no use
+        # its capacity: made, made again, given back (exec --down: deleted whatever the end)
+        self.holding = Holding(spec, target, "always" if down else spec.delete_after)
         self.on_running: Callable[[], None] | None = None
         self.notifier = Notifier(spec.notify, secret_values(spec, extra_env, os.environ))  # the spec's notify
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
         control_tree.settings()
-        if target.departs:
+        if target.capacity.departs:
             judgment.settings()
 
     def plans(self, workers: list[Worker], selected: set[int], job_id: str, attempt: int) -> JobPlan:
@@ -89,28 +90,18 @@ class Lifecycle:
         if count := declared.worker_count(self.spec.target.options):  # nothing is made for a job that cannot run
             self._make_room([declared.transport] * len(parse_worker_selection(selection, count)))
         job_id = job_id or jobstore.new_job_id(self.spec.name)
-        if (api := self.target.labelling_api()) is None:
-            return self._run_as(selection, stop_grace_s, job_id)
-        # what it creates is labelled with the job's id, and owned by this launcher until its record runs (owners.py)
-        self.target.labels = labels.owner_labels(job_id, self.delete_after != "never", self.spec.idle_delete_s)
-        with owners.claim(job_id):  # first: a job adopted again (supervisor/adopt.py) owns its TPU already
-            owners.warn_of_orphans(api)
+        with self.holding.claimed(job_id):
             return self._run_as(selection, stop_grace_s, job_id)
 
     def _run_as(self, selection: str | None, stop_grace_s: float, job_id: str) -> int:
         record: jobstore.JobRecord | None = None
         try:
-            provision_started = time.time()
-            self.target.provision()
-            self.workers = self.target.workers(dry_run=False)
-            provisioned = time.time()
+            self.workers = self.holding.acquire()
             self.selected = parse_worker_selection(selection, len(self.workers))
             job = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             self._make_room([plan.worker.transport.endpoint()["kind"] for plan in job.workers])
             record = self._new_record(job_id, stop_grace_s)
-            if self.target.just_created:
-                self._record_creation(record, provision_started, provisioned)
-                self._watch_idle()
+            self.holding.record_acquired(record, self.workers)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._launch(record, job)
@@ -126,14 +117,15 @@ class Lifecycle:
         finally:
             if not (self.detach and record and record.state == jobstore.RUNNING):
                 failure = sys.exc_info()[1]
-                self._ended(record, failure, lambda: self._release_after(failure, record))
+                self._ended(record, failure, lambda: self.holding.give_back_after(record, failure))
 
-    def _ended(self, record: jobstore.JobRecord | None, error: BaseException | None, release: Callable[[], None]) -> None:
-        """The job's end told (notify.py) while what it held is released, then the deliveries waited for."""
+    def _ended(self, record: jobstore.JobRecord | None, error: BaseException | None,
+               give_back: Callable[[], None]) -> None:
+        """The job's end told (notify.py) while what it held is given back, then the deliveries waited for."""
         if record:
             self.notifier.ended(record, error)
         try:
-            release()
+            give_back()
         finally:
             if record:
                 self.notifier.close(record)
@@ -159,35 +151,9 @@ class Lifecycle:
             return {"per_hour": self.spec.cost.per_hour, "source": "spec cost.per_hour"}
         return self.target.price()
 
-    def _record_creation(self, record: jobstore.JobRecord, started: float, ended: float) -> None:
-        """The TPU made for the job: through a queue, the wait for capacity first (queue), then the rest (create)."""
-        self._record_moves(record)
-        if queued_until := self.target.queued_until:
-            timeline.add(record, "queue", started, queued_until)
-            started = queued_until
-        timeline.add(record, "create", started, ended)
-
-    def _record_moves(self, record: jobstore.JobRecord) -> None:
-        """The TPU's moves to another zone while it was made (cloud/zone_moves.py): an instant each, `move`."""
-        for move in self.target.moves:
-            timeline.add(record, "move", move["at"], move["at"], why=move["why"], zone=move["to"], left=move["from"])
-        self.target.moves.clear()
-
     def _worker_records(self) -> list[jobstore.WorkerRecord]:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
                 for w in self.workers if w.index in self.selected]
-
-    def _watch_idle(self) -> None:
-        """The spec's idle_delete, on a TPU just made for the job: its worker 0 watches (launch/idle_watch.py); a
-        watch that cannot start is said, and the job goes on (delete_after still applies)."""
-        if self.spec.idle_delete_s is None:
-            return
-        from podrun.launch import idle_watch
-
-        try:
-            idle_watch.start(self.target, self.workers, self.spec.idle_delete_s)
-        except PodrunError as error:
-            say(f"{error}; the TPU stays until deleted: `{self.target.release_command()}`")
 
     def _restart_while_due(self, record: jobstore.JobRecord, code: int) -> int:
         while self._restart_due(record):
@@ -217,8 +183,7 @@ class Lifecycle:
         """A supervisor host's run: how long its workers wait for an absent supervisor, then what worker 0 deletes."""
         if not (self.kept and self.detach):
             return None
-        deletes = self.delete_after != "never" and self.spec.target.declared.deletes
-        return {"away_s": self.kept.away_s, "delete": self.target.self_delete_config() if deletes else None}
+        return {"away_s": self.kept.away_s, "delete": self.holding.self_delete_config()}
 
     def _workers_notify(self, record: jobstore.JobRecord) -> dict | None:
         """A detached job that nothing here will watch: its worker 0's agent tells its end (remote/agent.py)."""
@@ -252,21 +217,13 @@ class Lifecycle:
 
     def _next_attempt(self, record: jobstore.JobRecord) -> None:
         preempted, why = record.state == jobstore.PREEMPTED, record.summary
-        self.recreating = preempted  # before anything is said: an interrupt from here on deletes the old TPU
+        self.holding.reacquiring = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()
         self.notifier.restarting(record)
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
-            recreating = timeline.begin(record, "recreate", why=why)
-            self.target.queued_until = None
-            self.target.recreate()
-            self._record_moves(record)
-            if self.target.queued_until:  # a queued request waited for capacity: the new TPU bills from then
-                recreating["capacity_at"] = round(self.target.queued_until, 3)
-            self.recreating = False
-            self.workers = self.target.workers(dry_run=False)
-            self._watch_idle()
-            timeline.end(recreating)
+            self.workers = self.holding.reacquire(record, why)
+            self.holding.watch_idle(self.workers)
         else:
             delay = restart_policy.backoff_s(record, self.backoff_s)
             say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again on the same workers "
@@ -276,49 +233,9 @@ class Lifecycle:
         record.workers = self._worker_records()
         record.save()
 
-    def _release_after(self, failure: BaseException | None, record: jobstore.JobRecord | None) -> None:
-        """_release_if_asked, after the run ended, or failed with `failure`: when the deletion fails too,
-        the failure is said first (a creation that timed out, not only the deletion that then did too)."""
-        try:
-            self._release_if_asked(record)
-        except PodrunError as error:
-            if not isinstance(failure, PodrunError):
-                raise
-            what = f"giving back {self.target.held}" if self.target.holds else "deleting the TPU (delete_after)"
-            both = PodrunError(f"{failure}; then, {what}: {error}")
-            both.exit_code = failure.exit_code
-            raise both from None
-
-    def _release_if_asked(self, record: jobstore.JobRecord | None) -> None:
-        """Give back what the target holds for this job alone (a Slurm allocation), and delete the TPU
-        when delete_after says so; a preempted one too when podrun can create it again (it is of no use,
-        and holds its name and quota until deleted), else say how."""
-        state = record.state if record else jobstore.FAILED  # no record: it failed before the job started
-        preempted = state == jobstore.PREEMPTED or self.recreating
-        try:
-            if self.delete_after == "always" or (self.delete_after == "success" and state == jobstore.SUCCEEDED):
-                self._deleting(record)
-            elif preempted:
-                self.target.release_preempted()
-        finally:
-            self.target.free()
-
-    def _deleting(self, record: jobstore.JobRecord | None) -> None:
-        """target.release(), the job's record saying so until it is done (`succeeded; deleting its TPU`), or failed."""
-        if record is None or not self.spec.target.declared.deletes:
-            return self.target.release()
-        record.note_giving_back("deleting its TPU")
-        try:
-            self.target.release()
-        except BaseException as error:
-            cut_off = "was cut off: `podrun list` shows what is left"
-            record.note_giving_back(f"deleting its TPU {f'failed: {error}' if isinstance(error, PodrunError) else cut_off}")
-            raise
-        record.note_giving_back(None)
-
     # --- detached jobs: the supervisor ------------------------------------------------------------
     def _needs_supervisor(self) -> bool:
-        return bool(self.kept) or bool(self.max_restarts) or self.delete_after != "never" or self.target.holds
+        return bool(self.kept) or bool(self.max_restarts) or self.holding.gives_back
 
     def _fork_supervisor(self, record: jobstore.JobRecord) -> None:
         sys.stdout.flush()
@@ -334,18 +251,14 @@ class Lifecycle:
 
     def _supervised_by(self, record: jobstore.JobRecord, pid: int) -> None:
         record.supervisor = jobstore.process_identity(pid)
-        record.cleanup = (self.target.release_command() if self.delete_after != "never" else
-                          self.target.free_command() if self.target.holds else None)
+        record.cleanup = self.holding.cleanup_command()
         record.save()
 
     def _duties(self) -> str:
         duties = []
         if self.max_restarts:
             duties.append(f"restarts it (at most {self.max_restarts} times, on {' or '.join(self.restart_on)})")
-        if self.delete_after != "never":
-            duties.append(f"deletes the TPU when it ends ({'always' if self.delete_after == 'always' else 'on success'})")
-        if self.target.holds:
-            duties.append(f"gives back {self.target.held} when it ends")
+        duties += self.holding.duties()
         return " and ".join(duties)
 
     def _supervise(self, record: jobstore.JobRecord, resume: Callable[[], int] | None = None) -> int:
@@ -384,7 +297,7 @@ class Lifecycle:
                 record.finish(jobstore.FAILED, exits.INTERNAL_ERROR, f"supervisor: internal error: {error!r}")
                 return exits.INTERNAL_ERROR
             finally:
-                self._ended(record, None, lambda: self._release_if_asked(record))
+                self._ended(record, None, lambda: self.holding.give_back(record))
                 if self.kept:
                     self.kept.done(record)
                 sys.stdout.flush()
@@ -404,8 +317,8 @@ class Lifecycle:
             terminal = self._terminal([w.index for w in record.workers])
             outputs = {w.index: WorkerOutput(w.index, terminal, log=None) for w in record.workers}
         following = asyncio.ensure_future(detached.follow(record, outputs, self.kept.beat_every_s if self.kept else 0,
-                                                          self.target.time_limit_reached))
-        watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.departs
+                                                          self.target.capacity.ran_out))
+        watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.capacity.departs
                                          else asyncio.get_running_loop().create_future())  # never done
         either: list[asyncio.Future] = [following, watching]
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -426,10 +339,11 @@ class Lifecycle:
         if lost_why is None and record.state == jobstore.RUNNING:  # a log ended without its exit: unfollowable
             lost_why = "a worker's agent ended without recording an exit"
         # a Slurm time limit ends the steps that follow the workers' logs too: said as attached
-        if lost_why and (over_time := await asyncio.to_thread(self.target.time_limit_reached)):
+        if lost_why and (over_time := await asyncio.to_thread(self.target.capacity.ran_out)):
             record.finish(jobstore.FAILED, exits.TIME_LIMIT, over_time)
             return
-        if self.target.departs and (lost_why or (record.state == jobstore.FAILED and record.exit_code == exits.LOST)):
+        departed = record.state == jobstore.FAILED and record.exit_code == exits.LOST
+        if self.target.capacity.departs and (lost_why or departed):
             lost = {w.index: w.endpoint for w in record.workers if w.exit_code in (None, exits.LOST)}
             if judged := await judgment.judge(self.target, lost, record.id):
                 record.finish(jobstore.PREEMPTED, exits.PREEMPTED, judged)

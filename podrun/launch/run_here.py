@@ -10,7 +10,6 @@ import sys
 from collections.abc import Callable
 
 from podrun import jobstore
-from podrun.adhoc import COMMAND_LINE
 from podrun.errors import SpecError, UsageError
 from podrun.launch import control_tree
 from podrun.launch.exec_options import ExecOptions
@@ -19,8 +18,9 @@ from podrun.notify import url_from_launcher
 from podrun.output import ask, say
 from podrun.plan import parse_worker_selection, render, secrets_from_launcher
 from podrun.shipping import scan
-from podrun.spec import JobSpec
-from podrun.spec_commands import check_run_script
+from podrun.spec.adhoc import COMMAND_LINE
+from podrun.spec.commands import check_run_script
+from podrun.spec.model import JobSpec
 from podrun.targets.base import target_for
 
 
@@ -58,7 +58,7 @@ def _lifecycle(spec: JobSpec, ships_code: bool, options: ExecOptions, max_restar
     """`begin`: the target starts asking what its provision needs (Target.begin) while the rest loads."""
     target = target_for(spec)
     if begin:
-        target.begin()
+        target.capacity.begin()
     from podrun.launch.lifecycle import Lifecycle  # here: a spec refused before never loads asyncio
 
     tree = scan_workdir(spec, options.dry_run, options.allow_large_workdir) if ships_code else None

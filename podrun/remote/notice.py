@@ -51,7 +51,7 @@ def deliver(url, body, sleep=time.sleep, tried=None):
         request = urllib.request.Request(url, data, {"Content-Type": "application/json",
                                                      "User-Agent": "podrun"}, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:  # noqa: S310 (http or https only: spec.py)
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:  # noqa: S310 (http or https only: spec/model.py)
                 answer.read(65536)
             return {"delivered": True, "tries": tries}
         except urllib.error.HTTPError as refused:

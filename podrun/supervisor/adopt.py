@@ -20,7 +20,7 @@ from podrun.errors import PodrunError
 from podrun.launch import kept
 from podrun.launch.exec_options import ExecOptions
 from podrun.output import counted, say, say_success
-from podrun.spec import JobSpec
+from podrun.spec.model import JobSpec
 from podrun.supervisor import boot
 
 
@@ -97,7 +97,7 @@ def _supervise(job_id: str, job_dir: str, record: jobstore.JobRecord | None) -> 
         return adopt_here(spec, payload["ships_code"], options, record)
     if spec.target.declared.recreates(spec.target.options):  # what the launcher cut off had asked for, if anything
         say(f"job {job_id}: its launcher was cut off while its TPU was made: that request is deleted and made again")
-        target_for(spec).release()
+        target_for(spec).capacity.give_back()
     return run_here(spec, payload["ships_code"], options, job_id, kept=kept.Kept.here(shows_output=False))
 
 

@@ -39,8 +39,8 @@ from podrun.launch import kept
 from podrun.launch.exec_options import ExecOptions
 from podrun.launch.run_here import run_here
 from podrun.output import say
-from podrun.spec import JobSpec
-from podrun.spec_problems import FieldProblems, SpecProblems, validate_fields
+from podrun.spec.model import JobSpec
+from podrun.spec.problems import FieldProblems, SpecProblems, validate_fields
 from podrun.transport import known_hosts
 
 INTERRUPT = b"interrupt\n"

@@ -34,8 +34,8 @@ from podrun.output import say, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
-from podrun.spec import JobSpec
-from podrun.spec_fields import HOST_FORMS, parse_host, parse_jumps
+from podrun.spec.fields import HOST_FORMS, parse_host, parse_jumps
+from podrun.spec.model import JobSpec
 from podrun.supervisor import answers, early, greeting, install, remote
 from podrun.targets.base import Worker, target_for
 from podrun.transport import known_hosts, past_login

@@ -1,5 +1,6 @@
 """What a target is to the rest of podrun: its workers, in rank order, each carrying its transport,
-and the few things only the target knows (its device, container flags, checks before a run).
+and the few things only the target knows (its device, container flags, checks before a run). What
+the workers run on, made, lost and given back, is its capacity (podrun/capacity/).
 
 launch, plan and the commands work with a Target and its Workers; only the modules beside this one
 know what a TPU VM, an SSH host or a local worker is.
@@ -12,9 +13,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from podrun.capacity.base import Capacity
 from podrun.output import counted
-from podrun.spec import JobSpec
-from podrun.targets import registry
+from podrun.spec.model import JobSpec
+from podrun.target_kinds import registry
 from podrun.transport.base import Transport
 
 JAX_COORDINATOR_PORT = 8476  # the port JAX's own Cloud TPU detection gives its coordinator
@@ -35,24 +37,19 @@ class Target(ABC):
     worker_noun: str  # what one of its workers is called in messages ("SSH host")
     default_device: str  # PJRT_DEVICE when the spec sets no `device`
     container_flags: tuple[str, ...] = ()  # what `docker run` needs here beyond podrun's usual flags
-    departs = False  # whether its capacity can go away under a job (then departure() is asked)
-    holds = False  # whether it holds capacity made for this job alone, which free() gives back when the job ends
-    held = ""  # what it holds, for messages ("its Slurm allocation 1234")
     shares_root = False  # whether every worker's root is one directory (a cluster's shared home): code ships once
     # variables of the worker's starting environment that torchrun's ranks must not see (plan.py): on Slurm, the
     # srun step's own, which say one task per node where torchrun runs several ranks
     rank_env_removed: tuple[str, ...] = ()
+    capacity: Capacity  # what its workers run on (capacity/): a kind that holds something has its own
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
-        self.just_created = False  # made by provision(): its workers may refuse a key for a few seconds
-        self.queued_until: float | None = None  # when provision()'s queued request found capacity (epoch seconds)
-        self.labels: dict[str, str] = {}  # what it creates carries them (cloud/labels.py); the launch sets them
-        self.moves: list[dict] = []  # the TPU's moves to another zone while it was made ({at, from, to, why})
+        self.capacity = Capacity()
 
     @property
     def options(self) -> Any:
-        """The spec's options for this kind of target (targets/<kind>_options.py's model)."""
+        """The spec's options for this kind of target (target_kinds/<kind>.py's model)."""
         return self.spec.target.options
 
     @abstractmethod
@@ -91,57 +88,6 @@ class Target(ABC):
 
     def check_probes(self, reports: list[tuple[Worker, dict]], kill_stale: bool) -> None:
         """Raise PodrunError if the agents' probe reports say the job must not start."""
-
-    # The capacity lifecycle (created on demand, preemption named, recreated, deleted after the job);
-    # a target that has none keeps these defaults.
-    def labelling_api(self) -> Any:
-        """The cloud API in which podrun labels what it creates (a TPU's), where exec warns of orphans; None elsewhere."""
-        return None
-
-    def begin(self) -> None:
-        """Start asking what provision() will need, while the rest of the launch loads (nothing is made)."""
-
-    def provision(self) -> None:
-        """Create what the spec declares and does not exist yet (waiting until it is ready)."""
-
-    def departure(self, watch: bool = False) -> str | None:
-        """Why the target's capacity went away (preempted, taken out of service), when it can tell: one
-        line; else None. Asked, with backoff, when a worker's connection dropped, before that is
-        reported (launch/judgment.py); with `watch`, the cheap read made every WATCH_INTERVAL while run
-        goes on."""
-        return None
-
-    def recreate(self) -> None:
-        """Delete what was preempted and create it again from the spec (`restarts: {on: [preemption]}`)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot be created again")
-
-    def release(self) -> None:
-        """Delete what the job ran on (`delete_after`, `exec --down`)."""
-
-    def self_delete_config(self) -> dict | None:
-        """What a worker needs to delete what release() deletes with its own VM's credentials
-        (remote/self_delete.py's config: the API's base URL and the resources' full names); None where
-        the target has nothing podrun may delete."""
-        return None
-
-    def release_preempted(self) -> None:
-        """After a preemption that ended the job: delete what is of no use now, or say how to."""
-
-    def time_limit_reached(self) -> str | None:
-        """Why the job's workers failed, if the time its capacity was given ran out (a Slurm job's time limit):
-        one line; else None. Asked when a worker failed, before the failure is recorded."""
-        return None
-
-    def free(self) -> None:
-        """Give back what was made for this job alone (`holds`): when it ends, fails, is stopped or interrupted."""
-
-    def free_command(self) -> str | None:
-        """The command that does what free() does, for a user to run when podrun could not."""
-        return None
-
-    def release_command(self) -> str | None:
-        """The command that does what release() does, for a user to run; None if there is nothing to delete."""
-        return None
 
 
 def target_for(spec: JobSpec) -> Target:

@@ -7,7 +7,7 @@ import socket
 
 from podrun.errors import SpecError
 from podrun.output import counted
-from podrun.spec_fields import parse_host
+from podrun.spec.fields import parse_host
 from podrun.targets.base import Target, Worker
 
 

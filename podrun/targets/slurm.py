@@ -2,13 +2,9 @@
 it alone, and runs one worker on each, worker i on the i-th node of SLURM_JOB_NODELIST; worker 0's
 node address is MASTER_ADDR.
 
-The allocation is `salloc --no-shell`, chosen by measurement (scripts/bench_slurm.py: granted in
-0.31 s on the lab, where `sbatch --wrap` of a script holding the nodes ran after 1.72 s, at the
-scheduler's next pass); salloc says its job's id at once when the job pends, so podrun says why it
-pends (squeue's reason, every second) and cancels it on Ctrl-C. The workers' agents of a step are
-the tasks of one srun (transport/slurm_step.py); other commands on a node are srun steps of their own
-(transport/slurm.py). `free()` cancels the allocation
-(scancel) and waits until squeue no longer shows it.
+The allocation is the target's capacity (capacity/slurm.py). The workers' agents of a step are the
+tasks of one srun (transport/slurm_step.py); other commands on a node are srun steps of their own
+(transport/slurm.py).
 
 Slurm's commands run on the login node, over SSH as `hosts` are reached (the spec's `ssh:` keys and
 host-key rules), or on this machine when there is no `login`. The nodes share the login user's home
@@ -17,32 +13,16 @@ host-key rules), or on this machine when there is no `login`. The nodes share th
 
 from __future__ import annotations
 
-import queue
-import re
 import shlex
-import sys
-import time
-from concurrent.futures import Future
 
-from podrun.errors import PodrunError, SpecError
-from podrun.output import counted, say
-from podrun.spec import JobSpec
+from podrun.capacity.slurm import SlurmAllocation
+from podrun.output import counted
+from podrun.spec.model import JobSpec
+from podrun.target_kinds.slurm import SlurmOptions
 from podrun.targets.base import Target, Worker
-from podrun.targets.slurm_options import SlurmOptions, slurm_time_s
-from podrun.transport.slurm import Completed, LoginLink, LoginShell, SlurmTransport
+from podrun.transport.slurm import SlurmTransport
 from podrun.transport.slurm_step import srun_argv
 
-POLL_S = (0.1, 0.2, 0.3, 0.5, 1.0)  # squeue after scancel: quickly first, then every second
-PENDING_POLL_S = 1.0  # squeue's reason, while salloc waits
-REPORT_EVERY_S = 30  # off a terminal, a pending allocation's line again after this long (at once when its reason changes)
-# salloc's lines that carry its job's id: "Pending job allocation 12", "Granted job allocation 12"
-JOB_ID_SAID = re.compile(r"job allocation (\d+)")
-GONE_TIMEOUT_S = 60  # after scancel, how long podrun waits for squeue to show nothing of the job
-FIELD = re.compile(r"(\w+)=(\S*)")
-PARTITIONS = "scontrol show partition --oneliner"
-# while the login connection is made beside podrun's own start (begin()), the thread that makes it takes
-# the interpreter at once when a packet comes: at Python's 5 ms the handshake's 7 packets waited ~30 ms
-HANDSHAKE_SWITCH_S = 0.0005
 # what the srun step that starts the workers (one task per node) tells its tasks about the step and its tasks:
 # under torchrun they would say SLURM_NTASKS=nodes, SLURM_PROCID=worker, SLURM_LOCALID=0 to every rank, and
 # Slurm-aware frameworks read their ranks from them (Lightning's SLURMEnvironment, before 2.1 chosen over
@@ -55,54 +35,16 @@ STEP_VARIABLES = (
     "SLURM_STEP_RESV_PORTS", "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT")
 
 
-class Pending:
-    """A pending allocation, told as it waits: redrawn in place on a terminal, else a line when squeue's
-    reason changes (and every REPORT_EVERY_S)."""
-
-    def __init__(self, nodes: int):
-        self.nodes = nodes
-        self.started = time.monotonic()
-        self.terminal = sys.stderr.isatty()
-        self.shown: str | None = None
-        self.shown_at = 0.0
-        self.drawn = False
-
-    def show(self, job_id: str | None, reason: str) -> None:
-        waited = time.monotonic() - self.started
-        line = f"Slurm job {job_id} pending ({reason}): waiting for {counted(self.nodes, 'node')}"
-        if self.terminal:
-            sys.stderr.write(f"\rpodrun: {line}, {waited:.0f}s (Ctrl-C cancels it)\x1b[K")
-            sys.stderr.flush()
-            self.drawn = True
-        elif line != self.shown or waited - self.shown_at >= REPORT_EVERY_S:
-            say(f"{line} (Ctrl-C cancels it)")
-            self.shown, self.shown_at = line, waited
-
-    def end(self) -> None:
-        """End the line redrawn in place, so that what is said next starts on a line of its own."""
-        if self.drawn:
-            sys.stderr.write("\n")
-            self.drawn = False
-
-
 class SlurmCluster(Target):
     worker_noun = "Slurm node"
     default_device = "CUDA"
-    holds = True  # the allocation is made for this job: free() gives it back
     shares_root = True  # the nodes share the login user's home: the code ships once
     rank_env_removed = STEP_VARIABLES  # torchrun's ranks are not the step's tasks
 
     def __init__(self, spec: JobSpec):
         super().__init__(spec)
-        self.job_id: str | None = None
-        self.nodes: list[tuple[str, str]] = []  # (node name, its address) in SLURM_JOB_NODELIST order
         self.login_ssh = self._login_transport()
-        # one connection to the login node, in a thread of its own (for the synchronous steps of the
-        # lifecycle): Slurm's commands, and the workers' steps (used from the launch's event loop)
-        self.shell = LoginShell(self.login_ssh)
-        self.link = LoginLink(self.shell)
-        self.listing: Future[Completed] | None = None  # the partitions, asked for by begin()
-        self.switch_s = 0.0  # the interpreter's switch interval before begin(), restored once it is done
+        self.capacity: SlurmAllocation = SlurmAllocation(spec, self.login_ssh)
 
     @property
     def options(self) -> SlurmOptions:
@@ -115,205 +57,24 @@ class SlurmCluster(Target):
         login = self.options.login
         if not login:
             return None
-        from podrun.spec_fields import parse_host
+        from podrun.spec.fields import parse_host
         from podrun.transport.ssh import host_transport  # asyncssh loads only with a login node
 
         user, host, port = parse_host(login)
         return host_transport(self.spec.ssh, user, host, port)
 
-    # --- the allocation -------------------------------------------------------------------------
-    def salloc_argv(self) -> list[str]:
-        """The salloc that asks for the allocation, every option of the spec mapped to Slurm's (and
-        sbatch_args: salloc takes sbatch's options). The whole of each node unless the spec says otherwise
-        (SlurmOptions.node_share): `--ntasks-per-node=1` alone gets one CPU of each node on a select/cons_tres
-        cluster (SLURM_CPUS_ON_NODE=1), where another job lands beside it and task/affinity or cgroups bind the
-        worker, torchrun and every rank, to that one CPU."""
-        options = self.options
-        argv = ["salloc", "--no-shell", f"--job-name=podrun-{self.spec.name}", f"--nodes={options.nodes}",
-                "--ntasks-per-node=1"]
-        for flag, value in (("--partition", options.partition), ("--time", options.time),
-                            ("--account", options.account), ("--gpus-per-node", options.gpus_per_node),
-                            ("--constraint", options.constraint), ("--qos", options.qos)):
-            if value is not None:
-                argv.append(f"{flag}={value}")
-        return [*argv, *options.node_share(), *options.sbatch_args]
-
-    def begin(self) -> None:
-        """The login node's connection made and its partitions listed while the rest of the launch loads;
-        provision() checks the options against them before anything is allocated."""
-        if self.shell.ssh is not None:
-            self.switch_s = sys.getswitchinterval()
-            sys.setswitchinterval(HANDSHAKE_SWITCH_S)
-            self.listing = self.shell.asked(PARTITIONS)
-
-    def provision(self) -> None:
-        """Check the options against the cluster's partitions, ask for the allocation, and wait until it
-        is granted, saying why while it pends."""
-        self.check_options(self._partitions())
-        salloc = self.shell.spawn(shlex.join(self.salloc_argv()))
-        if self.options.nodes > 1:
-            self.link.start_fanout_early()
-        said: list[str] = []
-        pending = Pending(self.options.nodes)
-        try:
-            while True:
-                try:
-                    line = salloc.lines.get(timeout=PENDING_POLL_S if self.job_id else None)
-                except queue.Empty:  # pending: squeue's reason
-                    state, reason, _ = self._state()
-                    if state == "PENDING":
-                        pending.show(self.job_id, reason)
-                    continue
-                if line is None:
-                    break
-                said.append(line)
-                if self.job_id is None and (granted := JOB_ID_SAID.search(line)):
-                    self.job_id = granted.group(1)
-                    self.held = f"its Slurm allocation (job {self.job_id})"
-        except KeyboardInterrupt:
-            pending.end()
-            if self.job_id:
-                say(f"interrupted: cancelling Slurm job {self.job_id}, which had not started")
-            elif salloc.process:
-                salloc.process.terminate()  # salloc cancels what it asked for
-            raise
-        pending.end()
-        if salloc.code != 0 or self.job_id is None:
-            refusal = Completed(salloc.code or 1, "", "\n".join(said)).error_line()
-            raise SpecError(self.spec.path, "target.slurm", f"salloc refused the allocation: {refusal}")
-        state, reason, self.nodes = self._granted()
-        if state != "RUNNING" or not self.nodes:
-            raise PodrunError(f"Slurm job {self.job_id} ended as soon as it started ({state or 'gone'}, {reason})")
-
-    def _partitions(self) -> list[dict[str, str]]:
-        listing, self.listing = self.listing, None
-        try:
-            listed = listing.result() if listing else self._run(PARTITIONS)
-        finally:
-            if self.switch_s:
-                sys.setswitchinterval(self.switch_s)
-        if listed.code != 0:
-            raise PodrunError(f"{self.shell.where}: cannot list Slurm's partitions (scontrol show partition): "
-                              f"{listed.error_line()}")
-        return parse_records(listed.stdout)
-
-    def check_options(self, partitions: list[dict[str, str]]) -> None:
-        """Refuse, before anything is allocated, what no partition can give: one line naming the option."""
-        options = self.options
-        names = [p.get("PartitionName", "") for p in partitions]
-        if options.partition is not None:
-            chosen = next((p for p in partitions if p.get("PartitionName") == options.partition), None)
-            if chosen is None:
-                raise SpecError(self.spec.path, "target.slurm.partition",
-                                f"no partition {options.partition!r} on the cluster; it has {', '.join(names) or 'none'}")
-        else:
-            chosen = next((p for p in partitions if p.get("Default") == "YES"), None)
-            if chosen is None:
-                return  # no default partition: salloc says what it says
-        name = chosen.get("PartitionName", "")
-        total = _number(chosen.get("TotalNodes"))
-        most = _number(chosen.get("MaxNodes"))
-        if total is not None and options.nodes > total:
-            larger = [p.get("PartitionName", "") for p in partitions
-                      if (_number(p.get("TotalNodes")) or 0) >= options.nodes]
-            hint = f"; partition {', '.join(larger)} has enough" if larger else "; no partition has that many"
-            raise SpecError(self.spec.path, "target.slurm.nodes",
-                            f"{options.nodes} nodes, but partition {name} has {total}{hint}")
-        if most is not None and options.nodes > most:
-            raise SpecError(self.spec.path, "target.slurm.nodes",
-                            f"{options.nodes} nodes, but partition {name} gives a job at most {most} (MaxNodes)")
-        limit = chosen.get("MaxTime", "UNLIMITED")
-        try:
-            limit_s = slurm_time_s(limit)
-        except ValueError:
-            return
-        if options.time and limit_s is not None and (options.time_s or 0) > limit_s:
-            raise SpecError(self.spec.path, "target.slurm.time",
-                            f"{options.time} is over partition {name}'s limit, MaxTime={limit}")
-
-    def _state(self) -> tuple[str | None, str, str]:
-        """The job's state, squeue's reason and its node list; None: squeue does not show it."""
-        return self._state_in(self._run(self._squeue()))
-
-    def _squeue(self) -> str:
-        return f"squeue --noheader --jobs={self.job_id} --format='%T|%r|%N'"
-
-    def _granted(self) -> tuple[str | None, str, list[tuple[str, str]]]:
-        """Once salloc returned: the job's state, squeue's reason and, if it runs, its nodes with their
-        addresses (_node_addresses), asked in one command."""
-        nodes = self._nodes_command('"$N"')  # N: the node list, the last field of squeue's line
-        script = f'L=$({self._squeue()}) || exit; echo "$L"; echo ---; N="${{L##*|}}"; [ -z "$N" ] || {{ {nodes}; }}'
-        shown = self._run(shlex.join(["sh", "-c", script]))  # sh's syntax, whatever the login shell
-        state_part, marked, nodes_part = shown.stdout.partition("---\n")
-        if not marked:  # squeue itself failed
-            state, reason, _ = self._state_in(shown)
-            return state, reason, []
-        state, reason, nodelist = self._state_in(Completed(0, state_part, ""))
-        if state != "RUNNING" or not nodelist:
-            return state, reason, []
-        return state, reason, self._nodes_in(Completed(shown.code, nodes_part, shown.stderr))
-
-    def _state_in(self, shown: Completed) -> tuple[str | None, str, str]:
-        """squeue's answer (_squeue) read."""
-        if shown.code != 0:
-            if "Invalid job id" in shown.stderr:
-                return None, "", ""
-            raise PodrunError(f"{self.shell.where}: squeue failed: {shown.error_line()}")
-        line = shown.stdout.strip().splitlines()[-1] if shown.stdout.strip() else ""
-        if not line:
-            return None, "", ""
-        state, _, rest = line.partition("|")
-        reason, _, nodelist = rest.partition("|")
-        return state, reason, nodelist
-
-    def _node_addresses(self, nodelist: str) -> list[tuple[str, str]]:
-        """The allocation's nodes in SLURM_JOB_NODELIST order, each with its address (NodeAddr), as one
-        command on the login node."""
-        return self._nodes_in(self._run(self._nodes_command(shlex.quote(nodelist))))
-
-    @staticmethod
-    def _nodes_command(nodelist: str) -> str:
-        """`nodelist` (a shell word) as node names, then each node's record (its NodeAddr)."""
-        return f"scontrol show hostnames {nodelist} && echo --- && scontrol show node --oneliner {nodelist}"
-
-    def _nodes_in(self, answered: Completed) -> list[tuple[str, str]]:
-        """_nodes_command's answer read."""
-        if answered.code != 0:
-            raise PodrunError(f"{self.shell.where}: cannot read the nodes of Slurm job {self.job_id}: "
-                              f"{answered.error_line()}")
-        names_part, _, nodes_part = answered.stdout.partition("---")
-        addresses = {record.get("NodeName", ""): record.get("NodeAddr", "") for record in parse_records(nodes_part)}
-        return [(name, addresses.get(name) or name) for name in names_part.split()]
-
-    def _run(self, command: str) -> Completed:
-        return self.shell.run(command)
-
-    # --- the workers ----------------------------------------------------------------------------
     def workers(self, dry_run: bool) -> list[Worker]:
-        if dry_run and self.job_id is None:  # nothing allocated: the nodes are named by their place
+        allocation = self.capacity
+        if dry_run and allocation.job_id is None:  # nothing allocated: the nodes are named by their place
             return [Worker(index, f"node {index} of the allocation", f"<node {index} address>",
-                           SlurmTransport(self.link, self._login_endpoint(), "<job id>", f"<node {index}>"))
+                           SlurmTransport(allocation.link, self._login_endpoint(), "<job id>", f"<node {index}>"))
                     for index in range(self.options.nodes)]
-        if self.job_id is None:  # `podrun ssh` / `cp`: the running job of this spec
-            self._find_running()
-        assert self.job_id is not None
+        if allocation.job_id is None:  # `podrun ssh` / `cp`: the running job of this spec
+            allocation.find_running()
+        assert allocation.job_id is not None
         return [Worker(index, name, address,
-                       SlurmTransport(self.link, self._login_endpoint(), self.job_id, name))
-                for index, (name, address) in enumerate(self.nodes)]
-
-    def _find_running(self) -> None:
-        """The allocation of this spec's running job (`podrun ssh` and `cp` reach its nodes)."""
-        name = f"podrun-{self.spec.name}"
-        shown = self._run(f"squeue --noheader --me --states=RUNNING --name={shlex.quote(name)} --format='%i|%N'")
-        lines = [line for line in shown.stdout.splitlines() if "|" in line] if shown.code == 0 else []
-        if not lines:
-            raise PodrunError(f"no running Slurm job {name} to reach on {self.shell.where}"
-                              + (f" ({shown.error_line()})" if shown.code else "")
-                              + "; start it with `podrun exec --detach`")
-        job_id, _, nodelist = lines[-1].partition("|")
-        self.job_id = job_id.strip()
-        self.held = f"its Slurm allocation (job {self.job_id})"
-        self.nodes = self._node_addresses(nodelist.strip())
+                       SlurmTransport(allocation.link, self._login_endpoint(), allocation.job_id, name))
+                for index, (name, address) in enumerate(allocation.nodes)]
 
     def _login_endpoint(self) -> dict | None:
         return self.login_ssh.endpoint() if self.login_ssh else None
@@ -321,7 +82,7 @@ class SlurmCluster(Target):
     def describe(self, workers: list[Worker]) -> str:
         where = f"via {self.options.login}" if self.options.login else "on this machine (the login node)"
         lines = [f"{counted(len(workers), self.worker_noun)}, allocated for the job; Slurm's commands run {where}:",
-                 f"  allocate: {shlex.join(self.salloc_argv())}",
+                 f"  allocate: {shlex.join(self.capacity.salloc_argv())}",
                  "  pending:  squeue --noheader --jobs=<job id> --format='%T|%r|%N' (its reason, every second)"]
         nodes = [worker.transport for worker in workers if isinstance(worker.transport, SlurmTransport)]
         if nodes:
@@ -334,76 +95,4 @@ class SlurmCluster(Target):
         return "\n".join(lines)
 
     def record_label(self, workers: list[Worker]) -> str:
-        return f"slurm:{len(workers)} job {self.job_id}"
-
-    def time_limit_reached(self) -> str | None:
-        if self.job_id is None:
-            return None
-        shown = self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null")
-        records = parse_records(shown.stdout)
-        return f"Slurm job {self.job_id} {_time_limit_text(records[0])}" if records and _timed_out(records[0]) else None
-
-    def free(self) -> None:
-        """Cancel the allocation and wait until squeue shows nothing of it (CG lasts a second or so)."""
-        if self.job_id is None:
-            return
-        job_id, self.job_id = self.job_id, None
-        # how Slurm saw the job before it is cancelled: one that ended on its own (its time limit) says so
-        shown = self._run(f"scontrol show job --oneliner {job_id} 2>/dev/null; echo ---; scancel {job_id}")
-        before, _, after = shown.stdout.partition("---")
-        if ended := ended_by_slurm(parse_records(before)):
-            say(f"Slurm job {job_id} {ended}")
-        if shown.code != 0 and "Invalid job id" not in shown.stderr:
-            raise PodrunError(f"cannot cancel Slurm job {job_id} (scancel {job_id}): {shown.error_line()}")
-        deadline = time.monotonic() + GONE_TIMEOUT_S
-        polls = 0
-        while time.monotonic() < deadline:
-            self.job_id = job_id
-            try:
-                state, _, _ = self._state()
-            finally:
-                self.job_id = None
-            if state is None:
-                say(f"Slurm job {job_id} released")
-                self.shell.close()
-                return
-            time.sleep(POLL_S[min(polls, len(POLL_S) - 1)])
-            polls += 1
-        say(f"Slurm job {job_id} cancelled; squeue still shows it after {GONE_TIMEOUT_S}s")
-
-    def free_command(self) -> str | None:
-        """What free() does, for a user to run when podrun could not."""
-        if self.job_id is None:
-            return None
-        scancel = f"scancel {self.job_id}"
-        return f"ssh {shlex.quote(self.options.login)} {scancel}" if self.options.login else scancel
-
-
-def ended_by_slurm(records: list[dict[str, str]]) -> str | None:
-    """Why Slurm ended the allocation before podrun released it (`scontrol show job`), or None: it runs."""
-    job = records[0] if records else {}
-    state, reason = job.get("JobState", ""), job.get("Reason", "")
-    if _timed_out(job):
-        return _time_limit_text(job)
-    if state and state not in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING", "COMPLETED", "CANCELLED"):
-        return f"ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + " before podrun released it"
-    return None
-
-
-def _timed_out(job: dict[str, str]) -> bool:
-    return job.get("JobState") == "TIMEOUT" or job.get("Reason") == "TimeLimit"
-
-
-def _time_limit_text(job: dict[str, str]) -> str:
-    return f"reached its time limit ({job.get('TimeLimit', '?')}): Slurm ended its steps"
-
-
-def parse_records(text: str) -> list[dict[str, str]]:
-    """`scontrol show ... --oneliner` output: one record per line, KEY=VALUE words."""
-    return [dict(FIELD.findall(line)) for line in text.splitlines() if "=" in line]
-
-
-def _number(value: str | None) -> int | None:
-    """A count in scontrol's output; None for UNLIMITED or what is not a number."""
-    return int(value) if value and value.isdigit() else None
-
+        return f"slurm:{len(workers)} job {self.capacity.job_id}"

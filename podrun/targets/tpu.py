@@ -34,19 +34,19 @@ import getpass
 import os
 import re
 import shutil
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podrun.capacity.tpu import TpuCapacity
 from podrun.cloud import accelerators
 from podrun.cloud.no_external_ips import say_if_internal_only, unreachable_hint
-from podrun.cloud.settings import Location, location
-from podrun.errors import PodrunError, SpecError
+from podrun.cloud.settings import Location
+from podrun.errors import PodrunError
 from podrun.output import counted, say
-from podrun.spec import JobSpec
+from podrun.spec.model import JobSpec
+from podrun.target_kinds.tpu import TpuOptions
 from podrun.targets.base import Target, Worker
-from podrun.targets.tpu_options import TpuOptions
 
 if TYPE_CHECKING:
     from podrun.cloud.oslogin import OsLogin
@@ -73,7 +73,6 @@ class TpuVm(Target):
     worker_noun = "TPU worker"
     default_device = "TPU"
     container_flags = ("--privileged",)  # the container needs /dev/accel* and the TPU runtime's sysfs
-    departs = True  # preempted (spot), or taken away by maintenance
 
     def __init__(self, spec: JobSpec):
         super().__init__(spec)
@@ -81,32 +80,15 @@ class TpuVm(Target):
         self.tpu = tpu
         self.node_names = tpu.node_names  # one, or the slices in slice order
         self.nodes: list[TpuNode] = []  # empty while a TPU the spec declares does not exist (--dry-run)
-        self._api: TpuApi | None = None
-        self._oslogin: OsLogin | None = None
+        self.capacity: TpuCapacity = TpuCapacity(spec, lambda: ssh_key_line(spec))
 
     @property
     def api(self) -> TpuApi:
-        """The API in the TPU's zone: of several (zones), the first that holds it, else the first."""
-        if self._api is None:
-            from podrun.cloud import zone_moves
-
-            apis = self._zone_apis()
-            self._api = (len(apis) > 1 and zone_moves.holding(apis, self.node_names, self.tpu.label)) or apis[0]
-        return self._api
-
-    def _zone_apis(self) -> list[TpuApi]:
-        from podrun.cloud.tpu_api import TpuApi  # Google's libraries load only for TPU targets
-        return [TpuApi(location(self.tpu.project, zone)) for zone in self.tpu.zone_order]
+        return self.capacity.api
 
     @property
     def oslogin(self) -> OsLogin:
-        """OS Login in the TPU's project: kept for the target's life, so that a node made again after a
-        preemption finds the key imported already."""
-        if self._oslogin is None:
-            from podrun.cloud.oslogin import OsLogin
-
-            self._oslogin = OsLogin(self.api)
-        return self._oslogin
+        return self.capacity.oslogin
 
     @property
     def multislice(self) -> bool:
@@ -114,11 +96,11 @@ class TpuVm(Target):
 
     def workers(self, dry_run: bool) -> list[Worker]:
         if dry_run and self.tpu.accelerator_type:
-            if (existing := self._existing()) is None:
+            if (existing := self.capacity.existing()) is None:
                 return self._workers_to_be()
-            self._refuse_another_shape(existing)  # as exec would
+            self.capacity.refuse_another_shape(existing)  # as exec would
         self.nodes, workers = tpu_workers(self.spec, self.api, None if dry_run else self.oslogin,
-                                          just_created=self.just_created)
+                                          just_created=self.capacity.just_created)
         return workers
 
     def worker_env(self, worker: Worker, workers: list[Worker]) -> dict[str, str]:
@@ -137,7 +119,7 @@ class TpuVm(Target):
     def describe(self, workers: list[Worker]) -> str:
         what = f"multislice {self.tpu.label}" if self.multislice else f"TPU VM {self.tpu.label}"
         if not self.nodes:
-            return (f"{what} does not exist: podrun exec creates it ({self._request().summary()}); "
+            return (f"{what} does not exist: podrun exec creates it ({self.capacity.request().summary()}); "
                     f"its {counted(len(workers), self.worker_noun)}' addresses are known then")
         node = self.nodes[0]
         shape = f"{len(self.nodes)} x {node.accelerator_type}" if self.multislice else node.accelerator_type
@@ -151,113 +133,6 @@ class TpuVm(Target):
         node = self.nodes[0]
         return tpu_price(node.accelerator_type, node.location.zone, spot=node.spot or self.tpu.spot,
                          reserved=node.reserved or self.tpu.reservation is not None, slices=len(self.nodes))
-
-    def labelling_api(self) -> TpuApi:
-        return self.api
-
-    def provision(self) -> None:
-        """Create the TPU the spec declares (accelerator_type) when it does not exist; refuse one of that
-        name that is of another type or shape, or dead (preempted, a failed or suspended queued resource)."""
-        from podrun.cloud import capacity
-
-        tpu = self.tpu
-        if not tpu.accelerator_type:
-            return
-        if problem := capacity.blocked(self.api, self.node_names, tpu.label):
-            raise PodrunError(problem)
-        if (existing := self._existing()) is None:
-            self._create()
-            return
-        self._refuse_another_shape(existing)
-
-    def _refuse_another_shape(self, existing: list[TpuNode]) -> None:
-        """Refuse a TPU of the spec's name that exists (`existing`: its nodes found) as another type or
-        with fewer slices than the spec declares: a spec error (exit 2), for exec and --dry-run alike."""
-        tpu = self.tpu
-        if not existing:
-            raise PodrunError(f"multislice {tpu.label}: its queued resource exists but has made no slice yet; "
-                              f"`podrun describe {tpu.label} {self.api.location.flags}` shows its state")
-        if all(node.accelerator_type == tpu.accelerator_type for node in existing) and len(existing) == len(self.node_names):
-            return
-        shape = f"{len(self.node_names)} x {tpu.accelerator_type}" if self.multislice else tpu.accelerator_type
-        found = f"{len(existing)} x {existing[0].accelerator_type}" if self.multislice else existing[0].accelerator_type
-        raise SpecError(self.spec.path, "target.tpu.accelerator_type",
-                        f"{tpu.label} exists as a {found}, but the spec declares a {shape}; delete it "
-                        f"(`podrun delete {tpu.label} {self.api.location.flags}`) or give the spec another "
-                        f"target.tpu.name")
-
-    def departure(self, watch: bool = False) -> str | None:
-        from podrun.cloud import capacity
-
-        return capacity.departure(self.api, self.node_names, self.tpu.label, nodes_only=watch)
-
-    def recreate(self) -> None:
-        from podrun.cloud import capacity
-
-        capacity.release(self.api, self.tpu.label)
-        self._create()
-
-    def release(self) -> None:
-        from podrun.cloud import capacity
-
-        for name in self._deleted_names():
-            capacity.release(self.api, name)
-
-    def self_delete_config(self) -> dict | None:
-        from podrun.cloud import capacity
-
-        return capacity.self_delete_config(self.api, self._deleted_names())
-
-    def release_preempted(self) -> None:
-        if self.tpu.accelerator_type:
-            say(f"deleting the preempted TPU VM {self.tpu.label}; the next `podrun exec` creates it again")
-            self.release()
-        else:
-            say(f"the preempted TPU VM {self.tpu.label} keeps its name and quota until deleted: "
-                f"`{self.release_command()}`")
-
-    def release_command(self) -> str:
-        return " && ".join(f"podrun delete {name} {self.api.location.flags} --yes"
-                           for name in self._deleted_names())
-
-    def _deleted_names(self) -> list[str]:
-        """What release() deletes: the TPU VM or the multislice's queued resource; with names:, each slice by itself."""
-        return [self.tpu.label] if self.tpu.name else self.node_names
-
-    def _existing(self) -> list[TpuNode] | None:
-        """The spec's nodes that exist; None while nothing holds its name (no node, no multislice request)."""
-        existing = [node for node in map(self.api.find, self.node_names) if node is not None]
-        return None if not existing and not (self.multislice and self.api.get_queued(self.tpu.label)) else existing
-
-    def _create(self) -> None:
-        """Create the TPU, in the first of its zones that has capacity (zone_moves.py), with the user's key in its
-        metadata, as `gcloud ... create --metadata ssh-keys=...` does: its workers take it as they boot, with no
-        metadata update after; not where the project has OS Login on (the key goes to OS Login then)."""
-        from podrun.cloud import zone_moves
-
-        ssh_keys = "" if self.oslogin.governs(None) else ssh_key_line(self.spec)
-        zones = zone_moves.ordered(self._zone_apis(), self.api.location.zone)  # the zone that worked last, first
-        self._api, _ = zone_moves.obtain(zones, self._request(ssh_keys=ssh_keys), self.tpu.zone_wait_s,
-                                         self._capacity_found, self._moved)
-        self.just_created = True
-
-    def _moved(self, from_zone: str, to_zone: str, line: str) -> None:
-        self.moves.append({"at": time.time(), "from": from_zone, "to": to_zone, "why": line})
-
-    def _capacity_found(self) -> None:
-        """A queued request left the queue: the wait for capacity ends, the creation goes on (`podrun report`)."""
-        self.queued_until = time.time()
-
-    def _request(self, ssh_keys: str = "") -> TpuRequest:
-        from podrun.cloud.request import TpuRequest
-
-        tpu = self.tpu
-        assert tpu.accelerator_type and tpu.name, "only a TPU the spec declares by name and type is created"
-        return TpuRequest(tpu.name, tpu.accelerator_type,
-                          tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
-                          queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
-                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {}, slices=tpu.slices or 1,
-                          external_ips=not tpu.internal_ip, labels=self.labels)
 
     def _workers_to_be(self) -> list[Worker]:
         """The workers a TPU the spec declares will have, for --dry-run: their addresses are not known yet."""
@@ -296,7 +171,7 @@ class TpuVm(Target):
 
 def created_tpu(made: TpuRequest, where: Location) -> TpuVm:
     """The TPU `podrun create` just made (a VM, or a multislice), as a target whose workers podrun reaches."""
-    from podrun.spec_problems import validate_fields
+    from podrun.spec.problems import validate_fields
     tpu = {"name": made.name, "zone": where.zone, "project": where.project, "accelerator_type": made.accelerator_type,
            "internal_ip": not made.external_ips, **({"slices": made.slices} if made.slices > 1 else {})}
     return TpuVm(validate_fields({"name": "create", "run": "true", "target": {"tpu": tpu}}))

@@ -38,7 +38,7 @@ def config_proxy_jump(host: str, port: int | None, user: str | None) -> str | No
 def hops_of(proxy_jump: str) -> list[tuple[str | None, str, int | None]]:
     """(user, host, port) of each jump host, the first reached first; a malformed value from ~/.ssh/config
     is one line naming the file."""
-    from podrun.spec_fields import parse_jumps  # loads pydantic: a handover connects before it (supervisor/early.py)
+    from podrun.spec.fields import parse_jumps  # loads pydantic: a handover connects before it (supervisor/early.py)
 
     try:
         return parse_jumps(proxy_jump)

@@ -34,7 +34,7 @@ from podrun.transport.ssh_channel import SshChannel, reason
 if TYPE_CHECKING:
     import asyncssh
 
-    from podrun.spec import SshOptions
+    from podrun.spec.model import SshOptions
 else:
     from podrun.transport.ssh_library import asyncssh
 

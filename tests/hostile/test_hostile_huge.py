@@ -92,8 +92,8 @@ def test_a_command_that_torchrun_and_docker_take_past_128_kib_is_refused_before_
 
 
 def test_checking_a_megabyte_word_in_run_takes_linear_time(tmp_path):
-    from podrun.spec import JobSpec
-    from podrun.spec_commands import check_run_script
+    from podrun.spec.commands import check_run_script
+    from podrun.spec.model import JobSpec
 
     spec = JobSpec.model_validate({"name": "big", "run": "python3 " + "a" * 1_000_000, "workdir": str(tmp_path)})
     started = time.monotonic()

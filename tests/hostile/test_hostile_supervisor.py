@@ -272,7 +272,7 @@ def test_the_keys_the_laptop_pins_for_the_jump_hosts_on_the_way_travel_too(home,
                                                                            target):
     """The supervisor reaches the workers through the spec's jump hosts as the laptop does: what the laptop
     knows of them goes with the job, a TPU's jump hosts too (its workers publish their own keys)."""
-    from podrun.spec_loading import load_spec
+    from podrun.spec.loading import load_spec
     from podrun.supervisor.handover import _known_as
     from podrun.transport import known_hosts
 

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from podrun.spec import JobSpec
+from podrun.spec.model import JobSpec
 
 from helpers import (
     PYDANTIC_WORDS,

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from podrun.spec import SshOptions
-from podrun.targets.slurm import parse_records
+from podrun.capacity.slurm import parse_records
+from podrun.spec.model import SshOptions
 from podrun.transport.ssh import host_transport
 
 from helpers import (

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from podrun.capacity.slurm import ended_by_slurm, parse_records
 from podrun.errors import SpecError
-from podrun.spec_loading import load_spec
+from podrun.spec.loading import load_spec
+from podrun.target_kinds.slurm import slurm_time_s
 from podrun.targets.base import target_for
-from podrun.targets.slurm import SlurmCluster, ended_by_slurm, parse_records
-from podrun.targets.slurm_options import slurm_time_s
+from podrun.targets.slurm import SlurmCluster
 from podrun.transport.slurm import srun_command
 from podrun.transport.slurm_step import Steps
 
@@ -76,7 +77,7 @@ def cluster(job_file, options: str) -> SlurmCluster:
 def test_every_option_maps_to_salloc(home, job_file):
     target = cluster(job_file, "nodes: 2, partition: gpu, time: '4:00:00', account: proj, gpus_per_node: 8, "
                                "constraint: a100&ib, qos: high, sbatch_args: [--exclusive, --mem=0]")
-    argv = target.salloc_argv()
+    argv = target.capacity.salloc_argv()
     assert argv[:2] == ["salloc", "--no-shell"]
     for option in ("--nodes=2", "--ntasks-per-node=1", "--partition=gpu", "--time=4:00:00", "--account=proj",
                    "--gpus-per-node=8", "--constraint=a100&ib", "--qos=high", "--exclusive", "--mem=0",
@@ -96,7 +97,7 @@ def test_every_option_maps_to_salloc(home, job_file):
     ("nodes: 2, sbatch_args: [--oversubscribe]", ["--oversubscribe"]),
 ])
 def test_a_job_asks_for_the_whole_of_each_node_unless_the_spec_says_otherwise(home, job_file, options, share):
-    argv = cluster(job_file, options).salloc_argv()
+    argv = cluster(job_file, options).capacity.salloc_argv()
     assert argv[argv.index("--ntasks-per-node=1") + 1:] == share
 
 
@@ -130,14 +131,14 @@ def test_the_worker_step_is_the_agent_alone_on_its_node():
 def test_what_no_partition_can_give_is_refused_before_allocating(home, job_file, options, field, message):
     target = cluster(job_file, options)
     with pytest.raises(SpecError) as raised:
-        target.check_options(parse_records(PARTITIONS))
+        target.capacity.check_options(parse_records(PARTITIONS))
     assert str(raised.value).endswith(f"{field}: {message}")
     assert raised.value.exit_code == 2
 
 
 @pytest.mark.parametrize("options", ["nodes: 3", "partition: big, time: '7-0', nodes: 2", "time: '1:00:00'"])
 def test_what_a_partition_gives_passes(home, job_file, options):
-    cluster(job_file, options).check_options(parse_records(PARTITIONS))
+    cluster(job_file, options).capacity.check_options(parse_records(PARTITIONS))
 
 
 def test_dry_run_prints_the_slurm_commands_and_each_workers_script(home, job_file):

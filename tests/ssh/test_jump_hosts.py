@@ -182,7 +182,7 @@ def test_a_proxy_jump_in_ssh_config_follows_podruns_host_key_rules(home, lab, ho
 
 
 def test_workers_behind_one_bastion_share_one_connection_opened_once_and_closed_by_the_last(home, lab):
-    from podrun.spec import SshOptions
+    from podrun.spec.model import SshOptions
     from podrun.transport.ssh import host_transport
 
     ssh = SshOptions(user="root", identity_file=str(lab.client_key), proxy_jump=f"root@{lab.hosts[BASTION].ip}")

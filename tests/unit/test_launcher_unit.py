@@ -19,7 +19,7 @@ from podrun.launch import steps
 from podrun.launch.launcher import Launch
 from podrun.plan import job_plan
 from podrun.shipping import scan
-from podrun.spec_loading import load_spec
+from podrun.spec.loading import load_spec
 from podrun.targets.base import Target, Worker
 from podrun.terminal import Terminal
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from podrun import jobstore
-from podrun.targets import registry
+from podrun.target_kinds import registry
 
 PACKAGE = Path(__file__).resolve().parents[2] / "podrun"
 TARGET_KINDS = set(registry.names())
 # where a target's kind may be named: the targets themselves; the Cloud TPU API's own code (gcloud's
 # `api_endpoint_overrides/tpu`); the transports' endpoint kinds (transport/, read back by transport_for),
 # which name a transport, not a target
-ALLOWED = {"targets", "cloud", "transport"}
+ALLOWED = {"targets", "target_kinds", "capacity", "cloud", "transport"}
 
 
 def module_name(path: Path) -> str:
@@ -83,10 +83,10 @@ LAYERS = {
     # Google's API and its accelerator types: nothing of the spec's; the tpu kind's options use it
     "cloud": ("podrun.cloud", "podrun.cloud.*"),
     # the spec, the kinds it assembles its target: from, and a spec made of flags (adhoc)
-    "spec": ("podrun.spec_fields", "podrun.targets.kind", "podrun.targets.registry", "podrun.targets.*_options",
-             "podrun.spec", "podrun.spec_loading", "podrun.spec_problems", "podrun.spec_messages",
-             "podrun.spec_commands", "podrun.adhoc"),
+    "spec": ("podrun.spec", "podrun.spec.*", "podrun.target_kinds", "podrun.target_kinds.*"),
     "reach": ("podrun.remote", "podrun.remote.*", "podrun.transport", "podrun.transport.*"),
+    # what the workers run on: made, lost, given back (the targets reach the workers on it)
+    "capacity": ("podrun.capacity", "podrun.capacity.*"),
     "targets": ("podrun.targets", "podrun.targets.*"),
     "jobstore": ("podrun.jobstore", "podrun.progress", "podrun.notify", "podrun.owners"),
     # below the plan: it ships to targets' Workers, and its digest cache saves through jobstore.write_json
@@ -162,7 +162,7 @@ def options_read_outside_targets(tree: ast.AST) -> list[int]:
 def test_only_the_targets_read_a_kinds_options():
     """Outside targets/, code asks the kind's declaration (`spec.target.declared.deletes`), never its options."""
     read = [f"{path.relative_to(PACKAGE)}:{line}" for path in PACKAGE.rglob("*.py")
-            if path.relative_to(PACKAGE).parts[0] != "targets"
+            if path.relative_to(PACKAGE).parts[0] not in ("targets", "target_kinds", "capacity")
             for line in options_read_outside_targets(ast.parse(path.read_text()))]
     assert read == []
 

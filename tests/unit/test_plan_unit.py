@@ -10,7 +10,7 @@ import pytest
 
 from podrun.errors import SpecError
 from podrun.plan import CHECKS, SECRET_SHOWN_AS, job_plan, plan, render
-from podrun.spec_loading import load_spec
+from podrun.spec.loading import load_spec
 from podrun.targets.base import Target, Worker
 from podrun.transport.base import Transport
 

@@ -1,4 +1,4 @@
-"""The target registry (targets/registry.py): what each kind declares reaches the spec, the CLI and
+"""The target registry (target_kinds/registry.py): what each kind declares reaches the spec, the CLI and
 the transports, and a rule is written once."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from podrun.errors import PodrunError
-from podrun.spec_messages import EXPECTED
-from podrun.spec_problems import FieldProblems, validate_fields
-from podrun.targets import registry
+from podrun.spec.messages import EXPECTED
+from podrun.spec.problems import FieldProblems, validate_fields
+from podrun.target_kinds import registry
 from podrun.transport import TRANSPORTS, transport_for
 
 from helpers import podrun, stderr_lines_without_traceback

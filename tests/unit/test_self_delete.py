@@ -1,6 +1,6 @@
 """A TPU VM deleting itself with its own credentials (remote/self_delete.py): the access token from the GCE
 metadata stand-in, the DELETE to the Cloud TPU stand-in, both real HTTP servers on 127.0.0.1, and what
-TpuVm.release() would delete named by capacity.self_delete_config, as the launcher gives it to a worker."""
+TpuCapacity.give_back() would delete named by capacity.self_delete_config, as the launcher gives it to a worker."""
 
 from __future__ import annotations
 

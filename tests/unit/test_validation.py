@@ -10,10 +10,10 @@ import re
 import pytest
 import yaml
 
-from podrun.spec import JobSpec, parse_stop_grace
-from podrun.spec_loading import load_spec
-from podrun.spec_messages import EXPECTED, NAME_RULES
-from podrun.spec_problems import _model_in
+from podrun.spec.loading import load_spec
+from podrun.spec.messages import EXPECTED, NAME_RULES
+from podrun.spec.model import JobSpec, parse_stop_grace
+from podrun.spec.problems import _model_in
 
 from helpers import PYDANTIC_WORDS, podrun, run_cli, stderr_lines_without_traceback
 

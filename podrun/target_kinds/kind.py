@@ -1,7 +1,7 @@
-"""What a kind of target declares about itself (each targets/<kind>_options.py has one `KIND`): the
+"""What a kind of target declares about itself (each target_kinds/<kind>.py has one `KIND`): the
 options a spec gives it, the flags that name it on the command line, and what it can do. The spec,
 its JSON Schema, its error messages, the CLI's ad-hoc flags and the questions the rest of podrun asks
-of a target are all assembled from these declarations (targets/registry.py)."""
+of a target are all assembled from these declarations (target_kinds/registry.py)."""
 
 from __future__ import annotations
 

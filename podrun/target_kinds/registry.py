@@ -1,16 +1,16 @@
 """The kinds of target podrun knows, by name, as torchx knows its schedulers: each declared by its
 options module (KIND_MODULES, in the order the spec, the schema and the CLI list them). A new kind is
-a new <kind>_options.py and its target module, and a line here."""
+a new target_kinds/<kind>.py and its target module, and a line here."""
 
 from __future__ import annotations
 
 import importlib
 from functools import cache
 
-from podrun.targets.kind import TargetKind
+from podrun.target_kinds.kind import TargetKind
 
-KIND_MODULES = ("podrun.targets.tpu_options", "podrun.targets.hosts_options", "podrun.targets.local_options",
-                "podrun.targets.slurm_options")
+KIND_MODULES = ("podrun.target_kinds.tpu", "podrun.target_kinds.hosts", "podrun.target_kinds.local",
+                "podrun.target_kinds.slurm")
 DEFAULT_KIND = "local"  # a spec without `target:` runs on local CPU workers
 
 

@@ -1,6 +1,6 @@
 """The job spec (docs/spec.md): its pydantic models, JobSpec at their top, and its JSON Schema.
 
-spec_loading.py reads a YAML file into a JobSpec; spec_problems.py says what is wrong with one, a line each.
+spec/loading.py reads a YAML file into a JobSpec; spec/problems.py says what is wrong with one, a line each.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from podrun.spec_fields import DURATION, DURATION_SCHEMA, HostEntry, Model, duration_s, got, parse_jumps, yaml_kind
-from podrun.spec_messages import DURATION_EXAMPLES, EXPECTED, NOTIFY_URL
-from podrun.targets import registry
-from podrun.targets.kind import TargetKind
+from podrun.spec.fields import DURATION, DURATION_SCHEMA, HostEntry, Model, duration_s, got, parse_jumps, yaml_kind
+from podrun.spec.messages import DURATION_EXAMPLES, EXPECTED, NOTIFY_URL
+from podrun.target_kinds import registry
+from podrun.target_kinds.kind import TargetKind
 
 DEFAULT_RDZV_PORT = 29500
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -41,8 +41,8 @@ MAX_STOP_GRACE_S = 3600.0
 
 
 class _Target(Model):
-    """Where the job runs: exactly one of the kinds targets/registry.py lists. Each kind's options are its
-    own (targets/<kind>_options.py); outside targets/, code asks the kind (`declared`), not its options."""
+    """Where the job runs: exactly one of the kinds target_kinds/registry.py lists. Each kind's options are its
+    own (target_kinds/<kind>.py); outside targets/, code asks the kind (`declared`), not its options."""
 
     @field_validator("*", mode="before")
     @classmethod

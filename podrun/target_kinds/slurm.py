@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationInfo, WithJsonSchema, field_validator
 
-from podrun.spec_fields import HOST_FORMS, HostEntry, Model
-from podrun.targets.kind import AdhocFlag, TargetKind, whole_number
+from podrun.spec.fields import HOST_FORMS, HostEntry, Model
+from podrun.target_kinds.kind import AdhocFlag, TargetKind, whole_number
 
 SLURM_TIME_FORMS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, such as 4:00:00"
 # Slurm's own time forms (sbatch --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours,

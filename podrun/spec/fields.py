@@ -1,4 +1,4 @@
-"""The building blocks of the job spec's models, shared by spec.py and each target's options
+"""The building blocks of the job spec's models, shared by spec/model.py and each target's options
 (targets/*_options.py): the base model, durations, host entries, and how a value is named in errors."""
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from podrun.output import counted
-from podrun.spec_fields import Model
-from podrun.targets.kind import AdhocFlag, TargetKind, whole_number
+from podrun.spec.fields import Model
+from podrun.target_kinds.kind import AdhocFlag, TargetKind, whole_number
 
 DEFAULT_WORKERS = 2
 MAX_WORKERS = 1024

@@ -11,8 +11,8 @@ from podrun.cloud import accelerators
 from podrun.cloud.request import NODE_NAME, NODE_NAME_RULE, multislice_node_names, through_queue
 from podrun.errors import PodrunError
 from podrun.output import counted
-from podrun.spec_fields import DURATION_SCHEMA, Model, duration_s, got
-from podrun.targets.kind import AdhocFlag, TargetKind
+from podrun.spec.fields import DURATION_SCHEMA, Model, duration_s, got
+from podrun.target_kinds.kind import AdhocFlag, TargetKind
 
 EXPECTED = {
     "": "a mapping such as {name: my-pod, zone: us-central2-b}",

@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 
 from podrun.errors import SpecError
-from podrun.spec import NAME_PATTERN, JobSpec
-from podrun.spec_commands import check_command_size, refuse_python_under_torchrun
-from podrun.spec_fields import yaml_kind
-from podrun.spec_problems import FieldProblems, SpecProblems, field_path, validate_fields
+from podrun.spec.commands import check_command_size, refuse_python_under_torchrun
+from podrun.spec.fields import yaml_kind
+from podrun.spec.model import NAME_PATTERN, JobSpec
+from podrun.spec.problems import FieldProblems, SpecProblems, field_path, validate_fields
 
 SURROGATE = re.compile("[\ud800-\udfff]")
 INT_TAG, FLOAT_TAG, MERGE_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:merge"

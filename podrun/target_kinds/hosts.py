@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from podrun.output import counted
-from podrun.spec_fields import HOST_FORMS, HostEntry
-from podrun.targets.kind import AdhocFlag, TargetKind
+from podrun.spec.fields import HOST_FORMS, HostEntry
+from podrun.target_kinds.kind import AdhocFlag, TargetKind
 
 
 def _summary(hosts: list[str]) -> str:

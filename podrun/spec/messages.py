@@ -1,12 +1,12 @@
 """What each field of the job spec expects, in the words of its error messages: "expected ...".
 
-Light (no model in it): the models' own checks (spec.py) and the error messages (spec_problems.py) share it.
+Light (no model in it): the models' own checks (spec/model.py) and the error messages (spec/problems.py) share it.
 """
 
 from __future__ import annotations
 
-from podrun.spec_fields import HOST_FORMS, JUMP_FORMS
-from podrun.targets import registry
+from podrun.spec.fields import HOST_FORMS, JUMP_FORMS
+from podrun.target_kinds import registry
 
 DURATION_EXAMPLES = "30s, 2m, 90 (seconds) or 1m30s"
 VARIABLE_NAME = ("a variable name", "use letters, digits and '_', not starting with a digit")

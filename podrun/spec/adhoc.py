@@ -1,5 +1,5 @@
 """Targets named on the command line: `exec`, `ssh` and `cp` with a kind's flag (--tpu, --hosts,
---local: targets/<kind>_options.py declares it) instead of a spec file. They become a JobSpec like a
+--local: target_kinds/<kind>.py declares it) instead of a spec file. They become a JobSpec like a
 file's, so an ad-hoc job gets what a spec's job gets (prefixes, logs, a job record, fail-fast, a
 clean stop); what is wrong is named by its flag.
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import UsageError
-from podrun.spec import NAME_PATTERN, JobSpec
-from podrun.spec_loading import load_spec
-from podrun.spec_problems import FieldProblems, validate_fields
-from podrun.targets import registry
-from podrun.targets.kind import AdhocFlag, TargetKind
+from podrun.spec.loading import load_spec
+from podrun.spec.model import NAME_PATTERN, JobSpec
+from podrun.spec.problems import FieldProblems, validate_fields
+from podrun.target_kinds import registry
+from podrun.target_kinds.kind import AdhocFlag, TargetKind
 
 ADHOC_NAME = "exec"  # an ad-hoc job's name, unless its --workdir names it
 COMMAND_LINE = Path("command line")  # what an ad-hoc spec's messages name as its file
@@ -28,7 +28,7 @@ SSH_FLAGS = {"user": "--user", "identity_file": "--identity-file"}  # the spec's
 
 @dataclass(frozen=True)
 class TargetFlags:
-    """The command line's target: each kind's flags (targets/<kind>_options.py), by dest, None where not given."""
+    """The command line's target: each kind's flags (target_kinds/<kind>.py), by dest, None where not given."""
 
     values: Mapping[str, Any]
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from podrun.errors import SpecError
-from podrun.spec import JobSpec
+from podrun.spec.model import JobSpec
 
 # what `run` holds is guessed at only when it is one plain command
 SHELL_SYNTAX = re.compile(r"[;&|$`\n()<>]")

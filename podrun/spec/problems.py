@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from podrun.errors import PodrunError, SpecError
-from podrun.spec import JobSpec
-from podrun.spec_fields import got
-from podrun.spec_messages import EXPECTED, NAME_RULES
+from podrun.spec.fields import got
+from podrun.spec.messages import EXPECTED, NAME_RULES
+from podrun.spec.model import JobSpec
 
 PLAIN_KEY = re.compile(r"^[\w-]+\Z")
 
