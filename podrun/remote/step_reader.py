@@ -82,9 +82,10 @@ class StepReader:
         if self.first is None:
             self._first_of(text[:cut])
         last = None  # the last line with a step; with epochs, before it the last of an earlier epoch
-        for line in reversed(text[:cut].splitlines()):
-            match = self._step_match(line)
-            if match is None:
+        for line in reversed(text[:cut].splitlines()):  # the hot loop: _step_match inlined
+            match = self.pattern.search(line)
+            if match is None or not _number(match.group(self.group)) or \
+                    self.epochs and not _number(match.group("epoch")):
                 continue
             if not self.epochs:
                 self._reached(match.group(self.group))
@@ -108,16 +109,23 @@ class StepReader:
         return match
 
     def _first_of(self, text):
-        """The step of the first line with one, counted as _reached_place counts it."""
-        for line in text.splitlines():
-            match = self._step_match(line)
-            if match is None:
-                continue
-            step = int(match.group(self.group))
-            if self.epochs and self.first_epoch is not None:
-                step += max(0, int(match.group("epoch")) - self.first_epoch) * self.epoch_steps
-            self.first = step
-            return
+        """The step of the first line with one, counted as _reached_place counts it; the text is searched,
+        not split: a first chunk of 64 KiB costs a search, not its lines."""
+        at = 0
+        while (found := self.pattern.search(text, at)) is not None:
+            start = max(text.rfind(b"\n", 0, found.start()), text.rfind(b"\r", 0, found.start())) + 1
+            end = min((index for index in (text.find(b"\n", found.end()), text.find(b"\r", found.end())) if index >= 0),
+                      default=-1)
+            match = self._step_match(text[start:end if end >= 0 else len(text)])
+            if match is not None:
+                step = int(match.group(self.group))
+                if self.epochs and self.first_epoch is not None:
+                    step += max(0, int(match.group("epoch")) - self.first_epoch) * self.epoch_steps
+                self.first = step
+                return
+            if end < 0:
+                return
+            at = end + 1
 
     def first_untold(self):
         """The first line's step, once (None for a file, or before the first line)."""

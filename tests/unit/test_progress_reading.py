@@ -108,6 +108,9 @@ def test_the_first_step_line_of_a_chunk_is_where_the_run_began_and_is_told_once(
     resumed = StepReader({"pattern": EPOCH_BAR, "epochs": {"first": 1, "steps": 10}}, ".")
     resumed.feed(b"Epoch 2: 3/10\nEpoch 2: 4/10\n")
     assert (resumed.first, resumed.step) == (13, 14)  # counted as the step is
+    redrawn = StepReader({"pattern": EPOCH_BAR}, ".")
+    redrawn.feed(b"loading\rEpoch 1: 1/10\rEpoch 1: 2/10\n")  # a bar's redraws are lines
+    assert (redrawn.first, redrawn.step) == (1, 2)
     from_file = StepReader({"file": "step.txt"}, ".")
     assert from_file.first_untold() is None  # a file read now and then does not say where the run began
 
