@@ -32,6 +32,14 @@ class WaitTimedOut(PodrunError):
     """A wait for Google ran past PODRUN_WAIT_TIMEOUT; what was waited for goes on at Google."""
 
 
+class WorkersUnreachable(PodrunError):
+    """Workers that could not be reached when an attempt began (`workers`: their indexes)."""
+
+    def __init__(self, message: str, workers: list[int]):
+        super().__init__(message)
+        self.workers = workers
+
+
 class NoCapacity(PodrunError):
     """Google has no capacity for the request in its zone (RESOURCE_EXHAUSTED), or a queued request gave
     up or waited past its zone's bound: `why` in Google's words, or the wait's."""

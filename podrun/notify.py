@@ -44,13 +44,15 @@ class Notifier:
         self.lock = threading.Lock()
         self.closed = False
 
-    def restarting(self, record: jobstore.JobRecord) -> None:
-        """The record has just begun its next attempt: tell how the last one ended, then the restart."""
+    def restarting(self, record: jobstore.JobRecord, swaps: list[str] | None = None) -> None:
+        """The record has just begun its next attempt: tell how the last one ended, then the restart (with the
+        hosts it left out and the spares in their place: `swaps`)."""
         ended = record.attempts[-1]
         cause = ENDED_AS.get(ended["state"], ended["state"])
         entry = progress.entry_of(record, ended["attempt"])
         self._send(record, cause, ended["attempt"], ended["state"], ended["summary"], entry["last"] if entry else None)
-        self._send(record, "restart", record.attempt, record.state, f"after {cause}: {ended['summary']}",
+        self._send(record, "restart", record.attempt, record.state,
+                   f"after {cause}: {ended['summary']}" + "".join(f"; {swap}" for swap in swaps or ()),
                    progress.best_before(record, record.attempt))
 
     def ended(self, record: jobstore.JobRecord, error: BaseException | None = None) -> None:

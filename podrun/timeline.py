@@ -7,11 +7,12 @@ other fields (never a write of its own: recording costs a few dict updates per p
      "workers": {"0": [T, T | None], ...},          # a phase of each worker: when each began and ended
      "open": 3,                                      # with workers, while the phase runs: their parts not ended
      "lines": {"0": {"start": T, "every_s": 1, "counts": "3 0 12"}, ...},  # run: lines received per slot
-     ...details: "bytes" (ship), "why" (stall, preempted, restart, move), "capacity_at" (recreate: when its
-        queued request found capacity), "zone" and "left" (move: the zone moved to, the zone left)}
+     ...details: "bytes" (ship), "why" (stall, preempted, restart, move, swap), "capacity_at" (recreate: when
+        its queued request found capacity), "zone" and "left" (move: the zone moved to, the zone left),
+        "worker", "left" and "spare" (swap: the worker whose host was left out, that host, the spare in its place)}
 
 T is epoch seconds. A job-wide phase (queue, create, recreate, judge, restart, stall) has no "workers"; an
-instant (preempted, move) has end == start. An end still None is open: the phase runs, or its worker's end
+instant (preempted, move, swap) has end == start. An end still None is open: the phase runs, or its worker's end
 was never seen (the report ends it with the attempt).
 
 Phases: queue (a queued TPU request waiting for capacity, as polled), create (the TPU made before the
@@ -19,7 +20,8 @@ job), connect (the connection and podrun's agent started, up to its probe report
 stop (from the stop sent to the worker's exit), judge (a lost worker judged against the API), recreate
 (a preempted TPU deleted and made again), restart (the wait before a restart on the same workers),
 stall (from the last line of any worker to the stop), preempted, move (the TPU asked for in the next of
-its zones: no capacity in the one it left).
+its zones: no capacity in the one it left), swap (a lost host left out, a spare in its rank: before the
+attempt that runs on the spare).
 """
 
 from __future__ import annotations

@@ -43,6 +43,14 @@ class Capacity:
         """Give back what was lost and make it again from the spec (`restarts: {on: [preemption]}`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot be made again")
 
+    spares_left = 0  # what replace() can still put in a lost part's place
+
+    def replace(self, worker: int) -> tuple[str, str | None] | None:
+        """Leave out what worker `worker` ran on, lost in an attempt, and put a spare in its place for the next
+        attempt: (what was left out, the spare now in its rank, or None where none is left); None where this
+        capacity has no spares to give (it stays as it is)."""
+        return None
+
     def give_back(self) -> None:
         """Give back what the job ran on: when the job ends if it was made for this job alone
         (for_this_job), else as delete_after or `exec --down` say."""

@@ -90,7 +90,9 @@ def _notes(handle: handles.JobHandle, state: str) -> list[str]:
     """Beside the state: the restarts it took (`restarts`) and what its handle says of where it lives (a
     supervisor host, and whether it answered; while it runs, its supervisor here)."""
     record = handle.record
-    return [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] * bool(record.attempt) + handle.notes(state)
+    left_out = sum(entry["phase"] == "swap" for entry in record.phases)
+    return [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] * bool(record.attempt) + \
+        [f"{left_out} host{'s' * (left_out > 1)} left out"] * bool(left_out) + handle.notes(state)
 
 
 def _state_text(record: jobstore.JobRecord, state: str, notes: list[str], idle: bool) -> str:

@@ -310,6 +310,7 @@ async def on_every_worker(workers, action) -> list:
             await transport.connect()
             return await action(worker, transport)
         except ChannelLost as lost:
+            worker.exit_code = exits.LOST  # as an attached job's worker whose connection dropped (spares: holding.py)
             raise PodrunError(f"worker {worker.index} ({worker.address}) lost its connection ({lost})") from None
         finally:
             await transport.close()

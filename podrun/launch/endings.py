@@ -11,7 +11,7 @@ import sys
 import time
 
 from podrun import exits, jobstore
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, WorkersUnreachable
 from podrun.launch.steps import StepResult
 from podrun.output import counted, say, say_failure, say_success, worker_ranges
 from podrun.plan import WorkerPlan
@@ -112,6 +112,8 @@ def raise_first_error(outcomes: list | None, plans: list[WorkerPlan], doing: str
         if rest := [worker.index for worker, _ in failed[len(shown):]]:
             lines.append(f"  and {len(rest)} more: {worker_ranges(rest)}")
         raised = PodrunError("\n".join(lines))
+    if doing == "connect":  # who could not be reached: a spare may take their place (launch/holding.py)
+        raised = WorkersUnreachable(str(raised), [worker.index for worker, _ in failed])
     first_error = failed[0][1]
     if isinstance(first_error, PodrunError):  # an unusable PODRUN_HOME stays a usage error (exit 2)
         raised.exit_code = first_error.exit_code

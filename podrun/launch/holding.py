@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from podrun import jobstore, owners, timeline
+from podrun import exits, jobstore, owners, timeline
 from podrun.cloud import labels
 from podrun.errors import PodrunError
 from podrun.output import say
@@ -94,6 +94,27 @@ class Holding:
         workers = self.target.workers(dry_run=False)
         timeline.end(recreating)
         return workers
+
+    def replace_lost(self, record: jobstore.JobRecord) -> list[str]:
+        """Before the next attempt: each worker lost in the one that ended (its connection dropped, or it could
+        not be reached: exit LOST) left out, where the capacity has spares, and a spare put in its rank; said
+        in a line each and kept as an instant `swap` ({worker, left, spare, why}). What was swapped, for the
+        restart's notification (`10.0.0.2 left out, spare 10.0.0.9 in its place`)."""
+        ended, swaps = record.attempts[-1], []
+        for worker in record.workers:
+            if worker.exit_code != exits.LOST or (swap := self.capacity.replace(worker.index)) is None:
+                continue
+            left, spare = swap
+            if spare is None:
+                say(f"worker {worker.index}'s host {left} was lost in attempt {ended['attempt']} and no spare is left: "
+                    f"the next attempt runs on it again")
+                continue
+            say(f"worker {worker.index}: {left} left out for the rest of the job (lost in attempt {ended['attempt']}); "
+                f"spare {spare} takes its place")
+            timeline.add(record, "swap", time.time(), time.time(), worker=worker.index, left=left, spare=spare,
+                         why=ended["summary"])
+            swaps.append(f"{left} left out, spare {spare} in its place")
+        return swaps
 
     @property
     def gives_back(self) -> bool:

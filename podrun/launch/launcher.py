@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from podrun import exits, jobstore, progress, timeline
 from podrun.countdown import Countdown
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, WorkersUnreachable
 from podrun.launch import endings, preflight, stall
 from podrun.launch.steps import (
     TAIL_LINES_KEPT,
@@ -111,6 +111,8 @@ class Launch:
         except PodrunError as error:
             if self.target.capacity.departs and (reason := await asyncio.to_thread(self.target.capacity.lost)):
                 return endings.preempted(self.record, reason)  # a worker unreachable because the TPU is gone
+            for index in error.workers if isinstance(error, WorkersUnreachable) else ():
+                self.worker_records[index].exit_code = exits.LOST  # as lost as one whose connection dropped
             self.record.finish(jobstore.FAILED, error.exit_code, str(error))
             raise
         except Exception as error:  # a bug: the CLI prints it as an internal error; the record says so too

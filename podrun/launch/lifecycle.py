@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
-from podrun.errors import PodrunError
+from podrun.errors import PodrunError, WorkersUnreachable
 from podrun.launch import control_tree, judgment, restart_policy
 from podrun.launch.holding import Holding
 from podrun.launch.kept import Kept
@@ -104,7 +104,7 @@ class Lifecycle:
             self.holding.record_acquired(record, self.workers)
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
-            code = self._launch(record, job)
+            code = self._attempt(record, job)
             if self.detach and record.state == jobstore.RUNNING:
                 if self._needs_supervisor():
                     self._fork_supervisor(record)
@@ -158,12 +158,24 @@ class Lifecycle:
     def _restart_while_due(self, record: jobstore.JobRecord, code: int) -> int:
         while self._restart_due(record):
             self._next_attempt(record)
-            code = self._launch(record, self.plans(self.workers, self.selected, record.id, record.attempt))
+            code = self._attempt(record, self.plans(self.workers, self.selected, record.id, record.attempt))
             if self.detach:
                 code = self._watch(record)
             if hint := restart_policy.resumed_apart(record):
                 say(hint)
         return code
+
+    def _attempt(self, record: jobstore.JobRecord, job: JobPlan) -> int:
+        """An attempt's launch. Workers it could not reach end it as failed, not the job, where spares can take
+        their place and a restart on failure is left (the next attempt leaves them out: holding.replace_lost)."""
+        try:
+            return self._launch(record, job)
+        except WorkersUnreachable as error:
+            if not (self.holding.capacity.spares_left and "failure" in self.restart_on
+                    and record.attempt < self.max_restarts):
+                raise
+            say_failure(str(error))
+            return error.exit_code
 
     def _launch(self, record: jobstore.JobRecord, job: JobPlan) -> int:
         try:
@@ -219,15 +231,18 @@ class Lifecycle:
         preempted, why = record.state == jobstore.PREEMPTED, record.summary
         self.holding.reacquiring = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()
-        self.notifier.restarting(record)
+        swaps = [] if preempted else self.holding.replace_lost(record)
+        self.notifier.restarting(record, swaps)
         if preempted:
             say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
             self.workers = self.holding.reacquire(record, why)
             self.holding.watch_idle(self.workers)
         else:
+            if swaps:
+                self.workers = self.target.workers(dry_run=False)
             delay = restart_policy.backoff_s(record, self.backoff_s)
-            say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again on the same workers "
-                f"({why})")
+            on = "with the spares in place" if swaps else "on the same workers"
+            say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again {on} ({why})")
             timeline.add(record, "restart", time.time(), time.time() + delay, why=why)
             time.sleep(delay)
         record.workers = self._worker_records()

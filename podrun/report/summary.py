@@ -44,6 +44,9 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
         elif entry["phase"] == "move":
             lines.append(f"moved to {entry.get('zone')} in attempt {entry['attempt']}: {entry.get('why')}")
+        elif entry["phase"] == "swap":
+            lines.append(f"attempt {entry['attempt']}: worker {entry.get('worker')} on spare {entry.get('spare')}, "
+                         f"{entry.get('left')} left out: {entry.get('why')}")
     lines += cost.lines(cost_of(analysis, split))
     silent = [worker for worker in analysis.workers if _silent(analysis, worker)]
     if silent and analysis.counted_lines():

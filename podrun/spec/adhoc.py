@@ -76,7 +76,8 @@ class TargetFlags:
                              f"{either([kind.flag.name for kind in registry.kinds() if kind.uses_ssh])}")
         extras = {flag.dest: self.values[flag.dest] for flag in declared.extra_flags}
         options = declared.to_options(self.values[declared.flag.dest], extras)
-        return {"target": {declared.name: options}, **({"ssh": ssh} if declared.uses_ssh else {})}
+        return {"target": {declared.name: options, **declared.to_siblings(extras)},
+                **({"ssh": ssh} if declared.uses_ssh else {})}
 
 
 def target_flags_text() -> str:

@@ -44,7 +44,7 @@ class _Target(Model):
     """Where the job runs: exactly one of the kinds target_kinds/registry.py lists. Each kind's options are its
     own (target_kinds/<kind>.py); outside targets/, code asks the kind (`declared`), not its options."""
 
-    @field_validator("*", mode="before")
+    @field_validator(*registry.names(), mode="before", check_fields=False)
     @classmethod
     def _not_empty(cls, value: Any, info: ValidationInfo) -> Any:
         # absent and empty differ: `hosts:` with nothing after it names the kind but no machine
@@ -60,6 +60,9 @@ class _Target(Model):
             raise ValueError(f"expected exactly one of {', '.join(registry.names())} (got {' and '.join(given) or 'none'})")
         if getattr(self, given[0]) is None:  # `local:` with no value: its defaults
             setattr(self, given[0], registry.kind(given[0]).annotation())
+        for name, declared in registry.siblings().items():
+            if getattr(self, name) and declared.name != given[0]:  # empty: as good as absent (a handover's dump)
+                raise ValueError(f"{name}: only a {declared.name} target takes {name} (this one is {given[0]})")
         return self
 
     @property
@@ -75,11 +78,17 @@ class _Target(Model):
         """The kind's options, for its own modules (targets/)."""
         return getattr(self, self.kind)
 
+    def sibling(self, name: str) -> Any:
+        """A field beside the kind that only the kind takes (TargetKind.siblings: `spares`), for its own modules."""
+        return getattr(self, name)
+
 
 Target = create_model(  # type: ignore[call-overload]
     "Target", __base__=_Target, __doc__=f"Where the job runs: exactly one of {', '.join(registry.names())}.",
     **{declared.name: (declared.annotation | None, Field(None, description=declared.description, **declared.field_args))
-       for declared in registry.kinds()})
+       for declared in registry.kinds()},
+    **{name: (annotation, Field(default_factory=list, description=description))
+       for declared in registry.kinds() for name, (annotation, description) in declared.siblings.items()})
 
 
 def _jump_hosts(value: str) -> str:

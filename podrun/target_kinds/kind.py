@@ -62,7 +62,13 @@ class TargetKind:
     default_restart_on: tuple[str, ...] = ("failure",)  # restarts.on when the spec does not say
     # (its field, one line) for each thing its options say that may be wrong but is not refused: a warning
     doubts: Callable[[Any], list[tuple[str, str]]] = lambda options: []
+    # fields beside it under `target:` that only it takes ({hosts: [...], spares: [...]}): name -> (type, description)
+    siblings: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+    # its extra flags' values -> its siblings' (exec --hosts H --spares S: {"spares": [S]})
+    to_siblings: Callable[[Mapping[str, Any]], dict] = lambda extras: {}
 
     def expected_at(self) -> dict[str, str]:
-        """Its fields' expectations keyed by their place in a spec (`target.tpu.names.*`)."""
-        return {".".join(filter(None, ("target", self.name, key))): text for key, text in self.expected.items()}
+        """Its fields' expectations keyed by their place in a spec (`target.tpu.names.*`; a sibling's own key
+        begins with its name: `target.spares.*`)."""
+        return {".".join(filter(None, ("target", *([] if key.split(".")[0] in self.siblings else [self.name]), key))):
+                text for key, text in self.expected.items()}

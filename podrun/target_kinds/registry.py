@@ -25,3 +25,8 @@ def kind(name: str) -> TargetKind:
 
 def names() -> list[str]:
     return [declared.name for declared in kinds()]
+
+
+def siblings() -> dict[str, TargetKind]:
+    """The fields beside a kind under `target:` that only that kind takes (`spares`: hosts), by name."""
+    return {name: declared for declared in kinds() for name in declared.siblings}

@@ -144,3 +144,11 @@ def test_for_commands_that_take_no_command_double_dash_only_ends_the_options(hom
     result = podrun("stop", "--", "python3", "train.py")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "podrun stop: error: unrecognized arguments: train.py"
+
+
+def test_spares_come_with_hosts_on_the_command_line_and_with_nothing_else():
+    planned = podrun("exec", "--hosts", "10.0.0.1,10.0.0.2", "--spares", "10.0.0.9", "--dry-run", "--", "true")
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.splitlines()[0] == "# target: 2 SSH hosts: 10.0.0.1, 10.0.0.2; 1 spare: 10.0.0.9"
+    refused = podrun("exec", "--local", "2", "--spares", "10.0.0.9", "--", "true")
+    assert (refused.returncode, refused.stderr) == (2, "podrun: error: --spares: goes with --hosts\n")
