@@ -55,6 +55,7 @@ class WorkerPlan:
     container: str | None = None  # the docker container run runs in: stopped by name
     # torchrun passes SIGTERM on to its ranks: the agent signals it alone, or each rank got two
     term_leader_only: bool = False
+    on_preempt: str | None = None  # the spec's: what run's agent starts on the VM's own notice (remote/step.py)
 
     def shown_env(self) -> dict[str, str]:
         return {key: SECRET_SHOWN_AS if key in self.secret_keys else value for key, value in self.env.items()}
@@ -161,7 +162,7 @@ def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code
         cwd = paths.remote_run_dir(spec.name) if code_dir else "."
         job_dir = paths.remote_job_dir(job_id, attempt, worker.index if target.shares_root else None)
         plans.append(WorkerPlan(worker, cwd, code_dir, job_dir, env, spec.setup, run, secret_keys, ips_file, container,
-                                term_leader_only=bool(spec.torchrun)))
+                                term_leader_only=bool(spec.torchrun), on_preempt=spec.on_preempt))
     return plans
 
 

@@ -128,7 +128,8 @@ class WorkerStep:
                   "job_files": job_files(self.plan, self.step), "file_env": FILE_VARIABLES}
         if self.step == "run":
             config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group",
-                          vm_notices=self.vm_notices, progress=self.progress)
+                          vm_notices=self.vm_notices, progress=self.progress,
+                          on_preempt=self.plan.on_preempt if self.vm_notices else None)
         if probe is not None:
             config["probe"] = probe
             self.probing = True

@@ -22,7 +22,8 @@ Protocol
           job file, set to its path)}, for run {container, term ("leader" or "group"), progress (the spec's:
           {pattern} or {file}, or null; step_reader.py)}, for a job's
           first step "probe", for a watched run "watch", for a run on a TPU VM "vm_notices" (true: the
-          VM's own notice of its preemption stops the job at once, vm_notice.py); then control lines: "stop" asks for a
+          VM's own notice of its preemption stops the job at once, within step.NOTICE_BOUND_S, vm_notice.py)
+          and "on_preempt" (the spec's command, started on that notice, or null); then control lines: "stop" asks for a
           graceful stop; any line is a heartbeat. End of input, or no line for `heartbeat` seconds (a
           link that died silently), means the launcher is gone: the job stops too.
   probe   (reported first: {"event": "hello"}, before any of its checks, which may wait for a lock)

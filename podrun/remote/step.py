@@ -16,6 +16,9 @@ except KeyError:  # imported on the launcher, by tests and type checks
 
 signal = processes.signal  # its C core (processes.py)
 SAMPLES_EVERY_S = 10.0
+# a VM's notice of its preemption leaves it about 30 s (remote/vm_notice.py): the job's SIGTERM and the spec's
+# on_preempt get this much of them, whatever stop_grace says, and SIGKILL after; the rest is the agent's report
+NOTICE_BOUND_S = 25.0
 
 
 class Step:
@@ -40,6 +43,8 @@ class Step:
         # the job's step on this worker (the spec's progress), reported to the launcher or the hub
         self.steps = step_reader.StepReader(config["progress"], config["cwd"]) if config.get("progress") else None
         self.samples_due = 0.0  # when a detached run's run.steps is written next (time.monotonic())
+        self.env = None  # the step's environment, once started (the spec's on_preempt runs in it too)
+        self.hook_pid = None  # the spec's on_preempt, once the VM's notice started it
 
     def start(self):
         env = dict(os.environ)
@@ -51,6 +56,7 @@ class Step:
             env[key] = os.path.join(self.job_dir, name)
         # the py-spy for the step's stacks, fixed now: a process's own PATH later may be anyone's choosing
         self.py_spy = stacks.find_py_spy(env.get("PATH", ""), self.config["cwd"])
+        self.env = env
         self.write_file(self.config["step"] + ".py-spy", self.py_spy)
         if self.container:  # its processes are the daemon's children, not ours: stacks.py finds them by its name
             self.write_file(self.config["step"] + ".container", self.container)
@@ -85,13 +91,13 @@ class Step:
         exit_watch = processes.pidfd(self.pid)
         if exit_watch is not None:
             poller.register(exit_watch, "exit")
-        stdout_open, output_open = attached, True
+        stdout_open, output_open, hook_output = attached, True, None
         # docker stop sends the container its own KILL after the grace period: ours comes just after
         ending = Ending(self.grace + (2 if self.container else 0), self._signal_job)
         heard_at = time.monotonic()
         if attached and "stop" in control.buffered_commands():
             self.request_stop("stop requested")
-        while output_open or self.status is None:
+        while output_open or hook_output is not None or self.status is None:
             timeout = ending.timeout(poll=exit_watch is None)
             if attached and not self.stop_reason:
                 until_silence = max(0.0, heard_at + self.heartbeat - time.monotonic())
@@ -102,11 +108,15 @@ class Step:
                 if due is not None:
                     timeout = due if timeout is None else min(timeout, due)
             for ready, fd in poller.poll(timeout):
-                if ready == "output":
-                    data = os.read(self.output, 65536)
+                if ready == "output":  # the step's, or its on_preempt's
+                    data = os.read(fd, 65536)
                     if not data:
-                        output_open = False
-                        poller.unregister(self.output)
+                        poller.unregister(fd)
+                        if fd == self.output:
+                            output_open = False
+                        else:
+                            os.close(fd)
+                            hook_output = None
                         continue
                     agent_io.write_all(self.log, data)
                     if self.steps is not None:
@@ -137,6 +147,11 @@ class Step:
                     if reason and not self.stop_reason:
                         agent_io.emit(event="notice", reason=reason)
                         self.request_stop(reason)
+                        # the VM has about 30 s: the job's grace and the spec's on_preempt fit in them
+                        ending.grace = min(ending.grace, NOTICE_BOUND_S)
+                        hook_output = self._start_on_preempt(reason)
+                        if hook_output is not None:
+                            poller.register(hook_output, "output")
             if self.steps is not None:
                 self._report_step(watch)
             if attached and time.monotonic() - heard_at > self.heartbeat:
@@ -223,6 +238,26 @@ class Step:
             self.stalled, self.stalled_at = silent_s, time.time()
             self.request_stop("stalled: silent for %.1fs" % silent_s)
 
+    def _start_on_preempt(self, reason):
+        """The spec's on_preempt, started as the VM's notice comes, before the job gets SIGTERM, in the job's
+        environment and directory, its output the step's; it runs until it ends or the notice's bound
+        (NOTICE_BOUND_S: SIGKILL with the job's). The read end of its output, or None."""
+        command = self.config.get("on_preempt")
+        if not command:
+            return None
+        read_end, write_end = os.pipe()
+        try:
+            self.hook_pid = processes.spawn([processes.shell(), "-c", command], self.config["cwd"],
+                                            dict(self.env, PODRUN_NOTICE=reason), write_end)
+        except OSError as error:
+            os.close(read_end)
+            agent_io.write_all(self.log, ("podrun: on_preempt could not start: %s\n" % error).encode())
+            return None
+        finally:
+            os.close(write_end)
+        self.helpers.append(self.hook_pid)
+        return read_end
+
     def stop_for_away(self, away_s):
         """The supervisor host that keeps the job has been away for its bound (hub.py): nothing would
         restart it or clean up after it, so it stops."""
@@ -255,6 +290,11 @@ class Step:
             return
         if signum == signal.SIGKILL and self.container:
             self._docker("kill", self.container)
+        if signum == signal.SIGKILL and self.hook_pid:  # on_preempt gets no SIGTERM: it runs to the bound
+            try:
+                os.killpg(self.hook_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         leader_only = signum == signal.SIGTERM and running and self.config.get("term") == "leader"
         try:
             if leader_only:

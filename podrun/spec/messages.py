@@ -33,6 +33,7 @@ EXPECTED = {
     "ssh.proxy_command": "a command whose stdin and stdout reach the host, such as \"ssh -W %h:%p bastion\"",
     "workdir": "a directory (relative to the spec file)",
     "setup": "a shell command such as pip install -r requirements.txt",
+    "on_preempt": "a shell command such as gsutil cp train.log gs://my-bucket/",
     "run": "the command to run, such as python3 train.py (with torchrun: the script and its arguments)",
     "env": "a mapping of variable names to values, such as {WANDB_MODE: offline}",
     "env.*": "a string or number",

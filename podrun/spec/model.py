@@ -345,6 +345,10 @@ class JobSpec(Model):
     device: Device | None = Field(None, description="PJRT_DEVICE: TPU, CUDA, ROCM or CPU, in any case")
     torchrun: Torchrun | None = None
     docker: Docker | None = None
+    on_preempt: str | None = Field(
+        None, min_length=1, description="runs on each worker of a TPU VM as its own notice of a preemption or "
+                                        "maintenance event comes, beside the job's SIGTERM, within the ~30 s the "
+                                        "VM has left (upload a log, a last checkpoint)")
     stop_grace_s: StopGrace = Field(
         DEFAULT_STOP_GRACE_S, alias="stop_grace",
         description="how long a stopped job's processes get between SIGTERM and SIGKILL, to save a checkpoint: "

@@ -147,6 +147,33 @@ def test_the_vms_own_notice_stops_the_job_at_once_and_names_the_worker(home, tpu
 
 
 @pytest.mark.slow
+def test_on_the_vms_notice_on_preempt_runs_everywhere_and_the_job_gets_the_notices_bound_not_its_stop_grace(
+        home, tpu_api, lab, job_file, metadata_server):
+    from podrun.remote.step import NOTICE_BOUND_S
+
+    server, address = metadata_server
+    tpu_api.preemption_lag_s = math.inf  # the API never catches up: the notice alone decides
+    run = ('trap \'echo "SIGTERM on worker $PODRUN_WORKER, saving"\' TERM\n'  # and never done saving
+           'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\nwhile :; do sleep 0.2; done')
+    spec = lifecycle_spec(job_file, run, "spot: true", stop_grace="5m",
+                          on_preempt='\'echo "on_preempt on worker $PODRUN_WORKER: $PODRUN_NOTICE"; sleep 600\'')
+    spec.write_text(spec.read_text().replace("env: {", f"env: {{GCE_METADATA_HOST: '{address}', "))
+    job = Background("exec", spec, "--down")
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    wait_until(lambda: server.waiting >= 4, "every agent waiting for a change of both values")
+    announced_at = time.monotonic()
+    server.set("preempted", "TRUE")
+    assert job.finish(timeout=90) == PREEMPTED, job.text
+    took = time.monotonic() - announced_at
+    assert NOTICE_BOUND_S <= took < NOTICE_BOUND_S + 5, took  # SIGKILL at the bound, not after stop_grace's 5 m
+    for worker in (0, 1):
+        assert f"[w{worker}] on_preempt on worker {worker}: the VM announced its preemption" in job.text
+        assert f"[w{worker}] SIGTERM on worker {worker}, saving" in job.text
+    assert processes_of_job(job_id_in(job.text)) == []  # on_preempt's sleep too
+    assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
 def test_a_detached_jobs_supervisor_sees_the_node_go_while_ssh_holds_and_recovers_it(home, tpu_api, lab, job_file,
                                                                                      monkeypatch):
     monkeypatch.setenv("PODRUN_TPU_WATCH_INTERVAL", "1")  # the supervisor, forked from exec, reads it too
