@@ -124,19 +124,25 @@ def metadata_server(lab):
     server.shutdown()
 
 
-@pytest.mark.slow
-def test_the_vms_own_notice_stops_the_job_at_once_and_names_the_worker(home, tpu_api, lab, job_file, metadata_server):
+def preempted_by_its_notice(tpu_api, metadata_server, spec) -> tuple[Background, float]:
+    """The spec's job run on the stand-in's TPU with the metadata stand-in as its VMs' metadata server, which
+    announces the preemption once every agent waits for it (the API never shows it): the job, and when."""
     server, address = metadata_server
     tpu_api.preemption_lag_s = math.inf  # the API never catches up: the notice alone decides
-    run = ('trap \'echo "SIGTERM on worker $PODRUN_WORKER"; exit 143\' TERM\n'
-           'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\nsleep 600 & wait')
-    spec = lifecycle_spec(job_file, run, "spot: true")
     spec.write_text(spec.read_text().replace("env: {", f"env: {{GCE_METADATA_HOST: '{address}', "))
     job = Background("exec", spec, "--down")
     job.wait_for(r"\[w1\] attempt 0 on worker 1")
     wait_until(lambda: server.waiting >= 4, "every agent waiting for a change of both values")
     announced_at = time.monotonic()
     server.set("preempted", "TRUE")
+    return job, announced_at
+
+
+@pytest.mark.slow
+def test_the_vms_own_notice_stops_the_job_at_once_and_names_the_worker(home, tpu_api, lab, job_file, metadata_server):
+    run = ('trap \'echo "SIGTERM on worker $PODRUN_WORKER"; exit 143\' TERM\n'
+           'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\nsleep 600 & wait')
+    job, announced_at = preempted_by_its_notice(tpu_api, metadata_server, lifecycle_spec(job_file, run, "spot: true"))
     job.wait_for(r"worker \d: the VM announced its preemption: stopping the job on every worker")
     assert job.finish(timeout=60) == PREEMPTED, job.text
     assert time.monotonic() - announced_at < 10  # well inside the ~30 s Google gives
@@ -151,18 +157,11 @@ def test_on_the_vms_notice_on_preempt_runs_everywhere_and_the_job_gets_the_notic
         home, tpu_api, lab, job_file, metadata_server):
     from podrun.remote.step import NOTICE_BOUND_S
 
-    server, address = metadata_server
-    tpu_api.preemption_lag_s = math.inf  # the API never catches up: the notice alone decides
     run = ('trap \'echo "SIGTERM on worker $PODRUN_WORKER, saving"\' TERM\n'  # and never done saving
            'echo "attempt $PODRUN_ATTEMPT on worker $PODRUN_WORKER"\nwhile :; do sleep 0.2; done')
     spec = lifecycle_spec(job_file, run, "spot: true", stop_grace="5m",
                           on_preempt='\'echo "on_preempt on worker $PODRUN_WORKER: $PODRUN_NOTICE"; sleep 600\'')
-    spec.write_text(spec.read_text().replace("env: {", f"env: {{GCE_METADATA_HOST: '{address}', "))
-    job = Background("exec", spec, "--down")
-    job.wait_for(r"\[w1\] attempt 0 on worker 1")
-    wait_until(lambda: server.waiting >= 4, "every agent waiting for a change of both values")
-    announced_at = time.monotonic()
-    server.set("preempted", "TRUE")
+    job, announced_at = preempted_by_its_notice(tpu_api, metadata_server, spec)
     assert job.finish(timeout=90) == PREEMPTED, job.text
     took = time.monotonic() - announced_at
     assert NOTICE_BOUND_S <= took < NOTICE_BOUND_S + 5, took  # SIGKILL at the bound, not after stop_grace's 5 m
