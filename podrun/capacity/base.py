@@ -43,7 +43,10 @@ class Capacity:
         """Give back what was lost and make it again from the spec (`restarts: {on: [preemption]}`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot be made again")
 
-    spares_left = 0  # what replace() can still put in a lost part's place
+    @property
+    def spares_left(self) -> int:
+        """How many lost parts replace() can still put a spare in the place of."""
+        return 0
 
     def replace(self, worker: int) -> tuple[str, str | None] | None:
         """Leave out what worker `worker` ran on, lost in an attempt, and put a spare in its place for the next

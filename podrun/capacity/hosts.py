@@ -15,7 +15,7 @@ class HostList(Capacity):
         self.has_spares = bool(spares)
 
     @property
-    def spares_left(self) -> int:  # type: ignore[override]
+    def spares_left(self) -> int:
         return len(self.spares)
 
     def replace(self, worker: int) -> tuple[str, str | None] | None:

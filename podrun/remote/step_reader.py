@@ -119,9 +119,7 @@ class StepReader:
             match = self._step_match(text[start:end if end >= 0 else len(text)])
             if match is not None:
                 step = int(match.group(self.group))
-                if self.epochs and self.first_epoch is not None:
-                    step += max(0, int(match.group("epoch")) - self.first_epoch) * self.epoch_steps
-                self.first = step
+                self.first = self._running_count(int(match.group("epoch")), step) if self.epochs else step
                 return
             if end < 0:
                 return
@@ -169,7 +167,13 @@ class StepReader:
             self.seen = (epoch, step)
         else:
             self.seen = (epoch, max(step, self.seen[1]))
-        self._count(max(0, epoch - self.first_epoch) * self.epoch_steps + step, (epoch, step))
+        self._count(self._running_count(epoch, step), (epoch, step))
+
+    def _running_count(self, epoch, step):
+        """A line's place as a count through the epochs (the module's docstring); before any epoch was read,
+        its own epoch is the first."""
+        first = self.first_epoch if self.first_epoch is not None else epoch
+        return max(0, epoch - first) * self.epoch_steps + step
 
     def _count(self, step, place):
         if self.step is None or step > self.step:
