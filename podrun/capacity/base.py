@@ -15,8 +15,19 @@ class Capacity:
     def __init__(self) -> None:
         self.just_created = False  # made by acquire(): its workers may refuse a key for a few seconds
         self.queued_until: float | None = None  # when acquire()'s queued request found capacity (epoch seconds)
+        # when reacquire()'s request went into a queue where all of its wait was (a Slurm allocation's), or None
+        self.queued_from: float | None = None
+        self.stop_grace_s = 0.0  # the job's: how long ahead of its end a capacity that warns_steps warns
+        self.runs_detached = False  # the job runs detached (exec --detach): its agents are no steps of the capacity's
         self.labels: dict[str, str] = {}  # what it creates carries them (cloud/labels.py); the launch sets them
         self.moves: list[dict] = []  # its moves to another zone while it was made ({at, from, to, why})
+
+    @property
+    def warns_steps(self) -> bool:
+        """Whether it signals every process of a job's step ahead of its end, the time to save (a Slurm
+        allocation's warning before its time limit, restarts.on: [time_limit]): a SIGTERM an attached agent
+        gets is that (ran_out)."""
+        return False
 
     def labelling_api(self) -> Any:
         """The cloud API in which podrun labels what it creates, where exec warns of orphans; None elsewhere."""
@@ -34,9 +45,17 @@ class Capacity:
         (launch/judgment.py); with `watch`, the cheap read made every WATCH_INTERVAL while run goes on."""
         return None
 
-    def ran_out(self) -> str | None:
+    def ran_out(self, warned: bool = False) -> str | None:
         """Why the job's workers failed, if the time the capacity was given ran out (a Slurm job's time
-        limit): one line; else None. Asked when a worker failed, before the failure is recorded."""
+        limit): one line; else None. Asked when a worker failed, before the failure is recorded; `warned`:
+        when a worker's agent stopped on a SIGTERM where the capacity warns_steps (then also when the limit is
+        near)."""
+        return None
+
+    def warning_due_s(self) -> float | None:
+        """Where an attached job's capacity would warn its steps ahead of its end (warns_steps): how long until
+        then, for a detached job's supervisor, whose agents are no steps of the capacity's, to warn the job
+        itself; None: never."""
         return None
 
     def reacquire(self) -> None:

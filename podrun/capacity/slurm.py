@@ -11,6 +11,7 @@ one connection (transport/slurm.py's LoginShell), or on this machine when there 
 
 from __future__ import annotations
 
+import math
 import queue
 import re
 import shlex
@@ -30,6 +31,8 @@ PENDING_POLL_S = 1.0  # squeue's reason, while salloc waits
 REPORT_EVERY_S = 30  # off a terminal, a pending allocation's line again after this long (at once when its reason changes)
 # salloc's lines that carry its job's id: "Pending job allocation 12", "Granted job allocation 12"
 JOB_ID_SAID = re.compile(r"job allocation (\d+)")
+# Slurm sends --signal's warning at its scheduler's pass, up to this much earlier than asked (salloc(1))
+WARNED_EARLY_S = 60
 GONE_TIMEOUT_S = 60  # after scancel, how long podrun waits for squeue to show nothing of the job
 FIELD = re.compile(r"(\w+)=(\S*)")
 PARTITIONS = "scontrol show partition --oneliner"
@@ -83,6 +86,14 @@ class SlurmAllocation(Capacity):
         self.link = LoginLink(self.shell)
         self.listing: Future[Completed] | None = None  # the partitions, asked for by begin()
         self.switch_s = 0.0  # the interpreter's switch interval before begin(), restored once it is done
+        self.continues = "time_limit" in spec.restart_on  # past its time limit, on a new allocation
+
+    @property
+    def warns_steps(self) -> bool:
+        """restarts.on: [time_limit]: Slurm signals the steps stop_grace ahead of the time limit (salloc
+        --signal); not a detached job's, whose agents have left their step and whose supervisor warns them
+        itself (warning_due_s): Slurm would signal only the supervisor's own steps, which follow the logs."""
+        return self.continues and not self.runs_detached
 
     def salloc_argv(self) -> list[str]:
         """The salloc that asks for the allocation, every option of the spec mapped to Slurm's (and
@@ -98,7 +109,15 @@ class SlurmAllocation(Capacity):
                             ("--constraint", options.constraint), ("--qos", options.qos)):
             if value is not None:
                 argv.append(f"{flag}={value}")
+        if self.warns_steps:  # every process of each step, the ranks themselves, gets SIGTERM that long ahead
+            argv.append(f"--signal=TERM@{self.warn_ahead_s}")
         return [*argv, *options.node_share(), *options.sbatch_args]
+
+    @property
+    def warn_ahead_s(self) -> int:
+        """How long before its time limit Slurm signals the steps: the job's stop_grace (Slurm's sig_time is
+        whole seconds; it may signal up to a minute earlier, at its scheduler's pass)."""
+        return max(1, math.ceil(self.stop_grace_s))
 
     def begin(self) -> None:
         """The login node's connection made and its partitions listed while the rest of the launch loads;
@@ -112,6 +131,7 @@ class SlurmAllocation(Capacity):
         """Check the options against the cluster's partitions, ask for the allocation, and wait until it
         is granted, saying why while it pends."""
         self.check_options(self._partitions())
+        self.queued_from = time.time()
         salloc = self.shell.spawn(shlex.join(self.salloc_argv()))
         if self.options.nodes > 1:
             self.link.start_fanout_early()
@@ -140,6 +160,7 @@ class SlurmAllocation(Capacity):
                 salloc.process.terminate()  # salloc cancels what it asked for
             raise
         pending.end()
+        self.queued_until = time.time()
         if salloc.code != 0 or self.job_id is None:
             refusal = Completed(salloc.code or 1, "", "\n".join(said)).error_line()
             raise SpecError(self.spec.path, "target.slurm", f"salloc refused the allocation: {refusal}")
@@ -264,17 +285,44 @@ class SlurmAllocation(Capacity):
         self.held = f"its Slurm allocation (job {self.job_id})"
         self.nodes = self._node_addresses(nodelist.strip())
 
-    def ran_out(self) -> str | None:
+    def ran_out(self, warned: bool = False) -> str | None:
         if self.job_id is None:
             return None
         shown = self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null")
         records = parse_records(shown.stdout)
-        return f"Slurm job {self.job_id} {_time_limit_text(records[0])}" if records and _timed_out(records[0]) else None
+        if not records:
+            return None
+        if _timed_out(records[0]):
+            return f"Slurm job {self.job_id} {_time_limit_text(records[0])}"
+        left_s = _time_left_s(records[0]) if warned and records[0].get("JobState") == "RUNNING" else None
+        if left_s is not None and left_s <= self.warn_ahead_s + WARNED_EARLY_S:  # not a scancel or a user's kill
+            return (f"Slurm job {self.job_id} was {left_s:.0f}s from its time limit ({records[0].get('TimeLimit')}): "
+                    f"the job was signalled to save and stop")
+        return None
+
+    def warning_due_s(self) -> float | None:
+        if not self.continues or self.job_id is None:
+            return None
+        records = parse_records(self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null").stdout)
+        left_s = _time_left_s(records[0]) if records else None
+        return None if left_s is None else max(0.0, left_s - self.warn_ahead_s)
+
+    def reacquire(self) -> None:
+        """A new allocation for the job's next attempt, once this one reached its time limit (restarts.on:
+        [time_limit]): this one cancelled (over the same login connection), the same nodes asked for."""
+        self._cancel()
+        self.acquire()
 
     def give_back(self) -> None:
-        """Cancel the allocation and wait until squeue shows nothing of it (CG lasts a second or so)."""
+        """Cancel the allocation and wait until squeue shows nothing of it (CG lasts a second or so); the
+        login connection closed."""
+        if self._cancel():
+            self.shell.close()
+
+    def _cancel(self) -> bool:
+        """Cancel the allocation and wait until squeue shows nothing of it: whether it is gone."""
         if self.job_id is None:
-            return
+            return False
         job_id, self.job_id = self.job_id, None
         # how Slurm saw the job before it is cancelled: one that ended on its own (its time limit) says so
         shown = self._run(f"scontrol show job --oneliner {job_id} 2>/dev/null; echo ---; scancel {job_id}")
@@ -293,11 +341,11 @@ class SlurmAllocation(Capacity):
                 self.job_id = None
             if state is None:
                 say(f"Slurm job {job_id} released")
-                self.shell.close()
-                return
+                return True
             time.sleep(POLL_S[min(polls, len(POLL_S) - 1)])
             polls += 1
         say(f"Slurm job {job_id} cancelled; squeue still shows it after {GONE_TIMEOUT_S}s")
+        return False
 
     def give_back_command(self) -> str | None:
         """What give_back() does, for a user to run when podrun could not."""
@@ -317,6 +365,15 @@ def ended_by_slurm(records: list[dict[str, str]]) -> str | None:
     if state and state not in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING", "COMPLETED", "CANCELLED"):
         return f"ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + " before podrun released it"
     return None
+
+
+def _time_left_s(job: dict[str, str]) -> float | None:
+    """How long the job has before its time limit, as slurmctld counts (TimeLimit less RunTime); None: no limit."""
+    try:
+        limit_s, run_s = slurm_time_s(job.get("TimeLimit", "")), slurm_time_s(job.get("RunTime", ""))
+    except ValueError:
+        return None
+    return None if limit_s is None or run_s is None else limit_s - run_s
 
 
 def _timed_out(job: dict[str, str]) -> bool:

@@ -1,9 +1,9 @@
 """The job's life with its capacity (capacity/), kept in the job's record: what it creates labelled
 with the job's id and owned by this launcher until its record runs (owners.py); made, with the wait in
 a queue and the moves to other zones on the timeline (`queue`, `create`, `move`); its idle watch;
-made again after a preemption (`recreate`); given back when the job ends, as made for this job alone
-(a Slurm allocation) or as delete_after says (a TPU), the record saying so until it is done.
-lifecycle.py runs the job's attempts on it."""
+made again after a preemption or a Slurm time limit (`recreate`, then `queue` for a new allocation's
+wait); given back when the job ends, as made for this job alone (a Slurm allocation) or as delete_after
+says (a TPU), the record saying so until it is done. lifecycle.py runs the job's attempts on it."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ class Holding:
             owners.warn_of_orphans(api)
             yield
 
-    def acquire(self) -> list[Worker]:
+    def acquire(self, stop_grace_s: float, detached: bool) -> list[Worker]:
         """The capacity acquired and its workers reached: for capacity just made, both are its `create`
         (a TPU's workers install the user's key as they come up)."""
         started = time.time()
+        self.capacity.stop_grace_s, self.capacity.runs_detached = stop_grace_s, detached
         self.capacity.acquire()
         workers = self.target.workers(dry_run=False)
         self.acquired = (started, time.time()) if self.capacity.just_created else None
@@ -92,7 +93,11 @@ class Holding:
             recreating["capacity_at"] = round(self.capacity.queued_until, 3)
         self.reacquiring = False
         workers = self.target.workers(dry_run=False)
-        timeline.end(recreating)
+        if (queued_from := self.capacity.queued_from) is not None:  # its wait in a queue: a part of its own
+            timeline.end(recreating, at=queued_from)
+            timeline.add(record, "queue", queued_from, self.capacity.queued_until or time.time())
+        else:
+            timeline.end(recreating)
         return workers
 
     def replace_lost(self, record: jobstore.JobRecord) -> list[str]:

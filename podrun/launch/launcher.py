@@ -75,6 +75,7 @@ class Launch:
         self.departed = asyncio.Event()  # set with `preempted` by the watch while run goes on
         self.agents_killed: set[int] = set()  # workers whose agent a signal ended before its report
         self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
+        self.warned = False  # a worker's agent stopped on a SIGTERM where the capacity warns_steps (ran_out)
         self.falls = stall.Falls((job.progress or {}).get("pattern"))  # workers whose step fell: said once
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
@@ -97,6 +98,8 @@ class Launch:
                 if self.interrupted.is_set():
                     break
                 failure = await self._run_step(step, first=step == steps[0])
+                if self.warned and (reason := await asyncio.to_thread(self.target.capacity.ran_out, True)):
+                    return endings.out_of_time(self.record, reason)  # whatever the workers exited with: 0 after a save
                 if failure:
                     return await self._finish_failed(step, failure)
                 if self.preempted:
@@ -144,7 +147,8 @@ class Launch:
             self.record.stop_grace_s,
             watch and {**watch, "worker": plan.worker.index}, vm_notices=step == "run" and self.target.capacity.departs,
             on_notice=self._on_notice, progress=reading, on_step=self._on_step,
-            notify=self.notify if detach and plan is self.plans[0] else None, on_fall=self.falls.heard)
+            notify=self.notify if detach and plan is self.plans[0] else None, on_fall=self.falls.heard,
+            slurm_signals=step == "run" and not detach and self.target.capacity.warns_steps)
             for plan in self.plans]
         # from the first agent's start: one started early waits for go for at most HEARTBEAT_TIMEOUT_S without a
         # word, and starting 1,024 local agents on a loaded machine took longer than that
@@ -230,7 +234,7 @@ class Launch:
                         f"period ({self.record.stop_grace_s:g}s): it had not ended on SIGTERM")
                 elif result.failed and not stopping:
                     failure = result
-                    if not (self._judged(result) or self.preempted):  # a VM's notice: said already
+                    if not (self._judged(result) or self.preempted or self.warned):  # a VM's notice: said already
                         endings.report_failure(self.plans, step, result)
             if not finishing:
                 self.record.save()
@@ -373,6 +377,8 @@ class Launch:
         worker.exit_code, worker.signal, worker.rank, worker.killed = result.code, result.signal, result.rank, result.killed
         if result.agent_killed:
             self.agents_killed.add(result.index)
+        if result.stop_reason == "SIGTERM" and self.target.capacity.warns_steps:
+            self.warned = True
 
     async def _finish_failed(self, step: str, failure: StepResult) -> int:
         if self._judged(failure) and not (self.preempted or self.interrupted.is_set()):

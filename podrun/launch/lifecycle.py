@@ -96,7 +96,7 @@ class Lifecycle:
     def _run_as(self, selection: str | None, stop_grace_s: float, job_id: str) -> int:
         record: jobstore.JobRecord | None = None
         try:
-            self.workers = self.holding.acquire()
+            self.workers = self.holding.acquire(stop_grace_s, self.detach)
             self.selected = parse_worker_selection(selection, len(self.workers))
             job = self.plans(self.workers, self.selected, job_id, attempt=0)  # a bad plan starts no job
             self._make_room([plan.worker.transport.endpoint()["kind"] for plan in job.workers])
@@ -207,19 +207,20 @@ class Lifecycle:
             self.on_running = None
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
-        cause = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}.get(record.state)
+        cause = restart_policy.cause(record.state, record.exit_code)
         if cause is None or cause not in self.restart_on:
             return False
+        if cause == "time_limit":  # a continuation: restarts.max counts failures
+            return not self._no_progress(record)
         if cause == "failure" and self.exit_codes and record.exit_code not in self.exit_codes:
             say(f"no restart: exit code {record.exit_code} is not one of restarts.exit_codes "
                 f"({', '.join(map(str, self.exit_codes))})")
             return False
-        if record.attempt >= self.max_restarts:
+        if self._restarts_used(record) >= self.max_restarts:
             if self.max_restarts:
                 say(f"no restart left ({self.max_restarts} of {self.max_restarts} used)")
             return False
-        if self.until_no_progress and (stuck := restart_policy.no_progress(record, self.until_no_progress)):
-            say(stuck)
+        if self._no_progress(record):
             return False
         if cause != "preemption" and (quick := restart_policy.quick_failures(record)) >= restart_policy.QUICK_FAILURES:
             say(f"no restart: the last {quick} attempts each ended within {restart_policy.QUICK_FAILURE_S:g}s of "
@@ -227,22 +228,39 @@ class Lifecycle:
             return False
         return True
 
+    def _no_progress(self, record: jobstore.JobRecord) -> bool:
+        """Whether restarts.until_no_progress says no more restarts (saying so)."""
+        if self.until_no_progress and (stuck := restart_policy.no_progress(record, self.until_no_progress)):
+            say(stuck)
+            return True
+        return False
+
+    def _restarts_used(self, record: jobstore.JobRecord) -> int:
+        """The restarts that count against restarts.max: all but continuations past a time limit."""
+        return record.attempt - restart_policy.continuations(record)
+
     def _next_attempt(self, record: jobstore.JobRecord) -> None:
-        preempted, why = record.state == jobstore.PREEMPTED, record.summary
+        cause, why = restart_policy.cause(record.state, record.exit_code), record.summary
+        preempted = cause == "preemption"
         self.holding.reacquiring = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()
-        swaps = [] if preempted else self.holding.replace_lost(record)
+        swaps = [] if cause in ("preemption", "time_limit") else self.holding.replace_lost(record)
         self.notifier.restarting(record, swaps)
         if preempted:
-            say(f"restart {record.attempt} of {self.max_restarts}: creating the TPU again ({why})")
+            say(f"restart {self._restarts_used(record)} of {self.max_restarts}: creating the TPU again ({why})")
             self.workers = self.holding.reacquire(record, why)
             self.holding.watch_idle(self.workers)
+        elif cause == "time_limit":
+            say(f"attempt {record.attempt}: continuing on a new allocation ({why}; a continuation, which "
+                f"restarts.max does not count)")
+            self.workers = self.holding.reacquire(record, why)
+            record.target = self.target.record_label(self.workers)  # the new allocation's job id
         else:
             if swaps:
                 self.workers = self.target.workers(dry_run=False)
             delay = restart_policy.backoff_s(record, self.backoff_s)
             on = "with the spares in place" if swaps else "on the same workers"
-            say(f"restart {record.attempt} of {self.max_restarts} in {delay:g}s: running again {on} ({why})")
+            say(f"restart {self._restarts_used(record)} of {self.max_restarts} in {delay:g}s: running again {on} ({why})")
             timeline.add(record, "restart", time.time(), time.time() + delay, why=why)
             time.sleep(delay)
         record.workers = self._worker_records()
@@ -317,6 +335,22 @@ class Lifecycle:
                     self.kept.done(record)
                 sys.stdout.flush()
 
+    async def _warn_before_time_limit(self, record: jobstore.JobRecord, warned: asyncio.Event) -> None:
+        """A detached job on capacity that warns its steps before its time limit (restarts.on: [time_limit]):
+        its agents have left the step, so its supervisor stops the job that long ahead itself, each rank
+        getting SIGTERM from its agent, and the job's end reads as the time limit (ran_out)."""
+        from podrun.launch import detached
+
+        capacity = self.target.capacity
+        if (due_s := await asyncio.to_thread(capacity.warning_due_s)) is None:
+            await asyncio.Event().wait()  # never done
+            return
+        await asyncio.sleep(due_s)
+        warned.set()
+        say(f"{record.stop_grace_s:g}s (stop_grace) before {capacity.held}'s time limit: stopping the job on every "
+            f"worker to save (restarts.on: [time_limit])")
+        await asyncio.gather(detached.stop_all(record), return_exceptions=True)  # its end: the watch's
+
     def _watch(self, record: jobstore.JobRecord) -> int:
         """Follow a detached attempt to its end, as `podrun logs -f` does, watching its capacity as an
         attached exec does (launch/judgment.py): the API read while it runs, a lost worker judged."""
@@ -331,12 +365,16 @@ class Lifecycle:
         if self.kept and self.kept.shows_output:  # to the laptop that waits for the job (supervisor/daemon.py)
             terminal = self._terminal([w.index for w in record.workers])
             outputs = {w.index: WorkerOutput(w.index, terminal, log=None) for w in record.workers}
+        capacity, warned = self.target.capacity, asyncio.Event()
+        warning = asyncio.ensure_future(self._warn_before_time_limit(record, warned))
         following = asyncio.ensure_future(detached.follow(record, outputs, self.kept.beat_every_s if self.kept else 0,
-                                                          self.target.capacity.ran_out))
+                                                          lambda: capacity.ran_out(warned.is_set())))
         watching: asyncio.Future[str] = (asyncio.ensure_future(judgment.watch(self.target)) if self.target.capacity.departs
                                          else asyncio.get_running_loop().create_future())  # never done
         either: list[asyncio.Future] = [following, watching]
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not warning.done():
+            warning.cancel()
         if watching.done():  # the API shows the TPU gone while the workers still answer
             reason = watching.result()
             say(f"{reason}: stopping the job on every worker")

@@ -5,7 +5,9 @@ Before restart k after failures (or stalls) in a row, podrun waits PODRUN_RESTAR
 times 2^(k-1), at most BACKOFF_MAX_S. An attempt that ended within QUICK_FAILURE_S of its start
 failed "at once"; after QUICK_FAILURES such attempts in a row the job is not restarted again: a bug
 or a bad input fails every attempt the same way, and the budget would only burn. A preemption is
-no failure of the job's: it neither counts nor waits (creating the TPU again is wait enough).
+no failure of the job's: it neither counts nor waits (creating the TPU again is wait enough), and nor
+does a Slurm allocation's time limit (restarts.on: [time_limit]): its next attempt is a continuation on a
+new allocation, which restarts.max does not count (as SkyPilot's and JobSet's maintenance events do not).
 
 With restarts.until_no_progress: N (and the spec's progress), the job is not restarted again once N
 attempts in a row never got past the best step reached before them, whatever ended them: an attempt
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from podrun import jobstore, progress
+from podrun import exits, jobstore, progress
 
 RESTART_BACKOFF = ("PODRUN_RESTART_BACKOFF", 1.0)
 BACKOFF_MAX_S = 300.0
@@ -29,10 +31,32 @@ FAILED_STATES = (jobstore.FAILED, jobstore.STALLED)
 PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exited", re.IGNORECASE)
 
 
+CAUSE_OF_STATE = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}
+
+
+def cause(state: str, exit_code: int | None) -> str | None:
+    """What ended an attempt, as restarts.on names it (preemption, failure, stall, time_limit); None: nothing
+    that restarts it (it succeeded, or was stopped)."""
+    if state == jobstore.FAILED and exit_code == exits.TIME_LIMIT:
+        return "time_limit"
+    return CAUSE_OF_STATE.get(state)
+
+
+def continuations(record: jobstore.JobRecord) -> int:
+    """How many of the job's restarts so far were continuations past a time limit (not counted in max)."""
+    return sum(cause(attempt["state"], attempt["exit_code"]) == "time_limit" for attempt in record.attempts)
+
+
 def _attempts(record: jobstore.JobRecord) -> list[tuple[str, float]]:
-    """(state, seconds it ran) of every attempt so far, the one that just ended last."""
-    ended = [(attempt["state"], (attempt["ended_at"] or 0) - attempt["started_at"]) for attempt in record.attempts]
-    return [*ended, (record.state, (record.ended_at or 0) - record.attempt_started_at())]
+    """(state, seconds it ran) of every attempt so far, the one that just ended last; one that reached a time
+    limit as `time_limit`, no failure."""
+    ended = [(_state(attempt["state"], attempt["exit_code"]), (attempt["ended_at"] or 0) - attempt["started_at"])
+             for attempt in record.attempts]
+    return [*ended, (_state(record.state, record.exit_code), (record.ended_at or 0) - record.attempt_started_at())]
+
+
+def _state(state: str, exit_code: int | None) -> str:
+    return "time_limit" if cause(state, exit_code) == "time_limit" else state
 
 
 def _trailing(attempts: list[tuple[str, float]], counts) -> int:
@@ -74,7 +98,7 @@ def resumed_apart(record: jobstore.JobRecord) -> str | None:
     because its peer went away (PEER_GONE). In a job whose ranks step together neither happens unless
     some ranks ran out of work first: on a restart, most often because a checkpoint saved by rank 0 on
     its own disk resumed worker 0 while the others started over."""
-    if not record.attempt or record.state != jobstore.FAILED:
+    if not record.attempt or cause(record.state, record.exit_code) != "failure":
         return None
     done = [worker.index for worker in record.workers if worker.exit_code == 0]
     if done:
@@ -93,5 +117,6 @@ def resumed_apart(record: jobstore.JobRecord) -> str | None:
 def backoff_s(record: jobstore.JobRecord, first_s: float) -> float:
     """How long to wait before running again the attempt that was just closed (record.restart()):
     `first_s` (RESTART_BACKOFF's value) after one failure, doubled for each more in a row."""
-    failures = _trailing([(a["state"], 0.0) for a in record.attempts], lambda state, _: state in FAILED_STATES)
+    failures = _trailing([(_state(a["state"], a["exit_code"]), 0.0) for a in record.attempts],
+                         lambda state, _: state in FAILED_STATES)
     return min(first_s * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)

@@ -58,6 +58,7 @@ class StepResult:
     rank: int | None = None  # under torchrun: the rank that failed first, whose exit code `code` is (agent.py)
     killed: bool = False  # a stop's SIGKILL ended it, after the grace period (agent.py)
     agent_killed: bool = False  # a signal ended the agent itself before its report: as a VM's shutdown does
+    stop_reason: str | None = None  # why its agent stopped it early, as it said ("SIGTERM": Slurm's warning)
 
     @property
     def failed(self) -> bool:
@@ -95,12 +96,13 @@ class WorkerStep:
                  grace: float, watch: dict | None = None, vm_notices: bool = False,
                  on_notice: Callable[[int, str], None] | None = None, progress: dict | None = None,
                  on_step: Callable[[int, int, float, dict], None] | None = None, notify: dict | None = None,
-                 on_fall: Callable[[int, dict], None] | None = None):
+                 on_fall: Callable[[int, dict], None] | None = None, slurm_signals: bool = False):
         self.plan = plan
         self.detach = detach
         self.grace = grace
         self.watch = watch  # a detached run on several workers: the agents watch each other (agent.Hub)
         self.vm_notices = vm_notices  # the agent stops the run on the VM's own notice (remote/vm_notice.py)
+        self.slurm_signals = slurm_signals  # a SIGTERM to the agent is Slurm's to the whole step (remote/step.py)
         self.on_notice = on_notice  # told (worker, reason) as soon as the agent reports such a notice
         self.progress = progress  # where run's agent reads the job's step (the spec's progress: step_reader.py)
         self.on_step = on_step  # told (worker, step, epoch seconds, event) as the agent reports each step it reached
@@ -128,7 +130,7 @@ class WorkerStep:
                   "job_files": job_files(self.plan, self.step), "file_env": FILE_VARIABLES}
         if self.step == "run":
             config.update(container=self.plan.container, term="leader" if self.plan.term_leader_only else "group",
-                          vm_notices=self.vm_notices, progress=self.progress,
+                          vm_notices=self.vm_notices, progress=self.progress, slurm_signals=self.slurm_signals,
                           on_preempt=self.plan.on_preempt if self.vm_notices else None)
         if probe is not None:
             config["probe"] = probe
@@ -187,7 +189,7 @@ class WorkerStep:
             return StepResult(index, 0, detached=True)
         if exited:
             return StepResult(index, exited["code"], exited["signal"], tail=self.output.tail(), rank=exited.get("rank"),
-                              killed=bool(exited.get("killed")))
+                              killed=bool(exited.get("killed")), stop_reason=exited.get("stop_reason"))
         errors = [event["message"] for event in self.events if event.get("event") == "error"]
         code = exits.of_process(agent_code)
         ended = (f"its agent was killed by {_signal_name(-agent_code)} (exit code {code})" if agent_code < 0

@@ -52,7 +52,7 @@ Protocol
           agent is done (the hub says), it tells the job's end (failure, preemption, stall, success) as
           a notification (notice.py) and writes what came of it to notify.json, then run.exit.
   stdout  the command's output, stdout and stderr merged, byte for byte.
-  stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C,
+  stderr  JSON event lines: {"event": "started", "pid": P}, {"event": "exited", "code": C, "stop_reason": R,
           "signal": NAME or null, "rank": R or null (torchrun: the rank whose code C is), "killed": true
           when a stop's SIGKILL ended it after the grace period},
           {"event": "error", "message": M}, {"event": "notice", "reason": R} (the VM announced it goes away),
@@ -132,7 +132,8 @@ def main():
     telling = config.get("notify")
     if telling is None:
         job_step.write_exit()
-    agent_io.emit(event="exited", code=code, signal=signal_name, rank=job_step.rank, killed=job_step.killed)
+    agent_io.emit(event="exited", code=code, signal=signal_name, rank=job_step.rank, killed=job_step.killed,
+                  stop_reason=job_step.stop_reason)
     if watch is not None:
         watch.step_ended(code, end_word(job_step))
         watch.serve(job_step)

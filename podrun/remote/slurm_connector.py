@@ -16,6 +16,7 @@ Standard library only, run with `python3 -I -S -c`, tree_frames.py's source ahea
 `socket`, whose enums and selectors cost each node's start 4-7 ms of CPU (remote/interfaces.py does the same).
 """
 
+import _signal
 import _socket
 import os
 import select
@@ -84,6 +85,9 @@ def spawn(how, what, connection):
             os.execv("/bin/sh", ["/bin/sh", "-c", what])
         finally:
             os._exit(127)
+    # Slurm signals every process of the step (scancel, its time limit and the warning before it): the agent
+    # stops its job on SIGTERM, and its last words and exit come over this connection; SIGKILL still ends it
+    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
     for fd in (child_in, child_out, child_err):
         os.close(fd)
     return pid, stdin, stdout, stderr

@@ -283,7 +283,9 @@ class Step:
         its docker client would otherwise pass our SIGTERM on to the container a second time. With
         the config's "term": "leader" (torchrun), only the leader and what is not its descendant get
         SIGTERM while it runs: torchrun stops its ranks itself (each in a session of its own), and a
-        SIGTERM from us too would reach each of them twice."""
+        SIGTERM from us too would reach each of them twice. With "slurm_signals" (an attached step of a Slurm
+        job that Slurm warns before its time limit), a SIGTERM the agent got is Slurm's, sent to every process
+        of the step, the ranks themselves too: none gets a second; SIGKILL still follows the grace period."""
         running = self.status is None
         if signum == signal.SIGTERM and running and self.container:
             self._docker("stop", "-t", str(int(self.grace + 0.999)), self.container)
@@ -295,6 +297,8 @@ class Step:
                 os.killpg(self.hook_pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if signum == signal.SIGTERM and self.stop_reason == "SIGTERM" and self.config.get("slurm_signals"):
+            return  # Slurm signalled every process of the step (its time limit's warning): each had its SIGTERM
         leader_only = signum == signal.SIGTERM and running and self.config.get("term") == "leader"
         try:
             if leader_only:

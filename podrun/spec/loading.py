@@ -138,6 +138,9 @@ def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
                                                      "failure: add it, or remove exit_codes")
     if spec.restarts and "preemption" in spec.restart_on and not declared.recreates(spec.target.options):
         raise SpecError(path, "restarts.on", f"{_preemption_restarts(spec)}; `on: [failure]` restarts failures")
+    if spec.restarts and "time_limit" in spec.restart_on and not declared.time_limited:
+        raise SpecError(path, "restarts.on", f"time_limit continues a Slurm job on a new allocation, but the target "
+                                             f"is {spec.target.kind}: remove it")
 
 
 def _preemption_restarts(spec: JobSpec) -> str:

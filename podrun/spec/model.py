@@ -207,7 +207,7 @@ def _seconds(value: Any) -> float | None:
 
 
 DeleteAfter = Literal["never", "success", "always"]
-RestartCause = Literal["preemption", "failure", "stall"]
+RestartCause = Literal["preemption", "failure", "stall", "time_limit"]
 NotifyEvent = Literal["failure", "preemption", "stall", "restart", "success"]
 NOTIFY_EVENTS: tuple[str, ...] = typing.get_args(NotifyEvent)
 RESTART_CAUSES: tuple[str, ...] = typing.get_args(RestartCause)
@@ -309,7 +309,8 @@ class Restarts(WithOn):
     on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
         Field(None, min_length=1,
               description="preemption (the TPU is created again), failure and/or stall (run again on the same "
-                          "workers); default: [preemption] on a tpu target, [failure] on hosts and local")
+                          "workers), time_limit (a Slurm job continued on a new allocation, not counted in max); "
+                          "default: [preemption] on a tpu target, [failure] elsewhere")
     exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
         None, min_length=1, description="failure restarts only for these exit codes (default: any)")
     until_no_progress: int | None = Field(

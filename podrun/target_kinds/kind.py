@@ -58,6 +58,7 @@ class TargetKind:
     transport: str = "ssh"  # the endpoint kind of its workers' transport (transport/__init__.py)
     worker_count: Callable[[Any], int | None] = lambda options: None  # known from the spec alone, before provisioning
     recreates: Callable[[Any], bool] = lambda options: False  # made again after a preemption (restarts.on)
+    time_limited: bool = False  # its capacity ends at a time limit, after which a new one goes on (restarts.on)
     deletes: bool = False  # what the job ran on can be deleted after it (delete_after, exec --down)
     default_restart_on: tuple[str, ...] = ("failure",)  # restarts.on when the spec does not say
     # (its field, one line) for each thing its options say that may be wrong but is not refused: a warning

@@ -164,4 +164,4 @@ KIND = TargetKind(
                  AdhocFlag("--partition", "P", "the Slurm partition (default: the cluster's)"),
                  AdhocFlag("--time", "T", "the allocation's time limit, such as 4:00:00"),
                  AdhocFlag("--gpus-per-node", "G", "GPUs on each Slurm node", type=whole_number)),
-    to_options=_from_flags, uses_ssh=True, summary=_summary, worker_count=lambda options: options.nodes)
+    to_options=_from_flags, uses_ssh=True, time_limited=True, summary=_summary, worker_count=lambda options: options.nodes)

@@ -18,7 +18,7 @@ from podrun.spec.loading import load_spec
 from podrun.target_kinds.slurm import slurm_time_s
 from podrun.targets.base import target_for
 from podrun.targets.slurm import SlurmCluster
-from podrun.transport.slurm import srun_command
+from podrun.transport.slurm import Completed, srun_command
 from podrun.transport.slurm_step import Steps
 
 from helpers import podrun
@@ -290,3 +290,30 @@ def test_a_nodes_connector_says_which_addresses_it_could_not_reach_and_never_imp
     imported = {line.rsplit("|", 1)[1].strip() for line in ran.stderr.decode().splitlines()
                 if line.startswith("import time:")}
     assert "_socket" in imported and "socket" not in imported and "selectors" not in imported, sorted(imported)
+
+
+def test_time_limit_restarts_ask_slurm_to_warn_stop_grace_ahead(home, job_file):
+    spec = job_file("target: {slurm: {nodes: 2, time: '1:00:00'}}\nrun: echo hi\nstop_grace: 90s\n"
+                    "restarts: {on: [time_limit, failure]}\n")
+    allocation = target_for(load_spec(str(spec))).capacity
+    allocation.stop_grace_s = 90.0  # as the launch sets it (exec --grace may say otherwise)
+    assert "--signal=TERM@90" in allocation.salloc_argv()
+    assert allocation.warns_steps
+    assert not any(arg.startswith("--signal") for arg in cluster(job_file, "nodes: 2").capacity.salloc_argv())
+
+
+@pytest.mark.parametrize(("shown", "warned", "said"), [
+    ("JobId=7 JobState=RUNNING Reason=None RunTime=00:00:29 TimeLimit=00:01:00", True,
+     "Slurm job 7 was 31s from its time limit (00:01:00): the job was signalled to save and stop"),
+    ("JobId=7 JobState=RUNNING Reason=None RunTime=00:00:29 TimeLimit=00:01:00", False, None),
+    # a SIGTERM long before the limit is not its warning (a user's scancel --signal, say)
+    ("JobId=7 JobState=RUNNING Reason=None RunTime=00:01:00 TimeLimit=01:00:00", True, None),
+    ("JobId=7 JobState=CANCELLED Reason=None RunTime=00:00:59 TimeLimit=00:01:00", True, None),
+    ("JobId=7 JobState=TIMEOUT Reason=TimeLimit RunTime=00:01:05 TimeLimit=00:01:00", False,
+     "Slurm job 7 reached its time limit (00:01:00): Slurm ended its steps"),
+])
+def test_a_warned_stop_reads_as_the_time_limit_only_near_it(home, job_file, monkeypatch, shown, warned, said):
+    allocation = cluster(job_file, "nodes: 1").capacity
+    allocation.job_id, allocation.stop_grace_s = "7", 5.0
+    monkeypatch.setattr(allocation, "_run", lambda command: Completed(0, shown, ""))
+    assert allocation.ran_out(warned) == said

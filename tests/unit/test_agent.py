@@ -43,7 +43,8 @@ def test_a_step_reports_start_and_exit_and_leaves_its_exit_file(tmp_path):
     output, events, code = run_agent(tmp_path, "echo out; echo err >&2; exit 3", str(tmp_path))
     assert output == b"out\nerr\n"
     assert [e["event"] for e in events] == ["started", "exited"]
-    assert events[1] == {"event": "exited", "code": 3, "signal": None, "rank": None, "killed": False}
+    assert events[1] == {"event": "exited", "code": 3, "signal": None, "rank": None, "killed": False,
+                         "stop_reason": None}
     assert code == 3
     exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
     recorded = json.loads(exit_file.read_text())
@@ -65,7 +66,7 @@ def test_a_stop_sent_right_behind_the_step_stops_it(tmp_path):
     # run on until the grace period (60 s) or the next heartbeat
     output, events, code = run_agent(tmp_path, "echo up; exec sleep 60", str(tmp_path), control=b"stop\n")
     assert events[-1] == {"event": "exited", "code": 143, "signal": "SIGTERM", "rank": None,
-                          "killed": False}
+                          "killed": False, "stop_reason": "stop requested"}
     exit_file = tmp_path / ".podrun" / "jobs" / "agent-test" / "run.exit"
     assert json.loads(exit_file.read_text())["stop_reason"] == "stop requested"
 
@@ -79,7 +80,7 @@ def test_the_compiled_agent_is_cached_per_source_and_a_broken_cache_entry_is_not
     entry.write_bytes(b"not marshal data")
     output, events, code = run_agent(tmp_path, "echo still runs", str(tmp_path))
     assert (output, events[-1], code) == (b"still runs\n", {"event": "exited", "code": 0, "signal": None, "rank": None,
-                                                             "killed": False}, 0)
+                                                             "killed": False, "stop_reason": None}, 0)
     assert entry.read_bytes() != b"not marshal data"  # compiled again and stored again
 
 

@@ -4,7 +4,8 @@ makes them (helpers.StepsRecord)."""
 
 from __future__ import annotations
 
-from podrun.launch.restart_policy import no_progress
+from podrun import exits, jobstore
+from podrun.launch.restart_policy import backoff_s, cause, continuations, no_progress, quick_failures
 
 from helpers import StepsRecord
 
@@ -44,3 +45,20 @@ def test_attempts_that_never_reached_a_step_stop_the_restarts(home):
     made = attempts_dying_at(None, None)
     assert no_progress(made.record, 2) == "no restart: none of the last 2 attempts reached a step (the spec's progress)"
     assert no_progress(made.record, 3) is None  # not that many attempts yet
+
+
+def test_time_limit_continuations_are_no_failures_and_not_counted(home):
+    """An attempt a Slurm time limit ended (125) is a time_limit, which restarts.max does not count, nor the
+    quick-failure rule or the backoff: three 30-s allocations in a row are no bug failing at once."""
+    made = attempts_dying_at(5, 9, 14)
+    record = made.record
+    for attempt in record.attempts:
+        attempt["state"], attempt["exit_code"] = jobstore.FAILED, exits.TIME_LIMIT
+    record.state, record.exit_code = jobstore.FAILED, exits.TIME_LIMIT
+    assert cause(record.state, record.exit_code) == "time_limit"
+    assert continuations(record) == 2
+    assert quick_failures(record) == 0
+    assert backoff_s(record, 1.0) == 1.0
+    record.exit_code = 1
+    assert (cause(record.state, record.exit_code), quick_failures(record)) == ("failure", 1)
+    assert cause(jobstore.SUCCEEDED, 0) is None
