@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from podrun.capacity.base import Capacity
 from podrun.cloud import accelerators
 from podrun.cloud.settings import location
-from podrun.errors import PodrunError, SpecError
+from podrun.errors import NoCapacity, PodrunError, SpecError
 from podrun.output import say
 from podrun.spec.model import JobSpec
 from podrun.target_kinds.tpu import TpuOptions
@@ -64,6 +64,11 @@ class TpuCapacity(Capacity):
     def multislice(self) -> bool:
         return len(self.node_names) > 1
 
+    @property
+    def apart(self) -> bool:
+        """Its slices made apart, each its own queued resource, and made again alone (recreate: slice)."""
+        return self.tpu.recreate == "slice"
+
     def labelling_api(self) -> TpuApi:
         return self.api
 
@@ -99,8 +104,11 @@ class TpuCapacity(Capacity):
                         f"target.tpu.name")
 
     def existing(self) -> list[TpuNode] | None:
-        """The spec's nodes that exist; None while nothing holds its name (no node, no multislice request)."""
+        """The spec's nodes that exist; None while nothing holds its name (no node, no multislice request). Of
+        slices made apart, None while any is missing: _create() makes those."""
         existing = [node for node in map(self.api.find, self.node_names) if node is not None]
+        if self.apart:
+            return existing if len(existing) == len(self.node_names) else None
         return None if not existing and not (self.multislice and self.api.get_queued(self.tpu.label)) else existing
 
     def lost(self, watch: bool = False) -> str | None:
@@ -109,10 +117,34 @@ class TpuCapacity(Capacity):
         return capacity.departure(self.api, self.node_names, self.tpu.label, nodes_only=watch)
 
     def reacquire(self) -> None:
-        from podrun.cloud import capacity
+        """The TPU deleted and made again; of slices made apart, those lost alone, in their zone, the others
+        staying with their code and host keys: where that zone has no capacity for them, the whole multislice
+        moves to the next of its zones."""
+        from podrun.cloud import capacity, zone_moves
 
-        capacity.release(self.api, self.tpu.label)
-        self._create()
+        lost = [name for name in self.node_names if capacity.out_of_service(self.api.find(name))] if self.apart else []
+        if not lost or len(lost) == len(self.node_names):
+            self.give_back()
+            self._create()
+            return
+        say(f"making {', '.join(f'slice {self.node_names.index(name)} ({name})' for name in lost)} again alone; "
+            f"the other slices stay")
+        for name in lost:
+            capacity.release(self.api, name)
+        others = [api for api in self._zone_apis() if api.location.zone != self.api.location.zone]
+        try:
+            zone_moves.obtain_in_zone(self.api, self._requests(lost), True, self._capacity_found,
+                                      self.tpu.zone_wait_s if others else None)
+        except NoCapacity as error:
+            if not others:
+                raise
+            line = f"no capacity for {', '.join(lost)} in {self.api.location.zone} ({error.why}): the whole " \
+                   f"multislice moves to {others[0].location.zone}"
+            say(line)
+            self._moved(self.api.location.zone, others[0].location.zone, line)
+            self.give_back()
+            self._create(others)
+        self.just_created = True
 
     def give_back(self) -> None:
         from podrun.cloud import capacity
@@ -138,20 +170,29 @@ class TpuCapacity(Capacity):
                            for name in self._deleted_names())
 
     def _deleted_names(self) -> list[str]:
-        """What give_back() deletes: the TPU VM or the multislice's queued resource; with names:, each slice by itself."""
-        return [self.tpu.label] if self.tpu.name else self.node_names
+        """What give_back() deletes: the TPU VM or the multislice's queued resource; with names:, or slices made
+        apart, each slice by itself."""
+        return [self.tpu.label] if self.tpu.name and not self.apart else self.node_names
 
-    def _create(self) -> None:
-        """Create the TPU, in the first of its zones that has capacity (zone_moves.py), with the user's key in its
-        metadata, as `gcloud ... create --metadata ssh-keys=...` does: its workers take it as they boot, with no
-        metadata update after; not where the project has OS Login on (the key goes to OS Login then)."""
+    def _create(self, zones: list[TpuApi] | None = None) -> None:
+        """Create the TPU, in the first of its zones that has capacity (zone_moves.py; `zones`: these), with the
+        user's key in its metadata, as `gcloud ... create --metadata ssh-keys=...` does: its workers take it as
+        they boot, with no metadata update after; not where the project has OS Login on (the key goes to OS
+        Login then). Of slices made apart, those that do not exist."""
         from podrun.cloud import zone_moves
 
-        ssh_keys = "" if self.oslogin.governs(None) else self.key_line()
-        zones = zone_moves.ordered(self._zone_apis(), self.api.location.zone)  # the zone that worked last, first
-        self._api, _ = zone_moves.obtain(zones, self.request(ssh_keys=ssh_keys), self.tpu.zone_wait_s,
-                                         self._capacity_found, self._moved)
+        zones = zones or zone_moves.ordered(self._zone_apis(), self.api.location.zone)  # the zone that worked last first
+        names = [name for name in self.node_names if zones[0].find(name) is None] if self.apart else None
+        self._api, _ = zone_moves.obtain(zones, self._requests(names), self.tpu.zone_wait_s, self._capacity_found,
+                                         self._moved)
         self.just_created = True
+
+    def _requests(self, slice_names: list[str] | None = None) -> list[TpuRequest]:
+        """What creating the TPU asks for; `slice_names`: those slices alone, each its own request (made apart)."""
+        ssh_keys = "" if self.oslogin.governs(None) else self.key_line()
+        if slice_names is None:
+            return [self.request(ssh_keys)]
+        return [self.request(ssh_keys, name) for name in slice_names]
 
     def _moved(self, from_zone: str, to_zone: str, line: str) -> None:
         self.moves.append({"at": time.time(), "from": from_zone, "to": to_zone, "why": line})
@@ -160,14 +201,16 @@ class TpuCapacity(Capacity):
         """A queued request left the queue: the wait for capacity ends, the creation goes on (`podrun report`)."""
         self.queued_until = time.time()
 
-    def request(self, ssh_keys: str = "") -> TpuRequest:
-        """What creating the TPU asks the API for."""
-        from podrun.cloud.request import TpuRequest
+    def request(self, ssh_keys: str = "", slice_name: str | None = None) -> TpuRequest:
+        """What creating the TPU asks the API for; `slice_name`: that slice alone, of slices made apart (its own
+        queued resource, as the multislice's would be)."""
+        from podrun.cloud.request import TpuRequest, through_queue
 
         tpu = self.tpu
         assert tpu.accelerator_type and tpu.name, "only a TPU the spec declares by name and type is created"
-        return TpuRequest(tpu.name, tpu.accelerator_type,
+        return TpuRequest(slice_name or tpu.name, tpu.accelerator_type,
                           tpu.runtime_version or accelerators.parse(tpu.accelerator_type).default_runtime,
-                          queued=tpu.queued, spot=tpu.spot, reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
-                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {}, slices=tpu.slices or 1,
-                          external_ips=not tpu.internal_ip, labels=self.labels)
+                          queued=through_queue(tpu.queued, tpu.reservation, tpu.slices), spot=tpu.spot,
+                          reservation=tpu.reservation, valid_for_s=tpu.valid_for_s,
+                          metadata={"ssh-keys": ssh_keys} if ssh_keys else {},
+                          slices=1 if slice_name else tpu.slices or 1, external_ips=not tpu.internal_ip, labels=self.labels)

@@ -16,10 +16,11 @@ podrun asked for, as an interrupt does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from podrun import interrupts
@@ -63,26 +64,58 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
     where = api.location
     what = "multislice" if request.slices > 1 else "TPU VM"
     say(f"creating {what} {request.name} ({request.summary()}) in {where.project}/{where.zone}")
+    with _deleted_unless_made(api, request, zone_wait_s) as (waiting, limits):
+        if request.through_queue:
+            api.wait(api.create_queued(request), lambda elapsed: None)  # accepted: it waits in the queue
+            if not wait:
+                return []
+            _until_out_of_queue(api, request, waiting, limits, on_capacity, zone_wait_s)
+        else:
+            pending = api.create(request)
+            if not wait:
+                return []
+            waiting.start(interrupt="deletes it")
+            api.wait(pending, waiting.update)
+    return _made(api, request, waiting)
+
+
+def wait_ready(api: TpuApi, request: TpuRequest, on_capacity: Callable[[], None] | None = None,
+               zone_wait_s: float | None = None) -> list[TpuNode]:
+    """Wait for a queued request that obtain(wait=False) made until its TPU VM is READY, as obtain waits,
+    deleting it as obtain does: the slices of a multislice made apart are all asked for first, then each
+    waited for, so that they wait in the queue together."""
+    assert request.through_queue, "only a queued request is waited for after it was made"
+    with _deleted_unless_made(api, request, zone_wait_s) as (waiting, limits):
+        _until_out_of_queue(api, request, waiting, limits, on_capacity, zone_wait_s)
+    return _made(api, request, waiting)
+
+
+def _until_out_of_queue(api: TpuApi, request: TpuRequest, waiting: Waiting, limits: dict[str, float],
+                        on_capacity: Callable[[], None] | None, zone_wait_s: float | None) -> None:
+    limits["s"], limit = _queue_limit(api, request)
+    if zone_wait_s is not None and zone_wait_s < limits["s"]:
+        limit = f"in {api.location.zone} at most {duration_text(zone_wait_s)} (zone_wait), then {limit}"
+    waiting.start(limit, interrupt="deletes the request")
+    _wait_in_queue(api, request, waiting, limits["s"], on_capacity, zone_wait_s)
+
+
+def _made(api: TpuApi, request: TpuRequest, waiting: Waiting) -> list[TpuNode]:
+    nodes = [api.get(name) for name in request.node_names]
+    say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
+    return nodes
+
+
+@contextlib.contextmanager
+def _deleted_unless_made(api: TpuApi, request: TpuRequest,
+                         zone_wait_s: float | None) -> Iterator[tuple[Waiting, dict[str, float]]]:
+    """What was asked for deleted when its wait ends otherwise than READY (obtain's docstring says how), with a
+    second Ctrl-C held until its DELETE is out; the wait, and its limit (limits["s"]) for what is said of it."""
     waiting = Waiting(api, request.name, f"{request.name} to be READY")
-    with interrupts.interruptible_once():  # the cleanup below runs with a second Ctrl-C held until its DELETE is out
-        limit_s = api.wait_timeout_s
+    limits = {"s": api.wait_timeout_s}
+    with interrupts.interruptible_once():
         try:
             with waiting:
-                if request.through_queue:
-                    api.wait(api.create_queued(request), lambda elapsed: None)  # accepted: it waits in the queue
-                    if not wait:
-                        return []
-                    limit_s, limit = _queue_limit(api, request)
-                    if zone_wait_s is not None and zone_wait_s < limit_s:
-                        limit = f"in {where.zone} at most {duration_text(zone_wait_s)} (zone_wait), then {limit}"
-                    waiting.start(limit, interrupt="deletes the request")
-                    _wait_in_queue(api, request, waiting, limit_s, on_capacity, zone_wait_s)
-                else:
-                    pending = api.create(request)
-                    if not wait:
-                        return []
-                    waiting.start(interrupt="deletes it")
-                    api.wait(pending, waiting.update)
+                yield waiting, limits
         except KeyboardInterrupt:
             say(f"interrupted: deleting what podrun asked for ({request.name}), so that nothing is left queued or "
                 f"billing")
@@ -94,11 +127,11 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
         except ZoneWaitOver:
             release(api, request.name, quiet=True)
             waited = f"still waiting after {duration_text(zone_wait_s or 0)}"
-            raise NoCapacity(f"queued resource {request.name} in {where.zone}: {waited} (zone_wait); podrun deleted "
-                             f"the request", waited) from None
+            raise NoCapacity(f"queued resource {request.name} in {api.location.zone}: {waited} (zone_wait); podrun "
+                             f"deleted the request", waited) from None
         except WaitTimedOut:
             # the limit, not the time measured: a poll that ends after it is the same timeout
-            waited = f"{request.name} was not READY within {limit_s:g}s ({WAIT_TIMEOUT[0]})"
+            waited = f"{request.name} was not READY within {limits['s']:g}s ({WAIT_TIMEOUT[0]})"
             say(f"{waited}: deleting what podrun asked for, so that nothing is left queued or billing")
             what = "the request" if request.through_queue else "it"
             try:
@@ -107,9 +140,6 @@ def obtain(api: TpuApi, request: TpuRequest, wait: bool = True,
                 raise PodrunError(f"{waited}; podrun asked Google to delete {what}, which goes on there: `podrun "
                                   f"describe {request.name} {api.location.flags}` shows it until it is gone") from None
             raise PodrunError(f"{waited}; podrun deleted {what}") from None
-    nodes = [api.get(name) for name in request.node_names]
-    say(f"{request.name} is {nodes[0].state if len(nodes) == 1 else 'READY'} after {waiting.elapsed():.0f}s")
-    return nodes
 
 
 def _queue_limit(api: TpuApi, request: TpuRequest) -> tuple[float, str]:
@@ -212,7 +242,7 @@ def departure(api: TpuApi, names: list[str], label: str | None = None, nodes_onl
     label = label or names[0]
     try:
         nodes = {name: api.find(name) for name in names}
-        away = [name for name, node in nodes.items() if _out_of_service(node)]
+        away = [name for name, node in nodes.items() if out_of_service(node)]
         if nodes_only and not away:
             return None
         requests = dict.fromkeys(node.queued_resource for node in nodes.values() if node and node.queued_resource)
@@ -235,7 +265,8 @@ def departure(api: TpuApi, names: list[str], label: str | None = None, nodes_onl
     return f"{what} {'preempted' if preempted else 'taken out of service'} ({', '.join(parts)})"
 
 
-def _out_of_service(node: TpuNode | None) -> bool:
+def out_of_service(node: TpuNode | None) -> bool:
+    """Whether a node (None: gone) does not serve: not READY, or under maintenance."""
     return node is None or node.state != "READY" or node.health == "UNHEALTHY_MAINTENANCE"
 
 

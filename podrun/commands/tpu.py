@@ -73,7 +73,7 @@ def create(options: CreateOptions) -> int:
             raise PodrunError(problem)
         capacity.release(api, name)
     try:
-        api, nodes = zone_moves.obtain(zone_moves.ordered(apis, api.location.zone), request,
+        api, nodes = zone_moves.obtain(zone_moves.ordered(apis, api.location.zone), [request],
                                        _duration_s("--zone-wait", options.zone_wait), wait=options.wait)
     except KeyboardInterrupt:
         return exits.INTERRUPTED

@@ -3,7 +3,7 @@ creates from its accelerator type, or the slices of a multislice. The target its
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, model_validator
 
@@ -20,6 +20,7 @@ EXPECTED = {
     "names": "a list of two or more TPU VM names, such as [pod-a, pod-b]",
     "names.*": "a TPU VM's name, such as pod-a",
     "slices": f"a number of slices from 2 to {accelerators.MAX_SLICES}",
+    "recreate": "all (the multislice is one queued resource) or slice (each slice its own, made again alone)",
     "zone": "a zone such as us-central2-b",
     "zones": "a list of zones to try in order, such as [us-east5-a, us-central1-a]",
     "zones.*": "a zone such as us-east5-a",
@@ -35,7 +36,7 @@ EXPECTED = {
     "valid_for": "a duration above 0 such as 30m, 6h or 1h30m",
 }
 # what says how podrun creates the TPU; each needs accelerator_type, without which podrun creates nothing
-CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s", "zones", "zone_wait_s")
+CREATION_FIELDS = ("runtime_version", "queued", "spot", "reservation", "valid_for_s", "zones", "zone_wait_s", "recreate")
 SPEC_NAMES = {"valid_for_s": "valid_for", "zone_wait_s": "zone_wait"}  # fields whose spec name is another
 
 
@@ -85,6 +86,10 @@ class TpuOptions(Model):
         None, min_length=2, description="Multislice: TPU VMs created separately, joined as slices in this order")
     slices: int | None = Field(None, ge=2, le=accelerators.MAX_SLICES,
                                description="Multislice: this many slices, NAME-0 .. NAME-(N-1), as one queued resource")
+    recreate: Literal["all", "slice"] = Field(
+        "all", description="with slices: what a preemption of one slice makes again: all (the multislice is one "
+                           "queued resource, deleted and made again whole) or slice (each slice its own queued "
+                           "resource, NAME-i: the lost one is made again alone, the others stay)")
     zone: str | None = None
     zones: list[ZoneName] | None = Field(
         None, min_length=1, description="zones to create the TPU in, tried in order: a stockout, or a queued request "
@@ -124,6 +129,8 @@ class TpuOptions(Model):
                 raise ValueError("zones are where podrun creates the TPU VM, which needs accelerator_type (e.g. v4-8); "
                                  "a TPU VM that exists is in one zone: give it as zone")
             raise ValueError(f"{_shown(given)} say(s) how to create the TPU VM: set accelerator_type too (e.g. v4-8)")
+        if self.recreate == "slice" and not self.slices:
+            raise ValueError("recreate: slice makes the slices of a multislice again one by one: set slices too")
         if self.spot and self.reservation:
             raise ValueError("spot and reservation exclude each other: a TPU is either Spot or reserved")
         self._check_zones()

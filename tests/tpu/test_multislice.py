@@ -128,6 +128,36 @@ def test_preempting_one_slice_names_it_and_recovers_the_whole_multislice(home, t
 
 
 @pytest.mark.slow
+def test_with_recreate_slice_a_preempted_slice_is_made_again_alone(home, tpu_api, lab, job_file):
+    """Each slice its own queued resource: slice 1's preemption suspends its request alone, as Google's would;
+    podrun deletes and makes ms-1 again, never touching ms-0, whose workers keep their hosts; the job then
+    runs again on both slices and succeeds."""
+    spec = multislice_spec(job_file, WAIT_FOR_PREEMPTION,
+                           "name: ms, accelerator_type: v4-16, slices: 2, spot: true, recreate: slice",
+                           restarts="{max: 1}")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w3\] +attempt 0")
+    kept_ips = slice_ips(tpu_api, "ms-0")
+    with tpu_api.lock:
+        queued_states = {name.rsplit("/", 1)[1]: queued.resource["state"]["state"]
+                         for name, queued in tpu_api.queued.items()}
+    assert queued_states == {"ms-0": "ACTIVE", "ms-1": "ACTIVE"}  # a queued resource per slice
+    tpu_api.preempt("ms-1")
+    assert job.finish(timeout=120) == 0, job.text
+    assert "making slice 1 (ms-1) again alone; the other slices stay" in job.text
+    assert all(f"[w{index}] resumed on worker {index}" in re.sub(r"\] +", "] ", job.text) for index in range(4))
+    touched = [(method, path) for method, path in tpu_api.requests if method in ("POST", "DELETE")]
+    assert not [request for request in touched if request[1].rsplit("/", 1)[-1].startswith("ms-0")
+                and request[0] == "DELETE"], touched
+    creates = [path for method, path in touched if method == "POST" and path.endswith("/queuedResources")]
+    assert len(creates) == 3, touched  # both slices, then ms-1 alone
+    assert slice_ips(tpu_api, "ms-0") == kept_ips
+    assert left_in_api(tpu_api) == (["ms-0", "ms-1"], ["ms-0", "ms-1"])
+    for name in ("ms-0", "ms-1"):
+        assert podrun("delete", name, "--yes").returncode == 0
+
+
+@pytest.mark.slow
 def test_code_leaves_the_launcher_once_for_every_slice_and_a_failure_in_one_slice_stops_all(
         home, tpu_api, lab, job_file):
     for name in ("pod-a", "pod-b"):

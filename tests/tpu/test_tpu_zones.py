@@ -110,3 +110,23 @@ def test_create_with_zones_moves_past_a_stocked_out_zone_and_asks_in_a_zone_its_
     assert f"no capacity for v4-8 in {FIRST} (" in unlisted.stderr  # asked there: the stand-in's stockout answered
     assert podrun("delete", "z", "--zone", "us-central2-b", "--yes").returncode == 0
     assert left_in_api(tpu_api) == ([], [])
+
+
+@pytest.mark.slow
+def test_a_lost_slice_whose_zone_has_no_capacity_moves_the_whole_multislice(home, tpu_api, lab, job_file):
+    """recreate: slice makes a lost slice again in its zone alone; a stockout there (its request waiting past
+    zone_wait) moves every slice to the next zone, as the first creation would."""
+    spec = lifecycle_spec(job_file, WAIT_FOR_PREEMPTION, f"{ZONES}, slices: 2, spot: true, zone_wait: 2s, "
+                          f"recreate: slice", accelerator_type="v5p-8", restarts="{max: 1}", delete_after="always")
+    job = Background("exec", spec)
+    job.wait_for(r"\[w1\] attempt 0 on worker 1")
+    assert len(queued_in(tpu_api, FIRST)) == 2  # a queued resource per slice
+    tpu_api.exhausted_zones.add(FIRST)
+    tpu_api.preempt("life-1")
+    job.wait_for(r"\[w1\] resumed on worker 1", timeout=90)
+    assert job.finish(timeout=90) == 0, job.text
+    assert "making slice 1 (life-1) again alone; the other slices stay" in job.text
+    assert f"in {FIRST} (still waiting after 2s): the whole multislice moves to {SECOND}" in job.text, job.text
+    assert len(queued_in(tpu_api, FIRST)) == 3 and len(queued_in(tpu_api, SECOND)) == 2, tpu_api.requests
+    assert left_in_api(tpu_api) == ([], [])
+    assert processes_of_job(job_id_in(job.text)) == []

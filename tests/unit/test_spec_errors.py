@@ -62,6 +62,13 @@ BAD_SPECS = [
     ("a zone of no zone's shape",
      "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, zones: [us-east5-a, us-central1]}}\n",
      "{file}: target.tpu.zones.1: expected a zone such as us-east5-a (a region and a letter), got 'us-central1'"),
+    ("recreate slice without slices",
+     "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, recreate: slice}}\n",
+     "{file}: target.tpu: recreate: slice makes the slices of a multislice again one by one: set slices too"),
+    ("recreate of no known kind",
+     "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, slices: 2, recreate: node}}\n",
+     "{file}: target.tpu.recreate: expected all (the multislice is one queued resource) or slice (each slice its "
+     "own, made again alone), got 'node'"),
     ("zone_wait without zones",
      "run: echo\ntarget: {tpu: {name: p, accelerator_type: v5p-8, queued: true, zone_wait: 30m}}\n",
      "{file}: target.tpu: zone_wait is how long a queued request waits in one of zones: set zones too"),
