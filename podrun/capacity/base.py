@@ -21,6 +21,9 @@ class Capacity:
         self.runs_detached = False  # the job runs detached (exec --detach): its agents are no steps of the capacity's
         self.labels: dict[str, str] = {}  # what it creates carries them (cloud/labels.py); the launch sets them
         self.moves: list[dict] = []  # its moves to another zone while it was made ({at, from, to, why})
+        # replace() left a part out with no spare left, and reacquire() makes capacity without it (a Slurm
+        # allocation asked for again, --exclude)
+        self.reallocates = False
 
     @property
     def warns_steps(self) -> bool:
@@ -69,8 +72,9 @@ class Capacity:
 
     def replace(self, worker: int) -> tuple[str, str | None] | None:
         """Leave out what worker `worker` ran on, lost in an attempt, and put a spare in its place for the next
-        attempt: (what was left out, the spare now in its rank, or None where none is left); None where this
-        capacity has no spares to give (it stays as it is)."""
+        attempt: (what was left out, the spare now in its rank, or None where none is left: then `reallocates`
+        says whether reacquire() makes capacity without it); None where this capacity has no spares to give (it
+        stays as it is)."""
         return None
 
     def give_back(self) -> None:

@@ -79,7 +79,9 @@ class SlurmAllocation(Capacity):
         self.spec = spec
         self.options: SlurmOptions = spec.target.options
         self.job_id: str | None = None
-        self.nodes: list[tuple[str, str]] = []  # (node name, its address) in SLURM_JOB_NODELIST order
+        self.nodes: list[tuple[str, str]] = []  # the workers' (node name, its address), SLURM_JOB_NODELIST order
+        self.spare_nodes: list[tuple[str, str]] = []  # the allocation's spares left (target.slurm.spares)
+        self.excluded: list[str] = []  # nodes lost in an attempt: left out of every allocation after (--exclude)
         # one connection to the login node, in a thread of its own (for the synchronous steps of the
         # lifecycle): Slurm's commands, and the workers' steps (used from the launch's event loop)
         self.shell = LoginShell(login_ssh)
@@ -102,8 +104,12 @@ class SlurmAllocation(Capacity):
         cluster (SLURM_CPUS_ON_NODE=1), where another job lands beside it and task/affinity or cgroups bind the
         worker, torchrun and every rank, to that one CPU."""
         options = self.options
-        argv = ["salloc", "--no-shell", f"--job-name=podrun-{self.spec.name}", f"--nodes={options.nodes}",
+        argv = ["salloc", "--no-shell", f"--job-name=podrun-{self.spec.name}", f"--nodes={options.allocated}",
                 "--ntasks-per-node=1"]
+        if options.spares:  # a node that fails leaves the job its other nodes, for a spare to take its place
+            argv.append("--no-kill")
+        if self.excluded:
+            argv.append(f"--exclude={','.join(self.excluded)}")
         for flag, value in (("--partition", options.partition), ("--time", options.time),
                             ("--account", options.account), ("--gpus-per-node", options.gpus_per_node),
                             ("--constraint", options.constraint), ("--qos", options.qos)):
@@ -136,7 +142,7 @@ class SlurmAllocation(Capacity):
         if self.options.nodes > 1:
             self.link.start_fanout_early()
         said: list[str] = []
-        pending = Pending(self.options.nodes)
+        pending = Pending(self.options.allocated)
         try:
             while True:
                 try:
@@ -164,9 +170,11 @@ class SlurmAllocation(Capacity):
         if salloc.code != 0 or self.job_id is None:
             refusal = Completed(salloc.code or 1, "", "\n".join(said)).error_line()
             raise SpecError(self.spec.path, "target.slurm", f"salloc refused the allocation: {refusal}")
-        state, reason, self.nodes = self._granted()
-        if state != "RUNNING" or not self.nodes:
+        state, reason, nodes = self._granted()
+        if state != "RUNNING" or not nodes:
             raise PodrunError(f"Slurm job {self.job_id} ended as soon as it started ({state or 'gone'}, {reason})")
+        self.nodes, self.spare_nodes = nodes[:self.options.nodes], nodes[self.options.nodes:]
+        self.reallocates = False
 
     def _partitions(self) -> list[dict[str, str]]:
         listing, self.listing = self.listing, None
@@ -196,15 +204,15 @@ class SlurmAllocation(Capacity):
         name = chosen.get("PartitionName", "")
         total = _number(chosen.get("TotalNodes"))
         most = _number(chosen.get("MaxNodes"))
-        if total is not None and options.nodes > total:
+        if total is not None and options.allocated > total:
             larger = [p.get("PartitionName", "") for p in partitions
-                      if (_number(p.get("TotalNodes")) or 0) >= options.nodes]
+                      if (_number(p.get("TotalNodes")) or 0) >= options.allocated]
             hint = f"; partition {', '.join(larger)} has enough" if larger else "; no partition has that many"
             raise SpecError(self.spec.path, "target.slurm.nodes",
-                            f"{options.nodes} nodes, but partition {name} has {total}{hint}")
-        if most is not None and options.nodes > most:
+                            f"{options.allocated} nodes, but partition {name} has {total}{hint}")
+        if most is not None and options.allocated > most:
             raise SpecError(self.spec.path, "target.slurm.nodes",
-                            f"{options.nodes} nodes, but partition {name} gives a job at most {most} (MaxNodes)")
+                            f"{options.allocated} nodes, but partition {name} gives a job at most {most} (MaxNodes)")
         limit = chosen.get("MaxTime", "UNLIMITED")
         try:
             limit_s = slurm_time_s(limit)
@@ -283,7 +291,7 @@ class SlurmAllocation(Capacity):
         job_id, _, nodelist = lines[-1].partition("|")
         self.job_id = job_id.strip()
         self.held = f"its Slurm allocation (job {self.job_id})"
-        self.nodes = self._node_addresses(nodelist.strip())
+        self.nodes = self._node_addresses(nodelist.strip())[:self.options.nodes]
 
     def ran_out(self, warned: bool = False) -> str | None:
         if self.job_id is None:
@@ -299,6 +307,21 @@ class SlurmAllocation(Capacity):
             return (f"Slurm job {self.job_id} was {left_s:.0f}s from its time limit ({records[0].get('TimeLimit')}): "
                     f"the job was signalled to save and stop")
         return None
+
+    @property
+    def spares_left(self) -> int:
+        return len(self.spare_nodes)
+
+    def replace(self, worker: int) -> tuple[str, str | None] | None:
+        """The lost worker's node left out of the rest of the job: a spare node of the allocation in its rank,
+        or, with none left, a new allocation of the same count without it (reallocates)."""
+        left = self.nodes[worker][0]
+        self.excluded.append(left)
+        if not self.spare_nodes:
+            self.reallocates = True
+            return left, None
+        self.nodes[worker] = self.spare_nodes.pop(0)
+        return left, self.nodes[worker][0]
 
     def warning_due_s(self) -> float | None:
         if not self.continues or self.job_id is None:
@@ -320,7 +343,8 @@ class SlurmAllocation(Capacity):
             self.shell.close()
 
     def _cancel(self) -> bool:
-        """Cancel the allocation and wait until squeue shows nothing of it: whether it is gone."""
+        """Cancel the allocation and wait until squeue shows nothing of it (not after a node was lost, which holds
+        a cancelled job COMPLETING until Slurm marks it down, minutes later): whether it is gone."""
         if self.job_id is None:
             return False
         job_id, self.job_id = self.job_id, None
@@ -331,6 +355,9 @@ class SlurmAllocation(Capacity):
             say(f"Slurm job {job_id} {ended}")
         if shown.code != 0 and "Invalid job id" not in shown.stderr:
             raise PodrunError(f"cannot cancel Slurm job {job_id} (scancel {job_id}): {shown.error_line()}")
+        if self.excluded:
+            say(f"Slurm job {job_id} cancelled (a lost node keeps it COMPLETING until Slurm marks the node down)")
+            return False
         deadline = time.monotonic() + GONE_TIMEOUT_S
         polls = 0
         while time.monotonic() < deadline:

@@ -25,6 +25,7 @@ class Holding:
         self.delete_after = delete_after
         self.reacquiring = False  # between a loss and the capacity made again: what was lost is of no use
         self.acquired: tuple[float, float] | None = None  # when acquire() began and ended, if it made something
+        self.reallocated = False  # replace_lost() made capacity again without what it left out
 
     @contextlib.contextmanager
     def claimed(self, job_id: str) -> Iterator[None]:
@@ -102,14 +103,23 @@ class Holding:
 
     def replace_lost(self, record: jobstore.JobRecord) -> list[str]:
         """Before the next attempt: each worker lost in the one that ended (its connection dropped, or it could
-        not be reached: exit LOST) left out, where the capacity has spares, and a spare put in its rank; said
-        in a line each and kept as an instant `swap` ({worker, left, spare, why}). What was swapped, for the
+        not be reached: exit LOST) left out, where the capacity has spares, and a spare put in its rank (or, with
+        none left, capacity made again without it, where it reallocates); said in a line each and kept as an
+        instant `swap` ({worker, left, spare, why}). What was swapped, for the
         restart's notification (`10.0.0.2 left out, spare 10.0.0.9 in its place`)."""
-        ended, swaps = record.attempts[-1], []
+        ended, swaps, reallocated = record.attempts[-1], [], []
         for worker in record.workers:
             if worker.exit_code != exits.LOST or (swap := self.capacity.replace(worker.index)) is None:
                 continue
             left, spare = swap
+            if spare is None and self.capacity.reallocates:
+                say(f"worker {worker.index}: {left} left out for the rest of the job (lost in attempt "
+                    f"{ended['attempt']}); no spare is left: the next attempt runs on a new allocation without it")
+                timeline.add(record, "swap", time.time(), time.time(), worker=worker.index, left=left, spare=None,
+                             why=ended["summary"])
+                swaps.append(f"{left} left out, a new allocation without it")
+                reallocated.append(left)
+                continue
             if spare is None:
                 say(f"worker {worker.index}'s host {left} was lost in attempt {ended['attempt']} and no spare is left: "
                     f"the next attempt runs on it again")
@@ -119,6 +129,9 @@ class Holding:
             timeline.add(record, "swap", time.time(), time.time(), worker=worker.index, left=left, spare=spare,
                          why=ended["summary"])
             swaps.append(f"{left} left out, spare {spare} in its place")
+        self.reallocated = self.capacity.reallocates
+        if self.reallocated:
+            self.reacquire(record, f"{', '.join(reallocated)} left out")
         return swaps
 
     @property

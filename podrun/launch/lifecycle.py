@@ -258,8 +258,10 @@ class Lifecycle:
         else:
             if swaps:
                 self.workers = self.target.workers(dry_run=False)
+                record.target = self.target.record_label(self.workers)  # a new allocation's job id, where one was made
             delay = restart_policy.backoff_s(record, self.backoff_s)
-            on = "with the spares in place" if swaps else "on the same workers"
+            on = ("on a new allocation" if self.holding.reallocated else "with the spares in place") if swaps \
+                else "on the same workers"
             say(f"restart {self._restarts_used(record)} of {self.max_restarts} in {delay:g}s: running again {on} ({why})")
             timeline.add(record, "restart", time.time(), time.time() + delay, why=why)
             time.sleep(delay)

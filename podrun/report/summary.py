@@ -45,7 +45,8 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
         elif entry["phase"] == "move":
             lines.append(f"moved to {entry.get('zone')} in attempt {entry['attempt']}: {entry.get('why')}")
         elif entry["phase"] == "swap":
-            lines.append(f"attempt {entry['attempt']}: worker {entry.get('worker')} on spare {entry.get('spare')}, "
+            place = f"spare {entry['spare']}" if entry.get("spare") else "a new allocation"
+            lines.append(f"attempt {entry['attempt']}: worker {entry.get('worker')} on {place}, "
                          f"{entry.get('left')} left out: {entry.get('why')}")
     lines += cost.lines(cost_of(analysis, split))
     silent = [worker for worker in analysis.workers if _silent(analysis, worker)]

@@ -27,6 +27,7 @@ EXPECTED = {  # by field, for "expected ..." errors (TargetKind.expected)
     "": "a mapping such as {login: user@login-node, nodes: 2, partition: gpu}",
     "login": f"the login node: {HOST_FORMS} (omit it on the login node)",
     "nodes": "a number of nodes from 1, such as 2",
+    "spares": "a number of spare nodes from 0, such as 1",
     "partition": "a partition's name, such as gpu",
     "time": f"a time limit in Slurm's forms ({SLURM_TIME_FORMS})",
     "account": "an account's name, such as proj",
@@ -96,6 +97,8 @@ class SlurmOptions(Model):
     login: HostEntry | None = Field(
         None, description="the login node (user@host[:port]), reached over SSH; omit it to run the Slurm commands here")
     nodes: int = Field(1, ge=1, le=100_000, description="how many nodes: one worker on each")
+    spares: int = Field(0, ge=0, le=100_000, description="spare nodes allocated with them: a lost node's worker goes "
+                                                          "on one in its rank, without a new allocation")
     partition: SlurmWord | None = Field(None, description="default: the cluster's default partition")
     time: Annotated[str, AfterValidator(_time)] | None = Field(
         None, description=f"the allocation's time limit ({SLURM_TIME_FORMS}); default: the partition's")
@@ -127,6 +130,11 @@ class SlurmOptions(Model):
         if said and own is not None:
             raise ValueError(f"{own} and {said[0]} both say how much of each node the job gets: keep one")
         return value
+
+    @property
+    def allocated(self) -> int:
+        """The nodes asked of Slurm: the workers' and the spares."""
+        return self.nodes + self.spares
 
     @property
     def time_s(self) -> float | None:

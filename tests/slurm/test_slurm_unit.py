@@ -48,7 +48,7 @@ def slurm_spec(job_file, options: str):
     ("partition: 'gpu; rm -rf ~'", "target.slurm.partition: expected a Slurm name without blanks or shell syntax"),
     ("sbatch_args: [exclusive]", "target.slurm.sbatch_args.0: expected an sbatch option starting with -"),
     ("login: 'a b'", "target.slurm.login: expected host, user@host, host:port or user@host:port"),
-    ("nodes: 2, gpus: 8", "target.slurm.gpus: unknown field; expected one of: login, nodes, partition, time, "
+    ("nodes: 2, gpus: 8", "target.slurm.gpus: unknown field; expected one of: login, nodes, spares, partition, time, "
                           "account, gpus_per_node, constraint, qos, exclusive, cpus_per_node, sbatch_args"),
     ("nodes: 2, exclusive: true, cpus_per_node: 4",
      "target.slurm.cpus_per_node: 4 CPUs of each node, but exclusive: true asks for the whole node: keep one"),
@@ -317,3 +317,14 @@ def test_a_warned_stop_reads_as_the_time_limit_only_near_it(home, job_file, monk
     allocation.job_id, allocation.stop_grace_s = "7", 5.0
     monkeypatch.setattr(allocation, "_run", lambda command: Completed(0, shown, ""))
     assert allocation.ran_out(warned) == said
+
+
+def test_spares_are_allocated_with_the_nodes_and_a_lost_node_is_excluded_after(home, job_file):
+    allocation = cluster(job_file, "nodes: 2, spares: 1").capacity
+    argv = allocation.salloc_argv()
+    assert "--nodes=3" in argv and "--no-kill" in argv
+    allocation.nodes, allocation.spare_nodes = [("n1", "10.0.0.1"), ("n2", "10.0.0.2")], [("n3", "10.0.0.3")]
+    assert allocation.replace(1) == ("n2", "n3")
+    assert allocation.nodes == [("n1", "10.0.0.1"), ("n3", "10.0.0.3")] and not allocation.reallocates
+    assert allocation.replace(0) == ("n1", None) and allocation.reallocates  # no spare left: a new allocation
+    assert "--exclude=n2,n1" in allocation.salloc_argv()
