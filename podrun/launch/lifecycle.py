@@ -207,7 +207,7 @@ class Lifecycle:
             self.on_running = None
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
-        cause = restart_policy.cause(record.state, record.exit_code)
+        cause = restart_policy.cause(record.state, record.exit_code, record.summary)
         if cause is None or cause not in self.restart_on:
             return False
         if cause == "time_limit":  # a continuation: restarts.max counts failures
@@ -240,7 +240,7 @@ class Lifecycle:
         return record.attempt - restart_policy.continuations(record)
 
     def _next_attempt(self, record: jobstore.JobRecord) -> None:
-        cause, why = restart_policy.cause(record.state, record.exit_code), record.summary
+        cause, why = restart_policy.cause(record.state, record.exit_code, record.summary), record.summary
         preempted = cause == "preemption"
         self.holding.reacquiring = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()

@@ -34,29 +34,33 @@ PEER_GONE = re.compile(r"(closed|reset) by peer|broken pipe|remote process exite
 CAUSE_OF_STATE = {jobstore.PREEMPTED: "preemption", jobstore.FAILED: "failure", jobstore.STALLED: "stall"}
 
 
-def cause(state: str, exit_code: int | None) -> str | None:
+def cause(state: str, exit_code: int | None, summary: str | None) -> str | None:
     """What ended an attempt, as restarts.on names it (preemption, failure, stall, time_limit); None: nothing
-    that restarts it (it succeeded, or was stopped)."""
-    if state == jobstore.FAILED and exit_code == exits.TIME_LIMIT:
+    that restarts it (it succeeded, or was stopped). A time limit is podrun's exit 125 with the capacity's
+    words (ran_out), not a worker's own 125 ("worker 1 exited with code 125 ...")."""
+    if state == jobstore.FAILED and exit_code == exits.TIME_LIMIT and summary and "time limit" in summary \
+            and not summary.startswith("worker "):
         return "time_limit"
     return CAUSE_OF_STATE.get(state)
 
 
 def continuations(record: jobstore.JobRecord) -> int:
     """How many of the job's restarts so far were continuations past a time limit (not counted in max)."""
-    return sum(cause(attempt["state"], attempt["exit_code"]) == "time_limit" for attempt in record.attempts)
+    return sum(cause(attempt["state"], attempt["exit_code"], attempt["summary"]) == "time_limit"
+               for attempt in record.attempts)
 
 
 def _attempts(record: jobstore.JobRecord) -> list[tuple[str, float]]:
     """(state, seconds it ran) of every attempt so far, the one that just ended last; one that reached a time
     limit as `time_limit`, no failure."""
-    ended = [(_state(attempt["state"], attempt["exit_code"]), (attempt["ended_at"] or 0) - attempt["started_at"])
-             for attempt in record.attempts]
-    return [*ended, (_state(record.state, record.exit_code), (record.ended_at or 0) - record.attempt_started_at())]
+    ended = [(_state(attempt["state"], attempt["exit_code"], attempt["summary"]),
+              (attempt["ended_at"] or 0) - attempt["started_at"]) for attempt in record.attempts]
+    return [*ended, (_state(record.state, record.exit_code, record.summary),
+                     (record.ended_at or 0) - record.attempt_started_at())]
 
 
-def _state(state: str, exit_code: int | None) -> str:
-    return "time_limit" if cause(state, exit_code) == "time_limit" else state
+def _state(state: str, exit_code: int | None, summary: str | None) -> str:
+    return "time_limit" if cause(state, exit_code, summary) == "time_limit" else state
 
 
 def _trailing(attempts: list[tuple[str, float]], counts) -> int:
@@ -98,7 +102,7 @@ def resumed_apart(record: jobstore.JobRecord) -> str | None:
     because its peer went away (PEER_GONE). In a job whose ranks step together neither happens unless
     some ranks ran out of work first: on a restart, most often because a checkpoint saved by rank 0 on
     its own disk resumed worker 0 while the others started over."""
-    if not record.attempt or cause(record.state, record.exit_code) != "failure":
+    if not record.attempt or cause(record.state, record.exit_code, record.summary) != "failure":
         return None
     done = [worker.index for worker in record.workers if worker.exit_code == 0]
     if done:
@@ -117,6 +121,6 @@ def resumed_apart(record: jobstore.JobRecord) -> str | None:
 def backoff_s(record: jobstore.JobRecord, first_s: float) -> float:
     """How long to wait before running again the attempt that was just closed (record.restart()):
     `first_s` (RESTART_BACKOFF's value) after one failure, doubled for each more in a row."""
-    failures = _trailing([(_state(a["state"], a["exit_code"]), 0.0) for a in record.attempts],
+    failures = _trailing([(_state(a["state"], a["exit_code"], a["summary"]), 0.0) for a in record.attempts],
                          lambda state, _: state in FAILED_STATES)
     return min(first_s * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)

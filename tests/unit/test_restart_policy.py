@@ -52,13 +52,16 @@ def test_time_limit_continuations_are_no_failures_and_not_counted(home):
     quick-failure rule or the backoff: three 30-s allocations in a row are no bug failing at once."""
     made = attempts_dying_at(5, 9, 14)
     record = made.record
+    over = "Slurm job 7 was 30s from its time limit (00:01:00): the job was signalled to save and stop"
     for attempt in record.attempts:
-        attempt["state"], attempt["exit_code"] = jobstore.FAILED, exits.TIME_LIMIT
-    record.state, record.exit_code = jobstore.FAILED, exits.TIME_LIMIT
-    assert cause(record.state, record.exit_code) == "time_limit"
+        attempt["state"], attempt["exit_code"], attempt["summary"] = jobstore.FAILED, exits.TIME_LIMIT, over
+    record.state, record.exit_code, record.summary = jobstore.FAILED, exits.TIME_LIMIT, over
+    assert cause(record.state, record.exit_code, record.summary) == "time_limit"
     assert continuations(record) == 2
     assert quick_failures(record) == 0
     assert backoff_s(record, 1.0) == 1.0
     record.exit_code = 1
-    assert (cause(record.state, record.exit_code), quick_failures(record)) == ("failure", 1)
-    assert cause(jobstore.SUCCEEDED, 0) is None
+    assert (cause(record.state, record.exit_code, record.summary), quick_failures(record)) == ("failure", 1)
+    # a program's own exit 125 is a failure, wherever it runs
+    assert cause(jobstore.FAILED, 125, "worker 1 exited with code 125 in run (RuntimeError: time limit)") == "failure"
+    assert cause(jobstore.SUCCEEDED, 0, None) is None
