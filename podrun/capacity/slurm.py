@@ -89,6 +89,7 @@ class SlurmAllocation(Capacity):
         self.listing: Future[Completed] | None = None  # the partitions, asked for by begin()
         self.switch_s = 0.0  # the interpreter's switch interval before begin(), restored once it is done
         self.continues = "time_limit" in spec.restart_on  # past its time limit, on a new allocation
+        self.stop_grace_s = spec.stop_grace_s  # the launch's (exec --grace) once it acquires; --dry-run shows this
 
     @property
     def warns_steps(self) -> bool:
@@ -296,15 +297,13 @@ class SlurmAllocation(Capacity):
     def ran_out(self, warned: bool = False) -> str | None:
         if self.job_id is None:
             return None
-        shown = self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null")
-        records = parse_records(shown.stdout)
-        if not records:
+        if not (job := self._job_record()):
             return None
-        if _timed_out(records[0]):
-            return f"Slurm job {self.job_id} {_time_limit_text(records[0])}"
-        left_s = _time_left_s(records[0]) if warned and records[0].get("JobState") == "RUNNING" else None
+        if _timed_out(job):
+            return f"Slurm job {self.job_id} {_time_limit_text(job)}"
+        left_s = _time_left_s(job) if warned and job.get("JobState") == "RUNNING" else None
         if left_s is not None and left_s <= self.warn_ahead_s + WARNED_EARLY_S:  # not a scancel or a user's kill
-            return (f"Slurm job {self.job_id} was {left_s:.0f}s from its time limit ({records[0].get('TimeLimit')}): "
+            return (f"Slurm job {self.job_id} was {left_s:.0f}s from its time limit ({job.get('TimeLimit')}): "
                     f"the job was signalled to save and stop")
         return None
 
@@ -326,9 +325,13 @@ class SlurmAllocation(Capacity):
     def warning_due_s(self) -> float | None:
         if not self.continues or self.job_id is None:
             return None
-        records = parse_records(self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null").stdout)
-        left_s = _time_left_s(records[0]) if records else None
+        left_s = _time_left_s(job) if (job := self._job_record()) else None
         return None if left_s is None else max(0.0, left_s - self.warn_ahead_s)
+
+    def _job_record(self) -> dict[str, str]:
+        """The allocation's job as scontrol shows it ({} when it does not)."""
+        records = parse_records(self._run(f"scontrol show job --oneliner {self.job_id} 2>/dev/null").stdout)
+        return records[0] if records else {}
 
     def reacquire(self) -> None:
         """A new allocation for the job's next attempt, once this one reached its time limit (restarts.on:
