@@ -99,7 +99,7 @@ def measure(name: str, target: str, workers: int, rounds: int, work: Path) -> tu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--hosts", type=int, default=16, help="0: no lab hosts, local workers only")
     parser.add_argument("--local", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -107,11 +107,12 @@ def main() -> None:
     rows, parts = {}, {}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        with Lab(args.hosts, work / "lab") as lab:
-            hosts = (f"target: {{hosts: [{', '.join(host.ip for host in lab.hosts)}]}}\n"
-                     f"ssh: {{user: root, identity_file: {lab.client_key}}}\n")
-            label = f"{args.hosts} SSH hosts"
-            rows[label], parts[label] = measure("hosts", hosts, args.hosts, args.rounds, work)
+        if args.hosts:
+            with Lab(args.hosts, work / "lab") as lab:
+                hosts = (f"target: {{hosts: [{', '.join(host.ip for host in lab.hosts)}]}}\n"
+                         f"ssh: {{user: root, identity_file: {lab.client_key}}}\n")
+                label = f"{args.hosts} SSH hosts"
+                rows[label], parts[label] = measure("hosts", hosts, args.hosts, args.rounds, work)
         label = f"{args.local} local workers"
         rows[label], parts[label] = measure("local", f"target: {{local: {{workers: {args.local}}}}}\n", args.local,
                                             args.rounds, work)

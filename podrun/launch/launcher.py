@@ -88,8 +88,8 @@ class Launch:
         transports = [plan.worker.transport for plan in self.plans]
         self.connecting = timeline.begin(self.record, "connect", [plan.worker.index for plan in self.plans])
         try:
-            connected = await self._until_interrupted(
-                asyncio.gather(*(t.connect() for t in transports), return_exceptions=True))
+            connected = await self._until_interrupted(  # a restart in place starts on the connections still open
+                asyncio.gather(*(t.connect_unless_open() for t in transports), return_exceptions=True))
             endings.raise_first_error(connected, self.plans, "connect")  # before anything started anywhere
             steps = self.job.steps
             for step in steps:
@@ -126,7 +126,8 @@ class Launch:
             for signum in HANDLED_SIGNALS:
                 loop.remove_signal_handler(signum)
             self.terminal.release()  # the lines still held (collapse.py), before what the CLI says of an error
-            await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+            # a reusable connection is kept for the next attempt on the worker (launch/attempt_loop.py)
+            await asyncio.gather(*(t.close() for t in transports if not t.reusable), return_exceptions=True)
             for log in self.logs.values():
                 log.close()
 

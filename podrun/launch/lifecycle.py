@@ -26,6 +26,7 @@ from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError, WorkersUnreachable
 from podrun.launch import control_tree, judgment, restart_policy
+from podrun.launch.attempt_loop import AttemptLoop
 from podrun.launch.holding import Holding
 from podrun.launch.kept import Kept
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
@@ -60,6 +61,7 @@ class Lifecycle:
         self.code_dir = paths.remote_code_dir(spec.name, tree.digest) if tree else ""  # "": nothing ships
         self.workers: list[Worker] = []
         self.selected: set[int] = set()
+        self.attempts = AttemptLoop()  # what runs them: a restart on the same workers starts on their connections
         # its capacity: made, made again, given back (exec --down: deleted whatever the end)
         self.holding = Holding(spec, target, "always" if down else spec.delete_after)
         self.on_running: Callable[[], None] | None = None
@@ -115,6 +117,7 @@ class Lifecycle:
                 record.finish(jobstore.STOPPED, exits.INTERRUPTED, "interrupted while restarting")
             raise
         finally:
+            self.attempts.close()
             if not (self.detach and record and record.state == jobstore.RUNNING):
                 failure = sys.exc_info()[1]
                 self._ended(record, failure, lambda: self.holding.give_back_after(record, failure))
@@ -182,11 +185,14 @@ class Lifecycle:
             terminal = self._terminal([plan.worker.index for plan in job.workers])
             if reach := control_tree.described(job):
                 say(f"reaching the workers{reach}")
-            return asyncio.run(Launch(self.target, control_tree.arrange(job), self.tree, record, terminal,
-                                      self.detach, self.kill_stale, self._running_once,
-                                      self._workers_notify(record), self._away()).run())
+            job = control_tree.arrange(job)
+            launch = Launch(self.target, job, self.tree, record, terminal, self.detach, self.kill_stale,
+                            self._running_once, self._workers_notify(record), self._away())
+            return self.attempts.run(launch.run(), [plan.worker.transport for plan in job.workers])
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)
+            if self.detach:  # this launcher leaves the workers to themselves (or its supervisor, forked next)
+                self.attempts.close()
 
     def _terminal(self, indexes: list[int]) -> Terminal:
         return Terminal(worker_count=len(self.workers), collapse=Collapse(indexes) if self.collapse else None, raw=self.raw)
@@ -245,6 +251,11 @@ class Lifecycle:
         self.holding.reacquiring = preempted  # before anything is said: an interrupt from here on deletes the old TPU
         record.restart()
         swaps = [] if cause in ("preemption", "time_limit") else self.holding.replace_lost(record)
+        if preempted or cause == "time_limit" or swaps:  # workers made again or swapped: their connections go
+            self.attempts.close([worker.transport for worker in self.workers])
+        else:  # a worker lost in the attempt is connected again, whatever its connection seems to be
+            lost = {worker.index for worker in record.workers if worker.exit_code == exits.LOST}
+            self.attempts.close([worker.transport for worker in self.workers if worker.index in lost])
         self.notifier.restarting(record, swaps)
         if preempted:
             say(f"restart {self._restarts_used(record)} of {self.max_restarts}: creating the TPU again ({why})")

@@ -64,6 +64,17 @@ class Channel(Protocol):
 class Transport(ABC):
     python: str  # the interpreter that runs the agent on the worker
     root: str  # the directory commands start in, as shown to the user
+    # whether its connection outlives the attempt that opened it, for the next attempt on the same worker
+    # (launch/attempt_loop.py); the others are closed at each attempt's end
+    reusable = False
+
+    def is_open(self) -> bool:
+        """Whether a connection a past attempt opened is there still (reusable transports only)."""
+        return False
+
+    async def connect_unless_open(self) -> None:
+        if not self.is_open():
+            await self.connect()
 
     async def connect(self) -> None:
         """Open what start() needs (one connection per worker per job)."""

@@ -66,6 +66,7 @@ ENCRYPTION_ALGS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20
 class SshTransport(Transport):
     python = "python3"
     root = "~"
+    reusable = True
 
     def __init__(self, host: str, port: int | None, user: str | None, identity_file: str | None,
                  check_host_keys: bool, refused_retry_s: float = 0, host_key_alias: str | None = None,
@@ -322,6 +323,9 @@ class SshTransport(Transport):
             raise SessionRefused(f"{self.label}: cannot start a command: {reason(error)}") from None
         except (OSError, asyncssh.Error) as error:
             raise PodrunError(f"{self.label}: cannot start a command: {reason(error)}") from None
+
+    def is_open(self) -> bool:
+        return self.connection is not None and not self.connection.is_closed()
 
     async def close(self) -> None:
         if self.connection:

@@ -1,0 +1,79 @@
+"""A restart on the same hosts starts on the connections the attempt before left open (launch/attempt_loop.py):
+it neither connects nor ships again. A worker's connection that dropped is made again. Run under
+`flock /tmp/podrun-lab.lock`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import Background, job_id_in, podrun
+
+pytestmark = pytest.mark.lab
+
+# each attempt says which connection it came over: the client's port of $SSH_CONNECTION is the connection's
+SAYS_ITS_CONNECTION = """\
+restarts: {max: 1, on: [failure]}
+run: |
+  set -- $SSH_CONNECTION
+  echo "attempt $PODRUN_ATTEMPT: worker $PODRUN_WORKER over port $2"
+  [ "$PODRUN_ATTEMPT" = 1 ] && exit 0
+  [ "$PODRUN_WORKER" = 0 ] && [ -n "$FAIL" ] && exit 3
+  sleep 60
+"""
+
+
+def ports_by_attempt(job_id: str, workers: int) -> dict[int, dict[int, str]]:
+    """{worker: {attempt: the client port its run came over}}, from the logs each attempt kept."""
+    found: dict[int, dict[int, str]] = {}
+    for index in range(workers):
+        text = "".join(podrun("logs", job_id, "--worker", str(index), "--attempt", str(attempt)).stdout
+                       for attempt in (0, 1))
+        found[index] = {int(attempt): port for attempt, port in
+                        re.findall(rf"attempt (\d): worker {index} over port (\d+)", text)}
+    return found
+
+
+def test_a_restart_on_the_same_hosts_runs_over_the_connections_it_had(home, hosts_spec):
+    spec = hosts_spec(SAYS_ITS_CONNECTION + "env: {FAIL: '1'}\n")
+    result = podrun("exec", spec)
+    assert result.returncode == 0, result.stderr
+    assert "running again on the same workers (worker 0 exited with code 3 in run)" in result.stderr
+    assert result.stderr.count("code unchanged on every worker") == 1, result.stderr  # attempt 1 shipped nothing
+    ports = ports_by_attempt(job_id_in(result.stderr), 3)
+    for index, by_attempt in ports.items():
+        assert set(by_attempt) == {0, 1}, ports
+        assert by_attempt[0] == by_attempt[1], f"worker {index} connected again: {ports}"
+
+
+def session_processes(namespace: str) -> list[int]:
+    """The host's sshd processes that serve a connection (not the one that listens)."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    serving = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if re.match(rb"sshd(-session)?: root", Path(f"/proc/{pid}/cmdline").read_bytes()):
+                serving.append(int(pid))
+    return serving
+
+
+def test_a_worker_whose_connection_dropped_is_connected_again_for_the_restart(home, lab, hosts_spec, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0")
+    running = Background("exec", hosts_spec(SAYS_ITS_CONNECTION))
+    running.wait_for("attempt 0: worker 1 over port")
+    serving = session_processes(lab.hosts[1].namespace)
+    assert serving, "worker 1's connection is served by an sshd process"
+    for pid in serving:  # its connection drops; the host and its sshd stay
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert running.finish() == 0, running.text
+    assert "worker 1 (" in running.text and "lost its connection" in running.text, running.text
+    ports = ports_by_attempt(job_id_in(running.text), 3)
+    assert ports[1][0] != ports[1][1], f"worker 1 ran over its dropped connection: {ports}"
+    assert ports[0][0] == ports[0][1] and ports[2][0] == ports[2][1], ports
