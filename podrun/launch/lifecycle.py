@@ -107,10 +107,8 @@ class Lifecycle:
             gc.freeze()  # what start-up made (cli._exec turned the collector off for it) is never collected
             gc.enable()
             code = self._attempt(record, job)
-            if self.detach and record.state == jobstore.RUNNING:
-                if self._needs_supervisor():
-                    self._fork_supervisor(record)
-                return code
+            if self.detach:
+                return self._left_detached(record, code)
             return self._restart_while_due(record, code)
         except KeyboardInterrupt:
             if record and record.state == jobstore.RUNNING:  # between attempts: restarting
@@ -157,6 +155,17 @@ class Lifecycle:
     def _worker_records(self) -> list[jobstore.WorkerRecord]:
         return [jobstore.WorkerRecord(w.index, w.address, endpoint=w.transport.endpoint())
                 for w in self.workers if w.index in self.selected]
+
+    def _left_detached(self, record: jobstore.JobRecord, code: int) -> int:
+        """A detached exec's end: once an attempt runs, its supervisor (if it needs one) takes over. An attempt that
+        could not start everywhere (a host unreachable, a spare to take its place) is followed by the next one here,
+        never by watching the job in the foreground."""
+        while record.state != jobstore.RUNNING and self._restart_due(record):
+            self._next_attempt(record)
+            code = self._attempt(record, self.plans(self.workers, self.selected, record.id, record.attempt))
+        if record.state == jobstore.RUNNING and self._needs_supervisor():
+            self._fork_supervisor(record)
+        return code
 
     def _restart_while_due(self, record: jobstore.JobRecord, code: int) -> int:
         while self._restart_due(record):

@@ -135,3 +135,19 @@ def test_spares_are_checked_before_anything_runs(home, lab, hosts_spec):
     assert refused.returncode == 2
     assert refused.stderr.splitlines() == [
         f"podrun: error: {local}: target: spares: only a hosts target takes spares (this one is local)"]
+
+
+def test_a_detached_exec_whose_first_attempt_cannot_reach_a_host_starts_the_spare_and_returns(
+        home, lab, hosts_spec, dying, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")
+    dying(2)
+    spec = with_spares(hosts_spec, lab, "restarts: {max: 1, on: [failure]}\n"
+                                        "run: echo worker $PODRUN_WORKER on $(hostname); sleep 20\n")
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    assert f"spare {lab.hosts[3].ip} takes its place" in started.stderr
+    assert "a supervisor (pid" in started.stderr
+    assert job_record(home, job_id)["state"] == "running", "exec --detach waited for the job to end"
+    wait_until(lambda: f"worker 2 on {lab.hosts[3].hostname}" in worker_log_on_the_laptop(job_id, 2), "the spare's run")
+    assert podrun("stop", job_id).returncode == 0
