@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from podrun.errors import SpecError
+from podrun.output import say
 from podrun.spec.commands import check_command_size, refuse_python_under_torchrun
 from podrun.spec.fields import yaml_kind
 from podrun.spec.model import NAME_PATTERN, JobSpec
@@ -136,7 +137,10 @@ def _refuse_lifecycle_without_a_tpu(path: Path, spec: JobSpec) -> None:
     if spec.restarts and spec.restarts.exit_codes and "failure" not in spec.restart_on:
         raise SpecError(path, "restarts.exit_codes", "limits failure restarts, but restarts.on does not hold "
                                                      "failure: add it, or remove exit_codes")
-    if spec.restarts and "preemption" in spec.restart_on and not declared.recreates(spec.target.options):
+    if spec.restarts and "preemption" in spec.restart_on and not declared.deletes:  # one spec for every target
+        say(f"{path}: restarts.on: preemption: nothing of a {spec.target.kind} target is preempted; the rest of "
+            f"restarts.on holds")
+    elif spec.restarts and "preemption" in spec.restart_on and not declared.recreates(spec.target.options):
         raise SpecError(path, "restarts.on", f"{_preemption_restarts(spec)}; `on: [failure]` restarts failures")
     if spec.restarts and "time_limit" in spec.restart_on and not declared.time_limited:
         raise SpecError(path, "restarts.on", f"time_limit continues a Slurm job on a new allocation, but the target "

@@ -17,6 +17,7 @@ from podrun import jobstore
 
 from helpers import (
     LONG_NAME,
+    REPO,
     jobs_on_a_terminal,
     lab_flags,
     podrun,
@@ -254,3 +255,19 @@ def test_a_copy_to_ssh_hosts_with_one_read_only_destination_copies_nothing_and_s
         f"worker 1 ({lab.hosts[1].ip}): :shared/only-here: no such file or directory; nothing was copied from any "
         f"worker"]
     assert sorted(os.listdir(tmp_path)) == ["model.pt", "podrun-home"]  # no back/, no staging directory
+
+
+def readme_yaml_blocks() -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+
+
+def test_the_readmes_long_run_settings_hold_on_its_own_hosts_job(job_file, tmp_path, monkeypatch):
+    job = readme_yaml_blocks()[0]
+    long_run = next(block for block in readme_yaml_blocks() if block.startswith("progress:"))
+    spec = job_file(job + long_run)
+    (tmp_path / "train.py").write_text("print('step 1')\n")  # the README's workdir is the spec's folder
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.example.com/T000/B000/XXXX")
+    result = podrun("validate", spec)
+    assert result.returncode == 0, result.stderr
+    assert (f"podrun: {spec}: restarts.on: preemption: nothing of a hosts target is preempted; the rest of "
+            f"restarts.on holds") in result.stderr
