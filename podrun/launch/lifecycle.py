@@ -237,7 +237,9 @@ class Lifecycle:
             return False
         if self._no_progress(record):
             return False
-        if cause != "preemption" and (quick := restart_policy.quick_failures(record)) >= restart_policy.QUICK_FAILURES:
+        # until_no_progress, given, alone judges restarts that get nowhere: the quick-failure rule is for specs without it
+        if (cause != "preemption" and not self.until_no_progress
+                and (quick := restart_policy.quick_failures(record)) >= restart_policy.QUICK_FAILURES):
             say(f"no restart: the last {quick} attempts each ended within {restart_policy.QUICK_FAILURE_S:g}s of "
                 f"starting; a restart would most likely fail the same way")
             return False

@@ -96,6 +96,17 @@ def test_a_detached_job_nothing_watches_keeps_where_each_worker_began(home, job_
     assert "its workers began at different steps (w0 at 1, w1 at 3)" in podrun("report", job_id).stdout
 
 
+def test_until_no_progress_decides_where_the_quick_failure_rule_would_have_stopped_first(home, job_file, monkeypatch):
+    monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0")
+    ran = podrun("exec", job_file(DIES_AT_3.replace("until_no_progress: 2", "until_no_progress: 3")))
+    assert ran.returncode == 3, ran.stderr
+    # 4 attempts, each within a second: the 60-s rule alone would have stopped after the third
+    assert "restart 3 of 10" in ran.stderr and "restart 4 of 10" not in ran.stderr, ran.stderr
+    assert ("podrun: no restart: the last 3 attempts never got past step 3, the best before them "
+            "(each died at step 3)") in ran.stderr.splitlines()
+    assert "within 60s of starting" not in ran.stderr
+
+
 def test_attempts_that_keep_dying_at_the_same_step_stop_restarting_after_until_no_progress(home, job_file,
                                                                                           monkeypatch):
     monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0.1")
