@@ -88,6 +88,7 @@ class SshTransport(Transport):
         self.proxy_jump = proxy_jump
         self.jump_host_for: str | None = None  # set on a jump host: the host it leads to, for its errors
         self.jumps_before = 0  # jump hosts on the way to this one, when it is a jump host itself
+        self.leads_to: tuple[str, ...] = ()  # on a jump host: the hosts it leads to, the nearest first
         self.hop: hops.Hop | None = None  # the jump host this host is reached through, once connected
         self.connection: asyncssh.SSHClientConnection | None = None
         self.handshakes, self.connect_retry_s = connect_settings()  # a bad value: one line, before any connects
@@ -140,6 +141,7 @@ class SshTransport(Transport):
         jump_host = SshTransport(host, port, user, self.identity_file, self.check_host_keys,
                                  known_hosts_file=self.known_hosts_file, proxy_jump=before)
         jump_host.jump_host_for, jump_host.jumps_before = self.label, self.jumps_before + 1
+        jump_host.leads_to = (self.host, *self.leads_to)
         return jump_host
 
     async def _open_route(self) -> asyncssh.SSHClientConnection | None:
@@ -148,6 +150,9 @@ class SshTransport(Transport):
         jumps = self.jumps()
         if not jumps:
             return None
+        if looped := [host for _, host, _ in jumps if host in (self.host, *self.leads_to)]:  # as OpenSSH says it
+            raise PodrunError(f"{self.named}: jumphost loop via {looped[0]}: its ProxyJump in {hops.USER_CONFIG} leads "
+                              f"back to it; give it `ProxyJump none` in a Host block of its own, before the pattern")
         if self.jumps_before >= MAX_JUMP_HOSTS:
             raise PodrunError(f"{self.named}: more than {MAX_JUMP_HOSTS} jump hosts on the way; is there a "
                               f"ProxyJump loop in {hops.USER_CONFIG}?")

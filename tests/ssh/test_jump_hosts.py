@@ -319,3 +319,13 @@ def test_a_malformed_proxy_jump_in_ssh_config_is_one_line_naming_the_file(home, 
     assert stderr_lines_without_traceback(result.stderr)[-1] == (
         "podrun: error: ~/.ssh/config: ProxyJump: expected user@bastion[:port], several joined by commas (the first "
         "is reached first), or none, got 'root@@bastion'")
+
+
+def test_a_proxy_jump_pattern_that_matches_the_bastion_too_is_a_loop_said_at_once(home, tmp_path, monkeypatch, job_file):
+    spec = job_file("target: {hosts: [10.99.0.11, 10.99.0.12]}\nrun: hostname\n")
+    with user_ssh_config(tmp_path, monkeypatch, "Host 10.99.0.*\n  ProxyJump root@10.99.0.10\n"):
+        result = podrun("exec", spec, timeout=60)  # it hung: the bastion waited for its own connection
+    assert result.returncode == 1
+    assert stderr_lines_without_traceback(result.stderr)[-1] == (
+        "podrun: error: 10.99.0.10 (jump host for 10.99.0.11): jumphost loop via 10.99.0.10: its ProxyJump in "
+        "~/.ssh/config leads back to it; give it `ProxyJump none` in a Host block of its own, before the pattern")
