@@ -196,9 +196,9 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
         by = next((w.stop_reason for w in stopped if w.stop_reason in STOP_SIGNALS), None)
         if by:
             record.finish(jobstore.STOPPED, exits.stopped_by(STOP_SIGNALS[by]), f"stopped by {by}", ended_at)
-        else:
-            record.finish(jobstore.STOPPED, stopped[0].exit_code or exits.FAILURE, f"stopped ({stopped[0].stop_reason})",
-                          ended_at)
+        else:  # its agents stopped it themselves (its supervisor away, its launcher gone): with SIGTERM, as podrun stop
+            record.finish(jobstore.STOPPED, exits.stopped_by(STOP_SIGNALS["SIGTERM"]),
+                          f"stopped ({stopped[0].stop_reason})", ended_at)
     else:
         record.finish(jobstore.SUCCEEDED, 0, None, ended_at)
 

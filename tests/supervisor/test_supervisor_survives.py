@@ -110,7 +110,9 @@ def test_a_job_outlives_its_killed_supervisor_and_a_supervisor_started_again_ado
 def test_a_job_whose_supervisor_stays_away_is_stopped_by_its_workers_within_the_bound(
         home, lab, hosts_spec, supervisor, monkeypatch):
     monkeypatch.setenv("PODRUN_SUPERVISOR_AWAY", "3")  # a setting the laptop hands over with the job
-    spec = hosts_spec(supervisor.spec + 'run: echo "up on worker $PODRUN_WORKER"; exec sleep 600\n', hosts=(0, 1))
+    # its program saves on SIGTERM and exits 0, as a training script does
+    spec = hosts_spec(supervisor.spec + "run: trap 'echo saved; exit 0' TERM; echo \"up on worker $PODRUN_WORKER\"; "
+                                        "sleep 600 & wait\n", hosts=(0, 1))
     started = podrun("exec", spec, "--detach")
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
@@ -128,7 +130,9 @@ def test_a_job_whose_supervisor_stays_away_is_stopped_by_its_workers_within_the_
     record = supervisor.record(job_id)
     assert record["state"] == "stopped", record["summary"]
     assert "its supervisor was away for" in record["summary"]
+    assert record["exit_code"] == 143  # a stop, as `podrun stop`'s: not 1, like a failure
     assert listed_as_json(job_id)["state"] == "stopped"
+    assert podrun("logs", "-f", job_id).returncode == 143
 
 
 def test_a_spot_tpu_job_adopted_again_is_recovered_from_a_later_preemption_and_succeeds(
