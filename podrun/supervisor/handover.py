@@ -25,7 +25,7 @@ import shutil
 import signal
 import sys
 
-from podrun import __version__, exits, jobstore
+from podrun import __version__, exits, jobstore, settings
 from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, TPU_ENDPOINT, ZONE, gcloud_property
 from podrun.errors import PodrunError, UsageError
 from podrun.launch.exec_options import ExecOptions
@@ -42,10 +42,6 @@ from podrun.transport import known_hosts, past_login
 from podrun.transport.base import Channel, ChannelLost, Transport
 from podrun.transport.ssh import SshTransport, host_transport, known_as_of
 
-# podrun's own settings, which the supervisor applies as this machine would (PODRUN_HOME stays its own)
-SETTINGS = ("PODRUN_API_TIMEOUT", "PODRUN_WAIT_TIMEOUT", "PODRUN_LOST_WORKER_WAIT", "PODRUN_RESTART_BACKOFF",
-            "PODRUN_TPU_WATCH_INTERVAL", "PODRUN_IDLE_POLL_S", "PODRUN_RELAY_FANOUT", "PODRUN_ACCELERATOR_FILES",
-            "PODRUN_SSH_HANDSHAKES", "PODRUN_SSH_CONNECT_RETRY", "PODRUN_SUPERVISOR_AWAY")
 # which APIs to use; never the account, which is the host's own (as its credentials are)
 GCLOUD_SETTINGS = (PROJECT, ZONE, TPU_ENDPOINT, COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT)
 
@@ -88,7 +84,7 @@ def _payload(spec: JobSpec, host: str, tree: scan.Tree | None, options: ExecOpti
     fields = spec.model_dump(mode="json", by_alias=True, exclude={"supervisor"}, exclude_none=True)
     fields["workdir"] = f"~/{remote_code_dir(spec.name, tree.digest)}" if tree else "~"
     environ = {**secrets_from_launcher(spec, os.environ), **url_from_launcher(spec, os.environ),
-               **{key: os.environ[key] for key in SETTINGS if key in os.environ},
+               **{key: os.environ[key] for key in settings.handed_over() if key in os.environ},
                **{f"CLOUDSDK_{section}_{key}".upper(): value for section, key in GCLOUD_SETTINGS
                   if (value := gcloud_property((section, key)))}}
     return {"host": host, "spec": fields, "spec_path": str(spec.path), "ships_code": tree is not None,
