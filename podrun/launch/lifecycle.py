@@ -25,7 +25,7 @@ from podrun import exits, file_limit, interrupts, jobstore, paths, timeline
 from podrun.cloud.settings import seconds
 from podrun.collapse import Collapse
 from podrun.errors import PodrunError, WorkersUnreachable
-from podrun.launch import control_tree, judgment, restart_policy
+from podrun.launch import control_tree, judgment, restart_policy, stall
 from podrun.launch.attempt_loop import AttemptLoop
 from podrun.launch.holding import Holding
 from podrun.launch.kept import Kept
@@ -33,7 +33,7 @@ from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.notify import Notifier, secret_values
 from podrun.output import counted, say, say_failure
 from podrun.plan import JobPlan, job_plan, parse_worker_selection
-from podrun.shipping import scan
+from podrun.shipping import relay, scan
 from podrun.spec.model import JobSpec
 from podrun.targets.base import Target, Worker
 from podrun.terminal import Terminal
@@ -69,6 +69,8 @@ class Lifecycle:
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
         control_tree.settings()
+        stall.auto_settings()  # stall: auto's bounds, read again as the run starts
+        relay.relay_fanout()
         if target.capacity.departs:
             judgment.settings()
 

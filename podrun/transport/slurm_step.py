@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from podrun.errors import PodrunError
+from podrun.output import say
 from podrun.remote import framing, tree_frames
 from podrun.transport.base import Channel, ChannelLost, script_command, script_source
 from podrun.transport.framed_channel import FramedChannel, FrameOutbox
@@ -165,6 +166,8 @@ class Steps:
                         channels[slot] = FramedChannel(fanout, slot)
                         batch.joined[slot].started.set_result(channels[slot])
                     elif kind == tree_frames.FAILED:
+                        if self.one_step:
+                            say_fallback(batch.joined[slot].node, payload.decode(errors="replace"))
                         self.one_step = False  # the rest of the job: steps per node
                         handed.add(slot)
                         self._per_node_soon(batch.joined[slot])
@@ -201,6 +204,13 @@ class Steps:
             joined.started.set_result(await joined.per_node())
         except Exception as error:
             joined.started.set_exception(error)
+
+
+def say_fallback(node: str, why: str) -> None:
+    """Once a job: its nodes' agents start a step each from now on, and why (a node could not connect back)."""
+    say(f"{node} cannot connect back to the login node ({why.strip() or 'no reason given'}): each node's agent "
+        f"runs as a Slurm step of its own for the rest of the job, about 3 s more per start; "
+        f"{ADDRESS_VARIABLE} names an address the nodes reach")
 
 
 async def take(channel: FramedChannel, kind: int, payload: bytes) -> None:

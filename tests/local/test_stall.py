@@ -214,3 +214,15 @@ def test_on_ssh_hosts_podrun_stacks_and_a_detached_stall_name_where_each_worker_
     assert NEITHER_ALIKE in followed.stderr
     saved = stacks_of(home, job_id, dump=2)
     assert "hang_in_collective (hang.py:4)" in saved["w1.txt"] and "wait_for_peers (hang.py:7)" in saved["w0.txt"]
+
+
+@pytest.mark.parametrize("variable", ["PODRUN_STALL_AUTO_FLOOR", "PODRUN_RELAY_FANOUT"])
+def test_a_setting_podrun_cannot_use_is_one_line_before_anything_ships(home, job_file, monkeypatch, variable):
+    monkeypatch.setenv(variable, "soon")
+    spec = job_file("target: {local: {workers: 2}}\nprogress: 'step (\\\\d+)'\nstall: auto\nrun: echo step 1\n",
+                    files={"train.py": "print(1)\n"})
+    result = podrun("exec", spec)
+    assert result.returncode == 2, result.stderr
+    lines = stderr_lines_without_traceback(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"podrun: error: {variable}='soon': expected"), lines
+    assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())  # no job was started

@@ -253,6 +253,11 @@ def test_nodes_that_cannot_reach_the_login_node_run_a_step_each(home, cluster, s
     assert result.returncode == 0, result.stderr
     assert "[w0] up on slurm-node1 as 1 of a step" in result.stdout
     assert "[w1] up on slurm-node2 as 1 of a step" in result.stdout
+    said = [line for line in result.stderr.splitlines() if "cannot connect back to the login node" in line]
+    assert len(said) == 1, result.stderr  # once, not per node or per step
+    assert re.match(r"podrun: slurm-node[12] cannot connect back to the login node \(127\.0\.0\.1: Connection refused\)",
+                    said[0]), said
+    assert said[0].endswith("PODRUN_SLURM_LOGIN_ADDRESS names an address the nodes reach")
     assert slurm_jobs(cluster) == []
 
 
