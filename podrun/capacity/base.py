@@ -9,6 +9,7 @@ from typing import Any
 
 class Capacity:
     departs = False  # whether it can go away under a job (then lost() is asked)
+    runs_out = False  # whether its time can run out under a job (then ran_out() is asked before a failure is said)
     for_this_job = False  # made for this job alone: given back whenever the job ends (else as delete_after says)
     held = ""  # what it holds, for messages ("its Slurm allocation (job 1234)")
 

@@ -73,6 +73,7 @@ class Pending:
 
 class SlurmAllocation(Capacity):
     for_this_job = True  # the allocation is made for this job: give_back() cancels it when the job ends
+    runs_out = True  # at its time limit
 
     def __init__(self, spec: JobSpec, login_ssh):
         super().__init__()
@@ -82,6 +83,7 @@ class SlurmAllocation(Capacity):
         self.nodes: list[tuple[str, str]] = []  # the workers' (node name, its address), SLURM_JOB_NODELIST order
         self.spare_nodes: list[tuple[str, str]] = []  # the allocation's spares left (target.slurm.spares)
         self.excluded: list[str] = []  # nodes lost in an attempt: left out of every allocation after (--exclude)
+        self.said_ran_out: str | None = None  # the allocation whose time limit ran_out() told: not said again
         # one connection to the login node, in a thread of its own (for the synchronous steps of the
         # lifecycle): Slurm's commands, and the workers' steps (used from the launch's event loop)
         self.shell = LoginShell(login_ssh)
@@ -300,6 +302,7 @@ class SlurmAllocation(Capacity):
         if not (job := self._job_record()):
             return None
         if _timed_out(job):
+            self.said_ran_out = self.job_id
             return f"Slurm job {self.job_id} {_time_limit_text(job)}"
         left_s = _time_left_s(job) if warned and job.get("JobState") == "RUNNING" else None
         if left_s is not None and left_s <= self.warn_ahead_s + WARNED_EARLY_S:  # not a scancel or a user's kill
@@ -354,7 +357,7 @@ class SlurmAllocation(Capacity):
         # how Slurm saw the job before it is cancelled: one that ended on its own (its time limit) says so
         shown = self._run(f"scontrol show job --oneliner {job_id} 2>/dev/null; echo ---; scancel {job_id}")
         before, _, after = shown.stdout.partition("---")
-        if ended := ended_by_slurm(parse_records(before)):
+        if (ended := ended_by_slurm(parse_records(before))) and job_id != self.said_ran_out:
             say(f"Slurm job {job_id} {ended}")
         if shown.code != 0 and "Invalid job id" not in shown.stderr:
             raise PodrunError(f"cannot cancel Slurm job {job_id} (scancel {job_id}): {shown.error_line()}")

@@ -7,6 +7,7 @@ import os
 import time
 
 from podrun import handles, jobstore, progress
+from podrun.launch import restart_policy
 from podrun.output import (
     counted,
     duration_text,
@@ -128,6 +129,8 @@ def _exit_codes(record: jobstore.JobRecord, state: str) -> str:
     host not read yet)."""
     if not record.workers:
         return "-"
+    if restart_policy.cause(record.state, record.exit_code, record.summary) == "time_limit":
+        return f"{len(record.workers)} at the time limit"  # Slurm ended them all, whatever each exited with
     failed = [w for w in record.workers if w.exit_code and not _stopped(w) and not w.killed]
     stopped = sum(_stopped(w) and not w.killed for w in record.workers)
     killed = sum(bool(w.killed) for w in record.workers)

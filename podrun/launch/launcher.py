@@ -76,6 +76,7 @@ class Launch:
         self.agents_killed: set[int] = set()  # workers whose agent a signal ended before its report
         self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
         self.warned = False  # a worker's agent stopped on a SIGTERM where the capacity warns_steps (ran_out)
+        self.out_of_time: str | None = None  # why the capacity's time ran out, once a failure showed it (ran_out)
         self.falls = stall.Falls((job.progress or {}).get("pattern"))  # workers whose step fell: said once
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
                      for plan in plans}
@@ -234,9 +235,11 @@ class Launch:
                     say(f"worker {result.index} ({worker.address}) was killed after the grace "
                         f"period ({self.record.stop_grace_s:g}s): it had not ended on SIGTERM")
                 elif result.failed and not stopping:
+                    if failure is None and self.target.capacity.runs_out and not self.warned:
+                        self.out_of_time = await asyncio.to_thread(self.target.capacity.ran_out)  # no worker's failure
                     failure = result
-                    if not (self._judged(result) or self.preempted or self.warned):  # a VM's notice: said already
-                        endings.report_failure(self.plans, step, result)
+                    if not (self._judged(result) or self.preempted or self.warned or self.out_of_time):
+                        endings.report_failure(self.plans, step, result)  # (a VM's notice: said already)
             if not finishing:
                 self.record.save()
             else:
@@ -390,7 +393,7 @@ class Launch:
                 endings.report_failure(self.plans, step, failure)
         if self.preempted:
             return endings.preempted(self.record, self.preempted)
-        if reason := await asyncio.to_thread(self.target.capacity.ran_out):
+        if reason := self.out_of_time or await asyncio.to_thread(self.target.capacity.ran_out):
             return endings.out_of_time(self.record, reason)
         return endings.failed(self.record, step, failure)
 
