@@ -30,6 +30,8 @@ import re
 import time
 from collections import deque
 
+from podrun.stop_noise import StopNoise
+
 # mypy reads the import below; Python skips it
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ class WorkerOutput:
         self.held = 0  # the bytes they hold: their text, and what they showed before their last `\r`
         self.rank: int | None = None  # the rank whose line the next bytes continue
         self.last_lines: deque[bytes] = deque(maxlen=keep)
+        self.stop_noise = StopNoise()  # what torchrun says of a stop podrun sent, left off the terminal
 
     def feed(self, data: bytes) -> None:
         if self.log:
@@ -118,7 +121,13 @@ class WorkerOutput:
             self.rank = rank
             self._end_line()
         if self.terminal:
+            for line in self.stop_noise.rest():
+                self.terminal.print_line(self.index, None, line)
             self.terminal.flush()
+
+    def stopping(self) -> None:
+        """podrun sent the worker a stop: torchrun's traceback of it need not fill the terminal (stop_noise.py)."""
+        self.stop_noise.stopping = True
 
     def tail(self) -> list[str]:
         return [line.decode(errors="replace") for line in self.last_lines]
@@ -195,6 +204,9 @@ class WorkerOutput:
             self.last_lines.append(kept if rank is None else b"[rank%d]:%s" % (rank, kept))
         if self.terminal and self.terminal.raw:  # as written: after its redraws, what followed the last
             self.terminal.print_line(self.index, rank, (bytes(line.text) if line.redrawn else text) + ending)
+        elif self.terminal and rank is None and shown is not None:
+            for each in self.stop_noise.take(shown):
+                self.terminal.print_line(self.index, None, each)
         elif self.terminal:
             self.terminal.print_line(self.index, rank, shown)
 

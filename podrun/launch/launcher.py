@@ -379,6 +379,7 @@ class Launch:
             return
         worker = self.worker_records[result.index]
         worker.exit_code, worker.signal, worker.rank, worker.killed = result.code, result.signal, result.rank, result.killed
+        worker.stop_reason = result.stop_reason  # a stop's: `podrun jobs` counts it stopped, whatever it exited with
         if result.agent_killed:
             self.agents_killed.add(result.index)
         if result.stop_reason == "SIGTERM" and self.target.capacity.warns_steps:

@@ -164,6 +164,7 @@ class WorkerStep:
 
     def stop(self) -> None:
         self._say(b"stop\n")
+        self.output.stopping()
 
     def heartbeat(self) -> None:
         self._say(b"\n")

@@ -79,7 +79,8 @@ def test_the_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
 LAYERS = {
     "base": ("podrun", "podrun.errors", "podrun.exits", "podrun.paths", "podrun.escapes", "podrun.output",
              "podrun.collapse", "podrun.interrupts", "podrun.file_limit", "podrun.timeline", "podrun.terminal",
-             "podrun.worker_output", "podrun.countdown", "podrun.third_party", "podrun.settings"),
+             "podrun.worker_output", "podrun.countdown", "podrun.third_party", "podrun.settings",
+             "podrun.stop_noise"),
     # Google's API and its accelerator types: nothing of the spec's; the tpu kind's options use it
     "cloud": ("podrun.cloud", "podrun.cloud.*"),
     # the spec, the kinds it assembles its target: from, and a spec made of flags (adhoc)
