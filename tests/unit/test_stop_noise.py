@@ -13,7 +13,7 @@ TORCHRUN_ON_SIGTERM = b"""\
 Traceback (most recent call last):
   File "/venv/bin/torchrun", line 8, in <module>
     sys.exit(main())
-  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _handler
     raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 torch.distributed.elastic.multiprocessing.api.SignalException: Process 26180 got signal: 15
 """
