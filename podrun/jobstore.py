@@ -14,6 +14,7 @@ import time
 
 from podrun import paths
 from podrun.errors import PodrunError
+from podrun.output import masked
 
 RUNNING, SUCCEEDED, FAILED, STOPPED, LOST = "running", "succeeded", "failed", "stopped", "lost"
 PREEMPTED = "preempted"  # the TPU was preempted and no restart was left (exits.PREEMPTED)
@@ -207,7 +208,7 @@ class JobRecord:
 
     def finish(self, state: str, exit_code: int, summary: str | None = None, ended_at: float | None = None) -> None:
         """Record the job's end; `ended_at`: when it ended, if not now (a detached job's workers say)."""
-        self.state, self.exit_code, self.summary = state, exit_code, summary
+        self.state, self.exit_code, self.summary = state, exit_code, summary and masked(summary)  # a program's words
         self.ended_at = ended_at or time.time()
         self.save()
 

@@ -73,6 +73,20 @@ def grace_left(ends_at: float) -> str:
             else "stopping: the grace period is over: SIGKILL sent")
 
 
+_hidden: list[str] = []  # the job's secret values (hide()): no line podrun says holds one
+
+
+def hide(secrets: list[str]) -> None:
+    """From now on, each of `secrets` reads *** in what podrun says and in a job's record (masked())."""
+    _hidden[:] = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+
+
+def masked(text: str) -> str:
+    for secret in _hidden:
+        text = text.replace(secret, "***")
+    return text
+
+
 def say(message: str) -> None:
     """podrun's own messages go to stderr, so stdout carries only the workers' output."""
     _say(message)
@@ -100,7 +114,7 @@ def say_phase(name: str, detail: str = "") -> None:
 def _say(message: str, style: str = "") -> None:
     colour = colour_wanted(sys.stderr)
     # a message may quote what others wrote (a worker's last lines, a supervisor's error): made harmless, always
-    text = f"podrun: {escapes.shown_text(message, colour)}"
+    text = f"podrun: {escapes.shown_text(masked(message), colour)}"
     if style and colour:
         text = f"\x1b[{style}m{text}\x1b[0m"
     # terminal.py not imported: no live region is on the screen (and `podrun jobs` starts faster)

@@ -31,7 +31,7 @@ from podrun.launch.holding import Holding
 from podrun.launch.kept import Kept
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.notify import Notifier, secret_values
-from podrun.output import counted, say, say_failure
+from podrun.output import counted, hide, say, say_failure
 from podrun.plan import JobPlan, job_plan, parse_worker_selection
 from podrun.shipping import relay, scan
 from podrun.spec.model import JobSpec
@@ -65,7 +65,9 @@ class Lifecycle:
         # its capacity: made, made again, given back (exec --down: deleted whatever the end)
         self.holding = Holding(spec, target, "always" if down else spec.delete_after)
         self.on_running: Callable[[], None] | None = None
-        self.notifier = Notifier(spec.notify, secret_values(spec, extra_env, os.environ))  # the spec's notify
+        secrets = secret_values(spec, extra_env, os.environ)
+        hide(secrets)  # a secret the program prints is *** in what podrun says and records, as in notifications
+        self.notifier = Notifier(spec.notify, secrets)  # the spec's notify
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
         control_tree.settings()

@@ -153,6 +153,10 @@ def test_a_secret_in_a_failures_reason_never_reaches_the_webhook(home, job_file,
     job_id = job_id_in(result.stderr)
     assert stand_in.received == [notification(job_id, "notified", "failure", "failed", 0,
                                          "worker 0 exited with code 3 in run (RuntimeError: refused ***)")]
+    # nor what podrun says or records of it (the program's own stream and its log keep what it printed)
+    assert "s3cr3t-value" not in result.stderr and "refused ***" in result.stderr, result.stderr
+    assert "s3cr3t-value" not in (home / "jobs" / job_id / "job.json").read_text()
+    assert "s3cr3t-value" not in podrun("jobs", "--json").stdout + podrun("report", job_id).stdout
 
 
 def test_a_webhook_url_taken_from_the_environment_is_told_and_one_not_exported_is_refused_before_the_run(
