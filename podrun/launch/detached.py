@@ -12,6 +12,7 @@ import asyncio
 import fcntl
 import json
 import os
+import time
 from collections.abc import Callable
 
 from podrun import exits, file_limit, jobstore, notify, progress, timeline
@@ -30,6 +31,8 @@ from podrun.worker_output import WorkerOutput
 STOP_SIGNALS = {"SIGTERM": 15, "SIGINT": 2, "SIGHUP": 1}
 REFRESH_TIMEOUT_S = 10  # `podrun jobs` does not wait longer for a detached job's workers
 AGENT_STOP_MARGIN_S = 15  # after the job's grace period: KILL, a container's removal, and some
+STEP_SAVE_EVERY_S = 2.0  # a followed job's record is saved this often at most for the steps its workers reach
+_saved_at: dict[str, float] = {}  # when each followed job's record was last saved for them
 
 
 def fetch(record: jobstore.JobRecord, indexes: list[int], outputs: dict[int, WorkerOutput] | None,
@@ -245,16 +248,36 @@ async def _fetch(record, worker, transport: Transport, output: WorkerOutput | No
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     channel = await transport.start_python("log_follower", unlisted=[
         record.remote_job_dir(worker), str(offset), "1" if follow else "0", f"{beat_every_s:g}"])
+    reading = asyncio.ensure_future(_report_read(record, worker, channel))
     with jobstore.open_log(log_path) as log:
         while chunk := await channel.stdout.read(65536):
             _append_at(log, offset, chunk)
             offset += len(chunk)
+            worker.output_at = time.time()  # as the worker's output.log grew, within the follower's poll
             if output:
                 output.feed(chunk)
     if output:
         output.close()
-    report, _ = await asyncio.gather(channel.stderr.read(), channel.wait())
-    return WorkerReport(report.decode(errors="replace"), worker)
+    report, _ = await asyncio.gather(reading, channel.wait())
+    return WorkerReport(report, worker)
+
+
+async def _report_read(record: jobstore.JobRecord, worker: jobstore.WorkerRecord, channel) -> str:
+    """The follower's stderr: the steps it tells while it follows (kept in the record, saved now and then:
+    `podrun jobs` shows a supervised job's step as it runs), then its report, returned."""
+    report: list[str] = []
+    reported = False  # the report's line came: what follows is the stacks a stall saved
+    while line := (await channel.stderr.readline()).decode(errors="replace"):
+        told = line.split()
+        reported = reported or line.startswith('{"exit"')
+        if not reported and len(told) == 3 and told[0] == "step":
+            progress.advance(record, worker, int(told[1]), float(told[2]))
+            if time.time() - _saved_at.get(record.id, 0.0) >= STEP_SAVE_EVERY_S:
+                _saved_at[record.id] = time.time()
+                record.save()
+        else:
+            report.append(line)
+    return "".join(report)
 
 
 def _append_at(log, offset: int, chunk: bytes) -> None:

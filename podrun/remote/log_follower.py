@@ -5,7 +5,9 @@ for none: a supervisor host follows: touch supervisor.beat that often while foll
 job's hub that it is there: hub.py), a line each (not argv, which `ps` shows to everyone). A follower whose reader is gone
 (its SSH session ended: the supervisor was killed) stops following at once.
 
-Writes the log's bytes from OFFSET to stdout, then to stderr one JSON line, {"exit": run.exit's JSON or
+Writes the log's bytes from OFFSET to stdout; while following, to stderr a line "step S T" each time run.step
+changes (at most once a STEP_EVERY_S: what `podrun jobs` shows of a followed job as it runs); then to stderr
+one JSON line, {"exit": run.exit's JSON or
 null, "output_at": when output.log last grew (epoch seconds) or null, "step": [the job's step on this
 worker, when it was reached] from run.step, or null (the spec's progress: step.py), "samples": once the
 run ended, its steps over time from run.steps, [T, S, ...] or null, "notified": notify.json's JSON (what
@@ -18,6 +20,7 @@ import sys
 import time
 
 POLL_S = 0.2
+STEP_EVERY_S = 1.0
 BEAT_FILE = "supervisor.beat"  # as hub.BEAT_FILE
 
 
@@ -26,6 +29,7 @@ def main():
     offset, follow, beat_every = int(offset), follow == "1", float(beat)
     log, exit_file = os.path.join(job_dir, "output.log"), os.path.join(job_dir, "run.exit")
     beat_due = 0.0 if beat_every else None
+    step_due, step_told = 0.0, ""
     reader = None
     if follow:
         import select
@@ -47,6 +51,8 @@ def main():
             break
         if reader.poll(0):
             return
+        if time.monotonic() >= step_due:
+            step_due, step_told = time.monotonic() + STEP_EVERY_S, _tell_step(job_dir, step_told)
         if beat_due is not None and time.monotonic() >= beat_due:
             _touch(os.path.join(job_dir, BEAT_FILE))
             beat_due = time.monotonic() + beat_every
@@ -63,6 +69,16 @@ def main():
     sys.stderr.write('{"exit": %s, "output_at": %s, "step": %s, "samples": %s, "notified": %s}\n'
                      % (_read(exit_file) or "null", output_at, step, samples, notified))
     sys.stderr.write(_read(os.path.join(job_dir, "run.stacks")))
+
+
+def _tell_step(job_dir, told):
+    """run.step's "S T", on stderr if it is not what was told last; returns what has been told."""
+    step = _read(os.path.join(job_dir, "run.step")).strip()
+    if len(step.split()) == 2 and step != told:
+        sys.stderr.write("step %s\n" % step)
+        sys.stderr.flush()
+        return step
+    return told
 
 
 def _touch(path):

@@ -161,6 +161,26 @@ def test_a_running_job_shows_its_step_and_rate(home, job_file):
         job.finish()
 
 
+def test_a_supervised_detached_job_shows_its_step_and_rate_as_it_runs(home, job_file):
+    """A detached job with restarts is its supervisor's to record: the supervisor's follow of the workers' logs
+    keeps their steps in the record as they come (remote/log_follower.py), not only at the end."""
+    counts = "import time\nfor step in range(1, 1000):\n    print(f'step {step}', flush=True)\n    time.sleep(0.05)\n"
+    spec = job_file("target: {local: {workers: 2}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\n"
+                    "restarts: {max: 1, on: [failure]}\n", {"train.py": counts})
+    started = podrun("exec", spec, "--detach")
+    assert started.returncode == 0, started.stderr
+    job_id = job_id_in(started.stderr)
+    try:
+        wait_until(lambda: re.search(r"supervised, idle \d+s\) +\d+ \d+/min ", podrun("jobs").stdout),
+                   "a step and a steps-per-minute figure while it runs", timeout=30)
+        row = podrun("jobs").stdout.splitlines()[1]
+        step, rate = re.search(r"\) +(\d+) (\d+)/min ", row).groups()
+        assert int(step) >= 20 and 200 < int(rate) < 1300, row
+        assert "running (supervised" in row, row
+    finally:
+        assert podrun("stop", job_id).returncode == 0
+
+
 @pytest.mark.slow
 def test_a_detached_jobs_hub_takes_stall_auto_from_the_step_time_too(home, job_file, monkeypatch):
     monkeypatch.setenv("PODRUN_STALL_AUTO_FLOOR", "1")  # read by the launcher, handed to worker 0's hub
