@@ -61,7 +61,9 @@ def main(pending: bytes) -> int:
     known_hosts.take_handed_over(payload["known_hosts"])
     if options.dry_run:
         return run_here(spec, payload["ships_code"], options)
-    job_id = jobstore.new_job_id(spec.name)
+    job_id = payload.get("job_id")  # the laptop's, recorded there before it handed the job over
+    if not (isinstance(job_id, str) and jobstore.is_job_id(job_id, spec.name)) or os.path.exists(console_dir(job_id)):
+        job_id = jobstore.new_job_id(spec.name)
     console = console_dir(job_id)
     paths.make_private_dir(console)
     _keep_for_adoption(os.path.dirname(console), payload, spec)

@@ -30,7 +30,7 @@ from podrun.cloud.settings import COMPUTE_ENDPOINT, OSLOGIN_ENDPOINT, PROJECT, T
 from podrun.errors import PodrunError, UsageError
 from podrun.launch.exec_options import ExecOptions
 from podrun.notify import url_from_launcher
-from podrun.output import say, say_success
+from podrun.output import say, say_failure, say_success
 from podrun.paths import remote_code_dir
 from podrun.plan import secrets_from_launcher
 from podrun.shipping import archive, scan
@@ -102,6 +102,7 @@ def _known_as(spec: JobSpec) -> list[str]:
 
 async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.Tree | None, payload: dict,
                      options: ExecOptions, begun: early.Begun | None) -> int:
+    record: jobstore.JobRecord | None = None  # the job's pointer here, made before the host may begin anything of it
     try:
         if begun is None:
             await remote.connect(transport, host)
@@ -113,15 +114,21 @@ async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.
         finally:
             if shipped is not None:
                 await shipped
-        channel.stdin.write(json.dumps(payload).encode() + b"\n")
         if options.dry_run:
+            channel.stdin.write(json.dumps(payload).encode() + b"\n")
             return await remote.relay(channel, options.raw, stdout_begun=True)
-        started = await channel.stdout.readline()
-        if not started:  # it refused the job before starting it (its one line says why)
-            return await remote.relay(channel, stdout_begun=True)
-        job_id, console = answers.started(started, host, spec.name)
+        # the job's id chosen and recorded here first: once the host has the job it may make a TPU and bill it,
+        # and `podrun jobs` shows it (`on HOST`) whatever becomes of the link from here on
         supervisor = {"host": host, "endpoint": transport.endpoint(), "podrun": podrun}
-        record = _pointer(spec, job_id, supervisor, options.detach)
+        record = _pointer(spec, jobstore.new_job_id(spec.name), supervisor, options.detach)
+        job_id = record.id
+        channel.stdin.write(json.dumps({**payload, "job_id": job_id}).encode() + b"\n")
+        started = await channel.stdout.readline()
+        if not started:  # it refused the job before starting it (its one line says why), or the link broke
+            code = await remote.relay(channel, stdout_begun=True)
+            shutil.rmtree(record.dir)
+            return code
+        console = answers.started(started, host, job_id)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
             f"there: {os.path.join(console, 'stderr')}); this machine may close once it runs")
         code = await _follow(channel, host, job_id, options.raw)
@@ -136,7 +143,12 @@ async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.
             shutil.rmtree(record.dir)  # it failed before its job began there (no TPU API, a worker refused it)
         return code
     except ChannelLost as lost:  # before the job's console began (its check, its code, its start)
-        raise PodrunError(f"supervisor {host}: the link broke ({lost})") from None
+        if record is None:
+            raise PodrunError(f"supervisor {host}: the link broke ({lost})") from None
+        say_failure(f"the link to the supervisor {host} broke as it took job {record.id} ({lost}); it may run there "
+                    f"(and make its TPU): `podrun jobs` shows it, on {host}, until the host answers; "
+                    f"`podrun stop {record.id}` stops it")
+        return exits.LOST
     finally:
         await transport.close()
 

@@ -10,12 +10,17 @@ each request. Run under `flock /tmp/podrun-lab.lock`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+
+from podrun import __version__
 
 from helpers import (
     LAPTOP_TOKEN,
@@ -252,3 +257,43 @@ def test_a_job_never_read_before_its_supervisor_is_cut_off_reads_running_unreach
     stopped = podrun("stop", job_id)
     assert stopped.returncode == 0, stopped.stderr
     assert anything_of_the_job(job_id) == []
+
+
+def sessions_of(lab, index: int) -> list[int]:
+    """The host's sshd processes that serve a connection (not the one that listens)."""
+    pids = subprocess.run(["ip", "netns", "pids", lab.hosts[index].namespace], capture_output=True, text=True).stdout
+    return [int(pid) for pid in pids.split() if os.path.exists(f"/proc/{pid}/cmdline")
+            and re.match(rb"sshd(-session)?: root", Path(f"/proc/{pid}/cmdline").read_bytes())]
+
+
+def test_a_handover_cut_off_before_the_host_says_it_started_the_job_is_recorded_here(home, lab, hosts_spec,
+                                                                                       supervisor, tmp_path):
+    """Issue 52's first defect: a host that has the job may make a TPU and bill it; the laptop records the job
+    before it hands it over, says in one line what became of it, and `podrun jobs` shows it on that host. The
+    host's podrun here takes the job and is then cut off before its first answer (its sshd sessions killed)."""
+    handed = tmp_path / "handed-job.json"
+    taker = tmp_path / "podrun-that-takes-the-job"
+    taker.write_text(f"""#!/bin/sh
+case "$1" in --version) echo "podrun {__version__}"; exit 0;; esac
+read wanted
+printf '@podrun:version=%s\\n' "$wanted"
+read job || exit 0  # a handover begun early and given up: nothing came
+printf '%s\\n' "$job" > {handed}
+exec sleep 600
+""")
+    taker.chmod(0o755)
+    spec = hosts_spec(f"supervisor: {{host: {supervisor.address}, podrun: {taker}}}\nrun: sleep 600\n")
+    handing = Background("exec", spec, "--detach")
+    wait_until(lambda: handed.exists() and handed.read_text().endswith("\n"), "the host to have the job", timeout=30)
+    for pid in sessions_of(lab, SUPERVISOR_HOST):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert handing.finish(timeout=30) == 255, handing.text
+    job_id = json.loads(handed.read_text())["job_id"]
+    assert handing.lines[-1].startswith(f"podrun: the link to the supervisor {supervisor.address} broke as it took job "
+                                        f"{job_id} ("), handing.text
+    assert handing.lines[-1].endswith(f"`podrun jobs` shows it, on {supervisor.address}, until the host answers; "
+                                      f"`podrun stop {job_id}` stops it"), handing.text
+    assert "Traceback" not in handing.text
+    row = next((line for line in podrun("jobs", timeout=60).stdout.splitlines() if line.startswith(job_id)), "")
+    assert f"running (on {supervisor.address}" in row, row
