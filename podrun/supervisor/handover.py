@@ -125,9 +125,9 @@ async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.
         channel.stdin.write(json.dumps({**payload, "job_id": job_id}).encode() + b"\n")
         started = await channel.stdout.readline()
         if not started:  # it refused the job before starting it (its one line says why), or the link broke
-            code = await remote.relay(channel, stdout_begun=True)
+            refused = await remote.relay(channel, stdout_begun=True)
             shutil.rmtree(record.dir)
-            return code
+            return refused
         console = answers.started(started, host, job_id)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
             f"there: {os.path.join(console, 'stderr')}); this machine may close once it runs")
