@@ -61,7 +61,7 @@ class JobRecord:
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
                  supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False,
                  steps: list[dict] | None = None, events: list[dict] | None = None, price: dict | None = None,
-                 giving_back: str | None = None):
+                 giving_back: str | None = None, cause: dict | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -94,6 +94,8 @@ class JobRecord:
         # what podrun does with the capacity after the job ended, while it does it or where it failed (`deleting
         # its TPU`, `deleting its TPU failed: ...`): the state alone would read as if nothing were still billed
         self.giving_back = giving_back
+        # why the current attempt failed, once it did: {class, worker, rank, step, text} (launch/causes.py)
+        self.cause = cause
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -145,9 +147,9 @@ class JobRecord:
         again; its workers are the caller's to set."""
         self.attempts.append({"attempt": self.attempt, "state": self.state, "exit_code": self.exit_code,
                               "summary": self.summary, "started_at": self.attempt_started_at(),
-                              "ended_at": self.ended_at})
+                              "ended_at": self.ended_at, "cause": self.cause})
         self.attempt += 1
-        self.state, self.exit_code, self.summary, self.ended_at = RUNNING, None, None, None
+        self.state, self.exit_code, self.summary, self.ended_at, self.cause = RUNNING, None, None, None, None
         os.makedirs(os.path.dirname(self.log_path(0)), mode=0o700, exist_ok=True)
         self.save()
 

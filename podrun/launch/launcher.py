@@ -21,7 +21,7 @@ from collections.abc import Callable
 from podrun import exits, jobstore, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError, WorkersUnreachable
-from podrun.launch import endings, preflight, stall
+from podrun.launch import causes, endings, preflight, stall
 from podrun.launch.steps import (
     TAIL_LINES_KEPT,
     StepResult,
@@ -76,6 +76,8 @@ class Launch:
         self.agents_killed: set[int] = set()  # workers whose agent a signal ended before its report
         self.stalled: str | None = None  # which workers were silent and how long, once the job stalled
         self.warned = False  # a worker's agent stopped on a SIGTERM where the capacity warns_steps (ran_out)
+        self.failed_results: list[StepResult] = []  # a step's workers that failed on their own, as their exits came
+        self.stopped_results: list[StepResult] = []  # and those its stop (or the job's end) stopped
         self.out_of_time: str | None = None  # why the capacity's time ran out, once a failure showed it (ran_out)
         self.falls = stall.Falls((job.progress or {}).get("pattern"))  # workers whose step fell: said once
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
@@ -213,6 +215,7 @@ class Launch:
         silence: asyncio.Future = asyncio.ensure_future(
             stall.silence(worker_steps, stall_s, self.record, by_steps) if stall_s else asyncio.Event().wait())
         failure = None
+        self.failed_results, self.stopped_results = [], []  # the step's, in the order their exits came
         stopping = False
         countdown: asyncio.Future | None = None
         while finishing:
@@ -227,6 +230,10 @@ class Launch:
                 worker = ended.plan.worker
                 result = task.result()
                 self._record_exit(result)
+                if result.stop_reason:  # podrun (or the job's end) stopped it: no cause of the failure
+                    self.stopped_results.append(result)
+                elif result.failed and not result.killed:
+                    self.failed_results.append(result)
                 if not result.detached:
                     timeline.end(stop or phase, result.index)
                 if ended.line_counter is not None:
@@ -301,7 +308,7 @@ class Launch:
         if self.tree is not None:
             for worker, report in zip(workers, reports):
                 if report.get("changed_count"):
-                    say(changed_code_line(worker.index, report["changed"].split("\n"), report["changed_count"]))
+                    say(preflight.changed_code_line(worker.index, report["changed"].split("\n"), report["changed_count"]))
             missing = [worker for worker, report in zip(workers, reports) if not report["code"]]
             shipped_to = missing[:1] if self.target.shares_root else missing  # one home: the others see it there
             await self._ship(self.tree, shipped_to)
@@ -396,7 +403,10 @@ class Launch:
             return endings.preempted(self.record, self.preempted)
         if reason := self.out_of_time or await asyncio.to_thread(self.target.capacity.ran_out):
             return endings.out_of_time(self.record, reason)
-        return endings.failed(self.record, step, failure)
+        first = causes.told(self.record, self.plans, step, self.failed_results or [failure], self.stopped_results)
+        if first is not failure:  # its last lines, as the first failure's were said when it came
+            endings.report_failure(self.plans, step, first)
+        return endings.failed(self.record, step, first)
 
     def _on_step(self, index: int, step: int, at: float, event: dict) -> None:
         """A worker's agent reported a step it reached (the spec's progress): kept in the record, which is
@@ -436,11 +446,3 @@ class Launch:
         if self.preempted:
             timeline.end(timeline.begin(self.record, "preempted", why=self.preempted))
 
-
-def changed_code_line(index: int, named: list[str], count: int) -> str:
-    """A worker's copy of the code that a job wrote into (remote/checkout.verify removed it)."""
-    more = f" and {count - len(named)} more" if count > len(named) else ""
-    them, copies = ("it", "a copy of it") if count == 1 else ("them", "copies of them")
-    return (f"worker {index}: {counted(count, 'code file')} changed since it was shipped ({', '.join(named)}{more}): "
-            f"a job wrote into {them} through the run directory; shipping the code again to restore {them} "
-            f"(from now on the run directory gets {copies}, not links)")

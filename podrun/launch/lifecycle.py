@@ -227,7 +227,13 @@ class Lifecycle:
 
     def _restart_due(self, record: jobstore.JobRecord) -> bool:
         cause = restart_policy.cause(record.state, record.exit_code, record.summary)
-        if cause is None or cause not in self.restart_on:
+        found = record.cause or {}
+        klass = found.get("class") if cause == "failure" else None
+        if cause is None or (cause not in self.restart_on and klass not in self.restart_on):
+            return False
+        if klass == "config" and "config" not in self.restart_on:
+            say(f"no restart: worker {found['worker']} failed on a configuration error ({found['text']}), which fails "
+                f"the same way every time; `restarts.on: [config]` restarts it anyway")
             return False
         if cause == "time_limit":  # a continuation: restarts.max counts failures
             return not self._no_progress(record)

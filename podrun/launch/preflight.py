@@ -198,3 +198,12 @@ async def check_shared_code(plans: list[WorkerPlan], shipped_to: Worker) -> None
         raise PodrunError(f"{shown} do(es) not see the code shipped to {shipped_to.address} ({plans[0].code_dir} in "
                           f"{shipped_to.transport.root}): its workers must share one home directory, where podrun "
                           f"ships the code once, and they do not")
+
+
+def changed_code_line(index: int, named: list[str], count: int) -> str:
+    """A worker's copy of the code that a job wrote into (remote/checkout.verify removed it)."""
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    them, copies = ("it", "a copy of it") if count == 1 else ("them", "copies of them")
+    return (f"worker {index}: {counted(count, 'code file')} changed since it was shipped ({', '.join(named)}{more}): "
+            f"a job wrote into {them} through the run directory; shipping the code again to restore {them} "
+            f"(from now on the run directory gets {copies}, not links)")

@@ -153,9 +153,10 @@ class Analysis:
 
 
 def _attempts(record: jobstore.JobRecord) -> list[dict]:
-    """Every attempt, the current one last: {attempt, state, exit_code, summary, started_at, ended_at}."""
+    """Every attempt, the current one last: {attempt, state, exit_code, summary, started_at, ended_at, cause}."""
     current = {"attempt": record.attempt, "state": record.current_state(), "exit_code": record.exit_code,
-               "summary": record.summary, "started_at": record.attempt_started_at(), "ended_at": record.ended_at}
+               "summary": record.summary, "started_at": record.attempt_started_at(), "ended_at": record.ended_at,
+               "cause": record.cause}
     return [*record.attempts, current]
 
 

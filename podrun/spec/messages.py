@@ -65,8 +65,10 @@ EXPECTED = {
     "idle_delete": "a duration above 0 such as 2h, 30m or 90 (seconds)",
     "restarts": "a mapping such as {max: 3, on: [preemption]}",
     "restarts.max": "a number of restarts from 0 to 100",
-    "restarts.on": "a list of preemption, failure, stall and/or time_limit",
-    "restarts.on.*": "preemption, failure, stall or time_limit",
+    "restarts.on": "a list of preemption, failure, stall, time_limit and/or a failure's classes (oom, collective, "
+                   "hardware, config, exception, signal, lost, unknown)",
+    "restarts.on.*": "preemption, failure, stall, time_limit, or a failure's class: oom, collective, hardware, config, "
+                     "exception, signal, lost or unknown",
     "restarts.exit_codes": "a list of exit codes such as [42, 75]",
     "restarts.exit_codes.*": "an exit code from 1 to 255",
     "restarts.until_no_progress": "a number of attempts from 1 to 100",

@@ -207,7 +207,9 @@ def _seconds(value: Any) -> float | None:
 
 
 DeleteAfter = Literal["never", "success", "always"]
-RestartCause = Literal["preemption", "failure", "stall", "time_limit"]
+# the ends that restart a job, then the classes of a failure's cause (launch/causes.py) that restart it alone
+RestartCause = Literal["preemption", "failure", "stall", "time_limit",
+                       "oom", "collective", "hardware", "config", "exception", "signal", "lost", "unknown"]
 NotifyEvent = Literal["failure", "preemption", "stall", "restart", "success"]
 NOTIFY_EVENTS: tuple[str, ...] = typing.get_args(NotifyEvent)
 RESTART_CAUSES: tuple[str, ...] = typing.get_args(RestartCause)
@@ -309,7 +311,9 @@ class Restarts(WithOn):
     on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
         Field(None, min_length=1,
               description="preemption (the TPU is created again), failure and/or stall (run again on the same "
-                          "workers), time_limit (a Slurm job continued on a new allocation, not counted in max); "
+                          "workers), time_limit (a Slurm job continued on a new allocation, not counted in max), or "
+                          "the classes of a failure's cause (oom, collective, hardware, config, exception, signal, "
+                          "lost, unknown: those failures alone; failure is every class but config); "
                           "default: [preemption] on a tpu target, [failure] elsewhere")
     exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
         None, min_length=1, description="failure restarts only for these exit codes (default: any)")

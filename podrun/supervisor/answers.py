@@ -179,8 +179,10 @@ def _counts(value: object, path: str) -> None:
 WORKER = _object({"index": COUNT, "address": TEXT, "exit_code": EXIT_CODE, "signal": MAYBE_TEXT,
                   "endpoint": ANY_OBJECT, "stop_reason": MAYBE_TEXT, "rank": MAYBE_COUNT, "output_at": MAYBE_SECONDS,
                   "killed": FLAG, "step": MAYBE_COUNT, "step_at": MAYBE_SECONDS}, required=("index", "address"))
+CAUSE = _object({"class": TEXT, "worker": COUNT, "rank": MAYBE_COUNT, "step": MAYBE_COUNT, "text": TEXT},
+                required=("class", "worker", "text"))  # launch/causes.py
 ATTEMPT = _object({"attempt": COUNT, "state": STATE, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
-                   "started_at": SECONDS, "ended_at": MAYBE_SECONDS},
+                   "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "cause": _or_null(CAUSE)},
                   required=("attempt", "state", "exit_code", "summary", "started_at", "ended_at"))
 PHASE = _object({"phase": TEXT, "attempt": COUNT, "start": SECONDS, "end": MAYBE_SECONDS,
                  "workers": _mapping_of_workers(_span),
@@ -215,5 +217,5 @@ RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
            "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
            "events": _list_of(EVENT), "price": _or_null(PRICE), "giving_back": MAYBE_TEXT, "cost": ANY_OBJECT,
-           "notes": _list_of(TEXT)},
+           "notes": _list_of(TEXT), "cause": _or_null(CAUSE)},
           ("id", "name", "target", "spec_path", "workers"), False)

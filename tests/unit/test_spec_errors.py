@@ -126,7 +126,8 @@ BAD_SPECS = [
     ("cost per hour not above 0", "run: echo\ncost: {per_hour: 0}\n",
      "{file}: cost.per_hour: expected a price per hour above 0, such as 12.5, got 0"),
     ("restarts on a cause podrun does not know", "run: echo\nrestarts: {on: [hang]}\n",
-     "{file}: restarts.on.0: expected preemption, failure, stall or time_limit, got 'hang'"),
+     "{file}: restarts.on.0: expected preemption, failure, stall, time_limit, or a failure's class: oom, collective, "
+     "hardware, config, exception, signal, lost or unknown, got 'hang'"),
     ("time_limit restarts off Slurm", "run: echo\nrestarts: {on: [time_limit]}\n",
      "{file}: restarts.on: time_limit continues a Slurm job on a new allocation, but the target is local: remove it"),
     ("supervisor host not a host", "run: echo\nsupervisor: {host: 'a b'}\n",
