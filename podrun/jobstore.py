@@ -61,7 +61,7 @@ class JobRecord:
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
                  supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False,
                  steps: list[dict] | None = None, events: list[dict] | None = None, price: dict | None = None,
-                 giving_back: str | None = None, cause: dict | None = None):
+                 giving_back: str | None = None, cause: dict | None = None, total_steps: int | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -96,6 +96,7 @@ class JobRecord:
         self.giving_back = giving_back
         # why the current attempt failed, once it did: {class, worker, rank, step, text} (launch/causes.py)
         self.cause = cause
+        self.total_steps = total_steps  # the spec's progress.total: the job's last step, for its ETA (`podrun jobs`)
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}

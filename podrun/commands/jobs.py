@@ -81,10 +81,14 @@ def _step(record: jobstore.JobRecord, state: str) -> str:
     if entry is None:
         return "-"
     shown = f"{entry['first']}-{entry['last']}" if record.attempt and entry["first"] != entry["last"] else str(entry["last"])
+    total = record.total_steps
+    if total:
+        shown += f"/{total} {min(100.0, 100 * entry['last'] / total):.0f}%"
     rate = progress.steps_per_minute(record, time.time()) if state == jobstore.RUNNING else None
     if rate is None:
         return shown
-    return f"{shown} {rate:.0f}/min" if rate >= 10 else f"{shown} {rate:.2g}/min"
+    shown = f"{shown} {rate:.0f}/min" if rate >= 10 else f"{shown} {rate:.2g}/min"
+    return f"{shown} {duration_text(60 * max(0, total - entry['last']) / rate)} left" if total and rate else shown
 
 
 def _notes(handle: handles.JobHandle, state: str) -> list[str]:

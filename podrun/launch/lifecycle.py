@@ -145,7 +145,8 @@ class Lifecycle:
         record = jobstore.JobRecord(
             id=job_id, name=spec.name, target=self.target.record_label(workers),
             spec_path=str(spec.path), workers=self._worker_records(), stop_grace_s=stop_grace_s,
-            shared_root=self.target.shares_root, price=self._price())
+            shared_root=self.target.shares_root, price=self._price(),
+            total_steps=spec.progress.total if spec.progress else None)
         record.create()
         say(f"job {record.id}: {counted(len(self.selected), self.target.worker_noun)}; logs in {record.dir}")
         return record

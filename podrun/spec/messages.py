@@ -51,6 +51,7 @@ EXPECTED = {
     "progress": "a regular expression whose first group is the step, such as 'step (\\d+)', or {file: PATH}",
     "progress.pattern": "a regular expression whose first group is the step, such as 'step (\\d+)'",
     "progress.file": "the path of a file the job writes its step into, such as step.txt",
+    "progress.total": "the job's last step, a whole number from 1, such as 10000",
     # a pattern with named groups (remote/step_reader.py): the epoch's and the step's, no other
     "progress.groups": "no named group but epoch and step, as in 'Epoch (?P<epoch>\\d+):.*?(?P<step>\\d+)/\\d+'",
     "progress.epoch": "a group for the step besides the epoch's, as in 'Epoch (?P<epoch>\\d+):.*?(\\d+)/\\d+'",

@@ -261,6 +261,8 @@ class Progress(Model):
                                         "the step of each epoch (the group named step, else the first other one)")
     file: str | None = Field(None, min_length=1, description="a file the job writes its step into (relative to "
                                                             "the run directory), read every second")
+    total: int | None = Field(None, ge=1, description="the job's last step: `podrun jobs` shows the share done and, "
+                                                      "from the recent step rate, the time left")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Progress:

@@ -217,5 +217,5 @@ RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
            "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
            "events": _list_of(EVENT), "price": _or_null(PRICE), "giving_back": MAYBE_TEXT, "cost": ANY_OBJECT,
-           "notes": _list_of(TEXT), "cause": _or_null(CAUSE)},
+           "notes": _list_of(TEXT), "cause": _or_null(CAUSE), "total_steps": MAYBE_COUNT},
           ("id", "name", "target", "spec_path", "workers"), False)

@@ -161,6 +161,25 @@ def test_a_running_job_shows_its_step_and_rate(home, job_file):
         job.finish()
 
 
+def test_a_job_with_a_total_shows_the_share_done_and_the_time_left(home, job_file):
+    counts = "import time\nfor step in range(1, 1000):\n    print(f'step {step}', flush=True)\n    time.sleep(0.05)\n"
+    spec = job_file("target: {local: {workers: 1}}\nrun: python3 train.py\n"
+                    "progress: {pattern: 'step (\\d+)', total: 1000}\n", {"train.py": counts})
+    job = Background("exec", spec)
+    try:
+        job.wait_for(r"step 60$")
+        wait_until(lambda: " left " in podrun("jobs").stdout, "a time left")
+        row = podrun("jobs").stdout.splitlines()[1]
+        step, share, rate, minutes, seconds = re.search(
+            r"\) +(\d+)/1000 (\d+)% (\d+)/min (?:(\d+)m)?([\d.]+)s left ", row).groups()
+        assert int(share) == int(step) // 10, row
+        left_s = 60 * int(minutes or 0) + float(seconds)
+        assert abs(left_s - 60 * (1000 - int(step)) / int(rate)) < 2, row  # the steps left at the recent rate
+    finally:
+        job.process.terminate()
+        job.finish()
+
+
 def test_a_supervised_detached_job_shows_its_step_and_rate_as_it_runs(home, job_file):
     """A detached job with restarts is its supervisor's to record: the supervisor's follow of the workers' logs
     keeps their steps in the record as they come (remote/log_follower.py), not only at the end."""
