@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from podrun import jobstore, progress
 from podrun.errors import SpecError
-from podrun.output import say
+from podrun.output import masked, say
 from podrun.remote import notice
 
 ENDED_AS = {jobstore.FAILED: "failure", jobstore.PREEMPTED: "preemption", jobstore.STALLED: "stall",
@@ -31,12 +31,11 @@ DRAIN_S = notice.BOUND_S + 2.0  # what an ending job waits, at most, for its las
 
 class Notifier:
     """The notifications of one job: `notify` is the spec's (None: none are sent), its url_env read from this
-    process's environment; `secrets`, values no message may hold (each is replaced by ***)."""
+    process's environment. No message holds a secret the launcher hid (output.hide): each reads ***."""
 
-    def __init__(self, notify, secrets: list[str]):
+    def __init__(self, notify):
         self.url = notify.url_in(os.environ) if notify else None
         self.on = set(notify.on) if notify else set()
-        self.secrets = sorted({value for value in secrets if value}, key=len, reverse=True)
         self.told: set[tuple[int, str]] = set()  # (attempt, event) sent already
         self.last: threading.Thread | None = None  # the latest delivery, which waits for the one before
         self.under_way: list[dict] = []  # entries whose delivery has not ended
@@ -96,7 +95,7 @@ class Notifier:
         for line in self.unsaid:  # lines the thread could not say while a live region was drawn
             say(line)
         self.unsaid.clear()
-        body = notice.message(record.id, record.name, state, event, attempt, step, self._scrubbed(reason))
+        body = notice.message(record.id, record.name, state, event, attempt, step, reason and masked(reason))
         entry = notice.entry(body, {"delivered": None, "tries": 0}, self.url, "launcher")
         self.under_way.append(entry)
         self.last = threading.Thread(target=self._deliver, args=(record, body, entry, self.last), daemon=True)
@@ -123,11 +122,6 @@ class Notifier:
     def _tried(self, entry: dict, tries: int) -> None:
         with self.lock:
             entry["tries"] = tries  # so that one given up at the job's end says how many tries had ended
-
-    def _scrubbed(self, text: str | None) -> str | None:
-        for secret in self.secrets:
-            text = text and text.replace(secret, "***")
-        return text
 
 
 def secret_values(spec, extra_env: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:

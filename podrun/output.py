@@ -4,9 +4,11 @@ durations, worker ranges and tables. A live terminal region (terminal.py) stays 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 from podrun import escapes
 
@@ -73,12 +75,19 @@ def grace_left(ends_at: float) -> str:
             else "stopping: the grace period is over: SIGKILL sent")
 
 
-_hidden: list[str] = []  # the job's secret values (hide()): no line podrun says holds one
+_hidden: list[str] = []  # the running job's secret values (hidden()): no line podrun says holds one
 
 
-def hide(secrets: list[str]) -> None:
-    """From now on, each of `secrets` reads *** in what podrun says and in a job's record (masked())."""
+@contextlib.contextmanager
+def hidden(secrets: list[str]) -> Iterator[None]:
+    """While the job runs, each of `secrets` reads *** in what podrun says, records and notifies (masked());
+    then what was hidden before (nothing, or an enclosing job's) again."""
+    before = _hidden[:]
     _hidden[:] = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+    try:
+        yield
+    finally:
+        _hidden[:] = before
 
 
 def masked(text: str) -> str:

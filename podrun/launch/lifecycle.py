@@ -31,7 +31,7 @@ from podrun.launch.holding import Holding
 from podrun.launch.kept import Kept
 from podrun.launch.launcher import HANDLED_SIGNALS, Launch
 from podrun.notify import Notifier, secret_values
-from podrun.output import counted, hide, say, say_failure
+from podrun.output import counted, hidden, say, say_failure
 from podrun.plan import JobPlan, job_plan, parse_worker_selection
 from podrun.shipping import relay, scan
 from podrun.spec.model import JobSpec
@@ -65,9 +65,9 @@ class Lifecycle:
         # its capacity: made, made again, given back (exec --down: deleted whatever the end)
         self.holding = Holding(spec, target, "always" if down else spec.delete_after)
         self.on_running: Callable[[], None] | None = None
-        secrets = secret_values(spec, extra_env, os.environ)
-        hide(secrets)  # a secret the program prints is *** in what podrun says and records, as in notifications
-        self.notifier = Notifier(spec.notify, secrets)  # the spec's notify
+        # a secret the program prints is *** in what podrun says, records and notifies while the job runs
+        self.secrets = secret_values(spec, extra_env, os.environ)
+        self.notifier = Notifier(spec.notify)  # the spec's notify
         # podrun's settings read now: one it cannot use is one line before anything starts
         self.backoff_s = seconds(restart_policy.RESTART_BACKOFF, zero=True)
         control_tree.settings()
@@ -88,7 +88,8 @@ class Lifecycle:
         `job_id`: the id chosen beforehand (a supervisor host's); `on_running`: called once the first
         attempt's run has started everywhere."""
         self.on_running = on_running
-        with interrupts.interruptible_once(HANDLED_SIGNALS):  # a second interrupt cannot stop the cleanup
+        # a second interrupt cannot stop the cleanup
+        with hidden(self.secrets), interrupts.interruptible_once(HANDLED_SIGNALS):
             return self._run(selection, stop_grace_s, job_id)
 
     def _run(self, selection: str | None, stop_grace_s: float, job_id: str | None) -> int:
@@ -342,7 +343,7 @@ class Lifecycle:
             os.dup2(log, 1)
             os.dup2(log, 2)
         self._supervised_by(record, os.getpid())  # the same as its launcher saved: a supervisor adopted again is new
-        with interrupts.interruptible_once(HANDLED_SIGNALS):
+        with hidden(self.secrets), interrupts.interruptible_once(HANDLED_SIGNALS):
             try:
                 try:
                     return self._restart_while_due(record, (resume or (lambda: self._watch(record)))())

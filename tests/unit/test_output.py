@@ -105,3 +105,16 @@ def test_a_ranks_output_is_cut_into_the_segments_its_line_ends_make(data):
     ends = [match.end() for match in re.finditer(rb"\r\n|\n|\r(?!\Z)", data)]
     segments = [data[start:end] for start, end in zip([0, *ends], ends)]
     assert split_segments(data) == ([s for s in segments if s != b"\r"], data[ends[-1] if ends else 0:])
+
+
+def test_secrets_are_hidden_while_their_job_runs_and_not_after():
+    """hidden() is the job's: a process that runs another job after it (the suite's, a supervisor's) must not
+    mask the first job's values in what it says (a secret like `fake` read *** in every later message)."""
+    from podrun.output import hidden, masked
+
+    with hidden(["s3cr3t", "s3"]):
+        assert masked("token s3cr3t and s3") == "token *** and ***"
+        with hidden(["inner"]):
+            assert masked("s3cr3t inner") == "s3cr3t ***"
+        assert masked("s3cr3t inner") == "*** inner"
+    assert masked("token s3cr3t") == "token s3cr3t"
