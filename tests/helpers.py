@@ -792,3 +792,15 @@ class Browser:
             self.process.wait()
         os.close(self._to)
         os.close(self._from)
+
+
+def sshd_sessions(namespace: str) -> list[int]:
+    """A lab host's sshd processes that serve a connection (not the one that listens): killed, its connections
+    drop while the host and its sshd stay."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    serving = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if re.match(rb"sshd(-session)?: root", Path(f"/proc/{pid}/cmdline").read_bytes()):
+                serving.append(int(pid))
+    return serving

@@ -8,12 +8,10 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from helpers import Background, job_id_in, podrun
+from helpers import Background, job_id_in, podrun, sshd_sessions
 
 pytestmark = pytest.mark.lab
 
@@ -52,22 +50,11 @@ def test_a_restart_on_the_same_hosts_runs_over_the_connections_it_had(home, host
         assert by_attempt[0] == by_attempt[1], f"worker {index} connected again: {ports}"
 
 
-def session_processes(namespace: str) -> list[int]:
-    """The host's sshd processes that serve a connection (not the one that listens)."""
-    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
-    serving = []
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if re.match(rb"sshd(-session)?: root", Path(f"/proc/{pid}/cmdline").read_bytes()):
-                serving.append(int(pid))
-    return serving
-
-
 def test_a_worker_whose_connection_dropped_is_connected_again_for_the_restart(home, lab, hosts_spec, monkeypatch):
     monkeypatch.setenv("PODRUN_RESTART_BACKOFF", "0")
     running = Background("exec", hosts_spec(SAYS_ITS_CONNECTION))
     running.wait_for("attempt 0: worker 1 over port")
-    serving = session_processes(lab.hosts[1].namespace)
+    serving = sshd_sessions(lab.hosts[1].namespace)
     assert serving, "worker 1's connection is served by an sshd process"
     for pid in serving:  # its connection drops; the host and its sshd stay
         with contextlib.suppress(ProcessLookupError):

@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -38,6 +36,7 @@ from helpers import (
     podrun_on_this_machine,
     processes_of_job,
     require_nft,
+    sshd_sessions,
     supervised_tpu_spec,
     wait_until,
     worker_log_on_the_laptop,
@@ -259,13 +258,6 @@ def test_a_job_never_read_before_its_supervisor_is_cut_off_reads_running_unreach
     assert anything_of_the_job(job_id) == []
 
 
-def sessions_of(lab, index: int) -> list[int]:
-    """The host's sshd processes that serve a connection (not the one that listens)."""
-    pids = subprocess.run(["ip", "netns", "pids", lab.hosts[index].namespace], capture_output=True, text=True).stdout
-    return [int(pid) for pid in pids.split() if os.path.exists(f"/proc/{pid}/cmdline")
-            and re.match(rb"sshd(-session)?: root", Path(f"/proc/{pid}/cmdline").read_bytes())]
-
-
 def test_a_handover_cut_off_before_the_host_says_it_started_the_job_is_recorded_here(home, lab, hosts_spec,
                                                                                        supervisor, tmp_path):
     """Issue 52's first defect: a host that has the job may make a TPU and bill it; the laptop records the job
@@ -285,7 +277,7 @@ exec sleep 600
     spec = hosts_spec(f"supervisor: {{host: {supervisor.address}, podrun: {taker}}}\nrun: sleep 600\n")
     handing = Background("exec", spec, "--detach")
     wait_until(lambda: handed.exists() and handed.read_text().endswith("\n"), "the host to have the job", timeout=30)
-    for pid in sessions_of(lab, SUPERVISOR_HOST):
+    for pid in sshd_sessions(lab.hosts[SUPERVISOR_HOST].namespace):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert handing.finish(timeout=30) == 255, handing.text
