@@ -24,9 +24,9 @@ class Refused(PodrunError):
     """What a supervisor host said is not what its podrun says: one line, ending `refused`."""
 
 
-def started(line: bytes, host: str, job_id: str) -> str:
-    """The console directory of `_supervise`'s first line (daemon.py), which names the job `job_id` as it was
-    handed over."""
+def started(line: bytes, host: str, name: str) -> tuple[str, str]:
+    """The job id and console directory of `_supervise`'s first line (daemon.py), for a job of this name: the
+    id handed over, or one of the host's own where its store had that one already."""
     try:
         fields = json.loads(line)
     except ValueError:
@@ -34,10 +34,11 @@ def started(line: bytes, host: str, job_id: str) -> str:
     if not isinstance(fields, dict) or not isinstance(fields.get("console"), str):
         raise Refused(f"supervisor {host}: its first line {_shown(line.decode(errors='replace'))} is not the job it "
                       f"started ({{\"job\": ID, \"console\": DIR}}); refused")
-    if fields.get("job") != job_id:
-        raise Refused(f"supervisor {host}: its job id {_shown(fields.get('job'))} is not the one handed over "
-                      f"({job_id}); refused")
-    return fields["console"]
+    job_id = fields.get("job")
+    if not isinstance(job_id, str) or not jobstore.is_job_id(job_id, name):
+        raise Refused(f"supervisor {host}: its job id {_shown(job_id)} is not one (expected {name}-YYYYMMDD-HHMMSS-XXXX, "
+                      f"as podrun makes them); refused")
+    return job_id, fields["console"]
 
 
 class _Bad(Exception):

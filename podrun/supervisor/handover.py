@@ -128,7 +128,14 @@ async def _hand_over(spec: JobSpec, host: str, transport: Transport, tree: scan.
             refused = await remote.relay(channel, stdout_begun=True)
             shutil.rmtree(record.dir)
             return refused
-        console = answers.started(started, host, job_id)
+        try:
+            job_id, console = answers.started(started, host, spec.name)
+        except answers.Refused:
+            shutil.rmtree(record.dir)  # nothing of a job the host named wrongly is kept
+            raise
+        if job_id != record.id:  # the host's store held the id handed over: the pointer takes the host's
+            shutil.rmtree(record.dir)
+            record = _pointer(spec, job_id, supervisor, options.detach)
         say(f"job {job_id}: handed over to the supervisor {host}, which keeps its record and logs (what podrun says "
             f"there: {os.path.join(console, 'stderr')}); this machine may close once it runs")
         code = await _follow(channel, host, job_id, options.raw)
