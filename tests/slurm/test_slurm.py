@@ -477,7 +477,8 @@ def test_a_job_past_its_time_limit_is_said_to_be(home, cluster, slurm_spec):
                      re.M), result.stderr
     # one story, told once: no worker "killed by SIGTERM" with its last lines, the limit not said again
     assert result.stderr.count("reached its time limit") == 1, result.stderr
-    assert "SIGTERM" not in result.stderr and "last lines" not in result.stderr, result.stderr
+    # (podrun may still say it stops the other worker: one ended first, whose SIGTERM comes from Slurm)
+    assert "killed by SIGTERM" not in result.stderr and "last lines" not in result.stderr, result.stderr
     assert "2 at the time limit" in podrun("jobs").stdout
     record = json.loads(podrun("jobs", "--json").stdout)[0]
     assert (record["state"], record["exit_code"]) == ("failed", 125), record
