@@ -15,14 +15,20 @@ from helpers import Background, job_id_in, podrun, sshd_sessions
 
 pytestmark = pytest.mark.lab
 
-# each attempt says which connection it came over: the client's port of $SSH_CONNECTION is the connection's
+# each attempt says which connection it came over: the client's port of $SSH_CONNECTION is the connection's.
+# With FAIL, worker 0 fails attempt 0 once every worker said so (lab hosts share this machine's /tmp)
 SAYS_ITS_CONNECTION = """\
 restarts: {max: 1, on: [failure]}
 run: |
   set -- $SSH_CONNECTION
   echo "attempt $PODRUN_ATTEMPT: worker $PODRUN_WORKER over port $2"
   [ "$PODRUN_ATTEMPT" = 1 ] && exit 0
-  [ "$PODRUN_WORKER" = 0 ] && [ -n "$FAIL" ] && exit 3
+  [ -z "$FAIL" ] || touch "/tmp/podrun-said-$PODRUN_JOB_ID-$PODRUN_WORKER"
+  if [ "$PODRUN_WORKER" = 0 ] && [ -n "$FAIL" ]; then
+    until [ "$(ls /tmp/podrun-said-$PODRUN_JOB_ID-* | wc -l)" -ge "$PODRUN_NUM_WORKERS" ]; do sleep 0.05; done
+    rm -f /tmp/podrun-said-$PODRUN_JOB_ID-*
+    exit 3
+  fi
   sleep 60
 """
 
