@@ -29,13 +29,16 @@ def test_an_oom_on_one_worker_is_the_cause_and_the_others_its_cascade(home, job_
     spec = job_file("target: {local: {workers: 3}}\nrun: python3 train.py\nprogress: 'step (\\d+)'\n",
                     {"train.py": OOM_IN_A_COLLECTIVE})
     result = podrun("exec", spec, timeout=180)
-    assert result.returncode == 1, result.stderr
+    # the exception ends worker 2 with exit 1, unless gloo's thread is still joinable at the interpreter's
+    # exit: then the C++ runtime aborts it (SIGABRT, 134). Either way the cause is the allocation.
+    worker_end = {1: "exited with code 1", 134: "was killed by SIGABRT (exit code 134)"}
+    assert result.returncode in worker_end, result.stderr
     said = [line for line in result.stderr.splitlines() if line.startswith("podrun: cause: ")]
     assert len(said) == 1, result.stderr
     assert said[0].startswith("podrun: cause: worker 2 failed first: out of memory (") and " at step 5" in said[0]
     assert "can't allocate memory" in said[0]
     assert "; workers 0-1 then failed in the collective" in said[0] or "; workers 0-1 were stopped" in said[0], said
-    assert f"job {job_id_in(result.stderr)} failed: worker 2 exited with code 1 in run" in result.stderr
+    assert f"job {job_id_in(result.stderr)} failed: worker 2 {worker_end[result.returncode]} in run" in result.stderr
     cause = json.loads(podrun("report", "--json", job_id_in(result.stderr)).stdout)["attempts"][-1]["cause"]
     assert (cause["class"], cause["worker"], cause["rank"], cause["step"]) == ("oom", 2, None, 5), cause
     assert "can't allocate memory" in cause["text"]
