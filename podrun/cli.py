@@ -65,7 +65,7 @@ def _exec(args: argparse.Namespace) -> int:
 def _exec_options(args: argparse.Namespace):
     """exec's flags, parsed here once into the values a launch (and a supervisor host's) takes as they are."""
     from podrun.launch.exec_options import ExecOptions
-    from podrun.spec.model import parse_stall, parse_stop_grace
+    from podrun.spec.values import parse_stall, parse_stop_grace
 
     return ExecOptions(args.dry_run, args.worker, _env_overrides(args.env), args.detach, args.kill_stale,
                        args.allow_large_workdir, _seconds("--grace", args.grace, parse_stop_grace), args.down,

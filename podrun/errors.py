@@ -40,6 +40,11 @@ class WorkersUnreachable(PodrunError):
         self.workers = workers
 
 
+class WorkersUnhealthy(WorkersUnreachable):
+    """Workers that failed the preflight health check (launch/health.py): left out as unreachable ones are,
+    where spares can take their place."""
+
+
 class NoCapacity(PodrunError):
     """Google has no capacity for the request in its zone (RESOURCE_EXHAUSTED), or a queued request gave
     up or waited past its zone's bound: `why` in Google's words, or the wait's."""

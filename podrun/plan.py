@@ -73,12 +73,15 @@ class JobPlan:
     rendezvous_port: int | None  # torchrun's, on worker 0
     stall_s: float | str | None  # the spec's `stall`: seconds, or "auto" (launch/stall.py)
     progress: dict | None = None  # the spec's `progress`: {"pattern": REGEX} or {"file": PATH}
+    # the spec's `preflight` (launch/health.py), with the devices the target promises and the job's backend
+    preflight: dict | None = None
 
 
 # what each check proves before a step (launch/preflight.py does them)
 CHECKS = {"docker": "every worker has docker",
           "torchrun": "every worker finds torchrun, of one torch version",
-          "rendezvous": "worker 0's rendezvous port is free and every worker reaches it"}
+          "rendezvous": "worker 0's rendezvous port is free and every worker reaches it",
+          "health": "every worker passes the spec's preflight"}
 
 
 def parse_worker_selection(selection: str | None, count: int) -> set[int]:
@@ -107,13 +110,25 @@ def job_plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, 
     plans = [worker_plan for worker_plan in plan(spec, target, workers, job_id, code_dir, extra_env, launcher_env,
                                                  attempt) if selected is None or worker_plan.worker.index in selected]
     steps = ("setup", "run") if spec.setup else ("run",)
-    torchrun = ("torchrun",) if spec.torchrun and not spec.docker else ()
+    torchrun: tuple[str, ...] = ("torchrun",) if spec.torchrun and not spec.docker else ()
+    torchrun += ("health",) * bool(spec.preflight)
     rendezvous = ("rendezvous",) if spec.torchrun else ()
     checks = {steps[0]: ("docker",) * bool(spec.docker) + (rendezvous if spec.setup else torchrun + rendezvous)}
     if spec.setup:
         checks["run"] = torchrun + rendezvous
     return JobPlan(plans, code_dir, steps, checks, spec.torchrun.port if spec.torchrun else None, spec.stall_s,
-                   spec.progress.model_dump(exclude_none=True) if spec.progress else None)
+                   spec.progress.model_dump(exclude_none=True) if spec.progress else None, preflight(spec, target))
+
+
+def preflight(spec: JobSpec, target: Target) -> dict | None:
+    """What launch/health.py checks: the spec's preflight, the devices the target promises each worker, the
+    job's backend. In a container the image brings the job's Python: only its devices and disk are checked."""
+    if not spec.preflight:
+        return None
+    checks = [check for check in spec.preflight.checks if not spec.docker or check in ("devices", "disk")]
+    device = spec.device or target.default_device
+    return {**spec.preflight.model_dump(by_alias=False), "checks": checks, "devices": target.promised_devices(),
+            "backend": "nccl" if device in ("CUDA", "ROCM") else "gloo"}
 
 
 def plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, code_dir: str,

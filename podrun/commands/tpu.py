@@ -150,7 +150,7 @@ def _zones(options: CreateOptions, accelerator_type: str) -> list[str | None]:
 def _duration_s(flag: str, duration: str | None) -> float | None:
     if duration is None:
         return None
-    from podrun.spec.model import parse_idle_delete  # pydantic loads only with a duration flag
+    from podrun.spec.values import parse_idle_delete
     from podrun.target_kinds.tpu import parse_valid_for
 
     try:

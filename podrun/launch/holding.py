@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from podrun import exits, jobstore, owners, timeline
 from podrun.cloud import labels
 from podrun.errors import PodrunError
+from podrun.launch import health
 from podrun.output import say
 from podrun.spec.model import DeleteAfter, JobSpec
 from podrun.targets.base import Target, Worker
@@ -108,12 +109,13 @@ class Holding:
         instant `swap` ({worker, left, spare, why}). What was swapped, for the
         restart's notification (`10.0.0.2 left out, spare 10.0.0.9 in its place`)."""
         ended, swaps, reallocated = record.attempts[-1], [], []
+        how = "failed the preflight" if health.failed_it(ended["summary"]) else "lost"
         for worker in record.workers:
             if worker.exit_code != exits.LOST or (swap := self.capacity.replace(worker.index)) is None:
                 continue
             left, spare = swap
             if spare is None and self.capacity.reallocates:
-                say(f"worker {worker.index}: {left} left out for the rest of the job (lost in attempt "
+                say(f"worker {worker.index}: {left} left out for the rest of the job ({how} in attempt "
                     f"{ended['attempt']}); no spare is left: the next attempt runs on a new allocation without it")
                 timeline.add(record, "swap", time.time(), time.time(), worker=worker.index, left=left, spare=None,
                              why=ended["summary"])
@@ -121,10 +123,10 @@ class Holding:
                 reallocated.append(left)
                 continue
             if spare is None:
-                say(f"worker {worker.index}'s host {left} was lost in attempt {ended['attempt']} and no spare is left: "
-                    f"the next attempt runs on it again")
+                say(f"worker {worker.index}'s host {left} was {how} in attempt {ended['attempt']} and no spare is "
+                    f"left: the next attempt runs on it again")
                 continue
-            say(f"worker {worker.index}: {left} left out for the rest of the job (lost in attempt {ended['attempt']}); "
+            say(f"worker {worker.index}: {left} left out for the rest of the job ({how} in attempt {ended['attempt']}); "
                 f"spare {spare} takes its place")
             timeline.add(record, "swap", time.time(), time.time(), worker=worker.index, left=left, spare=spare,
                          why=ended["summary"])

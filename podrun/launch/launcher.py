@@ -21,7 +21,7 @@ from collections.abc import Callable
 from podrun import exits, jobstore, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError, WorkersUnreachable
-from podrun.launch import causes, endings, preflight, stall
+from podrun.launch import causes, endings, health, preflight, stall
 from podrun.launch.steps import (
     TAIL_LINES_KEPT,
     StepResult,
@@ -333,6 +333,8 @@ class Launch:
                 await self._until_interrupted(preflight.check_docker(self.plans))
             elif check == "torchrun":
                 await self._until_interrupted(preflight.check_torchrun(self.plans))
+            elif check == "health" and self.job.preflight:
+                await self._until_interrupted(health.check(self.plans, self.job.preflight))
             elif check == "rendezvous":
                 assert self.job.rendezvous_port is not None, "a rendezvous check comes with torchrun's port"
                 await self._until_interrupted(

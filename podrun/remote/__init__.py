@@ -1,7 +1,8 @@
 """Code that runs on the workers. Never installed there: each module's source is sent over the
 worker's channel when it is needed (transport.script_command, Transport.start_python), so every
 module here uses the standard library only, runs on any Python >= 3.8, and does nothing when
-imported (each runs its main() only as __main__).
+imported (each runs its main() only as __main__). health_network.py alone imports a library: the job's own
+torch, in the job's python3.
 
   agent.py                 one step of a job: start it, report, stop its whole tree (launch/steps.py)
   agent_io.py              the agent's stdin (the step, control lines) and stderr (events) (agent.py)
@@ -12,6 +13,8 @@ imported (each runs its main() only as __main__).
   relay_node.py            receive the shipped code, unpack it, pass it on (shipping/relay.py)
   rendezvous_listener.py   hold the rendezvous port on worker 0 (launch/preflight.py)
   rendezvous_connector.py  connect to it from every worker (launch/preflight.py)
+  health_facts.py          a worker's versions, free disk and devices, read by the job's python3 (launch/health.py)
+  health_network.py        preflight's all-reduce and link rates, in the job's python3 with torch (launch/health.py)
   log_follower.py          a detached job's output and exit (launch/detached.py)
   detached_stopper.py      stop a detached job's step (launch/detached.py)
   checkout.py              the run directory: check a code version out there, verify it first (agent.py)

@@ -55,6 +55,12 @@ EXPECTED = {
     # a pattern with named groups (remote/step_reader.py): the epoch's and the step's, no other
     "progress.groups": "no named group but epoch and step, as in 'Epoch (?P<epoch>\\d+):.*?(?P<step>\\d+)/\\d+'",
     "progress.epoch": "a group for the step besides the epoch's, as in 'Epoch (?P<epoch>\\d+):.*?(\\d+)/\\d+'",
+    "preflight": "true, false, a list of devices, versions, disk and/or network, or {checks: [...], min_free_gb: 10}",
+    "preflight.checks": "a list of devices, versions, disk and/or network",
+    "preflight.checks.*": "devices, versions, disk or network",
+    "preflight.min_free_gb": "a number of GB from 0, such as 10",
+    "preflight.network_mib": "a whole number of MiB from 1 to 4096, such as 16",
+    "preflight.timeout": "a duration above 0 such as 2m or 90 (seconds)",
     "notify": "a mapping such as {url: https://hooks.slack.com/services/..., on: [failure, stall]}",
     "notify.url": "an http:// or https:// URL",
     "notify.url_env": "a variable name such as SLACK_WEBHOOK_URL",

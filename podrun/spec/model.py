@@ -23,8 +23,17 @@ from pydantic import (
     model_validator,
 )
 
-from podrun.spec.fields import DURATION, DURATION_SCHEMA, HostEntry, Model, duration_s, got, parse_jumps, yaml_kind
+from podrun.spec.fields import DURATION, DURATION_SCHEMA, HostEntry, Model, got, parse_jumps, yaml_kind
 from podrun.spec.messages import DURATION_EXAMPLES, EXPECTED, NOTIFY_URL
+from podrun.spec.values import (
+    MAX_STOP_GRACE_S,
+    STALL_AUTO,
+    above_zero,
+    lower_choice,
+    parse_idle_delete,
+    parse_stall,
+    parse_stop_grace,
+)
 from podrun.target_kinds import registry
 from podrun.target_kinds.kind import TargetKind
 
@@ -37,7 +46,6 @@ RESERVED_ENV = ("PJRT_DEVICE", "PODRUN_JOB_ID", "PODRUN_WORKER", "PODRUN_NUM_WOR
                 "PODRUN_ATTEMPT", "PODRUN_SLICE", "PODRUN_NUM_SLICES", "PODRUN_WORKER_IN_SLICE")
 SECRET_KEY_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 DEFAULT_STOP_GRACE_S = 30.0
-MAX_STOP_GRACE_S = 3600.0
 
 
 class _Target(Model):
@@ -170,42 +178,6 @@ Device = Annotated[DeviceName, BeforeValidator(_device),
                    WithJsonSchema({"enum": [*DEVICES, *(device.lower() for device in DEVICES)], "type": "string"})]
 
 
-def parse_stop_grace(value: Any) -> float:
-    """`stop_grace` (and `exec --grace`): a duration from 0s to 1h, a number being seconds -> seconds."""
-    seconds = _seconds(value)
-    if seconds is None or not 0 <= seconds <= MAX_STOP_GRACE_S:  # NaN fails the comparison too
-        raise ValueError(f"expected {EXPECTED['stop_grace']}, got {got(value)}")
-    return float(seconds)
-
-
-STALL_AUTO = "auto"
-
-
-def parse_stall(value: Any) -> float | str:
-    """`stall` (and `exec --stall`): a duration above 0, a number being seconds -> seconds; or `auto`
-    (launch/stall.py derives the bound from the job's step times)."""
-    if isinstance(value, str) and value.strip().lower() == STALL_AUTO:
-        return STALL_AUTO
-    return _above_zero(value, "stall")
-
-
-def parse_idle_delete(value: Any) -> float:
-    """`idle_delete` (and `create --idle-delete`): a duration above 0, a number being seconds -> seconds."""
-    return _above_zero(value, "idle_delete")
-
-
-def _above_zero(value: Any, field: str) -> float:
-    seconds = _seconds(value)
-    if seconds is None or not 0 < seconds < float("inf"):  # NaN fails the comparison too
-        raise ValueError(f"expected {EXPECTED[field]}, got {got(value)}")
-    return float(seconds)
-
-
-def _seconds(value: Any) -> float | None:
-    """A duration's seconds (`90`, `1m30s`, 90), or None if it is none."""
-    return duration_s(value) if isinstance(value, str) else value if type(value) in (int, float) else None
-
-
 DeleteAfter = Literal["never", "success", "always"]
 # the ends that restart a job, then the classes of a failure's cause (launch/causes.py) that restart it alone
 RestartCause = Literal["preemption", "failure", "stall", "time_limit",
@@ -219,14 +191,6 @@ def _http_url(url: str) -> str:
     if not re.match(r"https?://[^/\s]+", url) or any(char.isspace() for char in url):
         raise ValueError(f"expected {EXPECTED['notify.url']}, got {got(url)}")
     return url
-
-
-def _lower_choice(field: str, choices: tuple[str, ...]):
-    def parse(value: Any) -> Any:
-        if isinstance(value, str) and value.lower() in choices:
-            return value.lower()
-        raise ValueError(f"expected {EXPECTED[field]}, got {got(value)}")
-    return parse
 
 
 def _progress(value: Any) -> Any:
@@ -288,7 +252,7 @@ class Notify(WithOn):
         None, description="where each event is POSTed as JSON (a Slack or Discord incoming webhook works)")
     url_env: EnvKey | None = Field(None, description="the variable of podrun's environment that holds the URL, "
                                                      "so that its token is in no file (instead of url)")
-    on: list[Annotated[NotifyEvent, BeforeValidator(_lower_choice("notify.on.*", NOTIFY_EVENTS))]] = Field(
+    on: list[Annotated[NotifyEvent, BeforeValidator(lower_choice("notify.on.*", NOTIFY_EVENTS))]] = Field(
         default_factory=lambda: list(typing.get_args(NotifyEvent)), min_length=1,
         description="which events: failure, preemption, stall, restart and/or success (default: all)")
 
@@ -310,7 +274,7 @@ class Cost(Model):
 
 class Restarts(WithOn):
     max: int = Field(1, ge=0, le=100, description="how many times the job may restart (default 1)")
-    on: list[Annotated[RestartCause, BeforeValidator(_lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
+    on: list[Annotated[RestartCause, BeforeValidator(lower_choice("restarts.on.*", RESTART_CAUSES))]] | None = \
         Field(None, min_length=1,
               description="preemption (the TPU is created again), failure and/or stall (run again on the same "
                           "workers), time_limit (a Slurm job continued on a new allocation, not counted in max), or "
@@ -322,6 +286,39 @@ class Restarts(WithOn):
     until_no_progress: int | None = Field(
         None, ge=1, le=100, description="stop restarting after this many attempts in a row that never got past the "
                                         "best step reached before (needs progress)")
+
+
+PreflightCheck = Literal["devices", "versions", "disk", "network"]
+PREFLIGHT_CHECKS: tuple[str, ...] = typing.get_args(PreflightCheck)
+
+
+def _preflight(value: Any) -> Any:
+    """`preflight: true` is every check; a list names some; `false` none."""
+    if value is False:
+        return None
+    if value is True:
+        return {}
+    if isinstance(value, list):
+        return {"checks": value}
+    return value
+
+
+class Preflight(Model):
+    """The health check on every worker before run (launch/health.py)."""
+
+    checks: list[Annotated[PreflightCheck, BeforeValidator(lower_choice("preflight.checks.*", PREFLIGHT_CHECKS))]] \
+        = Field(default_factory=lambda: list(typing.get_args(PreflightCheck)), min_length=1,
+                description="devices (the accelerators the target promises are there and free), versions (one "
+                            "Python and framework version everywhere), disk (free space where the job runs), "
+                            "network (an all-reduce across every worker with the job's backend, and each worker's "
+                            "bandwidth); default: all")
+    min_free_gb: float = Field(10, ge=0, description="the free disk each worker must have where the job runs, in "
+                                                     "GB of 2^30 bytes, as podrun shows sizes (default 10)")
+    network_mib: int = Field(16, ge=1, le=4096, description="MiB each worker sends in each round of the network "
+                                                            "check (default 16)")
+    timeout_s: Annotated[float, BeforeValidator(lambda value: above_zero(value, "preflight.timeout")),
+                         WithJsonSchema(DURATION_SCHEMA)] = Field(
+        120, alias="timeout", description="how long the whole check may take, e.g. 2m (default)")
 
 
 StopGrace = Annotated[float, BeforeValidator(parse_stop_grace), WithJsonSchema({"anyOf": [
@@ -371,7 +368,11 @@ class JobSpec(Model):
         description="stop the job (saving every worker's stacks) when no worker printed a line (with progress: no "
                     "worker's step advanced) for this long while run runs, e.g. 15m, or auto (with progress: a "
                     "multiple of the recent step time); default: never")
-    delete_after: Annotated[DeleteAfter, BeforeValidator(_lower_choice("delete_after", ("never", "success", "always")))] \
+    preflight: Annotated[Preflight | None, BeforeValidator(_preflight)] = Field(
+        None, description="a health check on every worker before run: true (every check) or a list of devices, "
+                          "versions, disk, network; a worker that fails it is named, and swapped for a spare where "
+                          "the target has one")
+    delete_after: Annotated[DeleteAfter, BeforeValidator(lower_choice("delete_after", ("never", "success", "always")))] \
         = Field("never", description="delete the TPU VM when the job ends: never, success or always")
     restarts: Restarts | None = Field(None, description="restart the job on preemption, failure and/or stall")
     idle_delete_s: Annotated[float, BeforeValidator(parse_idle_delete), WithJsonSchema(DURATION_SCHEMA)] | None = Field(

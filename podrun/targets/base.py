@@ -82,6 +82,16 @@ class Target(ABC):
         instead, and the TPU target adds its own variables."""
         return {"JAX_COORDINATOR_ADDRESS": f"{workers[0].internal_ip}:{JAX_COORDINATOR_PORT}"}
 
+    def promised_devices(self) -> dict | None:
+        """The accelerators each worker must have, for preflight's devices check (launch/health.py): {kind
+        (what one is called), count, why (what promises them)}; None where nothing is promised. On GPUs,
+        torchrun.nproc_per_node's."""
+        torchrun = self.spec.torchrun
+        if (self.spec.device or self.default_device) in ("CUDA", "ROCM") and torchrun \
+                and isinstance(torchrun.nproc_per_node, int):
+            return {"kind": "GPU", "count": torchrun.nproc_per_node, "why": "torchrun.nproc_per_node"}
+        return None
+
     def probe(self, kill_stale: bool) -> dict:
         """What each first-step agent checks before anything starts, beyond the code (agent.py)."""
         return {}

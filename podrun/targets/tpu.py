@@ -150,6 +150,12 @@ class TpuVm(Target):
                                       (slice_id, in_slice) if self.multislice else None))
         return workers
 
+    def promised_devices(self) -> dict | None:
+        """A TPU type's chips per host, as device files (/dev/accel*, /dev/vfio/N)."""
+        accelerator = accelerators.parse(self.nodes[0].accelerator_type)
+        return {"kind": "TPU chip", "count": accelerator.chips // accelerator.hosts, "why": accelerator.name,
+                "files": os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES)}
+
     def probe(self, kill_stale: bool) -> dict:
         return {"accelerator_files": os.environ.get("PODRUN_ACCELERATOR_FILES", ACCELERATOR_FILES),
                 "kill_stale": kill_stale, "stale_grace": STALE_KILL_GRACE_S}
