@@ -61,7 +61,8 @@ class JobRecord:
                  attempts: list[dict] | None = None, supervisor: dict | None = None, cleanup: str | None = None,
                  supervised_by: dict | None = None, phases: list[dict] | None = None, shared_root: bool = False,
                  steps: list[dict] | None = None, events: list[dict] | None = None, price: dict | None = None,
-                 giving_back: str | None = None, cause: dict | None = None, total_steps: int | None = None):
+                 giving_back: str | None = None, cause: dict | None = None, total_steps: int | None = None,
+                 straggler: dict | None = None):
         self.id = id
         self.name = name
         self.target = target  # e.g. "local:2"
@@ -97,6 +98,7 @@ class JobRecord:
         # why the current attempt failed, once it did: {class, worker, rank, step, text} (launch/causes.py)
         self.cause = cause
         self.total_steps = total_steps  # the spec's progress.total: the job's last step, for its ETA (`podrun jobs`)
+        self.straggler = straggler  # the worker that held the others back, once `stragglers` named it (launch/stragglers.py)
 
     def to_dict(self) -> dict:
         return {**vars(self), "workers": [vars(worker) for worker in self.workers]}
@@ -148,9 +150,10 @@ class JobRecord:
         again; its workers are the caller's to set."""
         self.attempts.append({"attempt": self.attempt, "state": self.state, "exit_code": self.exit_code,
                               "summary": self.summary, "started_at": self.attempt_started_at(),
-                              "ended_at": self.ended_at, "cause": self.cause})
+                              "ended_at": self.ended_at, "cause": self.cause, "straggler": self.straggler})
         self.attempt += 1
         self.state, self.exit_code, self.summary, self.ended_at, self.cause = RUNNING, None, None, None, None
+        self.straggler = None
         os.makedirs(os.path.dirname(self.log_path(0)), mode=0o700, exist_ok=True)
         self.save()
 

@@ -3,12 +3,13 @@ whatever runs the job's lifecycle (launch/lifecycle.py): the attached launcher, 
 supervisor here, a supervisor host's launcher. A detached job that nothing watches is told of by its
 worker 0's agent (remote/agent.py); what it got is read with the job's end (launch/detached.py, took()).
 
-Events: an attempt's end (failure, preemption, stall, success: the record's state), and restart, each
-told once. An attempt that restarts tells its end, then the restart. Messages and their delivery are
-remote/notice.py's. Each message goes out in a thread of its own, after the one before it (so they
-arrive in order), never holding the job; its outcome joins record.events, saved with the record's
-next save. A delivery that failed is said in one line. An ending job waits for the deliveries still
-under way for DRAIN_S at most, then notes those as not delivered.
+Events: an attempt's end (failure, preemption, stall, success: the record's state), restart, and a
+straggler named while it runs, each told once. An attempt that restarts tells its end, then the
+restart. Messages and their delivery are remote/notice.py's. Each message goes out in a thread of its
+own, after the one before it (so they arrive in order), never holding the job; its outcome joins
+record.events, saved with the record's next save. A delivery that failed is said in one line. An
+ending job waits for the deliveries still under way for DRAIN_S at most, then notes those as not
+delivered.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Notifier:
         self._send(record, "restart", record.attempt, record.state,
                    f"after {cause}: {ended['summary']}" + "".join(f"; {swap}" for swap in swaps or ()),
                    progress.best_before(record, record.attempt))
+
+    def straggling(self, record: jobstore.JobRecord, found: dict) -> None:
+        """A straggler was named while the attempt runs (launch/stragglers.py): told once per attempt."""
+        self._send(record, "straggler", record.attempt, record.state, found["said"], progress.step_of(record))
 
     def ended(self, record: jobstore.JobRecord, error: BaseException | None = None) -> None:
         """The job has ended (or failed with `error` between attempts): tell how."""

@@ -75,6 +75,7 @@ class JobPlan:
     progress: dict | None = None  # the spec's `progress`: {"pattern": REGEX} or {"file": PATH}
     # the spec's `preflight` (launch/health.py), with the devices the target promises and the job's backend
     preflight: dict | None = None
+    stragglers_s: float | None = None  # the spec's `stragglers`: how often run's stacks are sampled
 
 
 # what each check proves before a step (launch/preflight.py does them)
@@ -117,7 +118,8 @@ def job_plan(spec: JobSpec, target: Target, workers: list[Worker], job_id: str, 
     if spec.setup:
         checks["run"] = torchrun + rendezvous
     return JobPlan(plans, code_dir, steps, checks, spec.torchrun.port if spec.torchrun else None, spec.stall_s,
-                   spec.progress.model_dump(exclude_none=True) if spec.progress else None, preflight(spec, target))
+                   spec.progress.model_dump(exclude_none=True) if spec.progress else None, preflight(spec, target),
+                   spec.stragglers_s)
 
 
 def preflight(spec: JobSpec, target: Target) -> dict | None:

@@ -96,8 +96,10 @@ def _notes(handle: handles.JobHandle, state: str) -> list[str]:
     supervisor host, and whether it answered; while it runs, its supervisor here)."""
     record = handle.record
     left_out = sum(entry["phase"] == "swap" for entry in record.phases)
+    straggler = [f"w{record.straggler['worker']} straggling"] if record.straggler else []
     return [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] * bool(record.attempt) + \
-        [f"{left_out} host{'s' * (left_out > 1)} left out"] * bool(left_out) + handle.notes(state)
+        [f"{left_out} host{'s' * (left_out > 1)} left out"] * bool(left_out) + \
+        straggler + handle.notes(state)
 
 
 def _state_text(record: jobstore.JobRecord, state: str, notes: list[str], idle: bool) -> str:

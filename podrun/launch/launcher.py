@@ -21,13 +21,14 @@ from collections.abc import Callable
 from podrun import exits, jobstore, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError, WorkersUnreachable
-from podrun.launch import causes, endings, health, preflight, stall
+from podrun.launch import causes, endings, health, preflight, stall, stragglers
 from podrun.launch.steps import (
     TAIL_LINES_KEPT,
     StepResult,
     WorkerStep,
     first_contact,
     heartbeats,
+    hub_address,
     stop_all,
 )
 from podrun.output import counted, say, say_phase, size_text
@@ -51,14 +52,15 @@ class Launch:
 
     def __init__(self, target: Target, job: JobPlan, tree: scan.Tree | None, record: jobstore.JobRecord,
                  terminal: Terminal, detach: bool, kill_stale: bool = False,
-                 on_running: Callable[[], None] | None = None, notify: dict | None = None, away: dict | None = None):
+                 on_running: Callable[[], None] | None = None, notify: dict | None = None, away: dict | None = None,
+                 on_straggler: Callable[[dict], None] = lambda found: None):
         self.target = target
         self.job = job  # what runs: the steps, the checks before each, each worker's plan (plan.py)
         self.plans = job.workers  # each worker's, with the interfaces its probe found (preflight.py)
-        plans = job.workers
         self.detach = detach
         self.kill_stale = kill_stale
         self.on_running = on_running  # called once run has started on every worker
+        self.on_straggler = on_straggler  # called with the straggler, once one shows (launch/stragglers.py)
         self.notify = notify  # a detached run that nothing watches: worker 0's agent tells its end (notify.py)
         # a supervisor host's detached run: {away_s, delete}: its hub stops it once the supervisor has been away
         # that long, and deletes its TPU as `delete` says (remote/hub.py, remote/self_delete.py)
@@ -81,7 +83,7 @@ class Launch:
         self.out_of_time: str | None = None  # why the capacity's time ran out, once a failure showed it (ran_out)
         self.falls = stall.Falls((job.progress or {}).get("pattern"))  # workers whose step fell: said once
         self.logs = {plan.worker.index: jobstore.open_log(record.log_path(plan.worker.index))
-                     for plan in plans}
+                     for plan in job.workers}
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -164,16 +166,21 @@ class Launch:
             if any(isinstance(outcome, BaseException) for outcome in started):
                 await stop_all([ws for ws, outcome in zip(worker_steps, started) if outcome is None])
                 endings.raise_first_error(started, self.plans, "start")
-            watching = asyncio.ensure_future(self._watch_capacity()) if step == "run" and not detach else None
+            watching = asyncio.ensure_future(self._watch_run(worker_steps)) if step == "run" and not detach else None
             return await self._supervise_step(step, worker_steps, first)
         finally:
             beating.cancel()
             if watching:
                 watching.cancel()
 
+    async def _watch_run(self, worker_steps: list[WorkerStep]) -> None:
+        """While run goes on: the workers' stacks sampled for a straggler (`stragglers`), and the capacity."""
+        sampling = self.job.stragglers_s and stragglers.watch(self.record, worker_steps, self.job.stragglers_s,
+                                                              self.on_straggler)
+        await asyncio.gather(self._watch_capacity(), *([sampling] if sampling else []))
+
     async def _watch_capacity(self) -> None:
-        """While run goes on: the API read now and then (judgment.watch); the job stops once it shows the
-        capacity gone."""
+        """The API read now and then (judgment.watch); the job stops once it shows the capacity gone."""
         if not self.target.capacity.departs:
             return
         from podrun.launch import judgment
@@ -194,7 +201,7 @@ class Launch:
                     endings.report_failure(self.plans, step, failure)
                 return failure
         if first or worker_steps[0].watch:
-            hub = await self._hub_address(worker_steps[0])
+            hub = await hub_address(worker_steps[0])
             for ws in worker_steps:
                 ws.go(hub)
         say_phase(step, counted(len(worker_steps), self.target.worker_noun))
@@ -278,13 +285,6 @@ class Launch:
             self.record.save()
             self.record_saved_at = time.monotonic()
             self.record_save_interval = max(RECORD_SAVE_INTERVAL_S, (self.record_saved_at - saving) / RECORD_SAVE_SHARE)
-
-    async def _hub_address(self, first: WorkerStep) -> str:
-        """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
-        if not first.watch:
-            return ""
-        event = await first.reported("hub")
-        return f"{first.plan.worker.internal_ip}:{event['port']}" if event else ""
 
     def _probe(self, plan: WorkerPlan) -> dict:
         """What the first step's agent reports before anything starts (agent.py, "probe")."""

@@ -13,6 +13,7 @@ does and does the rest. `podrun stop` sends it SIGTERM: it stops the job and cle
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import signal
@@ -202,7 +203,8 @@ class Lifecycle:
                 say(f"reaching the workers{reach}")
             job = control_tree.arrange(job)
             launch = Launch(self.target, job, self.tree, record, terminal, self.detach, self.kill_stale,
-                            self._running_once, self._workers_notify(record), self._away())
+                            self._running_once, self._workers_notify(record), self._away(),
+                            functools.partial(self.notifier.straggling, record))
             return self.attempts.run(launch.run(), [plan.worker.transport for plan in job.workers])
         finally:  # the event loop leaves the signals at their defaults when it removes its handlers
             interrupts.rearm(HANDLED_SIGNALS)

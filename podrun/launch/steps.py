@@ -246,6 +246,14 @@ async def heartbeats(worker_steps: list[WorkerStep]) -> None:
             worker_step.heartbeat()
 
 
+async def hub_address(first: WorkerStep) -> str:
+    """Where the other agents of a watched job reach the first worker's (agent.Hub); "" if unwatched."""
+    if not first.watch:
+        return ""
+    event = await first.reported("hub")
+    return f"{first.plan.worker.internal_ip}:{event['port']}" if event else ""
+
+
 async def first_contact(worker_steps: list[WorkerStep]) -> None:
     """Returns once every probing agent said hello (or ended); see wait_for_workers."""
     await wait_for_workers({asyncio.ensure_future(ws.reported("hello")): ws.plan.worker

@@ -24,7 +24,7 @@ REASON_CHARS = 300  # a reason is one line, cut to this
 LINE_CHARS = 2000  # what Discord takes of `content`
 ALL_DONE = "every worker exited with code 0"  # a success's reason
 VERBS = {"failure": "failed", "preemption": "was preempted", "stall": "stalled", "restart": "restarts",
-         "success": "succeeded"}
+         "success": "succeeded", "straggler": "has a straggler"}
 
 
 def message(job, name, state, event, attempt, step, reason):

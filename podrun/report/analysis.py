@@ -153,10 +153,11 @@ class Analysis:
 
 
 def _attempts(record: jobstore.JobRecord) -> list[dict]:
-    """Every attempt, the current one last: {attempt, state, exit_code, summary, started_at, ended_at, cause}."""
+    """Every attempt, the current one last: {attempt, state, exit_code, summary, started_at, ended_at, cause,
+    straggler}."""
     current = {"attempt": record.attempt, "state": record.current_state(), "exit_code": record.exit_code,
                "summary": record.summary, "started_at": record.attempt_started_at(), "ended_at": record.ended_at,
-               "cause": record.cause}
+               "cause": record.cause, "straggler": record.straggler}
     return [*record.attempts, current]
 
 

@@ -182,7 +182,7 @@ DeleteAfter = Literal["never", "success", "always"]
 # the ends that restart a job, then the classes of a failure's cause (launch/causes.py) that restart it alone
 RestartCause = Literal["preemption", "failure", "stall", "time_limit",
                        "oom", "collective", "hardware", "config", "exception", "signal", "lost", "unknown"]
-NotifyEvent = Literal["failure", "preemption", "stall", "restart", "success"]
+NotifyEvent = Literal["failure", "preemption", "stall", "restart", "success", "straggler"]
 NOTIFY_EVENTS: tuple[str, ...] = typing.get_args(NotifyEvent)
 RESTART_CAUSES: tuple[str, ...] = typing.get_args(RestartCause)
 
@@ -254,7 +254,7 @@ class Notify(WithOn):
                                                      "so that its token is in no file (instead of url)")
     on: list[Annotated[NotifyEvent, BeforeValidator(lower_choice("notify.on.*", NOTIFY_EVENTS))]] = Field(
         default_factory=lambda: list(typing.get_args(NotifyEvent)), min_length=1,
-        description="which events: failure, preemption, stall, restart and/or success (default: all)")
+        description="which events: failure, preemption, stall, restart, success and/or straggler (default: all)")
 
     @model_validator(mode="after")
     def _one_url(self) -> Notify:
@@ -368,6 +368,10 @@ class JobSpec(Model):
         description="stop the job (saving every worker's stacks) when no worker printed a line (with progress: no "
                     "worker's step advanced) for this long while run runs, e.g. 15m, or auto (with progress: a "
                     "multiple of the recent step time); default: never")
+    stragglers_s: Annotated[float, BeforeValidator(lambda value: above_zero(value, "stragglers")),
+                            WithJsonSchema(DURATION_SCHEMA)] | None = Field(
+        None, alias="stragglers", description="sample every worker's stacks on this period while run runs, e.g. 30s, "
+                                              "and name the worker that holds the others back in their collectives")
     preflight: Annotated[Preflight | None, BeforeValidator(_preflight)] = Field(
         None, description="a health check on every worker before run: true (every check) or a list of devices, "
                           "versions, disk, network; a worker that fails it is named, and swapped for a spare where "

@@ -182,8 +182,11 @@ WORKER = _object({"index": COUNT, "address": TEXT, "exit_code": EXIT_CODE, "sign
                   "killed": FLAG, "step": MAYBE_COUNT, "step_at": MAYBE_SECONDS}, required=("index", "address"))
 CAUSE = _object({"class": TEXT, "worker": COUNT, "rank": MAYBE_COUNT, "step": MAYBE_COUNT, "text": TEXT},
                 required=("class", "worker", "text"))  # launch/causes.py
+STRAGGLER = _object({"worker": COUNT, "held": COUNT, "samples": COUNT, "in": TEXT, "others": TEXT, "said": TEXT,
+                     "sample_s": DURATION}, required=("worker", "said"))  # launch/stragglers.py
 ATTEMPT = _object({"attempt": COUNT, "state": STATE, "exit_code": EXIT_CODE, "summary": MAYBE_TEXT,
-                   "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "cause": _or_null(CAUSE)},
+                   "started_at": SECONDS, "ended_at": MAYBE_SECONDS, "cause": _or_null(CAUSE),
+                   "straggler": _or_null(STRAGGLER)},
                   required=("attempt", "state", "exit_code", "summary", "started_at", "ended_at"))
 PHASE = _object({"phase": TEXT, "attempt": COUNT, "start": SECONDS, "end": MAYBE_SECONDS,
                  "workers": _mapping_of_workers(_span),
@@ -218,5 +221,6 @@ RECORD = ({"id": TEXT, "name": TEXT, "target": TEXT, "spec_path": TEXT, "workers
            "attempts": _list_of(ATTEMPT), "supervisor": ANY_OBJECT, "cleanup": MAYBE_TEXT,
            "supervised_by": ANY_OBJECT, "phases": _list_of(PHASE), "shared_root": FLAG, "steps": _list_of(STEPS),
            "events": _list_of(EVENT), "price": _or_null(PRICE), "giving_back": MAYBE_TEXT, "cost": ANY_OBJECT,
-           "notes": _list_of(TEXT), "cause": _or_null(CAUSE), "total_steps": MAYBE_COUNT},
+           "notes": _list_of(TEXT), "cause": _or_null(CAUSE), "total_steps": MAYBE_COUNT,
+           "straggler": _or_null(STRAGGLER)},
           ("id", "name", "target", "spec_path", "workers"), False)

@@ -122,7 +122,7 @@ BAD_SPECS = [
      "{file}: notify.url_env: 'hook-url' is not a variable name: use letters, digits and '_', not starting with a "
      "digit"),
     ("notify on an event podrun does not send", "run: echo\nnotify: {url: 'http://h/x', on: [hang]}\n",
-     "{file}: notify.on.0: expected failure, preemption, stall, restart or success, got 'hang'"),
+     "{file}: notify.on.0: expected failure, preemption, stall, restart, success or straggler, got 'hang'"),
     ("cost per hour not above 0", "run: echo\ncost: {per_hour: 0}\n",
      "{file}: cost.per_hour: expected a price per hour above 0, such as 12.5, got 0"),
     ("restarts on a cause podrun does not know", "run: echo\nrestarts: {on: [hang]}\n",
