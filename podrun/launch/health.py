@@ -45,8 +45,8 @@ def failed_it(summary: str | None) -> bool:
 async def check(plans: list[WorkerPlan], preflight: dict) -> None:
     started = time.monotonic()
     deadline = started + preflight["timeout_s"]
-    facts = await _everywhere(plans, deadline, "health_facts",
-                              lambda plan: [os.path.dirname(plan.code_dir) or ".", json.dumps(preflight["devices"])])
+    facts = await _everywhere(plans, deadline, "health_facts", "the health check",
+                              lambda rank, plan: [os.path.dirname(plan.code_dir) or ".", json.dumps(preflight["devices"])])
     failing: dict[int, list[str]] = {}
     checks = preflight["checks"]
     if "devices" in checks and preflight["devices"]:
@@ -148,7 +148,8 @@ async def _network(plans: list[WorkerPlan], facts: list[dict], preflight: dict, 
     port = (await _next_report(first.worker, store, deadline, "the network check"))["port"]
     first_report, others = await asyncio.gather(
         _output_of(first, store, deadline, "the network check"),
-        _everywhere(plans[1:], deadline, "health_network", lambda plan: [str(plans.index(plan)), *common, str(port), *tail]))
+        _everywhere(plans[1:], deadline, "health_network", "the network check",
+                    lambda rank, plan: [str(rank + 1), *common, str(port), *tail]))
     reports = [first_report, *others]
     return _judged_links(plans, reports, preflight["network_mib"])
 
@@ -178,17 +179,14 @@ def _rate(bytes_per_s: float) -> str:
     return f"{size_text(int(bytes_per_s))}/s"
 
 
-async def _everywhere(plans: list[WorkerPlan], deadline: float, script: str, arguments) -> list[dict]:
-    """Each plan's worker's JSON report from `script` (run by the job's python3 with `arguments(plan)`)."""
-    async def one(plan: WorkerPlan) -> dict:
-        channel = await _start(plan, script, arguments(plan))
-        return await _output_of(plan, channel, deadline, _doing(script))
+async def _everywhere(plans: list[WorkerPlan], deadline: float, script: str, doing: str, arguments) -> list[dict]:
+    """Each plan's worker's JSON report from `script`, run by the job's python3 with `arguments(position, plan)`
+    (its position in `plans`); `doing` names the check in a failure's line."""
+    async def one(position: int, plan: WorkerPlan) -> dict:
+        channel = await _start(plan, script, arguments(position, plan))
+        return await _output_of(plan, channel, deadline, doing)
 
-    return list(await asyncio.gather(*(one(plan) for plan in plans)))
-
-
-def _doing(script: str) -> str:
-    return "the network check" if script == "health_network" else "the health check"
+    return list(await asyncio.gather(*(one(position, plan) for position, plan in enumerate(plans))))
 
 
 async def _start(plan: WorkerPlan, script: str, arguments: list[str]):

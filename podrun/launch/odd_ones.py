@@ -58,7 +58,7 @@ class Process:
 def summary(texts: dict[int, str]) -> list[str]:
     """Where the compared processes are: the minority places each named with who is there, then the
     majority's (`the other 511`); one line when all are alike or one place stands out."""
-    compared = _compared(texts)
+    compared = compared_processes(texts)
     groups: dict[tuple, list[Process]] = {}
     for process in compared:
         groups.setdefault((process.place.kind, process.place.frames), []).append(process)
@@ -86,7 +86,8 @@ def summary(texts: dict[int, str]) -> list[str]:
     return (["; ".join(lines)] if len(lines) == 2 else lines) + note
 
 
-def _compared(texts: dict[int, str]) -> list[Process]:
+def compared_processes(texts: dict[int, str]) -> list[Process]:
+    """The processes compared across the workers (see the module's docstring), each placed."""
     own = {}
     for worker, text in sorted(texts.items()):
         processes = _processes(worker, text)

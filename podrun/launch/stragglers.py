@@ -43,15 +43,15 @@ async def watch(record: jobstore.JobRecord, worker_steps: list[WorkerStep], peri
     while True:
         started = time.monotonic()
         await asyncio.sleep(period_s)
-        texts = await stacks.collect(workers)
-        if not any(process.place.kind == "python" for process in odd_ones._compared(texts)):
+        processes = odd_ones.compared_processes(await stacks.collect(workers))
+        if not any(process.place.kind == "python" for process in processes):
             without_python += 1
             if without_python == HELD_AT_LEAST:  # not a Python job's start: no py-spy where it runs
                 say("stragglers: no Python stacks from any worker in 3 samples (py-spy is not on the job's PATH, or "
                     "the job runs no Python): no straggler can be named")
                 return
             continue
-        held.append(holding_back(texts))
+        held.append(holding_back(processes))
         if found := straggler(list(held)):
             found["sample_s"] = round(time.monotonic() - started - period_s, 3)
             record.straggler = found
@@ -61,11 +61,11 @@ async def watch(record: jobstore.JobRecord, worker_steps: list[WorkerStep], peri
             return
 
 
-def holding_back(texts: dict[int, str]) -> dict[int, tuple[str, str]]:
-    """One sample: each worker that computed while most others waited in a collective, with where it was
-    and where the others were; {} where no such few stand out."""
+def holding_back(processes: list[odd_ones.Process]) -> dict[int, tuple[str, str]]:
+    """One sample (its compared processes): each worker that computed while most others waited in a
+    collective, with where it was and where the others were; {} where no such few stand out."""
     places: dict[int, list[odd_ones.Process]] = {}
-    for process in odd_ones._compared(texts):
+    for process in processes:
         places.setdefault(process.worker, []).append(process)
     waiting = {worker for worker, processes in places.items() if all(_in_collective(p) for p in processes)}
     computing = [worker for worker, processes in places.items() if processes[0].place.kind == "python"

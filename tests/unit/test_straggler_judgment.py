@@ -3,7 +3,7 @@ remote/stacks.py's form. The real thing (torch, gloo, py-spy): tests/local/test_
 
 from __future__ import annotations
 
-from podrun.launch import stragglers
+from podrun.launch import odd_ones, stragglers
 
 ALL_REDUCE = ["all_reduce (torch/distributed/distributed_c10d.py:3252)", "wrapper (torch/distributed/c10d_logger.py:81)",
               "<module> (train.py:12)"]
@@ -15,8 +15,10 @@ def dump(frames: list[str], pid: int = 100) -> str:
             + "".join(f"    {frame}\n" for frame in frames))
 
 
-def sample(computing: set[int], workers: int = 4) -> dict[int, str]:
-    return {worker: dump(COMPUTE if worker in computing else ALL_REDUCE) for worker in range(workers)}
+def sample(computing: set[int], workers: int = 4) -> list[odd_ones.Process]:
+    """One sample's compared processes, from every worker's dump."""
+    texts = {worker: dump(COMPUTE if worker in computing else ALL_REDUCE) for worker in range(workers)}
+    return odd_ones.compared_processes(texts)
 
 
 def test_a_worker_computing_while_the_others_wait_in_the_collective_held_them_back():
