@@ -119,6 +119,7 @@ class WorkerStep:
         self.step_at = 0.0  # when its step last advanced (time.monotonic()): with progress, the stall watch's
         self.probing = False  # its agent says hello first (first_contact)
         self.line_counter: dict | None = None  # run's lines counted over time (timeline.count_lines)
+        self.gone = asyncio.Event()  # set once the agent was told to start the step (go)
 
     async def start(self, probe: dict | None = None) -> None:
         """Start the agent; with `probe`, it reports (see probed()) and waits for go() before the step starts."""
@@ -161,6 +162,7 @@ class WorkerStep:
     def go(self, hub: str = "") -> None:
         """Start the step; `hub`: worker 0's address for a watched job's agents (agent.Hub)."""
         self._say(f"go {hub}".rstrip().encode() + b"\n")
+        self.gone.set()
 
     def stop(self) -> None:
         self._say(b"stop\n")

@@ -40,6 +40,7 @@ async def watch(record: jobstore.JobRecord, worker_steps: list[WorkerStep], peri
     held: deque[dict[int, tuple[str, str]]] = deque(maxlen=WINDOW)
     workers = [(ws.plan.worker.index, ws.plan.worker.transport, ws.plan.job_dir) for ws in worker_steps]
     without_python = 0
+    await asyncio.gather(*(ws.gone.wait() for ws in worker_steps))  # not while the checks before run go on
     while True:
         started = time.monotonic()
         await asyncio.sleep(period_s)

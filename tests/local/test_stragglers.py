@@ -65,3 +65,15 @@ def test_a_job_without_python_stacks_says_once_that_no_straggler_can_be_named(ho
     said = [line for line in result.stderr.splitlines() if line.startswith("podrun: stragglers: ")]
     assert said == ["podrun: stragglers: no Python stacks from any worker in 3 samples (py-spy is not on the job's "
                     "PATH, or the job runs no Python): no straggler can be named"], result.stderr
+
+
+@pytest.mark.slow
+def test_sampling_begins_with_run_not_during_the_checks_before_it(home, job_file):
+    """preflight's network check takes seconds (two torch imports) while run's agents wait: no sample is
+    taken then, so a run shorter than three periods never says it found no Python stacks."""
+    spec = job_file("target: {local: {workers: 2}}\nrun: sleep 0.5\nstragglers: 0.5s\npreflight: [network]\n"
+                    f"env: {{PATH: '{Path(sys.executable).parent}:/usr/bin:/bin'}}\n")
+    result = podrun("exec", spec, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "podrun: preflight: 2 workers healthy in " in result.stderr
+    assert "podrun: stragglers: " not in result.stderr, result.stderr
