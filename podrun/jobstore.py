@@ -224,6 +224,12 @@ class JobRecord:
         self.save()
 
 
+def cause_brief(cause: dict | None) -> str | None:
+    """`oom on worker 2`: an attempt's cause (record.cause, or an attempt's) as `jobs`, the report and a
+    notification name it; None where the attempt has none (it succeeded, or ended by a stop or a preemption)."""
+    return f"{cause['class']} on worker {cause['worker']}" if cause else None
+
+
 def is_job_id(text: str, name: str) -> bool:
     """Whether `text` is an id that new_job_id could have given a job of this name."""
     return re.fullmatch(re.escape(name) + JOB_ID_TAIL, text) is not None

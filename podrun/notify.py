@@ -50,7 +50,8 @@ class Notifier:
         ended = record.attempts[-1]
         cause = ENDED_AS.get(ended["state"], ended["state"])
         entry = progress.entry_of(record, ended["attempt"])
-        self._send(record, cause, ended["attempt"], ended["state"], ended["summary"], entry["last"] if entry else None)
+        self._send(record, cause, ended["attempt"], ended["state"], ended["summary"], entry["last"] if entry else None,
+                   ended.get("cause"))
         self._send(record, "restart", record.attempt, record.state,
                    f"after {cause}: {ended['summary']}" + "".join(f"; {swap}" for swap in swaps or ()),
                    progress.best_before(record, record.attempt))
@@ -66,7 +67,8 @@ class Notifier:
             state, why = jobstore.FAILED, str(error)
         if state in ENDED_AS:
             self._send(record, ENDED_AS[state], record.attempt, state,
-                       why or (notice.ALL_DONE if state == jobstore.SUCCEEDED else None), progress.step_of(record))
+                       why or (notice.ALL_DONE if state == jobstore.SUCCEEDED else None), progress.step_of(record),
+                       record.cause)
 
     def for_workers(self, record: jobstore.JobRecord) -> dict | None:
         """What worker 0's agent of a detached job that nothing here watches needs to tell its end."""
@@ -93,14 +95,15 @@ class Notifier:
         record.save()
 
     def _send(self, record: jobstore.JobRecord, event: str, attempt: int, state: str, reason: str | None,
-              step: int | None) -> None:
+              step: int | None, cause: dict | None = None) -> None:
         if not self.url or event not in self.on or (attempt, event) in self.told:
             return
         self.told.add((attempt, event))
         for line in self.unsaid:  # lines the thread could not say while a live region was drawn
             say(line)
         self.unsaid.clear()
-        body = notice.message(record.id, record.name, state, event, attempt, step, reason and masked(reason))
+        body = notice.message(record.id, record.name, state, event, attempt, step, reason and masked(reason),
+                              cause and {**cause, "said": jobstore.cause_brief(cause)})
         entry = notice.entry(body, {"delivered": None, "tries": 0}, self.url, "launcher")
         self.under_way.append(entry)
         self.last = threading.Thread(target=self._deliver, args=(record, body, entry, self.last), daemon=True)

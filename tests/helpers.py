@@ -520,6 +520,12 @@ def left_in_api(tpu_api) -> tuple[list[str], list[str]]:
         time.sleep(0.1)
 
 
+def worker_exit(home: Path, worker: int, job_id: str) -> dict | None:
+    """Local worker `worker`'s run.exit of the job, as its agent wrote it; None while its run goes on."""
+    exit_file = home / "local" / f"w{worker}" / ".podrun" / "jobs" / job_id / "run.exit"
+    return json.loads(exit_file.read_text()) if exit_file.exists() else None
+
+
 def job_record(home: Path, job_id: str) -> dict:
     return json.loads((home / "jobs" / job_id / "job.json").read_text())
 
@@ -589,20 +595,25 @@ def _network_namespace(pid: int) -> int | None:
 # worker 1 fails attempt 0 (worker 0 ends well at once: the failure is worker 1's whatever the timing)
 FAILS_ONCE = ('run: test "$PODRUN_ATTEMPT" = 1 || test "$PODRUN_WORKER" = 0 || exit 3\n'
               "restarts: {max: 2, on: [failure]}\n")
+# why its first attempt failed, as a notification has it: worker 1 exits 3 and prints nothing
+FAILS_ONCE_CAUSE = {"class": "unknown", "worker": 1, "rank": None, "step": None, "text": "exited with code 3",
+                    "said": "unknown on worker 1"}
 
 
-def notification(job_id: str, name: str, event: str, state: str, attempt: int, reason: str) -> dict:
-    """The message a webhook gets, exactly (README: Long runs)."""
+def notification(job_id: str, name: str, event: str, state: str, attempt: int, reason: str,
+                 cause: dict | None = None) -> dict:
+    """The message a webhook gets, exactly (README: Long runs); `cause`: a failure's (docs/notifications.md)."""
     verb = {"failure": "failed", "preemption": "was preempted", "restart": "restarts", "stall": "stalled",
             "success": "succeeded"}[event]
-    line = f"podrun: job {name} {verb} (attempt {attempt}): {reason} [{job_id}]"
+    line = f"podrun: job {name} {verb} (attempt {attempt}{', ' + cause['said'] if cause else ''}): {reason} [{job_id}]"
     return {"job": job_id, "name": name, "state": state, "event": event, "attempt": attempt, "step": None,
-            "reason": reason, "text": line, "content": line, "allowed_mentions": {"parse": []}}
+            "reason": reason, "cause": cause, "text": line, "content": line, "allowed_mentions": {"parse": []}}
 
 
-def failed_restarted_succeeded(job_id: str, name: str, why: str) -> list[dict]:
-    """What a webhook gets of a FAILS_ONCE job: its failure (`why`), its restart, its success."""
-    return [notification(job_id, name, "failure", "failed", 0, why),
+def failed_restarted_succeeded(job_id: str, name: str, why: str, cause: dict | None = None) -> list[dict]:
+    """What a webhook gets of a FAILS_ONCE job: its failure (`why`, with its `cause` where it was classified),
+    its restart, its success."""
+    return [notification(job_id, name, "failure", "failed", 0, why, cause),
             notification(job_id, name, "restart", "running", 1, f"after failure: {why}"),
             notification(job_id, name, "success", "succeeded", 1, "every worker exited with code 0")]
 

@@ -92,12 +92,15 @@ def _step(record: jobstore.JobRecord, state: str) -> str:
 
 
 def _notes(handle: handles.JobHandle, state: str) -> list[str]:
-    """Beside the state: the restarts it took (`restarts`) and what its handle says of where it lives (a
+    """Beside the state: once it ended, its last attempt's cause (`oom on worker 2`), the restarts it took
+    (`restarts`) and what its handle says of where it lives (a
     supervisor host, and whether it answered; while it runs, its supervisor here)."""
     record = handle.record
     left_out = sum(entry["phase"] == "swap" for entry in record.phases)
     straggler = [f"w{record.straggler['worker']} straggling"] if record.straggler else []
-    return [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] * bool(record.attempt) + \
+    cause = jobstore.cause_brief(record.cause) if state != jobstore.RUNNING else None
+    return ([cause] if cause else []) + \
+        [f"{record.attempt} restart{'s' * (record.attempt > 1)}"] * bool(record.attempt) + \
         [f"{left_out} host{'s' * (left_out > 1)} left out"] * bool(left_out) + \
         straggler + handle.notes(state)
 

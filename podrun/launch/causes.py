@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from podrun import exits, jobstore
 from podrun.launch.steps import EXCEPTION_LINE, RANK_LINE, StepResult
 from podrun.output import masked, say, worker_ranges
-from podrun.plan import WorkerPlan
 
 CLASSES = ("oom", "collective", "hardware", "config", "exception", "signal", "lost", "unknown")
 # how the line names each class
@@ -95,13 +94,19 @@ def first_cause(failures: list[StepResult]) -> tuple[Cause, list[Cause]]:
     return cause, [each for each in classified if each is not cause]
 
 
-def told(record: jobstore.JobRecord, plans: list[WorkerPlan], step: str, failed: list[StepResult],
-         stopped: list[StepResult]) -> StepResult:
-    """Of a step's failures (in the order their exits came), the one that caused the others, said in one line
-    and kept in the record (`cause`, with the step its worker reached): the failure the job's end names."""
+def kept(record: jobstore.JobRecord, failed: list[StepResult]) -> tuple[Cause, list[Cause], int | None]:
+    """Of an attempt's failures (in the order their exits came): the cause, kept in the record (`cause`, with
+    the step its worker reached), the others, and that step."""
     cause, cascade = first_cause(failed)
     reached = next(worker.step for worker in record.workers if worker.index == cause.worker)
     record.cause = cause.to_dict(reached)
+    return cause, cascade, reached
+
+
+def told(record: jobstore.JobRecord, failed: list[StepResult], stopped: list[StepResult]) -> StepResult:
+    """Of a step's failures (in the order their exits came), the one that caused the others, said in one line
+    and kept in the record: the failure the job's end names."""
+    cause, cascade, reached = kept(record, failed)
     say(f"cause: {line(cause, cascade, sorted(result.index for result in stopped), reached)}")
     return next(result for result in failed if result.index == cause.worker)
 

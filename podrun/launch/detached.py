@@ -18,8 +18,8 @@ from collections.abc import Callable
 from podrun import exits, file_limit, jobstore, notify, progress, timeline
 from podrun.countdown import Countdown
 from podrun.errors import PodrunError
-from podrun.launch import stacks, stall
-from podrun.launch.steps import StepResult
+from podrun.launch import causes, stacks, stall
+from podrun.launch.steps import TAIL_LINES_KEPT, StepResult
 from podrun.output import counted, say
 from podrun.remote import vm_notice
 from podrun.transport import past_login, transport_for
@@ -32,6 +32,7 @@ STOP_SIGNALS = {"SIGTERM": 15, "SIGINT": 2, "SIGHUP": 1}
 REFRESH_TIMEOUT_S = 10  # `podrun jobs` does not wait longer for a detached job's workers
 AGENT_STOP_MARGIN_S = 15  # after the job's grace period: KILL, a container's removal, and some
 STEP_SAVE_EVERY_S = 2.0  # a followed job's record is saved this often at most for the steps its workers reach
+LOG_TAIL_BYTES = 256 * 1024  # of a failed worker's log, what its last lines are read from
 _saved_at: dict[str, float] = {}  # when each followed job's record was last saved for them
 
 
@@ -104,7 +105,7 @@ async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, 
     reports = await on_every_worker(workers, lambda worker, transport: _fetch(
         record, worker, transport, (outputs or {}).get(worker.index), follow,
         beat_every_s if worker is record.workers[0] else 0))
-    ended_at: list[float] = []
+    ends: dict[int, float] = {}  # when each worker's run ended, as its agent says
     stalls = {worker.index: report.exit for worker, report in zip(workers, reports)
               if report.exit and report.exit.get("stalled") is not None}
     silent_s = {index: stall_exit["stalled"] for index, stall_exit in stalls.items()}
@@ -113,7 +114,7 @@ async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, 
              if report.exit and "step" in report.exit} or None
     # (worker, code) of the failures that stopped other workers (agent.Hub), as each worker in turn
     # names it: the first worker's agent, the hub that sees every other, first
-    causes: list[tuple[int, int]] = []
+    named_failures: list[tuple[int, int]] = []
     running = timeline.current(record, "run")
     _take_steps(record, workers, reports)
     for worker, report in zip(workers, reports):
@@ -124,19 +125,20 @@ async def _fetch_all(record, indexes, outputs, follow, beat_every_s: float = 0, 
             worker.exit_code, worker.signal = exit_record["code"], exit_record["signal"]
             worker.stop_reason, worker.rank = exit_record["stop_reason"], exit_record.get("rank")
             worker.killed = bool(exit_record.get("killed"))
-            ended_at += [exit_record["ended_at"]] if exit_record.get("ended_at") else []
+            if exit_record.get("ended_at"):
+                ends[worker.index] = exit_record["ended_at"]
             if running and exit_record.get("ended_at"):  # the launcher saw the run start, not its end
                 timeline.end(running, worker.index, exit_record["ended_at"])
             if exit_record.get("cause_worker") is not None:
-                causes.append((exit_record["cause_worker"], exit_record["cause_code"]))
+                named_failures.append((exit_record["cause_worker"], exit_record["cause_code"]))
     # a worker whose agent is gone (killed, its host lost) leaves no exit: the others name it. A job with no
     # worker yet (its supervisor was creating its TPU) has no end to tell: it is not `succeeded 0/0`
-    if record.workers and all(w.exit_code is not None or w.index in dict(causes) for w in record.workers):
+    if record.workers and all(w.exit_code is not None or w.index in dict(named_failures) for w in record.workers):
         if stalls and not timeline.current(record, "stall"):
             stall.add_stopped(record, stalls, steps)
-        ended_badly = bool(causes) or any(w.exit_code or w.stop_reason for w in record.workers)
+        ended_badly = bool(named_failures) or any(w.exit_code or w.stop_reason for w in record.workers)
         over_time = await asyncio.to_thread(ran_out) if ran_out and ended_badly else None
-        _record_end(record, causes, max(ended_at, default=None), silent_s, steps, over_time, stall.fallen_of(stalls))
+        _record_end(record, named_failures, ends, silent_s, steps, over_time, stall.fallen_of(stalls))
         if silent_s:  # what each agent saved before the stall stopped it
             for line in stacks.saved_and_summed_up(record, {w.index: report.stacks for w, report in zip(workers, reports)}):
                 say(line)
@@ -167,7 +169,7 @@ def _take_steps(record: jobstore.JobRecord, workers: list[jobstore.WorkerRecord]
             progress.take_epoch(entry, report.exit)
 
 
-def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended_at: float | None,
+def _record_end(record: jobstore.JobRecord, named_failures: list[tuple[int, int]], ends: dict[int, float],
                 silent_s: dict[int, float], steps: dict[int, int | None] | None = None,
                 over_time: str | None = None, fallen: dict[int, tuple[str, str]] | None = None) -> None:
     """The job's outcome from its workers' exits: the worker that failed on its own (not stopped by
@@ -175,11 +177,15 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     that the first worker's agent named (its agent killed, its host or its link gone). A worker
     stopped by `podrun stop` that another worker's agent took for a failure is no cause: the job was
     stopped, even where every program, saving on SIGTERM, exited 0. `over_time`: why the target's
-    time ran out (a Slurm time limit, whose SIGTERM reads as a stop), which then decides it."""
-    failed = [StepResult(w.index, w.exit_code, w.signal, rank=w.rank) for w in record.workers
-              if w.exit_code and w.stop_reason is None]
+    time ran out (a Slurm time limit, whose SIGTERM reads as a stop), which then decides it. `ends`: when
+    each worker's run ended; of the failures, the first by it that is no cascade is the cause (causes.py),
+    from its local log's last lines."""
+    ended_at = max(ends.values(), default=None)
+    failed = sorted((StepResult(w.index, w.exit_code, w.signal, rank=w.rank, tail=_last_lines(record, w.index))
+                     for w in record.workers if w.exit_code and w.stop_reason is None),
+                    key=lambda result: ends.get(result.index, float("inf")))
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
-    lost = [(index, code) for index, code in causes if index not in stopped_by_signal]
+    lost = [(index, code) for index, code in named_failures if index not in stopped_by_signal]
     stopped = [w for w in record.workers if w.stop_reason is not None]  # whatever it exited with: 0 after a save
     noticed = [w for w in record.workers if vm_notice.announced(w.stop_reason)]
     if noticed:  # the VM's own notice stopped it (remote/vm_notice.py)
@@ -188,7 +194,9 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
     elif over_time:
         record.finish(jobstore.FAILED, exits.TIME_LIMIT, over_time, ended_at)
     elif failed:
-        record.finish(jobstore.FAILED, failed[0].code, f"worker {failed[0].index} {failed[0].describe()}", ended_at)
+        cause, _, _ = causes.kept(record, failed)
+        first = next(result for result in failed if result.index == cause.worker)
+        record.finish(jobstore.FAILED, first.code, f"worker {first.index} {first.describe()}", ended_at)
     elif silent_s:  # worker 0's agent saw no output from any worker for the job's stall
         record.finish(jobstore.STALLED, exits.STALLED, stall.summary(silent_s, steps, fallen), ended_at)
     elif lost:
@@ -204,6 +212,21 @@ def _record_end(record: jobstore.JobRecord, causes: list[tuple[int, int]], ended
                           f"stopped ({stopped[0].stop_reason})", ended_at)
     else:
         record.finish(jobstore.SUCCEEDED, 0, None, ended_at)
+
+
+def _last_lines(record: jobstore.JobRecord, index: int) -> list[str]:
+    """The last lines of worker `index`'s local log (fetched in full by now), as an attached job's
+    launcher keeps them of its output: what its failure is classified by."""
+    try:
+        with open(record.log_path(index), "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - LOG_TAIL_BYTES))
+            end = log.read()
+    except OSError:
+        return []
+    lines = WorkerOutput(index, None, None, keep=TAIL_LINES_KEPT)
+    lines.feed(end)
+    lines.close()
+    return lines.tail()
 
 
 class WorkerReport:

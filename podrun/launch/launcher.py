@@ -405,7 +405,7 @@ class Launch:
             return endings.preempted(self.record, self.preempted)
         if reason := self.out_of_time or await asyncio.to_thread(self.target.capacity.ran_out):
             return endings.out_of_time(self.record, reason)
-        first = causes.told(self.record, self.plans, step, self.failed_results or [failure], self.stopped_results)
+        first = causes.told(self.record, self.failed_results or [failure], self.stopped_results)
         if first is not failure:  # its last lines, as the first failure's were said when it came
             endings.report_failure(self.plans, step, first)
         return endings.failed(self.record, step, first)

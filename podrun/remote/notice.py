@@ -27,14 +27,15 @@ VERBS = {"failure": "failed", "preemption": "was preempted", "stall": "stalled",
          "success": "succeeded", "straggler": "has a straggler"}
 
 
-def message(job, name, state, event, attempt, step, reason):
-    """The JSON object POSTed for `event` of job `job` (its id) called `name`."""
+def message(job, name, state, event, attempt, step, reason, cause=None):
+    """The JSON object POSTed for `event` of job `job` (its id) called `name`; `cause`: a failure's, as the
+    record keeps it (launch/causes.py), with `said` (`oom on worker 2`), which its line names."""
     reason = " ".join(str(reason or "").split())[:REASON_CHARS]
-    where = "attempt %d" % attempt + ("" if step is None else ", step %d" % step)
+    where = "attempt %d" % attempt + ("" if step is None else ", step %d" % step) + (", " + cause["said"] if cause else "")
     line = ("podrun: job %s %s (%s)%s [%s]" % (name, VERBS[event], where, ": " + reason if reason else "", job))[:LINE_CHARS]
     slack_line = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return {"job": job, "name": name, "state": state, "event": event, "attempt": attempt, "step": step,
-            "reason": reason, "text": slack_line, "content": line, "allowed_mentions": {"parse": []}}
+            "reason": reason, "cause": cause, "text": slack_line, "content": line, "allowed_mentions": {"parse": []}}
 
 
 def deliver(url, body, sleep=time.sleep, tried=None):

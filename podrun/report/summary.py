@@ -37,6 +37,7 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
     for attempt in analysis.attempts:
         took = (attempt["ended_at"] or analysis.now) - attempt["started_at"]
         why = f": {attempt['summary']}" if attempt["summary"] and attempt["state"] != jobstore.SUCCEEDED else ""
+        why = f" ({cause}){why}" if (cause := jobstore.cause_brief(attempt.get("cause"))) else why
         steps = f"; {steps_text(record, attempt['attempt']) or 'no step'}" if split.known else ""
         lines.append(f"attempt {attempt['attempt']}: {attempt['state']} after {seconds_text(took)}{why}{steps}")
     for entry in record.phases:

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from helpers import job_id_in, podrun
+from helpers import job_id_in, podrun, wait_until, worker_exit
 
 # worker 2 fails a real allocation at step 5 while workers 0 and 1 wait for it in an all-reduce
 OOM_IN_A_COLLECTIVE = """\
@@ -68,3 +68,19 @@ def test_a_missing_module_is_a_configuration_error_that_is_not_restarted(home, j
 def test_restarts_on_config_restarts_it_anyway(home, job_file):
     result = import_failing(job_file, 1, "{max: 1, on: [config]}")
     assert "restart 1 of 1 in 0s: running again on the same workers" in result.stderr
+
+
+def test_a_detached_jobs_cause_is_read_from_its_logs_and_shown_by_jobs_report_and_the_table(home, job_file):
+    spec = job_file("target: {local: {workers: 2}}\nrun: |\n  test \"$PODRUN_WORKER\" = 0 && exec sleep 300\n"
+                    "  echo 'Traceback (most recent call last):'\n"
+                    "  echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'\n  exit 1\n")
+    launched = podrun("exec", "--detach", spec)  # its launcher is gone: the fetch of its logs classifies it
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_id_in(launched.stderr)
+    wait_until(lambda: all(worker_exit(home, w, job_id) for w in range(2)), "every worker's exit", timeout=30)
+    record = next(job for job in json.loads(podrun("jobs", "--json").stdout) if job["id"] == job_id)
+    assert record["cause"] == {"class": "oom", "worker": 1, "rank": None, "step": None,
+                               "text": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+    assert "failed (oom on worker 1)" in podrun("jobs").stdout
+    assert re.search(r"^attempt 0: failed after \S+ \(oom on worker 1\): worker 1 exited with code 1$",
+                     podrun("report", job_id).stdout, re.M)

@@ -46,7 +46,7 @@ def test_jobs_lists_state_exit_codes_and_duration(home, job_file):
     assert table.returncode == 0 and table.stderr == ""
     header, *rows = cells(table.stdout)
     assert header == ["ID", "NAME", "TARGET", "STATE", "EXIT CODES", "STARTED", "DURATION"]
-    assert [row[:5] for row in rows] == [[bad_id, "bad", "local:2", "failed", "w1=5, 1 stopped"],
+    assert [row[:5] for row in rows] == [[bad_id, "bad", "local:2", "failed (unknown on worker 1)", "w1=5, 1 stopped"],
                                          [good_id, "good", "local:2", "succeeded", "2/2 ok"]]
     listed = json.loads(jobs("--json").stdout)  # newest first too, every field
     assert [(job["id"], job["state"], job["exit_code"]) for job in listed] == [(bad_id, "failed", 5),

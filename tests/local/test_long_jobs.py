@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import Background, job_id_in, podrun, processes_of_job, ps_on_every_host, wait_until
+from helpers import Background, job_id_in, podrun, processes_of_job, ps_on_every_host, wait_until, worker_exit
 
 # worker 1 fails after a second; the others run until they are stopped, saying so once per SIGTERM
 ONE_FAILS = """\
@@ -28,11 +28,6 @@ def torchrun_job(job_file, workers: int, port: int, script: str, arguments: str 
     """A spec running `script` (train.py) under torchrun with 2 ranks per local worker."""
     return job_file(f"target: {{local: {{workers: {workers}}}}}\ntorchrun: {{nproc_per_node: 2, port: {port}}}\n"
                     f"run: train.py {arguments}\n{extra}", files={"train.py": script})
-
-
-def worker_exit(home, worker: int, job_id: str) -> dict | None:
-    exit_file = home / "local" / f"w{worker}" / ".podrun" / "jobs" / job_id / "run.exit"
-    return json.loads(exit_file.read_text()) if exit_file.exists() else None
 
 
 @pytest.mark.slow
@@ -103,7 +98,7 @@ def test_a_detached_jobs_outcome_comes_from_its_workers_exits(home, exits, cause
         worker.exit_code, worker.stop_reason = exit_record or (None, None)
     record = jobstore.JobRecord("j-1", "j", f"local:{len(workers)}", "j.yaml", workers, detached=True)
     record.create()
-    _record_end(record, causes, None, {})
+    _record_end(record, causes, {}, {})
     assert (record.state, record.exit_code, record.summary) == outcome
 
 

@@ -17,6 +17,7 @@ from podrun.remote import hub
 
 from helpers import (
     FAILS_ONCE,
+    FAILS_ONCE_CAUSE,
     Background,
     failed_restarted_succeeded,
     job_id_in,
@@ -58,7 +59,8 @@ def test_an_attached_job_that_fails_restarts_and_succeeds_tells_each_event_in_or
     assert result.returncode == 0, result.stderr
     job_id = job_id_in(result.stderr)
     # all delivered before exec exits: it waits for the deliveries under way
-    assert stand_in.received == failed_restarted_succeeded(job_id, "notified", "worker 1 exited with code 3 in run")
+    assert stand_in.received == failed_restarted_succeeded(job_id, "notified", "worker 1 exited with code 3 in run",
+                                                                FAILS_ONCE_CAUSE)
     assert events_of(home, job_id) == [("failure", 0, True, 1, "launcher"), ("restart", 1, True, 1, "launcher"),
                                        ("success", 1, True, 1, "launcher")]
     host = url.split("/")[2]
@@ -72,7 +74,8 @@ def test_a_detached_job_is_told_of_by_its_supervisor_while_the_laptop_is_gone(ho
     assert started.returncode == 0, started.stderr
     job_id = job_id_in(started.stderr)
     assert "a supervisor (pid" in started.stderr
-    assert stand_in.wait_for(3) == failed_restarted_succeeded(job_id, "notified", "worker 1 exited with code 3")
+    assert stand_in.wait_for(3) == failed_restarted_succeeded(job_id, "notified", "worker 1 exited with code 3",
+                                                                FAILS_ONCE_CAUSE)
     wait_until(lambda: len(job_record(home, job_id)["events"]) == 3, "the supervisor to record the deliveries")
     assert events_of(home, job_id) == [("failure", 0, True, 1, "launcher"), ("restart", 1, True, 1, "launcher"),
                                        ("success", 1, True, 1, "launcher")]
@@ -152,7 +155,9 @@ def test_a_secret_in_a_failures_reason_never_reaches_the_webhook(home, job_file,
     assert result.returncode == 3, result.stderr
     job_id = job_id_in(result.stderr)
     assert stand_in.received == [notification(job_id, "notified", "failure", "failed", 0,
-                                         "worker 0 exited with code 3 in run (RuntimeError: refused ***)")]
+                                         "worker 0 exited with code 3 in run (RuntimeError: refused ***)",
+                                         {"class": "exception", "worker": 0, "rank": None, "step": None,
+                                          "text": "RuntimeError: refused ***", "said": "exception on worker 0"})]
     # nor what podrun says or records of it (the program's own stream and its log keep what it printed)
     assert "s3cr3t-value" not in result.stderr and "refused ***" in result.stderr, result.stderr
     assert "s3cr3t-value" not in (home / "jobs" / job_id / "job.json").read_text()
@@ -227,7 +232,7 @@ def test_the_message_carries_the_jobs_step_where_progress_reads_one(home, job_fi
     # the attempt's last step; a restart's, the best before it
     assert [(m["event"], m["attempt"], m["step"]) for m in stand_in.received] == [
         ("failure", 0, 3), ("restart", 1, 3), ("success", 1, 13)]
-    assert "(attempt 0, step 3): worker 0 exited with code 3" in stand_in.received[0]["text"]
+    assert "(attempt 0, step 3, unknown on worker 0): worker 0 exited with code 3" in stand_in.received[0]["text"]
     detached = podrun("exec", notified(job_file, url, body.replace("restarts: {max: 1, on: [failure]}\n", ""),
                                        workers=2), "--detach")
     job_id = job_id_in(detached.stderr)

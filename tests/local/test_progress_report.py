@@ -55,7 +55,8 @@ def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of
     shown = podrun("report", job_id).stdout
     assert re.search(r"^wall time \S+; goodput \d+\.\d% \(\d+\.\d+s productive\)$", shown, re.MULTILINE), shown
     assert re.search(r"wasted_progress_from_disruption \d+\.\d+s \(2 steps lost\)", shown), shown
-    assert re.search(r"^attempt 0: failed after \S+: worker \d exited with code 3 in run; steps 1 to 5$", shown,
+    assert re.search(r"^attempt 0: failed after \S+ \(unknown on worker \d\): worker \d exited with code 3 in run; "
+                     r"steps 1 to 5$", shown,
                      re.MULTILINE), shown
     assert re.search(r"^attempt 1: succeeded after \S+; steps 4 to 8$", shown, re.MULTILINE), shown
     page = Path(re.search(r"^timeline: (\S+)$", shown, re.MULTILINE)[1]).read_text()

@@ -53,7 +53,8 @@ def test_a_job_that_failed_then_succeeded_reports_goodput_both_attempts_and_both
     assert run_s >= 1.2, out
     recovery = r"infrastructure_recovery_from_disruption 0\.[2-9]\d?s"
     assert re.search(rf"^the rest: .*setup \d+\.\d+s.*{recovery}", out, re.MULTILINE), out
-    assert re.search(r"^attempt 0: failed after \d+\.\d+s: worker 1 exited with code 3 in run$", out, re.MULTILINE), out
+    assert re.search(r"^attempt 0: failed after \d+\.\d+s \(unknown on worker 1\): worker 1 exited with code 3 in run$",
+                     out, re.MULTILINE), out
     assert re.search(r"^attempt 1: succeeded after \d+\.\d+s$", out, re.MULTILINE), out
     assert re.search(r"^run +\d+\.\d+s +w[01] \d+\.\d+s, \+\d+\.\d+s over the median worker$", out, re.MULTILINE), out
 

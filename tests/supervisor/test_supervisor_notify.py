@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import FAILS_ONCE, failed_restarted_succeeded, job_id_in, podrun, podrun_on_this_machine, wait_until
+from helpers import (
+    FAILS_ONCE,
+    FAILS_ONCE_CAUSE,
+    failed_restarted_succeeded,
+    job_id_in,
+    podrun,
+    podrun_on_this_machine,
+    wait_until,
+)
 from webhook_stand_in import TOKEN_PATH
 
 
@@ -22,7 +30,7 @@ def test_a_supervised_job_that_fails_restarts_and_succeeds_is_told_of_by_its_sup
     job_id = job_id_in(started.stderr)
     assert podrun_on_this_machine(home) == []  # the laptop may close now
     assert stand_in.wait_for(3, timeout=60) == failed_restarted_succeeded(
-        job_id, "job", "worker 1 exited with code 3")
+        job_id, "job", "worker 1 exited with code 3", FAILS_ONCE_CAUSE)
     wait_until(lambda: len(supervisor.record(job_id)["events"]) == 3, "the supervisor host to record the deliveries")
     assert [(event["event"], event["attempt"], event["delivered"], event["by"], event["to"])
             for event in supervisor.record(job_id)["events"]] == [

@@ -48,7 +48,7 @@ def test_a_refusal_that_would_be_answered_the_same_is_not_tried_again_and_a_busy
                                            ("docs/notifications.md", "## The message")])
 def test_the_json_the_docs_show_is_what_podrun_sends(page, heading):
     shown = json.loads(section((REPO / page).read_text(), heading).split("```json\n")[1].split("```")[0])
-    fields = [shown[name] for name in ("job", "name", "state", "event", "attempt", "step", "reason")]
+    fields = [shown[name] for name in ("job", "name", "state", "event", "attempt", "step", "reason", "cause")]
     assert notice.message(*fields) == shown
 
 
