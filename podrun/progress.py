@@ -24,6 +24,8 @@ from __future__ import annotations
 from podrun.remote.step_reader import MAX_SAMPLES as MAX_SAMPLES  # re-exported: what a record holds at most
 from podrun.remote.step_reader import add_sample
 
+RATE_SLOTS = 10  # the parts of an attempt's span that its rate over time is given for (`podrun report`)
+
 
 def entry_of(record, attempt: int | None = None) -> dict | None:
     """The attempt's entry in record.steps (default: the current attempt's); None before its first step."""
@@ -97,6 +99,28 @@ def samples(entry: dict) -> list[tuple[float, int]]:
     """The entry's (epoch seconds, job step) pairs, in order."""
     pairs = entry["samples"]
     return [(pairs[index], pairs[index + 1]) for index in range(0, len(pairs), 2)]
+
+
+def rates(entry: dict, slots: int = RATE_SLOTS) -> list[tuple[float, float, float]]:
+    """The entry's step rate over time: its samples' span cut into `slots` equal parts, each (from, to, steps
+    per minute), the step at each cut read between the samples around it; [] with fewer than two samples."""
+    pairs = samples(entry)
+    start, end = pairs[0][0], pairs[-1][0]
+    if len(pairs) < 2 or end <= start:
+        return []
+    cuts = [start + (end - start) * number / slots for number in range(slots + 1)]
+    steps = [_step_at(pairs, at) for at in cuts]
+    return [(cuts[number], cuts[number + 1], (steps[number + 1] - steps[number]) * 60 / (cuts[number + 1] - cuts[number]))
+            for number in range(slots)]
+
+
+def _step_at(pairs: list[tuple[float, int]], at: float) -> float:
+    """The step at `at`, on the line between the samples before and after it."""
+    after = next(number for number, (when, _) in enumerate(pairs) if when >= at)
+    if after == 0:
+        return pairs[0][1]
+    (before_at, before), (after_at, step) = pairs[after - 1], pairs[after]
+    return before + (step - before) * (at - before_at) / (after_at - before_at)
 
 
 def best_before(record, attempt: int) -> int | None:

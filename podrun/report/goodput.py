@@ -176,8 +176,10 @@ def _weighted_median(values: list[tuple[float, int]]) -> float:
 
 
 def steps_of(record) -> list[dict]:
-    """Each attempt's first and last step, and when each was reached (epoch seconds)."""
-    return [{key: entry[key] for key in ("attempt", "first", "first_at", "last", "last_at", "firsts") if key in entry}
+    """Each attempt's first and last step, when each was reached (epoch seconds), and its step rate over
+    time: `rates`, [from, to, steps per minute] over each tenth of its steps' span (progress.rates)."""
+    return [{**{key: entry[key] for key in ("attempt", "first", "first_at", "last", "last_at", "firsts") if key in entry},
+             "rates": [[round(start, 3), round(end, 3), round(rate, 2)] for start, end, rate in progress.rates(entry)]}
             for entry in record.steps]
 
 

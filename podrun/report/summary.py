@@ -4,7 +4,7 @@ step, what it cost (cost.py); report.html shows it too."""
 
 from __future__ import annotations
 
-from podrun import jobstore
+from podrun import jobstore, progress
 from podrun.output import duration_text, worker_ranges
 from podrun.report import cost
 from podrun.report.analysis import Analysis
@@ -40,6 +40,9 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
         why = f" ({cause}){why}" if (cause := jobstore.cause_brief(attempt.get("cause"))) else why
         steps = f"; {steps_text(record, attempt['attempt']) or 'no step'}" if split.known else ""
         lines.append(f"attempt {attempt['attempt']}: {attempt['state']} after {seconds_text(took)}{why}{steps}")
+        entry = progress.entry_of(record, attempt["attempt"])
+        if entry and (rates := progress.rates(entry)):
+            lines.append(f"  steps/min over each tenth of its steps: {' '.join(_rate(rate) for _, _, rate in rates)}")
     for entry in record.phases:
         if entry["phase"] == "preempted":
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
@@ -59,6 +62,10 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
 def _silent(analysis: Analysis, worker: int) -> bool:
     rates = analysis.line_rates(worker)
     return bool(rates) and not any(rate for _, _, rate in rates)
+
+
+def _rate(per_minute: float) -> str:
+    return f"{per_minute:.0f}" if per_minute >= 10 else f"{per_minute:.2g}"
 
 
 def seconds_text(seconds: float) -> str:

@@ -42,6 +42,13 @@ def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of
     assert sum(parts.values()) == pytest.approx(report["wall_s"], abs=1e-6)
     assert [(entry["attempt"], entry["first"], entry["last"]) for entry in report["steps"]] == [(0, 1, 5), (1, 4, 8)]
     assert report["lost_progress_steps"] == 2
+    for entry in report["steps"]:  # the rate over each tenth of the attempt's steps adds up to its steps
+        rates = entry["rates"]
+        assert len(rates) == 10 and rates[0][0] == pytest.approx(entry["first_at"], abs=1e-3), entry
+        assert sum(rate * (end - start) / 60 for start, end, rate in rates) == pytest.approx(
+            entry["last"] - entry["first"], abs=0.01), entry
+        # a step each 0.3 s: 200 a minute, as the samples (at most one a second) show it; slower under load
+        assert 30 < (entry["last"] - entry["first"]) * 60 / (rates[-1][1] - rates[0][0]) < 400, entry
     # steps 4 and 5 again: about 0.6 s, by the samples the agent sent at most once a second (step 4's own time
     # before its line, a median step, taken out of program_startup)
     assert 0.2 < parts["wasted_progress_from_disruption"] < 2.5, parts
@@ -59,6 +66,7 @@ def test_a_job_that_resumed_from_step_3_after_dying_at_step_5_reports_2_steps_of
                      r"steps 1 to 5$", shown,
                      re.MULTILINE), shown
     assert re.search(r"^attempt 1: succeeded after \S+; steps 4 to 8$", shown, re.MULTILINE), shown
+    assert len(re.findall(r"^  steps/min over each tenth of its steps: (\d\S* ){9}\d\S*$", shown, re.MULTILINE)) == 2, shown
     page = Path(re.search(r"^timeline: (\S+)$", shown, re.MULTILINE)[1]).read_text()
     assert "attempt 1: succeeded, steps 4 to 8</text>" in page
     assert re.search(r"<title>productive: \d+\.\d\ds \(\d+\.\d%\)</title>", page)

@@ -261,3 +261,10 @@ def test_a_stall_while_the_step_fell_says_the_step_went_back():
     assert stall.summary({0: 3.0}, {0: 10}, {0: ("10", "0")}) == (
         "no step from any worker for 3.0s: the job is at step 10 (w0 at step 10 for 3.0s); the step went back, w0 "
         "from 10 to 0, and has not passed where it was since")
+
+
+def test_the_rate_over_time_is_each_tenths_steps_read_between_the_samples_around_its_ends():
+    entry = {"samples": [100.0, 0, 110.0, 10, 120.0, 15]}  # 60 steps a minute for 10 s, then 30
+    assert [(start - 100, end - 100, rate) for start, end, rate in progress.rates(entry)] == pytest.approx(
+        [(2 * tenth, 2 * tenth + 2, 60.0 if tenth < 5 else 30.0) for tenth in range(10)])
+    assert progress.rates({"samples": [100.0, 3]}) == []  # one sample: no rate
