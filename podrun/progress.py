@@ -108,7 +108,7 @@ def rates(entry: dict, slots: int = RATE_SLOTS) -> list[tuple[float, float, floa
     start, end = pairs[0][0], pairs[-1][0]
     if len(pairs) < 2 or end <= start:
         return []
-    cuts = [start + (end - start) * number / slots for number in range(slots + 1)]
+    cuts = [start + (end - start) * number / slots for number in range(slots)] + [end]  # the last exact: no float past it
     steps = [_step_at(pairs, at) for at in cuts]
     return [(cuts[number], cuts[number + 1], (steps[number + 1] - steps[number]) * 60 / (cuts[number + 1] - cuts[number]))
             for number in range(slots)]
