@@ -114,6 +114,11 @@ def rates(entry: dict, slots: int = RATE_SLOTS) -> list[tuple[float, float, floa
             for number in range(slots)]
 
 
+def rate_text(per_minute: float) -> str:
+    """A step rate as `podrun jobs` and the report show it: whole above 10 a minute, else two figures."""
+    return f"{per_minute:.0f}" if per_minute >= 10 else f"{per_minute:.2g}"
+
+
 def _step_at(pairs: list[tuple[float, int]], at: float) -> float:
     """The step at `at`, on the line between the samples before and after it."""
     after = next(number for number, (when, _) in enumerate(pairs) if when >= at)

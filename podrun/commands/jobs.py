@@ -87,7 +87,7 @@ def _step(record: jobstore.JobRecord, state: str) -> str:
     rate = progress.steps_per_minute(record, time.time()) if state == jobstore.RUNNING else None
     if rate is None:
         return shown
-    shown = f"{shown} {rate:.0f}/min" if rate >= 10 else f"{shown} {rate:.2g}/min"
+    shown = f"{shown} {progress.rate_text(rate)}/min"
     return f"{shown} {duration_text(60 * max(0, total - entry['last']) / rate)} left" if total and rate else shown
 
 

@@ -181,7 +181,7 @@ def _record_end(record: jobstore.JobRecord, named_failures: list[tuple[int, int]
     each worker's run ended; of the failures, the first by it that is no cascade is the cause (causes.py),
     from its local log's last lines."""
     ended_at = max(ends.values(), default=None)
-    failed = sorted((StepResult(w.index, w.exit_code, w.signal, rank=w.rank, tail=_last_lines(record, w.index))
+    failed = sorted((StepResult(w.index, w.exit_code, w.signal, rank=w.rank)
                      for w in record.workers if w.exit_code and w.stop_reason is None),
                     key=lambda result: ends.get(result.index, float("inf")))
     stopped_by_signal = {w.index for w in record.workers if w.stop_reason in STOP_SIGNALS}
@@ -194,6 +194,8 @@ def _record_end(record: jobstore.JobRecord, named_failures: list[tuple[int, int]
     elif over_time:
         record.finish(jobstore.FAILED, exits.TIME_LIMIT, over_time, ended_at)
     elif failed:
+        for result in failed:  # read only where a failure decides the end
+            result.tail = _last_lines(record, result.index)
         cause, _, _ = causes.kept(record, failed)
         first = next(result for result in failed if result.index == cause.worker)
         record.finish(jobstore.FAILED, first.code, f"worker {first.index} {first.describe()}", ended_at)

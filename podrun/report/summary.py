@@ -42,7 +42,8 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
         lines.append(f"attempt {attempt['attempt']}: {attempt['state']} after {seconds_text(took)}{why}{steps}")
         entry = progress.entry_of(record, attempt["attempt"])
         if entry and (rates := progress.rates(entry)):
-            lines.append(f"  steps/min over each tenth of its steps: {' '.join(_rate(rate) for _, _, rate in rates)}")
+            rates_shown = " ".join(progress.rate_text(rate) for _, _, rate in rates)
+            lines.append(f"  steps/min over each tenth of its steps: {rates_shown}")
     for entry in record.phases:
         if entry["phase"] == "preempted":
             lines.append(f"preempted in attempt {entry['attempt']}: {entry.get('why')}")
@@ -62,10 +63,6 @@ def summary(analysis: Analysis, split: Goodput) -> list[str]:
 def _silent(analysis: Analysis, worker: int) -> bool:
     rates = analysis.line_rates(worker)
     return bool(rates) and not any(rate for _, _, rate in rates)
-
-
-def _rate(per_minute: float) -> str:
-    return f"{per_minute:.0f}" if per_minute >= 10 else f"{per_minute:.2g}"
 
 
 def seconds_text(seconds: float) -> str:
